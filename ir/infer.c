@@ -1,0 +1,630 @@
+/*
+ * infer.c: shape and dtype inference, one rule per op class.
+ *
+ * fz_infer is a pure function from operand types and attributes to result
+ * types. The builder calls it to type every node it adds; the verifier calls
+ * it again on a finished graph and compares, so a pass that rewrites the IR
+ * cannot leave a node whose stored type disagrees with its op.
+ *
+ * The rules are strict, as DESIGN.md asks: elementwise operands have
+ * identical shapes (the builder makes numpy broadcasting explicit before it
+ * gets here) and identical dtypes; a future must be waited on before use.
+ * Every message names the op, the operand and what was expected:
+ *
+ *     add: operand 2 ('w', f16[4096]) has dtype f16; expected f32, the
+ *     dtype of operand 1
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ir.h"
+
+typedef struct ctx {
+	const fz_trace *t;
+	fz_opcode op;
+	fz_value *const *in;
+	char *err;
+	size_t errlen;
+} ctx;
+
+#define FAIL(c, ...) (snprintf((c)->err, (c)->errlen, __VA_ARGS__), -1)
+
+/* "operand 2 ('w', f16[4096])" */
+static const char *opnd(const ctx *c, int i, char *buf, size_t n)
+{
+	char ty[256];
+	const fz_value *v = c->in[i];
+	fz_type_str(c->t, &v->type, ty, sizeof ty);
+	if (v->name)
+		snprintf(buf, n, "operand %d ('%s', %s)", i + 1, v->name, ty);
+	else
+		snprintf(buf, n, "operand %d (%s)", i + 1, ty);
+	return buf;
+}
+
+static const char *ext_s(const ctx *c, fz_ext e, char *buf, size_t n)
+{
+	return fz_ext_str(c->t, e, buf, n);
+}
+
+static int check_dtype_flags(const ctx *c, int i, unsigned flags)
+{
+	char b[400];
+	fz_dtype d = c->in[i]->type.dtype;
+	const char *name = fz_ops[c->op].name;
+	if ((flags & FL_FLOAT) && !fz_dtype_is_float(d))
+		return FAIL(c, "%s: %s has dtype %s; expected a floating dtype "
+			    "(f64, f32, f16, bf16)", name, opnd(c, i, b, sizeof b),
+			    fz_dtype_name(d));
+	if ((flags & FL_NOBOOL) && d == FZ_BOOL)
+		return FAIL(c, "%s: %s is bool; expected a numeric dtype", name,
+			    opnd(c, i, b, sizeof b));
+	if ((flags & FL_BOOL) && d != FZ_BOOL)
+		return FAIL(c, "%s: %s has dtype %s; expected bool", name,
+			    opnd(c, i, b, sizeof b), fz_dtype_name(d));
+	return 0;
+}
+
+static int same_dtype(const ctx *c, int i, int j)
+{
+	char b[400];
+	if (c->in[i]->type.dtype == c->in[j]->type.dtype)
+		return 0;
+	return FAIL(c, "%s: %s has dtype %s; expected %s, the dtype of operand %d"
+		    " (insert a cast)", fz_ops[c->op].name, opnd(c, i, b, sizeof b),
+		    fz_dtype_name(c->in[i]->type.dtype),
+		    fz_dtype_name(c->in[j]->type.dtype), j + 1);
+}
+
+static int same_shape(const ctx *c, int i, int j)
+{
+	const fz_type *a = &c->in[i]->type, *b = &c->in[j]->type;
+	bool ok = a->rank == b->rank;
+	for (int k = 0; ok && k < a->rank; k++)
+		ok = fz_ext_eq(a->dims[k], b->dims[k]);
+	if (ok)
+		return 0;
+	char s[400], tb[256];
+	fz_type_str(c->t, b, tb, sizeof tb);
+	return FAIL(c, "%s: %s does not have the shape of operand %d (%s)",
+		    fz_ops[c->op].name, opnd(c, i, s, sizeof s), j + 1, tb);
+}
+
+static int index_dtype(const ctx *c, int i)
+{
+	char b[400];
+	fz_dtype d = c->in[i]->type.dtype;
+	if (d == FZ_I32 || d == FZ_I64)
+		return 0;
+	return FAIL(c, "%s: index %s has dtype %s; expected i32 or i64",
+		    fz_ops[c->op].name, opnd(c, i, b, sizeof b), fz_dtype_name(d));
+}
+
+static int check_dim(const ctx *c, const char *what, int d, int rank)
+{
+	if (d >= 0 && d < rank)
+		return 0;
+	return FAIL(c, "%s: %s %d is out of range for rank %d", fz_ops[c->op].name,
+		    what, d, rank);
+}
+
+/* dims must be distinct and in range; `seen` marks them. */
+static int check_dims(const ctx *c, const fz_attrs *a, int rank, bool seen[])
+{
+	memset(seen, 0, sizeof(bool) * FZ_MAX_RANK);
+	for (int i = 0; i < a->n_dims; i++) {
+		if (check_dim(c, "dim", a->dims[i], rank) < 0)
+			return -1;
+		if (seen[a->dims[i]])
+			return FAIL(c, "%s: dim %d is listed twice", fz_ops[c->op].name,
+				    a->dims[i]);
+		seen[a->dims[i]] = true;
+	}
+	return 0;
+}
+
+static int check_shape_attr(const ctx *c, const fz_attrs *a)
+{
+	if (a->n_shape > FZ_MAX_RANK)
+		return FAIL(c, "%s: shape has rank %d; at most %d is supported",
+			    fz_ops[c->op].name, a->n_shape, FZ_MAX_RANK);
+	fz_type t = {.rank = a->n_shape};
+	for (int i = 0; i < a->n_shape; i++) {
+		if (a->shape[i].c < 0)
+			return FAIL(c, "%s: shape extent %d is negative",
+				    fz_ops[c->op].name, i);
+		t.dims[i] = a->shape[i];
+	}
+	fz_ext n;
+	if (!fz_type_numel(&t, &n))
+		return FAIL(c, "%s: the element count of the shape overflows",
+			    fz_ops[c->op].name);
+	return 0;
+}
+
+static void set_shape(fz_type *out, const fz_ext *dims, int rank)
+{
+	out->rank = rank;
+	for (int i = 0; i < rank; i++)
+		out->dims[i] = dims[i];
+}
+
+static int infer_elementwise(const ctx *c, int n_in, const fz_attrs *a,
+			     fz_type *out)
+{
+	const fz_opinfo *oi = &fz_ops[c->op];
+	int first = c->op == FZ_OP_WHERE ? 1 : 0;
+	if (c->op == FZ_OP_WHERE && c->in[0]->type.dtype != FZ_BOOL) {
+		char b[400];
+		return FAIL(c, "where: condition %s has dtype %s; expected bool",
+			    opnd(c, 0, b, sizeof b),
+			    fz_dtype_name(c->in[0]->type.dtype));
+	}
+	for (int i = first; i < n_in; i++) {
+		if (check_dtype_flags(c, i, oi->flags) < 0)
+			return -1;
+		if (i > first && same_dtype(c, i, first) < 0)
+			return -1;
+	}
+	for (int i = 1; i < n_in; i++)
+		if (same_shape(c, i, 0) < 0)
+			return -1;
+	out[0] = c->in[first]->type;
+	if (oi->flags & FL_BOOLRES)
+		out[0].dtype = FZ_BOOL;
+	if (c->op == FZ_OP_CAST)
+		out[0].dtype = a->dtype;
+	return 1;
+}
+
+static int infer_creation(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const char *name = fz_ops[c->op].name;
+	out[0].dtype = a->dtype;
+	switch (c->op) {
+	case FZ_OP_FULL:
+		if (a->value_sym >= c->t->n_syms)
+			return FAIL(c, "full: value names an unknown symbol");
+		if (check_shape_attr(c, a) < 0)
+			return -1;
+		set_shape(out, a->shape, a->n_shape);
+		return 1;
+	case FZ_OP_IOTA:
+		if (a->length < 0 || a->length > (INT64_MAX >> 2))
+			return FAIL(c, "iota: length %lld is out of range",
+				    (long long)a->length);
+		if (a->dtype == FZ_BOOL)
+			return FAIL(c, "iota: dtype bool; expected a numeric dtype");
+		out[0].rank = 1;
+		out[0].dims[0] = fz_ext_const(a->length);
+		return 1;
+	case FZ_OP_UNIFORM:
+		if (!fz_dtype_is_float(a->dtype))
+			return FAIL(c, "uniform: dtype %s; expected a floating dtype",
+				    fz_dtype_name(a->dtype));
+		if (check_shape_attr(c, a) < 0)
+			return -1;
+		set_shape(out, a->shape, a->n_shape);
+		return 1;
+	default:
+		return FAIL(c, "%s: not a creation op", name);
+	}
+}
+
+static int infer_broadcast(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char e1[128], e2[128];
+	if (check_shape_attr(c, a) < 0)
+		return -1;
+	if (a->n_dims != x->rank)
+		return FAIL(c, "broadcast_in_dim: dims has %d entries; expected %d, "
+			    "the rank of operand 1", a->n_dims, x->rank);
+	for (int i = 0; i < a->n_dims; i++) {
+		if (check_dim(c, "dim", a->dims[i], a->n_shape) < 0)
+			return -1;
+		if (i > 0 && a->dims[i] <= a->dims[i - 1])
+			return FAIL(c, "broadcast_in_dim: dims must be strictly "
+				    "increasing");
+		fz_ext xe = x->dims[i], oe = a->shape[a->dims[i]];
+		if (!fz_ext_eq(xe, oe) && !fz_ext_eq(xe, fz_ext_const(1)))
+			return FAIL(c, "broadcast_in_dim: operand dim %d has extent %s;"
+				    " expected %s or 1 (result dim %d)", i,
+				    ext_s(c, xe, e1, sizeof e1),
+				    ext_s(c, oe, e2, sizeof e2), a->dims[i]);
+	}
+	out[0].dtype = x->dtype;
+	set_shape(out, a->shape, a->n_shape);
+	return 1;
+}
+
+static int infer_reshape(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char e1[128], e2[128];
+	if (check_shape_attr(c, a) < 0)
+		return -1;
+	fz_type r = {.dtype = x->dtype};
+	set_shape(&r, a->shape, a->n_shape);
+	fz_ext n1, n2;
+	if (!fz_type_numel(x, &n1) || !fz_type_numel(&r, &n2))
+		return FAIL(c, "reshape: element count overflows");
+	if (!fz_ext_eq(n1, n2))
+		return FAIL(c, "reshape: operand 1 has %s elements; the shape has %s",
+			    ext_s(c, n1, e1, sizeof e1), ext_s(c, n2, e2, sizeof e2));
+	out[0] = r;
+	return 1;
+}
+
+static int infer_permute(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	bool seen[FZ_MAX_RANK];
+	if (a->n_dims != x->rank)
+		return FAIL(c, "permute: dims has %d entries; expected %d, the rank "
+			    "of operand 1", a->n_dims, x->rank);
+	if (check_dims(c, a, x->rank, seen) < 0)
+		return -1;
+	out[0].dtype = x->dtype;
+	out[0].rank = x->rank;
+	for (int i = 0; i < x->rank; i++)
+		out[0].dims[i] = x->dims[a->dims[i]];
+	return 1;
+}
+
+static int infer_slice(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char e1[128], e2[128];
+	if (a->n_slice != x->rank)
+		return FAIL(c, "slice: start/end/step have %d entries; expected %d, "
+			    "the rank of operand 1", a->n_slice, x->rank);
+	out[0].dtype = x->dtype;
+	out[0].rank = x->rank;
+	for (int i = 0; i < x->rank; i++) {
+		fz_ext ext = x->dims[i], end = a->end[i];
+		int64_t s = a->start[i], st = a->step[i];
+		if (st < 1)
+			return FAIL(c, "slice: step %lld in dim %d; expected >= 1",
+				    (long long)st, i);
+		if (!fz_ext_is_const(ext) || !fz_ext_is_const(end)) {
+			if (!fz_ext_eq(end, ext) || s != 0 || st != 1)
+				return FAIL(c, "slice: dim %d has symbolic extent %s; "
+					    "it can only be kept whole (start 0, end %s,"
+					    " step 1)", i, ext_s(c, ext, e1, sizeof e1),
+					    e1);
+			out[0].dims[i] = ext;
+			continue;
+		}
+		if (s < 0 || s > end.c || end.c > ext.c)
+			return FAIL(c, "slice: bounds [%lld, %s) in dim %d lie outside "
+				    "the extent %s", (long long)s,
+				    ext_s(c, end, e1, sizeof e1), i,
+				    ext_s(c, ext, e2, sizeof e2));
+		out[0].dims[i] = fz_ext_const((end.c - s + st - 1) / st);
+	}
+	return 1;
+}
+
+static int infer_squeeze(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	bool seen[FZ_MAX_RANK];
+	char e[128];
+	if (check_dims(c, a, x->rank, seen) < 0)
+		return -1;
+	out[0].dtype = x->dtype;
+	out[0].rank = 0;
+	for (int i = 0; i < x->rank; i++) {
+		if (!seen[i]) {
+			out[0].dims[out[0].rank++] = x->dims[i];
+			continue;
+		}
+		if (!fz_ext_eq(x->dims[i], fz_ext_const(1)))
+			return FAIL(c, "squeeze: dim %d has extent %s; expected 1", i,
+				    ext_s(c, x->dims[i], e, sizeof e));
+	}
+	return 1;
+}
+
+static int infer_unsqueeze(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	if (x->rank == FZ_MAX_RANK)
+		return FAIL(c, "unsqueeze: operand 1 already has the maximum rank %d",
+			    FZ_MAX_RANK);
+	if (check_dim(c, "dim", a->dim, x->rank + 1) < 0)
+		return -1;
+	out[0].dtype = x->dtype;
+	out[0].rank = x->rank + 1;
+	for (int i = 0, j = 0; i < out[0].rank; i++)
+		out[0].dims[i] = i == a->dim ? fz_ext_const(1) : x->dims[j++];
+	return 1;
+}
+
+static int infer_cat(const ctx *c, int n_in, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char b[400], e1[128], e2[128];
+	if (check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	fz_ext sum = x->dims[a->dim];
+	for (int i = 1; i < n_in; i++) {
+		const fz_type *y = &c->in[i]->type;
+		if (same_dtype(c, i, 0) < 0)
+			return -1;
+		if (y->rank != x->rank)
+			return FAIL(c, "cat: %s has rank %d; expected %d like operand 1",
+				    opnd(c, i, b, sizeof b), y->rank, x->rank);
+		for (int k = 0; k < x->rank; k++) {
+			if (k != a->dim && !fz_ext_eq(y->dims[k], x->dims[k]))
+				return FAIL(c, "cat: %s has extent %s in dim %d; expected "
+					    "%s like operand 1", opnd(c, i, b, sizeof b),
+					    ext_s(c, y->dims[k], e1, sizeof e1), k,
+					    ext_s(c, x->dims[k], e2, sizeof e2));
+		}
+		fz_ext e = y->dims[a->dim];
+		if (e.syms != sum.syms || __builtin_add_overflow(sum.c, e.c, &sum.c))
+			return FAIL(c, "cat: extents %s and %s along dim %d cannot be "
+				    "added into one extent", ext_s(c, sum, e1, sizeof e1),
+				    ext_s(c, e, e2, sizeof e2), a->dim);
+	}
+	out[0] = *x;
+	out[0].dims[a->dim] = sum;
+	return 1;
+}
+
+static int infer_reduction(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	bool seen[FZ_MAX_RANK];
+	if (check_dtype_flags(c, 0, fz_ops[c->op].flags) < 0)
+		return -1;
+	if (check_dims(c, a, x->rank, seen) < 0)
+		return -1;
+	if (c->op == FZ_OP_VAR_MEAN && a->correction < 0)
+		return FAIL(c, "var_mean: correction %lld; expected >= 0",
+			    (long long)a->correction);
+	out[0].dtype = x->dtype;
+	out[0].rank = 0;
+	for (int i = 0; i < x->rank; i++) {
+		if (!seen[i])
+			out[0].dims[out[0].rank++] = x->dims[i];
+		else if (a->keepdim)
+			out[0].dims[out[0].rank++] = fz_ext_const(1);
+	}
+	if (c->op != FZ_OP_VAR_MEAN)
+		return 1;
+	out[1] = out[0];
+	return 2;
+}
+
+static int infer_take(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type, *idx = &c->in[1]->type;
+	if (index_dtype(c, 1) < 0 || check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	int rank = x->rank - 1 + idx->rank;
+	if (rank > FZ_MAX_RANK)
+		return FAIL(c, "take: result rank %d exceeds %d", rank, FZ_MAX_RANK);
+	out[0].dtype = x->dtype;
+	out[0].rank = 0;
+	for (int i = 0; i < x->rank; i++) {
+		if (i != a->dim) {
+			out[0].dims[out[0].rank++] = x->dims[i];
+			continue;
+		}
+		for (int k = 0; k < idx->rank; k++)
+			out[0].dims[out[0].rank++] = idx->dims[k];
+	}
+	return 1;
+}
+
+static int infer_take_along(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type, *idx = &c->in[1]->type;
+	char b[400], e1[128], e2[128];
+	if (index_dtype(c, 1) < 0 || check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	if (idx->rank != x->rank)
+		return FAIL(c, "take_along: index %s has rank %d; expected %d, the "
+			    "rank of operand 1", opnd(c, 1, b, sizeof b), idx->rank,
+			    x->rank);
+	for (int i = 0; i < x->rank; i++) {
+		if (i == a->dim || fz_ext_eq(idx->dims[i], x->dims[i]))
+			continue;
+		if (fz_ext_is_const(idx->dims[i]) && fz_ext_is_const(x->dims[i]) &&
+		    idx->dims[i].c <= x->dims[i].c)
+			continue;
+		return FAIL(c, "take_along: index extent %s in dim %d exceeds the "
+			    "operand's %s", ext_s(c, idx->dims[i], e1, sizeof e1), i,
+			    ext_s(c, x->dims[i], e2, sizeof e2));
+	}
+	out[0] = *idx;
+	out[0].dtype = x->dtype;
+	return 1;
+}
+
+static int infer_index_add(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type, *idx = &c->in[1]->type;
+	const fz_type *src = &c->in[2]->type;
+	char b[400], e1[128], e2[128];
+	if (index_dtype(c, 1) < 0 || check_dim(c, "dim", a->dim, x->rank) < 0 ||
+	    check_dtype_flags(c, 0, FL_NOBOOL) < 0 || same_dtype(c, 2, 0) < 0)
+		return -1;
+	if (idx->rank != 1)
+		return FAIL(c, "index_add: index %s has rank %d; expected 1",
+			    opnd(c, 1, b, sizeof b), idx->rank);
+	if (src->rank != x->rank)
+		return FAIL(c, "index_add: source %s has rank %d; expected %d",
+			    opnd(c, 2, b, sizeof b), src->rank, x->rank);
+	for (int i = 0; i < x->rank; i++) {
+		fz_ext want = i == a->dim ? idx->dims[0] : x->dims[i];
+		if (!fz_ext_eq(src->dims[i], want))
+			return FAIL(c, "index_add: source extent %s in dim %d; "
+				    "expected %s", ext_s(c, src->dims[i], e1, sizeof e1),
+				    i, ext_s(c, want, e2, sizeof e2));
+	}
+	out[0] = *x;
+	return 1;
+}
+
+/* torch.matmul: 1-D operands are promoted (and the promoted dim dropped from
+ * the result); batch dims broadcast. */
+static int infer_matmul(const ctx *c, fz_type *out)
+{
+	const fz_type *a = &c->in[0]->type, *b = &c->in[1]->type;
+	char e1[128], e2[128];
+	if (check_dtype_flags(c, 0, FL_NOBOOL) < 0 || same_dtype(c, 1, 0) < 0)
+		return -1;
+	if (a->rank == 0 || b->rank == 0)
+		return FAIL(c, "matmul: operand %d is rank 0; expected rank >= 1",
+			    a->rank == 0 ? 1 : 2);
+	fz_ext one = fz_ext_const(1);
+	fz_ext ak = a->dims[a->rank - 1];
+	fz_ext bk = b->rank == 1 ? b->dims[0] : b->dims[b->rank - 2];
+	if (!fz_ext_eq(ak, bk))
+		return FAIL(c, "matmul: contracted extents differ: %s (operand 1) "
+			    "and %s (operand 2)", ext_s(c, ak, e1, sizeof e1),
+			    ext_s(c, bk, e2, sizeof e2));
+	int abatch = a->rank > 2 ? a->rank - 2 : 0;
+	int bbatch = b->rank > 2 ? b->rank - 2 : 0;
+	int nb = abatch > bbatch ? abatch : bbatch;
+	fz_type *o = &out[0];
+	o->dtype = a->dtype;
+	o->rank = 0;
+	for (int i = 0; i < nb; i++) {
+		int ia = i - (nb - abatch), ib = i - (nb - bbatch);
+		fz_ext ea = ia >= 0 ? a->dims[ia] : one;
+		fz_ext eb = ib >= 0 ? b->dims[ib] : one;
+		if (!fz_ext_eq(ea, eb) && !fz_ext_eq(ea, one) && !fz_ext_eq(eb, one))
+			return FAIL(c, "matmul: batch extents %s and %s do not "
+				    "broadcast", ext_s(c, ea, e1, sizeof e1),
+				    ext_s(c, eb, e2, sizeof e2));
+		o->dims[o->rank++] = fz_ext_eq(ea, one) ? eb : ea;
+	}
+	if (a->rank >= 2)
+		o->dims[o->rank++] = a->dims[a->rank - 2];
+	if (b->rank >= 2)
+		o->dims[o->rank++] = b->dims[b->rank - 1];
+	return 1;
+}
+
+static int infer_linear(const ctx *c, int n_in, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type, *w = &c->in[1]->type;
+	char b[400], e1[128], e2[128];
+	if (check_dtype_flags(c, 0, FL_NOBOOL) < 0 || same_dtype(c, 1, 0) < 0)
+		return -1;
+	if (x->rank < 1)
+		return FAIL(c, "linear: input is rank 0; expected rank >= 1");
+	if (w->rank != 2)
+		return FAIL(c, "linear: weight %s has rank %d; expected 2 ([out, in])",
+			    opnd(c, 1, b, sizeof b), w->rank);
+	if (!fz_ext_eq(x->dims[x->rank - 1], w->dims[1]))
+		return FAIL(c, "linear: input features %s differ from the weight's "
+			    "%s (weight is [out, in])",
+			    ext_s(c, x->dims[x->rank - 1], e1, sizeof e1),
+			    ext_s(c, w->dims[1], e2, sizeof e2));
+	if (n_in == 3) {
+		const fz_type *bias = &c->in[2]->type;
+		if (same_dtype(c, 2, 0) < 0)
+			return -1;
+		if (bias->rank != 1 || !fz_ext_eq(bias->dims[0], w->dims[0]))
+			return FAIL(c, "linear: bias %s; expected shape [%s]",
+				    opnd(c, 2, b, sizeof b),
+				    ext_s(c, w->dims[0], e1, sizeof e1));
+	}
+	out[0] = *x;
+	out[0].dims[x->rank - 1] = w->dims[0];
+	return 1;
+}
+
+static int infer_collective(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char e[128];
+	int world = c->t->world;
+	if (check_dtype_flags(c, 0, fz_ops[c->op].flags) < 0)
+		return -1;
+	out[0] = *x;
+	out[0].future = true;
+	if (c->op == FZ_OP_ALL_REDUCE)
+		return 1;
+	if (check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	fz_ext d = x->dims[a->dim], w = fz_ext_const(world);
+	bool ok = c->op == FZ_OP_ALL_GATHER ? fz_ext_mul(d, w, &out[0].dims[a->dim])
+					    : fz_ext_div(d, w, &out[0].dims[a->dim]);
+	if (!ok)
+		return FAIL(c, "%s: extent %s in dim %d %s the world size %d",
+			    fz_ops[c->op].name, ext_s(c, d, e, sizeof e), a->dim,
+			    c->op == FZ_OP_ALL_GATHER ? "overflows when multiplied by"
+						      : "is not divisible by", world);
+	return 1;
+}
+
+int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
+	     const fz_attrs *a, fz_type *out, char *err, size_t errlen)
+{
+	ctx c = {t, op, in, err, errlen};
+	const fz_opinfo *oi = &fz_ops[op];
+	char b[400];
+	if (oi->cls == FZ_CLASS_COMPOSITE)
+		return FAIL(&c, "%s: composite op in the IR", oi->name);
+	if (n_in < oi->min_args || (oi->max_args >= 0 && n_in > oi->max_args))
+		return FAIL(&c, "%s: %d operands; expected %d%s", oi->name, n_in,
+			    oi->min_args, oi->max_args == oi->min_args ? "" :
+			    oi->max_args < 0 ? " or more" : " to 3");
+	for (int i = 0; i < n_in; i++) {
+		bool fut = in[i]->type.future;
+		if (op == FZ_OP_WAIT && !fut)
+			return FAIL(&c, "wait: %s is not a future; expected the result"
+				    " of a collective", opnd(&c, i, b, sizeof b));
+		if (op != FZ_OP_WAIT && fut)
+			return FAIL(&c, "%s: %s is a future; wait on it first",
+				    oi->name, opnd(&c, i, b, sizeof b));
+	}
+	memset(out, 0, sizeof(fz_type) * ((oi->flags & FL_TWO_RESULTS) ? 2 : 1));
+	switch (oi->cls) {
+	case FZ_CLASS_UNARY:
+	case FZ_CLASS_BINARY:
+	case FZ_CLASS_TERNARY:
+		return infer_elementwise(&c, n_in, a, out);
+	case FZ_CLASS_CREATION:
+		return infer_creation(&c, a, out);
+	case FZ_CLASS_META:
+		switch (op) {
+		case FZ_OP_BROADCAST_IN_DIM: return infer_broadcast(&c, a, out);
+		case FZ_OP_RESHAPE: return infer_reshape(&c, a, out);
+		case FZ_OP_PERMUTE: return infer_permute(&c, a, out);
+		case FZ_OP_SLICE: return infer_slice(&c, a, out);
+		case FZ_OP_SQUEEZE: return infer_squeeze(&c, a, out);
+		case FZ_OP_UNSQUEEZE: return infer_unsqueeze(&c, a, out);
+		case FZ_OP_CAT: return infer_cat(&c, n_in, a, out);
+		default: break;
+		}
+		break;
+	case FZ_CLASS_REDUCTION:
+		return infer_reduction(&c, a, out);
+	case FZ_CLASS_INDEXING:
+		if (op == FZ_OP_TAKE)
+			return infer_take(&c, a, out);
+		if (op == FZ_OP_TAKE_ALONG)
+			return infer_take_along(&c, a, out);
+		return infer_index_add(&c, a, out);
+	case FZ_CLASS_LIBRARY:
+		return op == FZ_OP_MATMUL ? infer_matmul(&c, out)
+					  : infer_linear(&c, n_in, out);
+	case FZ_CLASS_COLLECTIVE:
+		return infer_collective(&c, a, out);
+	case FZ_CLASS_WAIT:
+		out[0] = in[0]->type;
+		out[0].future = false;
+		return 1;
+	default:
+		break;
+	}
+	return FAIL(&c, "%s: no inference rule", oi->name);
+}

@@ -1,0 +1,308 @@
+/*
+ * ir.h: the internal IR of fusec, shared by every stage.
+ *
+ * A trace is a list of nodes in SSA form. Each node applies one primitive op
+ * (ops.def) to operand values and defines one value (two for var_mean).
+ * Every value carries a type: a dtype, a rank, and one extent per dim.
+ *
+ * An extent is a monomial: a coefficient times a product of distinct
+ * symbols, so that reshaping [B, T, 4096] to [-1, 4096] gives the honest
+ * extent B*T rather than losing it. A concrete extent has no symbols.
+ *
+ *     fz_ext e = {.c = 4096, .syms = 0};            4096
+ *     fz_ext e = {.c = 1, .syms = 1u << sym("B")};  B
+ *     fz_ext e = {.c = 2, .syms = B | T};           2*B*T
+ *
+ * Everything a trace holds (nodes, values, shapes, names, attribute lists)
+ * comes from its arena and is freed at once with the trace. Nothing frees a
+ * single node.
+ *
+ * Broken invariants abort through FZ_ASSERT, which names file and line;
+ * errors in input never do: they are statuses.
+ */
+#ifndef FUSEC_IR_H
+#define FUSEC_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusec.h"
+
+#define FZ_ASSERT(c) \
+	((c) ? (void)0 : fz_assert_fail(#c, __FILE__, __LINE__))
+_Noreturn void fz_assert_fail(const char *what, const char *file, int line);
+
+#define FZ_MAX_SYMS 64
+#define FZ_MAX_ARGS 256   /* operands of one op (cat) */
+#define FZ_ERRLEN 512
+
+/* ---- Arena --------------------------------------------------------------- */
+
+typedef struct fz_chunk fz_chunk;
+typedef struct fz_arena {
+	fz_chunk *head;
+	size_t total;
+} fz_arena;
+
+void *fz_arena_alloc(fz_arena *a, size_t n);     /* zeroed; NULL if no memory */
+char *fz_arena_strdup(fz_arena *a, const char *s);
+void fz_arena_release(fz_arena *a);
+
+/* ---- Extents and types --------------------------------------------------- */
+
+typedef struct fz_ext {
+	int64_t c;
+	uint64_t syms;
+} fz_ext;
+
+static inline fz_ext fz_ext_const(int64_t c)
+{
+	fz_ext e = {c, 0};
+	return e;
+}
+
+static inline bool fz_ext_eq(fz_ext a, fz_ext b)
+{
+	return a.c == b.c && a.syms == b.syms;
+}
+
+static inline bool fz_ext_is_const(fz_ext e) { return e.syms == 0; }
+
+/* a*b; false on coefficient overflow or a symbol met twice (B*B). */
+bool fz_ext_mul(fz_ext a, fz_ext b, fz_ext *out);
+/* a/b exactly; false when b does not divide a. */
+bool fz_ext_div(fz_ext a, fz_ext b, fz_ext *out);
+/* Size under bindings; -1 if a needed symbol is unbound or it overflows. */
+int64_t fz_ext_eval(fz_ext e, const int64_t *sym_sizes);
+/* "4096", "B", "2*B*T" into buf. */
+const char *fz_ext_str(const fz_trace *t, fz_ext e, char *buf, size_t n);
+
+typedef struct fz_type {
+	fz_dtype dtype;
+	int rank;
+	bool future;          /* the result of a collective, not yet waited */
+	fz_ext dims[FZ_MAX_RANK];
+} fz_type;
+
+bool fz_type_eq(const fz_type *a, const fz_type *b);
+bool fz_type_numel(const fz_type *t, fz_ext *out); /* false on overflow */
+/* "bf16[B, T, 4096]" into buf. */
+const char *fz_type_str(const fz_trace *t, const fz_type *ty, char *buf, size_t n);
+
+static inline bool fz_dtype_is_float(fz_dtype d)
+{
+	return d == FZ_F64 || d == FZ_F32 || d == FZ_F16 || d == FZ_BF16;
+}
+
+static inline bool fz_dtype_is_int(fz_dtype d)
+{
+	return d == FZ_I64 || d == FZ_I32 || d == FZ_I8 || d == FZ_U8;
+}
+
+/* ---- The op table -------------------------------------------------------- */
+
+typedef enum fz_opclass {
+	FZ_CLASS_UNARY, FZ_CLASS_BINARY, FZ_CLASS_TERNARY, FZ_CLASS_CREATION,
+	FZ_CLASS_META, FZ_CLASS_REDUCTION, FZ_CLASS_INDEXING, FZ_CLASS_LIBRARY,
+	FZ_CLASS_COLLECTIVE, FZ_CLASS_WAIT, FZ_CLASS_COMPOSITE,
+	FZ_CLASS_COUNT
+} fz_opclass;
+
+enum {
+	FL_FLOAT = 1 << 0,       /* operands must be floating */
+	FL_NOBOOL = 1 << 1,      /* operands must not be bool */
+	FL_BOOL = 1 << 2,        /* operands must be bool */
+	FL_BOOLRES = 1 << 3,     /* result is bool */
+	FL_FLOATRES = 1 << 4,    /* result dtype (attribute) must be floating */
+	FL_TWO_RESULTS = 1 << 5, /* defines two values */
+};
+
+/* The attributes. ATTR(id, key, kind) */
+#define FZ_ATTRS(ATTR) \
+	ATTR(DTYPE, "dtype", DTYPE) \
+	ATTR(SHAPE, "shape", EXTS) \
+	ATTR(DIMS, "dims", INTS) \
+	ATTR(DIM, "dim", INT) \
+	ATTR(KEEPDIM, "keepdim", BOOL) \
+	ATTR(VALUE, "value", SCALAR) \
+	ATTR(LENGTH, "length", INT) \
+	ATTR(SEED, "seed", INT) \
+	ATTR(OFFSET, "offset", INT) \
+	ATTR(START, "start", INTS) \
+	ATTR(END, "end", EXTS) \
+	ATTR(STEP, "step", INTS) \
+	ATTR(CORRECTION, "correction", INT) \
+	ATTR(APPROXIMATE, "approximate", NAME) \
+	ATTR(EPS, "eps", FLOAT)
+
+typedef enum fz_attr_id {
+#define ATTR(id, key, kind) FZ_ATTR_##id,
+	FZ_ATTRS(ATTR)
+#undef ATTR
+	FZ_ATTR_COUNT
+} fz_attr_id;
+
+#define AT(id) (1u << FZ_ATTR_##id)
+
+typedef enum fz_opcode {
+#define OP(id, name, lo, hi, cls, flags, attrs, req) FZ_OP_##id,
+#include "ops.def"
+#undef OP
+	FZ_OP_COUNT
+} fz_opcode;
+
+typedef struct fz_opinfo {
+	const char *name;
+	int min_args, max_args; /* max -1: variadic */
+	fz_opclass cls;
+	unsigned flags;
+	unsigned attrs, required;
+} fz_opinfo;
+
+extern const fz_opinfo fz_ops[FZ_OP_COUNT];
+extern const char *const fz_attr_names[FZ_ATTR_COUNT];
+extern const char *const fz_class_names[FZ_CLASS_COUNT];
+int fz_op_from_name(const char *name, fz_opcode *out);          /* 1 if found */
+int fz_attr_from_name(const char *name, fz_attr_id *out);   /* 1 if found */
+
+static inline bool fz_op_is_elementwise(fz_opcode op)
+{
+	fz_opclass c = fz_ops[op].cls;
+	return c == FZ_CLASS_UNARY || c == FZ_CLASS_BINARY || c == FZ_CLASS_TERNARY;
+}
+
+/* ---- Attributes ---------------------------------------------------------- */
+
+enum { FZ_APPROX_NONE, FZ_APPROX_TANH };
+
+/* One wide struct for every op's attributes; `present` says which are set.
+ * Lists (shape, dims, start, end, step) live in the trace's arena. Defaults
+ * are filled in by the builder, so every present field is meaningful. */
+typedef struct fz_attrs {
+	uint32_t present;
+	fz_dtype dtype;
+	int n_shape;
+	fz_ext *shape;
+	int n_dims;
+	int *dims;          /* normalized to 0..rank-1 */
+	int dim;            /* normalized */
+	bool keepdim;
+	double value;       /* full: value, or the size of symbol value_sym */
+	int value_sym;      /* -1, or the symbol whose size is the value */
+	int64_t length, seed, offset;
+	int n_slice;
+	int64_t *start, *step;
+	fz_ext *end;
+	int64_t correction;
+	int approximate;
+	double eps;
+} fz_attrs;
+
+/* ---- Values, nodes, traces ----------------------------------------------- */
+
+typedef struct fz_node fz_node;
+
+struct fz_value {
+	int id;             /* index in trace->values */
+	fz_type type;
+	const char *name;   /* user name, or NULL: the printer makes one up */
+	fz_node *def;       /* NULL for a parameter */
+	int out_index;      /* which result of def */
+	int param_index;    /* -1 unless a parameter */
+	int n_uses;         /* operand slots that read it, plus returns */
+};
+
+struct fz_node {
+	int id;             /* index in trace->nodes: a topological order */
+	fz_opcode op;
+	int n_in;
+	fz_value **in;
+	int n_out;
+	fz_value *out[2];
+	fz_attrs attrs;
+	fz_opcode origin;       /* the composite it was lowered from, or op */
+	int line, col;      /* where it was written (0 when built by API) */
+};
+
+typedef struct fz_name_slot {
+	const char *name;
+	fz_value *value;
+} fz_name_slot;
+
+struct fz_trace {
+	fz_arena arena;
+	const char *name;
+	int world;          /* 1 unless declared */
+	int line, col;      /* location stamped on nodes built now */
+
+	fz_value **params;
+	int n_params, cap_params;
+	fz_node **nodes;
+	int n_nodes, cap_nodes;
+	fz_value **values;
+	int n_values, cap_values;
+	fz_value **outputs;
+	int n_outputs;
+	const char *syms[FZ_MAX_SYMS];
+	int n_syms;
+
+	fz_name_slot *names;  /* open addressing; cap is a power of two */
+	int n_names, cap_names;
+
+	char error[FZ_ERRLEN];
+};
+
+struct fz_module {
+	fz_trace **traces;
+	int n_traces;
+};
+
+/* ---- Internal services of the stages ------------------------------------- */
+
+/* Formats into t->error; returns -1 so callers can `return fz_fail(...)`. */
+int fz_fail(fz_trace *t, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+char *fz_strdup_printf(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2)));
+char *fz_strdup(const char *s);
+
+/* The symbol index of `name`, adding it if new; -1 past FZ_MAX_SYMS. */
+int fz_trace_symbol_intern(fz_trace *t, const char *name);
+int fz_trace_symbol_find(const fz_trace *t, const char *name);
+
+/* Shape and dtype inference for one primitive op: fills out[0..n) and
+ * returns n, or returns -1 with a message naming the op, the operand and
+ * what was expected in err. The builder calls it to type new nodes; the
+ * verifier calls it again to check them. */
+int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
+             const fz_attrs *a, fz_type *out, char *err, size_t errlen);
+
+/* Appends a primitive node with explicit, already normalized attributes.
+ * Passes use this to build IR; the builder's fz_opcode uses it underneath. */
+fz_node *fz_node_add(fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
+                     const fz_attrs *attrs);
+
+/* Drops nodes and values added since a mark (n_nodes, n_values), undoing
+ * their use counts; the builder calls it when a composite fails halfway. */
+void fz_trace_rollback(fz_trace *t, int n_nodes, int n_values);
+
+/* Structural equality of two traces: same params, same nodes in the same
+ * order with the same ops, attributes, operands and types, same outputs.
+ * Names of unnamed values do not matter. On a difference, says where. */
+bool fz_trace_equal(const fz_trace *a, const fz_trace *b, char *why, size_t n);
+
+/* The trace as text, appended to a growing string. */
+typedef struct fz_buf {
+	char *data;
+	size_t len, cap;
+	bool oom;
+} fz_buf;
+
+void fz_buf_printf(fz_buf *b, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+void fz_buf_puts(fz_buf *b, const char *s);
+char *fz_buf_take(fz_buf *b); /* NULL if it ran out of memory */
+
+#endif

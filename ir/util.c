@@ -1,0 +1,221 @@
+/*
+ * util.c: the small services every stage leans on.
+ *
+ * The arena: a trace allocates all it holds (nodes, values, shapes, names,
+ * attribute lists) from a chain of chunks and frees them in one go. Chunks
+ * double in size up to 1 MiB, so a 32-layer trace makes a few dozen calls to
+ * malloc, not a hundred thousand. Allocations are zeroed and 16-byte
+ * aligned; a request larger than a chunk gets a chunk of its own.
+ *
+ * The growing string (fz_buf) used by the printer and by diagnostics; it
+ * remembers running out of memory instead of failing every call, so callers
+ * check once at the end.
+ *
+ * The names of statuses and dtypes, and the one assert that aborts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+_Noreturn void fz_assert_fail(const char *what, const char *file, int line)
+{
+	fprintf(stderr, "fusec: internal error: %s:%d: assertion '%s' failed\n",
+		file, line, what);
+	abort();
+}
+
+void fz_free(void *p) { free(p); }
+
+/* ---- arena ---- */
+
+struct fz_chunk {
+	fz_chunk *next;
+	size_t used, cap;
+	_Alignas(16) unsigned char data[];
+};
+
+void *fz_arena_alloc(fz_arena *a, size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	if (n == 0)
+		n = 16;
+	fz_chunk *c = a->head;
+	if (!c || c->cap - c->used < n) {
+		size_t cap = c ? c->cap * 2 : 4096;
+		if (cap > (1u << 20))
+			cap = 1u << 20;
+		if (cap < n)
+			cap = n;
+		c = malloc(sizeof *c + cap);
+		if (!c)
+			return NULL;
+		c->used = 0;
+		c->cap = cap;
+		c->next = a->head;
+		a->head = c;
+		a->total += cap;
+	}
+	void *p = c->data + c->used;
+	c->used += n;
+	memset(p, 0, n);
+	return p;
+}
+
+char *fz_arena_strdup(fz_arena *a, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = fz_arena_alloc(a, n);
+	if (p)
+		memcpy(p, s, n);
+	return p;
+}
+
+void fz_arena_release(fz_arena *a)
+{
+	fz_chunk *c = a->head;
+	while (c) {
+		fz_chunk *next = c->next;
+		free(c);
+		c = next;
+	}
+	a->head = NULL;
+	a->total = 0;
+}
+
+/* ---- strings ---- */
+
+char *fz_strdup(const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = malloc(n);
+	if (p)
+		memcpy(p, s, n);
+	return p;
+}
+
+static char *vstrdup_printf(const char *fmt, va_list ap)
+{
+	va_list ap2;
+	va_copy(ap2, ap);
+	int n = vsnprintf(NULL, 0, fmt, ap2);
+	va_end(ap2);
+	if (n < 0)
+		return NULL;
+	char *p = malloc((size_t)n + 1);
+	if (p)
+		vsnprintf(p, (size_t)n + 1, fmt, ap);
+	return p;
+}
+
+char *fz_strdup_printf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	char *p = vstrdup_printf(fmt, ap);
+	va_end(ap);
+	return p;
+}
+
+int fz_fail(fz_trace *t, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->error, sizeof t->error, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static bool buf_reserve(fz_buf *b, size_t extra)
+{
+	if (b->oom)
+		return false;
+	if (b->len + extra + 1 <= b->cap)
+		return true;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap < b->len + extra + 1)
+		cap *= 2;
+	char *p = realloc(b->data, cap);
+	if (!p) {
+		b->oom = true;
+		return false;
+	}
+	b->data = p;
+	b->cap = cap;
+	return true;
+}
+
+void fz_buf_printf(fz_buf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0 || !buf_reserve(b, (size_t)n))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+void fz_buf_puts(fz_buf *b, const char *s)
+{
+	size_t n = strlen(s);
+	if (!buf_reserve(b, n))
+		return;
+	memcpy(b->data + b->len, s, n + 1);
+	b->len += n;
+}
+
+char *fz_buf_take(fz_buf *b)
+{
+	if (b->oom || !buf_reserve(b, 0)) {
+		free(b->data);
+		*b = (fz_buf){0};
+		return NULL;
+	}
+	b->data[b->len] = '\0';
+	char *p = b->data;
+	*b = (fz_buf){0};
+	return p;
+}
+
+/* ---- names ---- */
+
+const char *fz_status_name(fz_status s)
+{
+	static const char *const names[FZ_STATUS_COUNT] = {
+		"ok", "parse error", "verify error", "binding error",
+		"index out of range", "out of memory", "i/o error",
+		"invalid argument", "unsupported", "runtime error",
+	};
+	return (unsigned)s < FZ_STATUS_COUNT ? names[s] : "unknown status";
+}
+
+static const char *const dtype_names[FZ_DTYPE_COUNT] = {
+	"f64", "f32", "f16", "bf16", "i64", "i32", "i8", "u8", "bool",
+};
+static const size_t dtype_sizes[FZ_DTYPE_COUNT] = {8, 4, 2, 2, 8, 4, 1, 1, 1};
+
+const char *fz_dtype_name(fz_dtype d)
+{
+	return (unsigned)d < FZ_DTYPE_COUNT ? dtype_names[d] : "?";
+}
+
+size_t fz_dtype_size(fz_dtype d)
+{
+	return (unsigned)d < FZ_DTYPE_COUNT ? dtype_sizes[d] : 0;
+}
+
+int fz_dtype_from_name(const char *name, fz_dtype *out)
+{
+	for (int i = 0; i < FZ_DTYPE_COUNT; i++) {
+		if (strcmp(name, dtype_names[i]) == 0) {
+			*out = (fz_dtype)i;
+			return 1;
+		}
+	}
+	return 0;
+}

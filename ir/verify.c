@@ -1,0 +1,133 @@
+/*
+ * verify.c: the whole-trace checks.
+ *
+ * The builder types each op as it is added, so a trace built through it is
+ * well typed one node at a time. The verifier checks what only the whole
+ * trace shows, and re-checks what a pass could have broken since:
+ *
+ *   - every operand is defined before its use (SSA, in node order), by a
+ *     parameter or by a node of this trace;
+ *   - every node holds a primitive op with a legal operand count, and its
+ *     stored result types are what fz_infer says they are;
+ *   - every future is waited on, and nothing returned is a future;
+ *   - there is a return.
+ *
+ * Messages name the op and where it was written:
+ *     line 7: all_gather: future 'g' is never waited on
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static void where_(const fz_node *nd, char *buf, size_t n)
+{
+	if (nd && nd->line > 0)
+		snprintf(buf, n, "line %d: ", nd->line);
+	else
+		buf[0] = '\0';
+}
+
+fz_status fz_trace_verify(const fz_trace *t, char **err)
+{
+	char at[32], msg[FZ_ERRLEN], ty1[256], ty2[256];
+	fz_status st = FZ_EVERIFY;
+	bool *defined = calloc((size_t)t->n_values + 1, sizeof *defined);
+	bool *waited = calloc((size_t)t->n_values + 1, sizeof *waited);
+	msg[0] = '\0';
+	if (!defined || !waited) {
+		snprintf(msg, sizeof msg, "out of memory");
+		st = FZ_ENOMEM;
+		goto done;
+	}
+	for (int i = 0; i < t->n_params; i++)
+		defined[t->params[i]->id] = true;
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		const fz_opinfo *oi = &fz_ops[nd->op];
+		fz_type types[2];
+		where_(nd, at, sizeof at);
+		if ((unsigned)nd->op >= FZ_OP_COUNT || oi->cls == FZ_CLASS_COMPOSITE) {
+			snprintf(msg, sizeof msg, "%snode %d is not a primitive op", at, i);
+			goto done;
+		}
+		for (int k = 0; k < nd->n_in; k++) {
+			const fz_value *v = nd->in[k];
+			if (!v || v->id < 0 || v->id >= t->n_values || t->values[v->id] != v ||
+			    !defined[v->id]) {
+				snprintf(msg, sizeof msg, "%s%s: operand %d is used before it "
+					 "is defined", at, oi->name, k + 1);
+				goto done;
+			}
+			if (nd->op == FZ_OP_WAIT)
+				waited[v->id] = true;
+		}
+		int n = fz_infer(t, nd->op, nd->in, nd->n_in, &nd->attrs, types, msg,
+				 sizeof msg);
+		if (n < 0) {
+			char tmp[FZ_ERRLEN];
+			memcpy(tmp, msg, sizeof tmp);
+			snprintf(msg, sizeof msg, "%s%.*s", at,
+				 (int)(sizeof msg - sizeof at), tmp);
+			goto done;
+		}
+		if (n != nd->n_out) {
+			snprintf(msg, sizeof msg, "%s%s: %d results stored; expected %d", at,
+				 oi->name, nd->n_out, n);
+			goto done;
+		}
+		for (int k = 0; k < n; k++) {
+			const fz_value *v = nd->out[k];
+			if (!fz_type_eq(&v->type, &types[k])) {
+				snprintf(msg, sizeof msg, "%s%s: result %d has type %s; the op "
+					 "gives %s", at, oi->name, k + 1,
+					 fz_type_str(t, &v->type, ty1, sizeof ty1),
+					 fz_type_str(t, &types[k], ty2, sizeof ty2));
+				goto done;
+			}
+			if (v->def != nd || defined[v->id]) {
+				snprintf(msg, sizeof msg, "%s%s: result %d is defined twice",
+					 at, oi->name, k + 1);
+				goto done;
+			}
+			defined[v->id] = true;
+		}
+	}
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		for (int k = 0; k < nd->n_out; k++) {
+			const fz_value *v = nd->out[k];
+			if (!v->type.future || waited[v->id])
+				continue;
+			where_(nd, at, sizeof at);
+			snprintf(msg, sizeof msg, "%s%s: future%s%s%s is never waited on",
+				 at, fz_ops[nd->op].name, v->name ? " '" : "",
+				 v->name ? v->name : "", v->name ? "'" : "");
+			goto done;
+		}
+	}
+	if (t->n_outputs == 0) {
+		snprintf(msg, sizeof msg, "trace '%s' has no return", t->name);
+		goto done;
+	}
+	for (int i = 0; i < t->n_outputs; i++) {
+		const fz_value *v = t->outputs[i];
+		if (!v || v->id >= t->n_values || !defined[v->id]) {
+			snprintf(msg, sizeof msg, "return value %d is not defined", i + 1);
+			goto done;
+		}
+		if (v->type.future) {
+			snprintf(msg, sizeof msg, "return value %d is a future; wait on it "
+				 "first", i + 1);
+			goto done;
+		}
+	}
+	st = FZ_OK;
+done:
+	free(defined);
+	free(waited);
+	if (st != FZ_OK && err)
+		*err = fz_strdup(msg);
+	return st;
+}
