@@ -1,0 +1,320 @@
+"""fusec: Python binding of the fusec C library, and the PyTorch bridge.
+
+Pure Python over libfusec through ctypes; there is no build step. Set
+PYTHONPATH=tools/python and, if the library is not in the repository's build
+folder or on the system path, FUSEC_LIBRARY=/path/to/libfusec.so.
+
+    import fusec, fusec.torch
+    text = fusec.torch.export(fn, x, w)        # trace text (needs PyTorch)
+    prog = fusec.Program(text, device="reference")
+    y = prog(x, w)                             # torch in, torch out
+
+Program parses and verifies the text in the C library; a parse or verify
+error raises FusecError carrying the library's diagnostic (FILE:LINE:COL,
+the source line and a caret). Calling a Program binds the inputs (pointer,
+dtype, extents, strides in elements) and runs the trace on its device:
+
+  "reference"  the C reference interpreter (every op in f64, rounded to its
+               dtype at its output); slow, exact, always there.
+  "cpu"/"cuda" the generated code; not available yet (they come with the
+               code generator and the CUDA runtime) and say so.
+  "auto"       the best device that is available; today "reference".
+
+Inputs may be torch tensors (any strides, any device: non-CPU tensors are
+copied to the host) or numpy arrays; the outputs are torch tensors when any
+input is one (on the first torch input's device), else numpy arrays.
+"""
+
+import ctypes
+
+from . import _lib
+from ._lib import DTYPES, FusecLibraryError  # noqa: F401
+
+__all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES"]
+
+DEVICES = ("reference", "cpu", "cuda", "auto")
+
+
+class FusecError(RuntimeError):
+    """An error reported by the fusec library: .status names the fz_status,
+    the message is the library's diagnostic text."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+def __getattr__(name):
+    # `fusec.torch` without an explicit `import fusec.torch`; imported late
+    # so that `import fusec` works where PyTorch is absent.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'fusec' has no attribute %r" % name)
+
+
+def _check(lib, status, errp, what):
+    if status != 0:
+        msg = _lib.take_string(lib, errp.value) if errp is not None else ""
+        name = lib.fz_status_name(status).decode()
+        raise FusecError("%s failed (%s)%s" % (what, name,
+                         (":\n" + msg.rstrip("\n")) if msg else ""), name)
+
+
+# ---- Tensors in and out -----------------------------------------------------
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype_map(torch):
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({
+            torch.float64: "f64", torch.float32: "f32", torch.float16: "f16",
+            torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32",
+            torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool"})
+    return _TORCH_DTYPES
+
+
+_NUMPY_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16",
+                 "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8",
+                 "bool": "bool"}
+
+
+def _is_torch(x):
+    t = type(x)
+    return t.__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _describe(i, x, keep):
+    """An fz_tensor for input x; appends what must stay alive to keep."""
+    ft = _lib.Tensor()
+    if _is_torch(x):
+        torch = _torch()
+        dmap = _torch_dtype_map(torch)
+        if x.dtype not in dmap:
+            raise TypeError("input %d: dtype %s has no fusec dtype" %
+                            (i, x.dtype))
+        if x.device.type != "cpu":
+            x = x.detach().to("cpu")
+        x = x.detach()
+        if x.dim() > _lib.FZ_MAX_RANK:
+            raise ValueError("input %d: rank %d exceeds %d" %
+                             (i, x.dim(), _lib.FZ_MAX_RANK))
+        keep.append(x)
+        dname = dmap[x.dtype]
+        ft.data = x.data_ptr() if x.numel() else None
+        shape, strides = tuple(x.shape), tuple(x.stride())
+    else:
+        import numpy as np
+        x = np.asarray(x)
+        dname = _NUMPY_DTYPES.get(x.dtype.name)
+        if dname is None:
+            raise TypeError("input %d: dtype %s has no fusec dtype" %
+                            (i, x.dtype))
+        if x.ndim > _lib.FZ_MAX_RANK:
+            raise ValueError("input %d: rank %d exceeds %d" %
+                             (i, x.ndim, _lib.FZ_MAX_RANK))
+        if any(s % x.itemsize for s in x.strides):
+            x = np.ascontiguousarray(x)
+        keep.append(x)
+        ft.data = x.ctypes.data if x.size else None
+        shape = x.shape
+        strides = tuple(s // x.itemsize for s in x.strides)
+    ft.dtype = _lib.DTYPE_INDEX[dname]
+    ft.rank = len(shape)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        ft.shape[k] = n
+        ft.strides[k] = s
+    return ft, dname
+
+
+def _take_output(lib, ft, as_torch, device):
+    """Copies a library-allocated contiguous output into a fresh tensor and
+    releases the library's buffer."""
+    dname = _lib.DTYPES[ft.dtype]
+    shape = tuple(ft.shape[k] for k in range(ft.rank))
+    n = 1
+    for e in shape:
+        n *= e
+    nbytes = n * _lib.DTYPE_SIZE[dname]
+    try:
+        if as_torch:
+            torch = _torch()
+            inv = {v: k for k, v in _torch_dtype_map(torch).items()}
+            out = torch.empty(shape, dtype=inv[dname])
+            if nbytes:
+                ctypes.memmove(out.data_ptr(), ft.data, nbytes)
+            return out.to(device) if device is not None else out
+        import numpy as np
+        if dname == "bf16":
+            raise TypeError("a bf16 output needs torch (numpy has no bf16)")
+        inv = {v: k for k, v in _NUMPY_DTYPES.items()}
+        out = np.empty(shape, dtype=inv[dname])
+        if nbytes:
+            ctypes.memmove(out.ctypes.data, ft.data, nbytes)
+        return out
+    finally:
+        if ft.data:
+            lib.fz_free(ft.data)
+            ft.data = None
+
+
+# ---- Program ----------------------------------------------------------------
+
+class Program:
+    """A parsed and verified trace, ready to run on a device.
+
+    text      the trace text (DESIGN.md); a file may hold several traces
+    device    "reference" | "cpu" | "cuda" | "auto"
+    trace     which trace of the file: an index or a name (default: first)
+    filename  the name diagnostics use
+    """
+
+    def __init__(self, text, device="reference", trace=0,
+                 filename="<trace>"):
+        if device not in DEVICES:
+            raise ValueError("device must be one of %s, not %r" %
+                             (", ".join(DEVICES), device))
+        if device == "auto":
+            device = "reference"
+        elif device in ("cpu", "cuda"):
+            raise FusecError(
+                "device %r is not available yet: it comes with the code "
+                "generator and the %s runtime; use device=\"reference\" "
+                "(the interpreter) meanwhile" %
+                (device, "CUDA" if device == "cuda" else "CPU"),
+                "FZ_EUNSUPPORTED")
+        self.device = device
+        lib = self._lib = _lib.load()
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        self._mod = ctypes.c_void_p()
+        diag = ctypes.c_void_p()
+        st = lib.fz_module_parse(text, len(text), filename.encode(),
+                                 ctypes.byref(self._mod), ctypes.byref(diag))
+        _check(lib, st, diag, "parse")
+        n = lib.fz_module_count(self._mod)
+        if isinstance(trace, str):
+            names = [lib.fz_trace_name(lib.fz_module_trace(self._mod, i))
+                     .decode() for i in range(n)]
+            if trace not in names:
+                raise ValueError("no trace named %r in the text (it has %s)" %
+                                 (trace, ", ".join(names)))
+            trace = names.index(trace)
+        if not 0 <= trace < n:
+            raise IndexError("trace %d of a text with %d traces" % (trace, n))
+        self._t = lib.fz_module_trace(self._mod, trace)
+        err = ctypes.c_void_p()
+        _check(lib, lib.fz_trace_verify(self._t, ctypes.byref(err)), err,
+               "verify")
+        self.name = lib.fz_trace_name(self._t).decode()
+        self.symbols = tuple(lib.fz_trace_symbol(self._t, i).decode() for i in
+                             range(lib.fz_trace_symbol_count(self._t)))
+        self.params = []
+        for i in range(lib.fz_trace_param_count(self._t)):
+            v = lib.fz_trace_param(self._t, i)
+            nm = lib.fz_value_name(v)
+            self.params.append((nm.decode() if nm else "arg%d" % i,
+                                _lib.DTYPES[lib.fz_value_dtype(v)],
+                                lib.fz_value_rank(v)))
+        self.n_outputs = lib.fz_trace_output_count(self._t)
+
+    def __del__(self):
+        mod = getattr(self, "_mod", None)
+        if mod:
+            self._lib.fz_module_free(mod)
+            self._mod = None
+
+    @property
+    def op_count(self):
+        """Primitive ops of the trace, after lowering of composites."""
+        return self._lib.fz_trace_op_count(self._t)
+
+    def text(self):
+        """The trace as the library prints it."""
+        out = ctypes.c_void_p()
+        _check(self._lib, self._lib.fz_trace_print(self._t,
+                                                   ctypes.byref(out)),
+               None, "print")
+        return _lib.take_string(self._lib, out.value)
+
+    def __call__(self, *inputs, **symbols):
+        """Runs the trace on inputs; symbols=sizes fixes symbolic extents
+        (the rest are taken from the inputs' shapes). Returns one tensor, or
+        a tuple when the trace returns several."""
+        lib = self._lib
+        if len(inputs) != len(self.params):
+            raise TypeError("trace %s takes %d inputs (%s), got %d" %
+                            (self.name, len(self.params),
+                             ", ".join(p[0] for p in self.params),
+                             len(inputs)))
+        keep = []
+        arr = (_lib.Tensor * max(1, len(inputs)))()
+        as_torch, device = False, None
+        for i, x in enumerate(inputs):
+            if _is_torch(x) and not as_torch:
+                as_torch, device = True, x.device
+            ft, dname = _describe(i, x, keep)
+            pname, pdtype, prank = self.params[i]
+            if dname != pdtype or ft.rank != prank:
+                raise TypeError("input %d (%s) must be %s of rank %d, got %s "
+                                "of rank %d" % (i, pname, pdtype, prank,
+                                                dname, ft.rank))
+            arr[i] = ft
+        nsym = len(self.symbols)
+        sizes = (ctypes.c_int64 * max(1, nsym))(*([-1] * max(1, nsym)))
+        for k, v in symbols.items():
+            if k not in self.symbols:
+                raise TypeError("trace %s has no symbolic extent %r" %
+                                (self.name, k))
+            sizes[self.symbols.index(k)] = int(v)
+        err = ctypes.c_void_p()
+        _check(lib, lib.fz_trace_bind(self._t, arr, len(inputs), sizes,
+                                      ctypes.byref(err)), err, "bind")
+        outs = (_lib.Tensor * max(1, self.n_outputs))()
+        err = ctypes.c_void_p()
+        st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs), outs,
+                                    self.n_outputs, ctypes.byref(err))
+        if st != 0:
+            for k in range(self.n_outputs):
+                if outs[k].data:
+                    lib.fz_free(outs[k].data)
+        _check(lib, st, err, "run")
+        dev = device if (device is not None and device.type != "cpu") \
+            else None
+        res = [None] * self.n_outputs
+        for k in range(self.n_outputs):
+            res[k] = _take_output(lib, outs[k], as_torch, dev)
+        del keep
+        return res[0] if self.n_outputs == 1 else tuple(res)
+
+
+def check(text, filename="<trace>"):
+    """Parses and verifies every trace of text; raises FusecError with the
+    diagnostics, returns the number of traces."""
+    lib = _lib.load()
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    mod = ctypes.c_void_p()
+    diag = ctypes.c_void_p()
+    _check(lib, lib.fz_module_parse(text, len(text), filename.encode(),
+                                    ctypes.byref(mod), ctypes.byref(diag)),
+           diag, "parse")
+    try:
+        n = lib.fz_module_count(mod)
+        for i in range(n):
+            err = ctypes.c_void_p()
+            _check(lib, lib.fz_trace_verify(lib.fz_module_trace(mod, i),
+                                            ctypes.byref(err)), err,
+                   "verify")
+        return n
+    finally:
+        lib.fz_module_free(mod)

@@ -1,0 +1,141 @@
+"""_lib: the ctypes view of libfusec (frontend/fusec.h).
+
+This module only finds the shared library and declares the C signatures that
+the binding uses; everything with behaviour lives in fusec/__init__.py.
+
+Where the library comes from, first hit wins:
+  1. $FUSEC_LIBRARY, a path to libfusec.so;
+  2. the repository's build folder (build/libfusec.so beside tools/);
+  3. the system library path (ctypes.util.find_library("fusec")).
+When none loads, FusecLibraryError names every place that was tried and why
+it failed, so a missing build is one clear message, not a ctypes traceback.
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+FZ_MAX_RANK = 8
+
+# fz_dtype, in the enum's order.
+DTYPES = ("f64", "f32", "f16", "bf16", "i64", "i32", "i8", "u8", "bool")
+DTYPE_INDEX = {name: i for i, name in enumerate(DTYPES)}
+DTYPE_SIZE = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4,
+              "i8": 1, "u8": 1, "bool": 1}
+
+STATUS = ("FZ_OK", "FZ_EPARSE", "FZ_EVERIFY", "FZ_EBIND", "FZ_ERANGE",
+          "FZ_ENOMEM", "FZ_EIO", "FZ_EINVAL", "FZ_EUNSUPPORTED",
+          "FZ_ERUNTIME")
+
+
+class FusecLibraryError(ImportError):
+    """libfusec could not be found or loaded."""
+
+
+class Tensor(ctypes.Structure):
+    """fz_tensor: a strided view of memory; strides count elements."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("shape", ctypes.c_int64 * FZ_MAX_RANK),
+        ("strides", ctypes.c_int64 * FZ_MAX_RANK),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("FUSEC_LIBRARY")
+    if env:
+        yield "$FUSEC_LIBRARY", env
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    yield "repository build folder", os.path.join(repo, "build", "libfusec.so")
+    found = ctypes.util.find_library("fusec")
+    yield "system library path", found or "libfusec.so"
+
+
+def _declare(lib):
+    P = ctypes.c_void_p
+    S = ctypes.c_int  # fz_status
+    pchar = ctypes.POINTER(ctypes.c_char_p)
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    tens = ctypes.POINTER(Tensor)
+    sigs = {
+        "fz_status_name": (ctypes.c_char_p, [S]),
+        "fz_free": (None, [P]),
+        "fz_module_parse": (S, [ctypes.c_char_p, ctypes.c_size_t,
+                                ctypes.c_char_p, ctypes.POINTER(P), P]),
+        "fz_module_free": (None, [P]),
+        "fz_module_count": (ctypes.c_int, [P]),
+        "fz_module_trace": (P, [P, ctypes.c_int]),
+        "fz_module_print": (S, [P, P]),
+        "fz_trace_name": (ctypes.c_char_p, [P]),
+        "fz_trace_verify": (S, [P, P]),
+        "fz_trace_print": (S, [P, P]),
+        "fz_trace_param_count": (ctypes.c_int, [P]),
+        "fz_trace_param": (P, [P, ctypes.c_int]),
+        "fz_trace_output_count": (ctypes.c_int, [P]),
+        "fz_trace_output": (P, [P, ctypes.c_int]),
+        "fz_trace_op_count": (ctypes.c_int, [P]),
+        "fz_trace_symbol_count": (ctypes.c_int, [P]),
+        "fz_trace_symbol": (ctypes.c_char_p, [P, ctypes.c_int]),
+        "fz_value_dtype": (ctypes.c_int, [P]),
+        "fz_value_rank": (ctypes.c_int, [P]),
+        "fz_value_name": (ctypes.c_char_p, [P]),
+        "fz_value_extent": (ctypes.c_int64, [P, ctypes.c_int, i64p]),
+        "fz_trace_bind": (S, [P, tens, ctypes.c_int, i64p, P]),
+        "fz_trace_interpret": (S, [P, i64p, tens, ctypes.c_int, tens,
+                                   ctypes.c_int, P]),
+    }
+    missing = []
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            missing.append(name)
+            continue
+        fn.restype = res
+        fn.argtypes = args
+    del pchar
+    return missing
+
+
+_LIB = None
+
+
+def load():
+    """The loaded library (cached), or FusecLibraryError naming what was
+    tried."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    tried = []
+    for where, path in _candidates():
+        if where != "system library path" and not os.path.exists(path):
+            tried.append("%s: %s (no such file)" % (where, path))
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s: %s (%s)" % (where, path, e))
+            continue
+        missing = _declare(lib)
+        if missing:
+            tried.append("%s: %s (lacks %s)" % (where, path,
+                                                ", ".join(missing)))
+            continue
+        _LIB = lib
+        return lib
+    raise FusecLibraryError(
+        "cannot load libfusec; tried:\n  " + "\n  ".join(tried) +
+        "\nbuild it with `cmake -S . -B build && cmake --build build` "
+        "or point $FUSEC_LIBRARY at libfusec.so")
+
+
+def take_string(lib, p):
+    """Decodes a heap string the library returned and releases it."""
+    if not p:
+        return ""
+    try:
+        return ctypes.string_at(p).decode("utf-8", "replace")
+    finally:
+        lib.fz_free(p)

@@ -1,0 +1,53 @@
+/*
+ * tool.h: what the commands of the fusec tools share.
+ *
+ * Each command lives in its own file (tools/cmd_*.c) and exports one
+ * fz_command; tools/fusec.c holds the table and main. The helpers here load
+ * trace files with diagnostics, parse --bind lists and print usage errors,
+ * so every command behaves the same way at its edges.
+ */
+#ifndef FUSEC_TOOL_H
+#define FUSEC_TOOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fusec.h"
+
+enum { EXIT_BAD = 1, EXIT_USAGE = 2 };
+
+typedef struct fz_command {
+	const char *name;
+	const char *summary; /* one line for `fusec --help` */
+	int (*run)(int argc, char **argv);
+	const char *usage;   /* the command's --help */
+} fz_command;
+
+extern const fz_command fz_cmd_check, fz_cmd_run;
+
+/* Prints "fusec NAME: " + fmt(arg) + the usage to stderr; returns 2. */
+int tool_usage_error(const fz_command *c, const char *fmt, const char *arg);
+
+/* Reads a whole file ("-": standard input); NULL with errno on failure. */
+char *tool_read_all(const char *path, size_t *len);
+
+/* Parses a trace file, printing its diagnostics to stderr; NULL on error. */
+fz_module *tool_load(const char *path);
+
+typedef struct tool_binding {
+	char name[64];
+	int64_t size;
+	bool used;
+} tool_binding;
+
+/* "B=8,T=2048" into b[0..max); the count, or -1 if malformed. */
+int tool_parse_bindings(const char *s, tool_binding *b, int max);
+
+/* Symbol sizes for t from the bindings (marking those used); -1 elsewhere. */
+void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
+                       int64_t *sym_sizes);
+
+double tool_now(void);
+
+#endif
