@@ -76,7 +76,7 @@ static bool parse_ext_name(fz_trace *t, const char *s, fz_ext *out)
 			int sym = fz_trace_symbol_intern(t, buf);
 			if (sym < 0)
 				return false;
-			f = (fz_ext){1, 1ull << sym};
+			f = fz_ext_sym(sym);
 		}
 		if (!fz_ext_mul(e, f, &e))
 			return false;

@@ -48,7 +48,7 @@ static fz_value *count_of(fz_trace *t, fz_value *x, const int *dims, int n,
 	}
 	fz_value *v = fz_b_scalar(t, (double)cnt.c, d);
 	for (int s = 0; s < FZ_MAX_SYMS; s++)
-		if (cnt.syms >> s & 1)
+		for (int p = fz_ext_power(cnt, s); p > 0; p--)
 			v = fz_b_binary(t, FZ_OP_MUL, v, fz_b_full_sym(t, s, d));
 	return v;
 }

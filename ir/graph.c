@@ -205,7 +205,7 @@ fz_value *fz_param(fz_trace *t, const char *name, fz_dtype dtype, int rank,
 					FZ_MAX_SYMS);
 				return NULL;
 			}
-			ty.dims[i] = (fz_ext){1, 1ull << s};
+			ty.dims[i] = fz_ext_sym(s);
 		} else if (dims[i].size < 0) {
 			fz_fail(t, "parameter '%s': extent %lld is negative", name,
 				(long long)dims[i].size);

@@ -5,13 +5,17 @@
  * (ops.def) to operand values and defines one value (two for var_mean).
  * Every value carries a type: a dtype, a rank, and one extent per dim.
  *
- * An extent is a monomial: a coefficient times a product of distinct
- * symbols, so that reshaping [B, T, 4096] to [-1, 4096] gives the honest
- * extent B*T rather than losing it. A concrete extent has no symbols.
+ * An extent is a monomial: a coefficient times a product of symbols, so
+ * that reshaping [B, T, 4096] to [-1, 4096] gives the honest extent B*T
+ * rather than losing it, and a [T, T] mask has T*T elements. `syms` packs
+ * one 4-bit exponent per symbol (symbol i in bits 4i..4i+3), so a trace has
+ * at most 16 symbols and a symbol's power is at most 15. A concrete extent
+ * has no symbols.
  *
- *     fz_ext e = {.c = 4096, .syms = 0};            4096
- *     fz_ext e = {.c = 1, .syms = 1u << sym("B")};  B
- *     fz_ext e = {.c = 2, .syms = B | T};           2*B*T
+ *     {.c = 4096, .syms = 0}                    4096
+ *     {.c = 1, .syms = fz_ext_sym(B).syms}      B
+ *     {.c = 2, .syms = B + T (as nibbles)}      2*B*T
+ *     {.c = 1, .syms = 2 << 4*T}                T*T
  *
  * Everything a trace holds (nodes, values, shapes, names, attribute lists)
  * comes from its arena and is freed at once with the trace. Nothing frees a
@@ -34,7 +38,8 @@
 	((c) ? (void)0 : fz_assert_fail(#c, __FILE__, __LINE__))
 _Noreturn void fz_assert_fail(const char *what, const char *file, int line);
 
-#define FZ_MAX_SYMS 64
+#define FZ_MAX_SYMS 16    /* symbols per trace: one 4-bit exponent each */
+#define FZ_SYM_BITS 4
 #define FZ_MAX_ARGS 256   /* operands of one op (cat) */
 #define FZ_ERRLEN 512
 
@@ -70,7 +75,29 @@ static inline bool fz_ext_eq(fz_ext a, fz_ext b)
 
 static inline bool fz_ext_is_const(fz_ext e) { return e.syms == 0; }
 
-/* a*b; false on coefficient overflow or a symbol met twice (B*B). */
+/* The extent that is symbol s. */
+static inline fz_ext fz_ext_sym(int s)
+{
+	fz_ext e = {1, 1ull << (FZ_SYM_BITS * s)};
+	return e;
+}
+
+/* The power of symbol s in e (0 if absent). */
+static inline int fz_ext_power(fz_ext e, int s)
+{
+	return (int)(e.syms >> (FZ_SYM_BITS * s) & 15);
+}
+
+/* The symbol e is (coefficient 1, one symbol, power 1), else -1. */
+static inline int fz_ext_as_sym(fz_ext e)
+{
+	if (e.c != 1 || e.syms == 0 || (e.syms & (e.syms - 1)))
+		return -1;
+	int bit = __builtin_ctzll(e.syms);
+	return bit % FZ_SYM_BITS ? -1 : bit / FZ_SYM_BITS;
+}
+
+/* a*b; false on coefficient overflow or a power above 15. */
 bool fz_ext_mul(fz_ext a, fz_ext b, fz_ext *out);
 /* a/b exactly; false when b does not divide a. */
 bool fz_ext_div(fz_ext a, fz_ext b, fz_ext *out);

@@ -53,14 +53,12 @@ static void print_exts(fz_buf *b, const fz_trace *t, const fz_ext *e, int n,
 {
 	int complex = 0;
 	for (int i = 0; i < n; i++)
-		complex += !(fz_ext_is_const(e[i]) ||
-			     (e[i].c == 1 && !(e[i].syms & (e[i].syms - 1))));
+		complex += !fz_ext_is_const(e[i]) && fz_ext_as_sym(e[i]) < 0;
 	fz_buf_puts(b, "[");
 	for (int i = 0; i < n; i++) {
 		if (i)
 			fz_buf_puts(b, ", ");
-		bool simple = fz_ext_is_const(e[i]) ||
-			      (e[i].c == 1 && !(e[i].syms & (e[i].syms - 1)));
+		bool simple = fz_ext_is_const(e[i]) || fz_ext_as_sym(e[i]) >= 0;
 		if (!simple && hole_ok && complex == 1)
 			fz_buf_puts(b, "-1");
 		else

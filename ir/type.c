@@ -1,9 +1,9 @@
 /*
  * type.c: extents and types.
  *
- * An extent is a monomial c * s1 * s2 * ... over a trace's symbols (see the
- * essay in ir.h). Multiplication adds symbols, division removes them, and
- * both refuse what a monomial of distinct symbols cannot say: B*B, or B/T.
+ * An extent is a monomial c * B^i * T^j ... over a trace's symbols (see the
+ * essay in ir.h). Multiplication adds powers, division subtracts them, and
+ * both refuse what a monomial cannot say: B/T, or a power above 15.
  * Equality is structural, which is exactly right for symbols: B and T are
  * different extents even if both happen to be bound to 8.
  *
@@ -18,22 +18,34 @@
 
 bool fz_ext_mul(fz_ext a, fz_ext b, fz_ext *out)
 {
-	if (a.syms & b.syms)
-		return false;
 	int64_t c;
 	if (__builtin_mul_overflow(a.c, b.c, &c) || c > INT64_MAX / 2)
 		return false;
+	uint64_t syms = 0;
+	for (int s = 0; s < FZ_MAX_SYMS; s++) {
+		uint64_t p = (uint64_t)(fz_ext_power(a, s) + fz_ext_power(b, s));
+		if (p > 15)
+			return false;
+		syms |= p << (FZ_SYM_BITS * s);
+	}
 	out->c = c;
-	out->syms = a.syms | b.syms;
+	out->syms = syms;
 	return true;
 }
 
 bool fz_ext_div(fz_ext a, fz_ext b, fz_ext *out)
 {
-	if ((a.syms & b.syms) != b.syms || b.c == 0 || a.c % b.c != 0)
+	if (b.c == 0 || a.c % b.c != 0)
 		return false;
+	uint64_t syms = 0;
+	for (int s = 0; s < FZ_MAX_SYMS; s++) {
+		int p = fz_ext_power(a, s) - fz_ext_power(b, s);
+		if (p < 0)
+			return false;
+		syms |= (uint64_t)p << (FZ_SYM_BITS * s);
+	}
 	out->c = a.c / b.c;
-	out->syms = a.syms & ~b.syms;
+	out->syms = syms;
 	return true;
 }
 
@@ -41,12 +53,12 @@ int64_t fz_ext_eval(fz_ext e, const int64_t *sym_sizes)
 {
 	int64_t v = e.c;
 	for (int i = 0; i < FZ_MAX_SYMS; i++) {
-		if (!(e.syms >> i & 1))
-			continue;
-		if (!sym_sizes || sym_sizes[i] < 0)
-			return -1;
-		if (__builtin_mul_overflow(v, sym_sizes[i], &v))
-			return -1;
+		for (int p = fz_ext_power(e, i); p > 0; p--) {
+			if (!sym_sizes || sym_sizes[i] < 0)
+				return -1;
+			if (__builtin_mul_overflow(v, sym_sizes[i], &v))
+				return -1;
+		}
 	}
 	return v;
 }
@@ -58,11 +70,10 @@ const char *fz_ext_str(const fz_trace *t, fz_ext e, char *buf, size_t n)
 	if (e.c != 1 || e.syms == 0)
 		len += (size_t)snprintf(buf, n, "%lld", (long long)e.c);
 	for (int i = 0; i < FZ_MAX_SYMS && len < n; i++) {
-		if (!(e.syms >> i & 1))
-			continue;
 		const char *s = t && i < t->n_syms ? t->syms[i] : "?";
-		len += (size_t)snprintf(buf + len, n - len, "%s%s",
-					len ? "*" : "", s);
+		for (int p = fz_ext_power(e, i); p > 0 && len < n; p--)
+			len += (size_t)snprintf(buf + len, n - len, "%s%s",
+						len ? "*" : "", s);
 	}
 	return buf;
 }

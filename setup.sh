@@ -1,0 +1,78 @@
+#!/bin/sh
+# setup.sh: install what is missing, build, and (with --test) run the tests.
+#
+#   ./setup.sh                 apt packages, then configure and build in build/
+#   ./setup.sh --test          also torch + transformers in .venv, then ctest
+#   ./setup.sh --sanitize ...  the same in build-asan/ with ASan and UBSan
+#
+# Idempotent: packages already installed are not installed again, the venv
+# is reused, and the build is incremental. Needs root (or sudo) only when an
+# apt package is missing.
+set -eu
+cd "$(dirname "$0")"
+
+test_suite=0
+sanitize=0
+for arg in "$@"; do
+	case "$arg" in
+	--test) test_suite=1 ;;
+	--sanitize) sanitize=1 ;;
+	-h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+	esac
+done
+
+say() { printf '== %s\n' "$*"; }
+
+# ---- packages ----
+pkgs="build-essential cmake pkg-config llvm-19-dev check libxxhash-dev python3"
+[ "$test_suite" = 1 ] && pkgs="$pkgs python3-venv"
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+		missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	say "installing:$missing"
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	# shellcheck disable=SC2086
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
+
+# ---- python for the PyTorch bridge tests ----
+python=""
+if [ "$test_suite" = 1 ]; then
+	if [ ! -x .venv/bin/python ]; then
+		say "creating .venv"
+		python3 -m venv .venv
+	fi
+	if ! .venv/bin/python -c "import torch, transformers" 2>/dev/null; then
+		say "installing torch and transformers into .venv (large; once)"
+		.venv/bin/python -m pip install -q --upgrade pip
+		.venv/bin/python -m pip install -q torch transformers
+	fi
+	python="$(pwd)/.venv/bin/python"
+fi
+
+# ---- build ----
+jobs=$(nproc 2>/dev/null || echo 2)
+if [ "$sanitize" = 1 ]; then
+	dir=build-asan
+	set -- -DCMAKE_BUILD_TYPE=Debug \
+		"-DCMAKE_C_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+else
+	dir=build
+	set -- -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+[ -n "$python" ] && set -- "$@" "-DFUSEC_PYTHON=$python"
+say "building in $dir/"
+cmake -S . -B "$dir" "$@" >/dev/null
+cmake --build "$dir" -j "$jobs"
+
+if [ "$test_suite" = 1 ]; then
+	say "testing"
+	ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
+		ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+fi

@@ -1,0 +1,390 @@
+/*
+ * test_ir.c: the op table, extents, the verifier and the printer.
+ *
+ * The verifier is tested the way a pass would break a graph: by building a
+ * correct trace, then tampering with it (a stored type that disagrees with
+ * the op, an operand used before its definition, a composite left in the
+ * IR, a future nobody waits on) and checking each is caught and named.
+ *
+ * The printer is tested over the whole corpus: every trace parses, prints,
+ * parses back to the same graph, and prints to the same text again.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusec.h"
+#include "ir.h"
+
+static fz_module *parse(const char *src)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse(src, strlen(src), "t.trace", &m, &diag);
+	ck_assert_msg(st == FZ_OK, "%s", diag ? diag : "?");
+	fz_free(diag);
+	return m;
+}
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* ---- op table ---- */
+
+START_TEST(op_table_is_consistent)
+{
+	for (int i = 0; i < FZ_OP_COUNT; i++) {
+		const fz_opinfo *oi = &fz_ops[i];
+		fz_opcode back;
+		ck_assert_ptr_nonnull(oi->name);
+		ck_assert(fz_op_from_name(oi->name, &back));
+		ck_assert_int_eq(back, i);
+		ck_assert(oi->max_args < 0 || oi->min_args <= oi->max_args);
+		ck_assert_msg((oi->required & ~oi->attrs) == 0,
+			      "%s requires an attribute it does not accept", oi->name);
+		ck_assert_int_lt(oi->cls, FZ_CLASS_COUNT);
+	}
+	for (int i = 0; i < FZ_ATTR_COUNT; i++) {
+		fz_attr_id back;
+		ck_assert(fz_attr_from_name(fz_attr_names[i], &back));
+		ck_assert_int_eq(back, i);
+	}
+	fz_opcode op;
+	ck_assert(!fz_op_from_name("softmax2", &op));
+}
+END_TEST
+
+START_TEST(every_design_op_is_in_the_table)
+{
+	static const char *const ops[] = {
+		"neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt",
+		"rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "floor",
+		"ceil", "round", "sign", "isfinite", "logical_not", "add", "sub",
+		"mul", "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt",
+		"le", "gt", "ge", "logical_and", "logical_or", "where", "cast", "full",
+		"iota", "uniform", "broadcast_in_dim", "reshape", "permute", "slice",
+		"squeeze", "unsqueeze", "cat", "sum", "amax", "amin", "var_mean",
+		"take", "take_along", "index_add", "matmul", "linear", "all_gather",
+		"reduce_scatter", "all_reduce", "wait", "relu", "silu", "gelu",
+		"softmax", "log_softmax", "mean", "layer_norm", "rms_norm",
+		"transpose", "cross_entropy",
+	};
+	for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+		fz_opcode op;
+		ck_assert_msg(fz_op_from_name(ops[i], &op), "%s missing", ops[i]);
+	}
+}
+END_TEST
+
+START_TEST(dtype_names)
+{
+	for (int i = 0; i < FZ_DTYPE_COUNT; i++) {
+		fz_dtype d;
+		ck_assert(fz_dtype_from_name(fz_dtype_name((fz_dtype)i), &d));
+		ck_assert_int_eq(d, i);
+		ck_assert_uint_gt(fz_dtype_size((fz_dtype)i), 0);
+	}
+	fz_dtype d;
+	ck_assert(!fz_dtype_from_name("f8", &d));
+	ck_assert_uint_eq(fz_dtype_size(FZ_BF16), 2);
+	ck_assert_str_eq(fz_status_name(FZ_ERANGE), "index out of range");
+}
+END_TEST
+
+/* ---- extents ---- */
+
+START_TEST(extent_arithmetic)
+{
+	fz_ext b = fz_ext_sym(0), t = fz_ext_sym(1), r, bt;
+	ck_assert(fz_ext_mul(b, t, &bt));
+	ck_assert_int_eq(fz_ext_power(bt, 0), 1);
+	ck_assert_int_eq(fz_ext_power(bt, 1), 1);
+	ck_assert_int_eq(fz_ext_as_sym(bt), -1);
+	ck_assert_int_eq(fz_ext_as_sym(t), 1);
+	ck_assert(fz_ext_mul(t, t, &r));                  /* T*T: a [T, T] mask */
+	ck_assert_int_eq(fz_ext_power(r, 1), 2);
+	ck_assert_int_eq(fz_ext_as_sym(r), -1);
+	fz_ext p = fz_ext_const(1);
+	for (int i = 0; i < 15; i++)
+		ck_assert(fz_ext_mul(p, b, &p));
+	ck_assert(!fz_ext_mul(p, b, &r));                 /* B^16 */
+	ck_assert(fz_ext_mul((fz_ext){4, b.syms}, fz_ext_const(8), &r));
+	ck_assert(fz_ext_eq(r, (fz_ext){32, b.syms}));
+	ck_assert(fz_ext_div((fz_ext){32, bt.syms}, (fz_ext){8, t.syms}, &r));
+	ck_assert(fz_ext_eq(r, (fz_ext){4, b.syms}));
+	ck_assert(!fz_ext_div((fz_ext){32, b.syms}, t, &r)); /* B/T */
+	ck_assert(!fz_ext_div(fz_ext_const(10), fz_ext_const(4), &r));
+	ck_assert(!fz_ext_mul(fz_ext_const(INT64_MAX / 2), fz_ext_const(3), &r));
+	int64_t sizes[2] = {3, -1};
+	ck_assert_int_eq(fz_ext_eval((fz_ext){5, b.syms}, sizes), 15);
+	ck_assert_int_eq(fz_ext_eval((fz_ext){5, t.syms}, sizes), -1);
+	sizes[1] = 7;
+	ck_assert(fz_ext_mul(bt, t, &r));
+	ck_assert_int_eq(fz_ext_eval(r, sizes), 3 * 7 * 7);
+	int64_t big[1] = {INT64_MAX / 2};
+	ck_assert_int_eq(fz_ext_eval((fz_ext){4, b.syms}, big), -1);
+	char buf[64];
+	ck_assert_str_eq(fz_ext_str(NULL, (fz_ext){2, bt.syms}, buf, sizeof buf),
+			 "2*?*?");
+}
+END_TEST
+
+/* ---- verifier ---- */
+
+static const char *const good =
+	"trace v(x: f32[B, 4], w: f32[4]) {\n"
+	"  y = add(x, w)\n"
+	"  z = exp(y)\n"
+	"  return z\n"
+	"}\n";
+
+START_TEST(verifier_accepts_good_trace)
+{
+	fz_module *m = parse(good);
+	ck_assert_int_eq(fz_trace_verify(fz_module_trace(m, 0), NULL), FZ_OK);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(verifier_catches_wrong_stored_type)
+{
+	fz_module *m = parse(good);
+	fz_trace *t = fz_module_trace(m, 0);
+	fz_value *z = fz_lookup(t, "z");
+	z->type.dtype = FZ_F16;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_EVERIFY);
+	ck_assert_ptr_nonnull(strstr(err, "line 3: exp: result 1 has type f16[B, 4]"));
+	ck_assert_ptr_nonnull(strstr(err, "gives f32[B, 4]"));
+	fz_free(err);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(verifier_catches_use_before_definition)
+{
+	fz_module *m = parse(good);
+	fz_trace *t = fz_module_trace(m, 0);
+	int last = t->n_nodes - 1;
+	fz_node *tmp = t->nodes[last];
+	t->nodes[last] = t->nodes[last - 1];
+	t->nodes[last - 1] = tmp;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_EVERIFY);
+	ck_assert_ptr_nonnull(strstr(err, "exp: operand 1 is used before it is defined"));
+	fz_free(err);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(verifier_catches_composite_in_ir)
+{
+	fz_module *m = parse(good);
+	fz_trace *t = fz_module_trace(m, 0);
+	t->nodes[t->n_nodes - 1]->op = FZ_OP_RELU;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_EVERIFY);
+	ck_assert_ptr_nonnull(strstr(err, "not a primitive op"));
+	fz_free(err);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(verifier_catches_bad_operand_count)
+{
+	fz_module *m = parse(good);
+	fz_trace *t = fz_module_trace(m, 0);
+	t->nodes[t->n_nodes - 1]->n_in = 2;
+	t->nodes[t->n_nodes - 1]->in = t->nodes[t->n_nodes - 2]->in;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_EVERIFY);
+	ck_assert_ptr_nonnull(strstr(err, "exp: 2 operands; expected 1"));
+	fz_free(err);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(verifier_catches_missing_return)
+{
+	fz_trace *t = fz_trace_new("r");
+	fz_dim d = {4, NULL};
+	fz_value *x = fz_param(t, "x", FZ_F32, 1, &d);
+	fz_arg a = fz_arg_value(x);
+	ck_assert_ptr_nonnull(fz_op1(t, "exp", &a, 1, NULL, 0));
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_EVERIFY);
+	ck_assert_ptr_nonnull(strstr(err, "has no return"));
+	fz_free(err);
+	fz_trace_free(t);
+}
+END_TEST
+
+START_TEST(verifier_catches_unwaited_future)
+{
+	static const char src[] =
+		"trace f(x: f32[8]) {\n"
+		"  g = all_gather(x, dim=0)\n"
+		"  return x\n"
+		"}\n";
+	fz_module *m = NULL;
+	char *diag = NULL;
+	ck_assert_int_ne(fz_module_parse(src, strlen(src), "f.trace", &m, &diag), FZ_OK);
+	ck_assert_ptr_nonnull(strstr(diag, "never waited on"));
+	fz_free(diag);
+}
+END_TEST
+
+START_TEST(world_size_shapes_collectives)
+{
+	static const char src[] =
+		"trace f(x: f32[8, 3]) world 4 {\n"
+		"  g = wait(all_gather(x, dim=0))\n"
+		"  s = wait(reduce_scatter(x, dim=0))\n"
+		"  return g, s\n"
+		"}\n";
+	fz_module *m = parse(src);
+	fz_trace *t = fz_module_trace(m, 0);
+	ck_assert_int_eq(fz_trace_world(t), 4);
+	ck_assert(fz_ext_eq(fz_lookup(t, "g")->type.dims[0], fz_ext_const(32)));
+	ck_assert(fz_ext_eq(fz_lookup(t, "s")->type.dims[0], fz_ext_const(2)));
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- printer ---- */
+
+static void round_trip(const char *path)
+{
+	char *src = read_file(path);
+	fz_module *m1 = NULL, *m2 = NULL;
+	char *diag = NULL, *p1 = NULL, *p2 = NULL, why[256];
+	ck_assert_msg(fz_module_parse(src, strlen(src), path, &m1, &diag) == FZ_OK,
+		      "%s", diag);
+	ck_assert_int_eq(fz_module_print(m1, &p1), FZ_OK);
+	ck_assert_msg(fz_module_parse(p1, strlen(p1), "printed", &m2, &diag) == FZ_OK,
+		      "%s: printed text does not parse:\n%s\n%s", path, diag, p1);
+	ck_assert_int_eq(fz_module_count(m1), fz_module_count(m2));
+	for (int i = 0; i < fz_module_count(m1); i++)
+		ck_assert_msg(fz_trace_equal(fz_module_trace(m1, i),
+					     fz_module_trace(m2, i), why, sizeof why),
+			      "%s trace %d: %s", path, i, why);
+	ck_assert_int_eq(fz_module_print(m2, &p2), FZ_OK);
+	ck_assert_str_eq(p1, p2);
+	free(src);
+	fz_free(p1);
+	fz_free(p2);
+	fz_module_free(m1);
+	fz_module_free(m2);
+}
+
+START_TEST(printer_round_trips_corpus)
+{
+	DIR *d = opendir(FZ_SOURCE_DIR "/tests/traces");
+	ck_assert_ptr_nonnull(d);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		size_t len = strlen(e->d_name);
+		if (len < 7 || strcmp(e->d_name + len - 6, ".trace"))
+			continue;
+		char path[1024];
+		snprintf(path, sizeof path, "%s/tests/traces/%s", FZ_SOURCE_DIR, e->d_name);
+		round_trip(path);
+		n++;
+	}
+	closedir(d);
+	ck_assert_int_ge(n, 10);
+}
+END_TEST
+
+START_TEST(printer_writes_extensions)
+{
+	static const char src[] =
+		"trace p(x: f32[B, T, 4]) {\n"
+		"  y = reshape(x, shape=[-1, 4])\n"
+		"  z = add(y, 1)\n"
+		"  m = maximum(z, -inf)\n"
+		"  return m\n"
+		"}\n";
+	fz_module *m = parse(src);
+	char *out = NULL;
+	ck_assert_int_eq(fz_module_print(m, &out), FZ_OK);
+	ck_assert_ptr_nonnull(strstr(out, "reshape(x, shape=[-1, 4])"));
+	ck_assert_ptr_nonnull(strstr(out, "shape=[B*T, 4]"));
+	ck_assert_ptr_nonnull(strstr(out, "value=-inf"));
+	fz_free(out);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(printed_names_avoid_user_names)
+{
+	static const char src[] =
+		"trace p(_1: f32[4]) {\n"
+		"  _3 = add(_1, 1)\n"
+		"  return _3\n"
+		"}\n";
+	fz_module *m = parse(src);
+	char *out = NULL;
+	ck_assert_int_eq(fz_module_print(m, &out), FZ_OK);
+	fz_module *m2 = parse(out);
+	char why[256];
+	ck_assert_msg(fz_trace_equal(fz_module_trace(m, 0), fz_module_trace(m2, 0),
+				     why, sizeof why), "%s\n%s", why, out);
+	fz_free(out);
+	fz_module_free(m);
+	fz_module_free(m2);
+}
+END_TEST
+
+static Suite *ir_suite(void)
+{
+	Suite *s = suite_create("ir");
+	TCase *tc = tcase_create("table");
+	tcase_add_test(tc, op_table_is_consistent);
+	tcase_add_test(tc, every_design_op_is_in_the_table);
+	tcase_add_test(tc, dtype_names);
+	tcase_add_test(tc, extent_arithmetic);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("verifier");
+	tcase_add_test(tc, verifier_accepts_good_trace);
+	tcase_add_test(tc, verifier_catches_wrong_stored_type);
+	tcase_add_test(tc, verifier_catches_use_before_definition);
+	tcase_add_test(tc, verifier_catches_composite_in_ir);
+	tcase_add_test(tc, verifier_catches_bad_operand_count);
+	tcase_add_test(tc, verifier_catches_missing_return);
+	tcase_add_test(tc, verifier_catches_unwaited_future);
+	tcase_add_test(tc, world_size_shapes_collectives);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("printer");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, printer_round_trips_corpus);
+	tcase_add_test(tc, printer_writes_extensions);
+	tcase_add_test(tc, printed_names_avoid_user_names);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(ir_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
