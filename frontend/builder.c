@@ -93,7 +93,7 @@ static int list_items(fz_trace *t, const char *op, const char *key,
 {
 	if (v->kind != FZ_AV_LIST)
 		return fz_fail(t, "%s: attribute '%s' must be a list", op, key);
-	if (v->n > FZ_MAX_RANK * 2 || v->n < 0)
+	if (v->n > FZ_MAX_RANK || v->n < 0)
 		return fz_fail(t, "%s: attribute '%s' has %d entries; at most %d",
 			       op, key, v->n, FZ_MAX_RANK);
 	return v->n;
