@@ -48,4 +48,136 @@ typedef struct fz_region {
 	fz_value **out;   /* defined here, used by other regions or returned */
 } fz_region;
 
+/* ---- The program: what fz_plan makes of a trace ------------------------- */
+
+typedef enum fz_pass {
+	FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_MEMPLAN,
+	FZ_PASS_COUNT
+} fz_pass;
+
+extern const char *const fz_pass_names[FZ_PASS_COUNT];
+int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
+
+typedef struct fz_plan_options {
+	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
+	 * left unbound: taken as 1 for bytes (and listed in unbound_syms). */
+	const int64_t *sym_sizes;
+	/* Dump the program after this pass into fz_program.dump; -1: none. */
+	int dump_after;
+	/* Horizontal fusion of sibling pointwise regions, taken only when the
+	 * planned peak does not rise. On by default (fz_plan_defaults). */
+	bool horizontal;
+	/* The exact scheduler gives up past this many downsets (0: 200000). */
+	int exact_max_states;
+} fz_plan_options;
+
+void fz_plan_defaults(fz_plan_options *o);
+
+/* Extents and strides (elements) of a tensor over a buffer, and where in
+ * the buffer it starts. */
+typedef struct fz_layout {
+	int rank;
+	int64_t shape[FZ_MAX_RANK];
+	int64_t strides[FZ_MAX_RANK];
+	int64_t offset;
+} fz_layout;
+
+/* The contiguous layout of a value at sizes; false on overflow. */
+bool fz_layout_contiguous(const fz_value *v, const int64_t *sizes,
+                          fz_layout *out);
+/* The layout meta op n gives its operand laid out as `in`; false when it
+ * cannot be a view (cat, or a reshape that would need a copy). */
+bool fz_meta_layout(const fz_node *n, const int64_t *sizes,
+                    const fz_layout *in, fz_layout *out);
+
+/* A bookended meta op: `value` is `base`'s buffer seen through new extents
+ * and strides, computed on the host; no kernel, no copy. `lay` holds the
+ * numbers at the plan's sizes; fz_view_eval recomputes them for other
+ * bindings by replaying the chain of views from the base. */
+typedef struct fz_view {
+	fz_value *value;
+	fz_value *base;        /* a parameter or a region's output: contiguous */
+	fz_node *node;         /* the meta op that makes value */
+	fz_layout lay;
+} fz_view;
+
+typedef enum fz_sched_method {
+	FZ_SCHED_GREEDY,     /* the memory-aware list scheduler */
+	FZ_SCHED_EXACT,      /* dynamic programming over all downsets */
+	FZ_SCHED_TRACE,      /* the written order was better than both */
+} fz_sched_method;
+
+typedef struct fz_program {
+	fz_arena arena;              /* everything below lives here */
+	const fz_trace *trace;
+	int64_t sym_sizes[FZ_MAX_SYMS];   /* bytes are counted at these */
+	int64_t probe_sizes[FZ_MAX_SYMS]; /* structure is judged at these */
+	uint64_t unbound_syms;       /* symbols taken as 1 */
+	fz_plan_options opts;
+
+	int n_regions;
+	fz_region **regions;         /* regions[i]->id == i */
+	int *region_of;              /* per node id */
+	int *canon_rank;             /* per node id: place in the canonical
+	                              * order (partition.c), blind to names
+	                              * and to the written order */
+
+	int n_views;
+	fz_view **view_of;           /* per value id: its view, or NULL */
+	int *vec_width;              /* per region: elements per vector access */
+	int *vec_bytes;              /* per region: bytes per vector access */
+
+	/* Schedule: region ids in execution order, and the written order. */
+	int *order, *trace_order;
+	fz_sched_method method;
+	bool peak_proven_optimal;    /* exact search, or meets the lower bound */
+	int64_t peak_lower_bound;    /* max over regions of what one step holds */
+
+	/* Memory plan: per value id. bytes: element count x dtype size at
+	 * sym_sizes (0 for views and parameters); buffer: the value whose
+	 * storage it uses (itself, a view's base, an in-place donor); offset:
+	 * in the arena, -1 where it has no storage of its own. */
+	int64_t *bytes;
+	int *buffer;
+	/* In-place candidates: for value id o, n_donors[o] input buffers of its
+	 * pointwise region that o may overwrite when o's region reads them
+	 * last (same bytes, read only elementwise). */
+	int *n_donors;
+	int **donors;
+	int64_t *offset;
+	int64_t peak_bytes, peak_bytes_trace_order, arena_bytes;
+
+	char *dump;                  /* text of --dump-after, or NULL */
+} fz_program;
+
+/* Plans trace t (verified): partition, bookend, schedule, memplan. */
+fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
+                  fz_program **out, char **err);
+void fz_program_free(fz_program *p);
+
+/* The passes, in the order fz_plan calls them. */
+fz_status fz_partition(fz_program *p);
+fz_status fz_bookend(fz_program *p);
+fz_status fz_schedule(fz_program *p);
+fz_status fz_memplan(fz_program *p);
+
+/* Shared by the passes (plan.c). */
+int fz_program_numel_at(const fz_program *p, const fz_value *v,
+                        const int64_t *sizes, int64_t *out); /* 0 on overflow */
+/* Rebuilds every region's in and out from its nodes and the views. */
+fz_status fz_regions_link(fz_program *p);
+/* The value whose buffer v occupies when v is a view (else v itself). */
+fz_value *fz_view_root(const fz_program *p, fz_value *v);
+/* Peak live bytes of running the regions in `order` (with in-place reuse),
+ * the rule memplan follows; one replay, O(regions + edges). */
+int64_t fz_order_peak(const fz_program *p, const int *order);
+/* The view of v (given its base's tensor) under other sizes. */
+fz_status fz_view_eval(const fz_program *p, const fz_value *v,
+                       const int64_t *sym_sizes, fz_layout *out);
+/* Appends a readable account of the program after `pass`. */
+void fz_program_dump(const fz_program *p, fz_pass pass, fz_buf *b);
+/* Counts by kind. */
+int fz_program_count(const fz_program *p, fz_region_kind k);
+int fz_program_kernels(const fz_program *p);
+
 #endif

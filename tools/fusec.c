@@ -16,6 +16,7 @@
 static const fz_command *const commands[] = {
 	&fz_cmd_check,
 	&fz_cmd_run,
+	&fz_cmd_plan,
 };
 
 #define N_COMMANDS (sizeof commands / sizeof *commands)

@@ -1,0 +1,394 @@
+/*
+ * plan.c: the pass pipeline that turns a verified trace into a program.
+ *
+ *     fz_plan(trace)
+ *       partition   group primitive ops into regions a kernel skeleton runs
+ *       bookend     meta ops at region edges become host-side views
+ *       schedule    an order of regions that keeps peak live bytes low
+ *       memplan     an offset in one arena for every buffer
+ *
+ * The pipeline is the flat list of calls in fz_plan; each pass may dump the
+ * program after itself (`fusec plan --dump-after=partition`). Everything
+ * the program holds comes from its own arena and goes with fz_program_free.
+ *
+ * Two sets of sizes. Bytes are counted at the bound sizes, an unbound
+ * symbol taken as 1 (and reported as such). Structure (which ops may share
+ * a kernel, whether a reshape is a view, how wide a vector may be) is
+ * judged at probe sizes: every symbol a distinct prime above 100, so an
+ * answer that holds there holds for the symbol's generic size, and the
+ * partition does not change with --bind. A symbolic innermost extent thus
+ * never earns a vector width it would not have for every batch size.
+ *
+ * This file also holds what the passes share: the region links (in, out),
+ * the replay that measures the peak of an order (the one rule that the
+ * scheduler optimizes, memplan follows and the tests check by brute force),
+ * and the dump.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
+	"pointwise", "reduction", "normalization", "indexing", "library",
+	"collective", "wait", "view",
+};
+
+const char *const fz_pass_names[FZ_PASS_COUNT] = {
+	"partition", "bookend", "schedule", "memplan",
+};
+
+int fz_pass_from_name(const char *name, fz_pass *out)
+{
+	for (int i = 0; i < FZ_PASS_COUNT; i++) {
+		if (!strcmp(name, fz_pass_names[i])) {
+			*out = (fz_pass)i;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+void fz_plan_defaults(fz_plan_options *o)
+{
+	memset(o, 0, sizeof *o);
+	o->dump_after = -1;
+	o->horizontal = true;
+}
+
+int fz_program_numel_at(const fz_program *p, const fz_value *v,
+			const int64_t *sizes, int64_t *out)
+{
+	(void)p;
+	int64_t n = 1;
+	for (int i = 0; i < v->type.rank; i++) {
+		int64_t e = fz_ext_eval(v->type.dims[i], sizes);
+		if (e < 0 || __builtin_mul_overflow(n, e, &n))
+			return 0;
+	}
+	*out = n;
+	return 1;
+}
+
+fz_value *fz_view_root(const fz_program *p, fz_value *v)
+{
+	while (p->view_of && p->view_of[v->id])
+		v = p->view_of[v->id]->base;
+	return v;
+}
+
+int fz_program_count(const fz_program *p, fz_region_kind k)
+{
+	int n = 0;
+	for (int i = 0; i < p->n_regions; i++)
+		n += p->regions[i]->kind == k;
+	return n;
+}
+
+int fz_program_kernels(const fz_program *p)
+{
+	int n = 0;
+	for (int i = 0; i < p->n_regions; i++)
+		n += fz_region_is_kernel(p->regions[i]->kind);
+	return n;
+}
+
+/* ---- region links ---- */
+
+/* Values a region reads from outside and makes for others. A value made by
+ * a view region is "made" there even though it owns no storage. */
+fz_status fz_regions_link(fz_program *p)
+{
+	const fz_trace *t = p->trace;
+	int nv = t->n_values;
+	int *mark = calloc((size_t)nv + 1, sizeof *mark);
+	bool *external = calloc((size_t)nv + 1, sizeof *external);
+	fz_value **tmp = malloc(sizeof *tmp * ((size_t)nv + 1));
+	if (!mark || !external || !tmp)
+		goto oom;
+	for (int i = 0; i < t->n_outputs; i++)
+		external[t->outputs[i]->id] = true;
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *n = t->nodes[i];
+		for (int k = 0; k < n->n_in; k++) {
+			const fz_value *v = n->in[k];
+			if (v->def && p->region_of[v->def->id] != p->region_of[n->id])
+				external[v->id] = true;
+		}
+	}
+	for (int r = 0; r < p->n_regions; r++) {
+		fz_region *R = p->regions[r];
+		int stamp = r + 1, m = 0;
+		for (int j = 0; j < R->n_nodes; j++) {
+			const fz_node *n = R->nodes[j];
+			for (int k = 0; k < n->n_in; k++) {
+				fz_value *v = n->in[k];
+				if (v->def && p->region_of[v->def->id] == r)
+					continue;
+				if (mark[v->id] != stamp) {
+					mark[v->id] = stamp;
+					tmp[m++] = v;
+				}
+			}
+		}
+		R->in = fz_arena_alloc(&p->arena, sizeof *R->in * (size_t)(m + 1));
+		if (!R->in)
+			goto oom;
+		memcpy(R->in, tmp, sizeof *tmp * (size_t)m);
+		R->n_in = m;
+		m = 0;
+		for (int j = 0; j < R->n_nodes; j++)
+			for (int k = 0; k < R->nodes[j]->n_out; k++)
+				if (external[R->nodes[j]->out[k]->id])
+					tmp[m++] = R->nodes[j]->out[k];
+		R->out = fz_arena_alloc(&p->arena, sizeof *R->out * (size_t)(m + 1));
+		if (!R->out)
+			goto oom;
+		memcpy(R->out, tmp, sizeof *tmp * (size_t)m);
+		R->n_out = m;
+	}
+	free(mark);
+	free(external);
+	free(tmp);
+	return FZ_OK;
+oom:
+	free(mark);
+	free(external);
+	free(tmp);
+	return FZ_ENOMEM;
+}
+
+/* ---- the peak of an order ---- */
+
+/*
+ * The replay. Before a region runs, its outputs that own storage are
+ * allocated (an output that takes over a dying input in place allocates
+ * nothing); the live total then is a candidate for the peak. After it runs,
+ * every buffer it read for the last time is released, unless it is a
+ * program output (never released) or a parameter (never counted). A view
+ * counts as a read of its base.
+ */
+int64_t fz_order_peak(const fz_program *p, const int *order)
+{
+	const fz_trace *t = p->trace;
+	int nv = t->n_values;
+	int *readers = calloc((size_t)nv + 1, sizeof *readers);
+	int *seen = calloc((size_t)nv + 1, sizeof *seen);
+	bool *pinned = calloc((size_t)nv + 1, sizeof *pinned);
+	bool *donated = calloc((size_t)nv + 1, sizeof *donated);
+	int64_t live = 0, peak = 0;
+	if (!readers || !seen || !pinned || !donated) {
+		peak = -1;
+		goto done;
+	}
+	for (int i = 0; i < t->n_outputs; i++)
+		pinned[fz_view_root(p, t->outputs[i])->id] = true;
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		for (int k = 0; k < R->n_in; k++) {
+			fz_value *b = fz_view_root(p, R->in[k]);
+			if (seen[b->id] != r + 1) {
+				seen[b->id] = r + 1;
+				readers[b->id]++;
+			}
+		}
+	}
+	memset(seen, 0, sizeof *seen * (size_t)nv);
+	for (int s = 0; s < p->n_regions; s++) {
+		const fz_region *R = p->regions[order[s]];
+		int stamp = s + 1;
+		int64_t alloc = 0;
+		for (int k = 0; k < R->n_out; k++) {
+			const fz_value *o = R->out[k];
+			if (fz_view_root(p, (fz_value *)o) != o)
+				continue;
+			int donor = -1;
+			for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
+				int b = p->donors[o->id][d];
+				if (readers[b] == 1 && !pinned[b] && !donated[b])
+					donor = b;
+			}
+			if (donor >= 0)
+				donated[donor] = true;
+			else
+				alloc += p->bytes[o->id];
+		}
+		live += alloc;
+		if (live > peak)
+			peak = live;
+		for (int k = 0; k < R->n_in; k++) {
+			fz_value *b = fz_view_root(p, R->in[k]);
+			if (seen[b->id] == stamp || b->param_index >= 0)
+				continue;
+			seen[b->id] = stamp;
+			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id])
+				live -= p->bytes[b->id];
+		}
+		for (int k = 0; k < R->n_out; k++) {
+			const fz_value *o = R->out[k];
+			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
+			    !pinned[o->id])
+				live -= p->bytes[o->id]; /* made for nobody */
+		}
+	}
+done:
+	free(readers);
+	free(seen);
+	free(pinned);
+	free(donated);
+	return peak;
+}
+
+/* ---- views under other sizes ---- */
+
+fz_status fz_view_eval(const fz_program *p, const fz_value *v,
+		       const int64_t *sym_sizes, fz_layout *out)
+{
+	const fz_view *w = p->view_of ? p->view_of[v->id] : NULL;
+	if (!w)
+		return fz_layout_contiguous(v, sym_sizes, out) ? FZ_OK : FZ_EINVAL;
+	fz_layout in;
+	fz_status st = fz_view_eval(p, w->node->in[0], sym_sizes, &in);
+	if (st != FZ_OK)
+		return st;
+	return fz_meta_layout(w->node, sym_sizes, &in, out) ? FZ_OK : FZ_EINVAL;
+}
+
+/* ---- the dump ---- */
+
+static void dump_value(const fz_program *p, const fz_value *v, fz_buf *b)
+{
+	char ty[256];
+	if (v->name)
+		fz_buf_printf(b, "%s", v->name);
+	else
+		fz_buf_printf(b, "%%%d", v->id);
+	fz_buf_printf(b, " %s", fz_type_str(p->trace, &v->type, ty, sizeof ty));
+}
+
+static void dump_region(const fz_program *p, const fz_region *R, fz_pass pass,
+			fz_buf *b)
+{
+	fz_buf_printf(b, "region %d: %s", R->id, fz_region_kind_names[R->kind]);
+	if (pass >= FZ_PASS_BOOKEND && fz_region_is_kernel(R->kind))
+		fz_buf_printf(b, "  vector %d x %d bytes", p->vec_width[R->id],
+			      p->vec_width[R->id] ? p->vec_bytes[R->id] /
+			      p->vec_width[R->id] : 0);
+	fz_buf_puts(b, "\n  ops:");
+	for (int j = 0; j < R->n_nodes; j++)
+		fz_buf_printf(b, " %s", fz_ops[R->nodes[j]->op].name);
+	fz_buf_puts(b, "\n");
+	for (int pass_in = 0; pass_in < 2; pass_in++) {
+		int n = pass_in ? R->n_out : R->n_in;
+		fz_value **vs = pass_in ? R->out : R->in;
+		fz_buf_puts(b, pass_in ? "  out:" : "  in: ");
+		for (int k = 0; k < n; k++) {
+			fz_buf_puts(b, k ? ", " : " ");
+			dump_value(p, vs[k], b);
+			const fz_view *w = p->view_of ? p->view_of[vs[k]->id] : NULL;
+			if (w && pass >= FZ_PASS_BOOKEND) {
+				fz_buf_puts(b, " (view of ");
+				fz_buf_puts(b, w->base->name ? w->base->name : "?");
+				fz_buf_puts(b, ", strides [");
+				for (int d = 0; d < w->lay.rank; d++)
+					fz_buf_printf(b, "%s%lld", d ? ", " : "",
+						      (long long)w->lay.strides[d]);
+				fz_buf_printf(b, "], offset %lld)",
+					      (long long)w->lay.offset);
+			}
+			if (pass >= FZ_PASS_MEMPLAN && pass_in &&
+			    p->offset[vs[k]->id] >= 0)
+				fz_buf_printf(b, " @%lld", (long long)p->offset[vs[k]->id]);
+		}
+		fz_buf_puts(b, "\n");
+	}
+}
+
+void fz_program_dump(const fz_program *p, fz_pass pass, fz_buf *b)
+{
+	fz_buf_printf(b, "# after %s: trace %s, %d regions (%d kernels)\n",
+		      fz_pass_names[pass], p->trace->name, p->n_regions,
+		      fz_program_kernels(p));
+	if (pass >= FZ_PASS_SCHEDULE) {
+		for (int s = 0; s < p->n_regions; s++)
+			dump_region(p, p->regions[p->order[s]], pass, b);
+		fz_buf_printf(b, "peak %lld bytes planned, %lld in the written "
+			      "order\n", (long long)p->peak_bytes,
+			      (long long)p->peak_bytes_trace_order);
+	} else {
+		for (int r = 0; r < p->n_regions; r++)
+			dump_region(p, p->regions[r], pass, b);
+	}
+	if (pass >= FZ_PASS_MEMPLAN)
+		fz_buf_printf(b, "arena %lld bytes\n", (long long)p->arena_bytes);
+}
+
+/* ---- the pipeline ---- */
+
+static int64_t nth_prime_above_100(int i)
+{
+	int64_t c = 101;
+	for (int found = 0;; c++) {
+		bool prime = true;
+		for (int64_t d = 2; d * d <= c; d++)
+			if (c % d == 0)
+				prime = false;
+		if (prime && found++ == i)
+			return c;
+	}
+}
+
+void fz_program_free(fz_program *p)
+{
+	if (!p)
+		return;
+	free(p->dump);
+	fz_arena_release(&p->arena);
+	free(p);
+}
+
+fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
+		  fz_program **out, char **err)
+{
+	static fz_status (*const passes[FZ_PASS_COUNT])(fz_program *) = {
+		fz_partition, fz_bookend, fz_schedule, fz_memplan,
+	};
+	*out = NULL;
+	fz_program *p = calloc(1, sizeof *p);
+	if (!p)
+		return FZ_ENOMEM;
+	p->trace = t;
+	if (o)
+		p->opts = *o;
+	else
+		fz_plan_defaults(&p->opts);
+	for (int s = 0; s < FZ_MAX_SYMS; s++) {
+		int64_t v = p->opts.sym_sizes ? p->opts.sym_sizes[s] : -1;
+		if (s < t->n_syms && v < 0)
+			p->unbound_syms |= 1ull << s;
+		p->sym_sizes[s] = v < 0 ? 1 : v;
+		p->probe_sizes[s] = nth_prime_above_100(s);
+	}
+	p->opts.sym_sizes = NULL;
+	fz_buf dump = {0};
+	fz_status st = FZ_OK;
+	for (int i = 0; i < FZ_PASS_COUNT && st == FZ_OK; i++) {
+		st = passes[i](p);
+		if (st == FZ_OK && p->opts.dump_after == i)
+			fz_program_dump(p, (fz_pass)i, &dump);
+	}
+	if (st != FZ_OK) {
+		if (err)
+			*err = fz_strdup_printf("plan of trace '%s': %s", t->name,
+						fz_status_name(st));
+		free(fz_buf_take(&dump));
+		fz_program_free(p);
+		return st;
+	}
+	if (dump.len)
+		p->dump = fz_buf_take(&dump);
+	else
+		free(fz_buf_take(&dump));
+	*out = p;
+	return FZ_OK;
+}

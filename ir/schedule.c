@@ -1,0 +1,607 @@
+/*
+ * schedule.c: an order of the regions that keeps peak live bytes low.
+ *
+ * The cost of an order is fz_order_peak (plan.c): before a region runs its
+ * new outputs are allocated, and the live total then is what the peak
+ * counts; after it runs, every buffer it read for the last time is freed.
+ * A pointwise output may take over an input buffer that dies there (same
+ * bytes, read only elementwise), and then allocates nothing.
+ *
+ * Three orders are computed and the best is kept:
+ *
+ *   - the written order: regions ready to run are taken by the position of
+ *     their first op in the trace. It is also what `peak_bytes_trace_order`
+ *     reports, and the plan is never worse than it.
+ *   - the greedy list scheduler: among the ready regions take the one whose
+ *     run changes the live total least (new bytes minus bytes it frees);
+ *     ties go to the region with the longest path still ahead of it (the
+ *     one the rest of the program waits on longest), then to the lower
+ *     region id (canonical, from the partition). On the seed-004 chain this
+ *     walks one path at a time: relu, matmul, relu, then the chain matmul
+ *     that consumes it, and never holds more than three tensors.
+ *   - the exact search, when the program has at most 64 regions and at most
+ *     `exact_max_states` (default 200000) downsets: after a set S of regions
+ *     has run, the live bytes depend only on S, not on the order that got
+ *     there, so the best peak reaching S is a dynamic program over the
+ *     downsets of the region graph, level by level. Past the bound it gives
+ *     up and the greedy order stands.
+ *
+ * A lower bound is also computed: every region must hold its inputs and
+ * its outputs at once (less what it may take over in place), and at the end
+ * every program output is live. A greedy order that meets it is optimal.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct sched {
+	fz_program *p;
+	int n;
+	int *pred_start, *preds, *succ_start, *succs;
+	int *height;
+	/* per region: distinct input buffers (roots, no params) */
+	int *in_start, *ins;
+	int *readers;        /* per value: regions reading its buffer */
+	bool *pinned, *owned;
+} sched;
+
+static bool owns(const fz_program *p, const fz_value *v)
+{
+	return v->def && fz_view_root(p, (fz_value *)v) == v;
+}
+
+/* bytes and in-place candidates per value */
+static fz_status prepare_values(fz_program *p)
+{
+	const fz_trace *t = p->trace;
+	int nv = t->n_values;
+	p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
+	p->n_donors = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
+	p->donors = fz_arena_alloc(&p->arena, sizeof(int *) * ((size_t)nv + 1));
+	bool *reach = calloc((size_t)nv + 1, sizeof(bool));
+	int *cand = malloc(sizeof(int) * ((size_t)nv + 1));
+	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand) {
+		free(reach);
+		free(cand);
+		return FZ_ENOMEM;
+	}
+	for (int v = 0; v < nv; v++) {
+		const fz_value *x = t->values[v];
+		int64_t e;
+		if (x->def && p->region_of && !p->view_of[v] &&
+		    fz_program_numel_at(p, x, p->sym_sizes, &e) &&
+		    !__builtin_mul_overflow(e, (int64_t)fz_dtype_size(x->type.dtype), &e))
+			p->bytes[v] = e;
+	}
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		if (R->kind != FZ_REGION_POINTWISE)
+			continue;
+		int nc = 0;
+		for (int k = 0; k < R->n_in; k++) {
+			fz_value *b = R->in[k];
+			if (!owns(p, b))
+				continue;
+			bool alone = true; /* no other input is a view of b */
+			for (int j = 0; j < R->n_in; j++)
+				if (j != k && fz_view_root(p, R->in[j]) == b)
+					alone = false;
+			if (!alone)
+				continue;
+			memset(reach, 0, sizeof(bool) * (size_t)nv);
+			reach[b->id] = true;
+			bool ok = true;
+			for (int j = 0; j < R->n_nodes && ok; j++) {
+				const fz_node *nd = R->nodes[j];
+				bool d = false;
+				for (int i = 0; i < nd->n_in; i++)
+					d |= reach[nd->in[i]->id];
+				if (d && !fz_op_is_elementwise(nd->op))
+					ok = false;
+				for (int i = 0; i < nd->n_out; i++)
+					reach[nd->out[i]->id] = d;
+			}
+			if (ok)
+				cand[nc++] = b->id;
+		}
+		for (int k = 0; k < R->n_out && nc; k++) {
+			const fz_value *o = R->out[k];
+			if (!owns(p, o) || !fz_op_is_elementwise(o->def->op))
+				continue;
+			int m = 0;
+			int *list = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)nc);
+			if (!list)
+				goto oom;
+			for (int c = 0; c < nc; c++) {
+				const fz_value *b = t->values[cand[c]];
+				bool same = b->type.rank == o->type.rank &&
+					    fz_dtype_size(b->type.dtype) ==
+					    fz_dtype_size(o->type.dtype);
+				for (int d = 0; same && d < o->type.rank; d++)
+					same = fz_ext_eq(b->type.dims[d], o->type.dims[d]);
+				if (same)
+					list[m++] = b->id;
+			}
+			p->n_donors[o->id] = m;
+			p->donors[o->id] = list;
+		}
+	}
+	free(reach);
+	free(cand);
+	return FZ_OK;
+oom:
+	free(reach);
+	free(cand);
+	return FZ_ENOMEM;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+static fz_status build_graph(sched *s)
+{
+	fz_program *p = s->p;
+	const fz_trace *t = p->trace;
+	int n = s->n, nv = t->n_values;
+	int cap = 0;
+	for (int r = 0; r < n; r++)
+		cap += p->regions[r]->n_in;
+	s->pred_start = calloc((size_t)n + 1, sizeof(int));
+	s->preds = calloc((size_t)cap + 1, sizeof(int));
+	s->succ_start = calloc((size_t)n + 2, sizeof(int));
+	s->succs = calloc((size_t)cap + 1, sizeof(int));
+	s->in_start = calloc((size_t)n + 1, sizeof(int));
+	s->ins = calloc((size_t)cap + 1, sizeof(int));
+	s->height = calloc((size_t)n + 1, sizeof(int));
+	s->readers = calloc((size_t)nv + 1, sizeof(int));
+	s->pinned = calloc((size_t)nv + 1, sizeof(bool));
+	s->owned = calloc((size_t)nv + 1, sizeof(bool));
+	if (!s->pred_start || !s->preds || !s->succ_start || !s->succs ||
+	    !s->in_start || !s->ins || !s->height || !s->readers || !s->pinned ||
+	    !s->owned)
+		return FZ_ENOMEM;
+	int np = 0, ni = 0;
+	for (int r = 0; r < n; r++) {
+		const fz_region *R = p->regions[r];
+		s->pred_start[r] = np;
+		s->in_start[r] = ni;
+		for (int k = 0; k < R->n_in; k++) {
+			const fz_value *v = R->in[k];
+			if (v->def)
+				s->preds[np++] = p->region_of[v->def->id];
+			fz_value *b = fz_view_root(p, R->in[k]);
+			if (b->def)
+				s->ins[ni++] = b->id;
+		}
+		qsort(s->preds + s->pred_start[r], (size_t)(np - s->pred_start[r]),
+		      sizeof(int), cmp_int);
+		qsort(s->ins + s->in_start[r], (size_t)(ni - s->in_start[r]),
+		      sizeof(int), cmp_int);
+		/* dedupe */
+		int w = s->pred_start[r];
+		for (int i = s->pred_start[r]; i < np; i++)
+			if (i == s->pred_start[r] || s->preds[i] != s->preds[i - 1])
+				s->preds[w++] = s->preds[i];
+		np = w;
+		w = s->in_start[r];
+		for (int i = s->in_start[r]; i < ni; i++)
+			if (i == s->in_start[r] || s->ins[i] != s->ins[i - 1])
+				s->ins[w++] = s->ins[i];
+		ni = w;
+		for (int i = s->in_start[r]; i < ni; i++)
+			s->readers[s->ins[i]]++;
+	}
+	s->pred_start[n] = np;
+	s->in_start[n] = ni;
+	for (int i = 0; i < np; i++)
+		s->succ_start[s->preds[i] + 1]++;
+	for (int r = 0; r < n; r++)
+		s->succ_start[r + 1] += s->succ_start[r];
+	int *fill = calloc((size_t)n + 1, sizeof(int));
+	if (!fill)
+		return FZ_ENOMEM;
+	for (int r = 0; r < n; r++)
+		for (int i = s->pred_start[r]; i < s->pred_start[r + 1]; i++) {
+			int q = s->preds[i];
+			s->succs[s->succ_start[q] + fill[q]++] = r;
+		}
+	free(fill);
+	for (int i = 0; i < t->n_outputs; i++)
+		s->pinned[fz_view_root(p, t->outputs[i])->id] = true;
+	for (int v = 0; v < nv; v++)
+		s->owned[v] = owns(p, t->values[v]) && p->bytes[v] >= 0;
+	/* heights, from the sinks back: region ids are not topological, so
+	 * walk a topological order found by Kahn */
+	int *indeg = calloc((size_t)n + 1, sizeof(int)), *topo = malloc(sizeof(int) * ((size_t)n + 1));
+	if (!indeg || !topo) {
+		free(indeg);
+		free(topo);
+		return FZ_ENOMEM;
+	}
+	int h = 0, tl = 0;
+	for (int r = 0; r < n; r++)
+		if ((indeg[r] = s->pred_start[r + 1] - s->pred_start[r]) == 0)
+			topo[tl++] = r;
+	while (h < tl) {
+		int r = topo[h++];
+		for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
+			if (--indeg[s->succs[i]] == 0)
+				topo[tl++] = s->succs[i];
+	}
+	FZ_ASSERT(tl == n); /* the partition never makes a cycle */
+	for (int i = n - 1; i >= 0; i--) {
+		int r = topo[i], best = 0;
+		for (int j = s->succ_start[r]; j < s->succ_start[r + 1]; j++)
+			if (s->height[s->succs[j]] + 1 > best)
+				best = s->height[s->succs[j]] + 1;
+		s->height[r] = best;
+	}
+	free(indeg);
+	free(topo);
+	return FZ_OK;
+}
+
+/* ---- the written order: a heap on the first op's position ---- */
+
+static void heap_push(int *heap, int *n, int x, const int *key)
+{
+	int i = (*n)++;
+	heap[i] = x;
+	while (i > 0 && key[heap[(i - 1) / 2]] > key[heap[i]]) {
+		int pa = (i - 1) / 2, tmp = heap[pa];
+		heap[pa] = heap[i];
+		heap[i] = tmp;
+		i = pa;
+	}
+}
+
+static int heap_pop(int *heap, int *n, const int *key)
+{
+	int top = heap[0];
+	heap[0] = heap[--*n];
+	for (int i = 0;;) {
+		int l = 2 * i + 1, r = l + 1, m = i;
+		if (l < *n && key[heap[l]] < key[heap[m]])
+			m = l;
+		if (r < *n && key[heap[r]] < key[heap[m]])
+			m = r;
+		if (m == i)
+			break;
+		int tmp = heap[m];
+		heap[m] = heap[i];
+		heap[i] = tmp;
+		i = m;
+	}
+	return top;
+}
+
+static fz_status written_order(sched *s, int *order)
+{
+	int n = s->n;
+	int *indeg = calloc((size_t)n + 1, sizeof(int));
+	int *key = calloc((size_t)n + 1, sizeof(int));
+	int *heap = calloc((size_t)n + 1, sizeof(int));
+	if (!indeg || !key || !heap) {
+		free(indeg);
+		free(key);
+		free(heap);
+		return FZ_ENOMEM;
+	}
+	int hn = 0, k = 0;
+	for (int r = 0; r < n; r++) {
+		const fz_region *R = s->p->regions[r];
+		key[r] = R->n_nodes ? R->nodes[0]->id : 0;
+		if ((indeg[r] = s->pred_start[r + 1] - s->pred_start[r]) == 0)
+			heap_push(heap, &hn, r, key);
+	}
+	while (hn > 0) {
+		int r = heap_pop(heap, &hn, key);
+		order[k++] = r;
+		for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
+			if (--indeg[s->succs[i]] == 0)
+				heap_push(heap, &hn, s->succs[i], key);
+	}
+	free(indeg);
+	free(key);
+	free(heap);
+	return FZ_OK;
+}
+
+/* ---- greedy ---- */
+
+/* Bytes running r would allocate and free, given what is still to read. */
+static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
+			int64_t *freed)
+{
+	const fz_program *p = s->p;
+	const fz_region *R = p->regions[r];
+	int64_t a = 0, f = 0;
+	int donated[8], nd = 0;
+	for (int k = 0; k < R->n_out; k++) {
+		const fz_value *o = R->out[k];
+		if (!s->owned[o->id])
+			continue;
+		int donor = -1;
+		for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
+			int b = p->donors[o->id][d];
+			bool used = false;
+			for (int i = 0; i < nd; i++)
+				used |= donated[i] == b;
+			if (left[b] == 1 && !s->pinned[b] && !used)
+				donor = b;
+		}
+		if (donor >= 0 && nd < 8)
+			donated[nd++] = donor;
+		else
+			a += p->bytes[o->id];
+		if (left[o->id] == 0 && !s->pinned[o->id] && donor < 0)
+			f += p->bytes[o->id];
+	}
+	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
+		int b = s->ins[i];
+		bool used = false;
+		for (int j = 0; j < nd; j++)
+			used |= donated[j] == b;
+		if (left[b] == 1 && !s->pinned[b] && !used)
+			f += p->bytes[b];
+	}
+	*alloc = a;
+	*freed = f;
+}
+
+static fz_status greedy_order(sched *s, int *order)
+{
+	int n = s->n, nv = s->p->trace->n_values;
+	int *indeg = calloc((size_t)n + 1, sizeof(int));
+	int *ready = calloc((size_t)n + 1, sizeof(int));
+	int *left = calloc((size_t)nv + 1, sizeof(int));
+	if (!indeg || !ready || !left) {
+		free(indeg);
+		free(ready);
+		free(left);
+		return FZ_ENOMEM;
+	}
+	memcpy(left, s->readers, sizeof(int) * (size_t)nv);
+	int nr = 0;
+	for (int r = 0; r < n; r++)
+		if ((indeg[r] = s->pred_start[r + 1] - s->pred_start[r]) == 0)
+			ready[nr++] = r;
+	for (int k = 0; k < n; k++) {
+		int best = -1;
+		int64_t best_net = 0;
+		for (int i = 0; i < nr; i++) {
+			int r = ready[i];
+			int64_t a, f;
+			step_effect(s, r, left, &a, &f);
+			int64_t net = a - f;
+			if (best < 0 || net < best_net ||
+			    (net == best_net && (s->height[r] > s->height[ready[best]] ||
+						 (s->height[r] == s->height[ready[best]] &&
+						  r < ready[best])))) {
+				best = i;
+				best_net = net;
+			}
+		}
+		FZ_ASSERT(best >= 0);
+		int r = ready[best];
+		ready[best] = ready[--nr];
+		order[k] = r;
+		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
+			left[s->ins[i]]--;
+		for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
+			if (--indeg[s->succs[i]] == 0)
+				ready[nr++] = s->succs[i];
+	}
+	free(indeg);
+	free(ready);
+	free(left);
+	return FZ_OK;
+}
+
+/* ---- exact: dynamic programming over downsets ---- */
+
+typedef struct dp_slot {
+	uint64_t set;
+	int64_t peak, live;
+	int last;       /* region added last on the best path; -2: empty slot */
+} dp_slot;
+
+static dp_slot *dp_find(dp_slot *tab, size_t cap, uint64_t set)
+{
+	size_t i = (size_t)((set * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+	while (tab[i].last != -2 && tab[i].set != set)
+		i = (i + 1) & (cap - 1);
+	return &tab[i];
+}
+
+/* 1: found the best order; 0: too many states; -1: out of memory */
+static int exact_order(sched *s, int *order, int max_states)
+{
+	int n = s->n, nv = s->p->trace->n_values;
+	const fz_program *p = s->p;
+	if (n > 64)
+		return 0;
+	uint64_t *predm = calloc((size_t)n + 1, sizeof(uint64_t));
+	uint64_t *rdm = calloc((size_t)nv + 1, sizeof(uint64_t)); /* readers */
+	int *defr = malloc(sizeof(int) * ((size_t)nv + 1));
+	size_t cap = 1;
+	while (cap < (size_t)max_states * 2)
+		cap <<= 1;
+	dp_slot *tab = malloc(sizeof *tab * cap);
+	uint64_t *cur = malloc(sizeof(uint64_t) * ((size_t)max_states + 1));
+	uint64_t *nxt = malloc(sizeof(uint64_t) * ((size_t)max_states + 1));
+	int *left = malloc(sizeof(int) * ((size_t)nv + 1));
+	int rc = -1;
+	if (!predm || !rdm || !defr || !tab || !cur || !nxt || !left)
+		goto done;
+	for (size_t i = 0; i < cap; i++)
+		tab[i].last = -2;
+	for (int r = 0; r < n; r++) {
+		for (int i = s->pred_start[r]; i < s->pred_start[r + 1]; i++)
+			predm[r] |= 1ull << s->preds[i];
+		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
+			rdm[s->ins[i]] |= 1ull << r;
+	}
+	int n_states = 1, ncur = 1;
+	dp_slot *z = dp_find(tab, cap, 0);
+	*z = (dp_slot){0, 0, 0, -1};
+	cur[0] = 0;
+	for (int level = 0; level < n; level++) {
+		int nn = 0;
+		for (int c = 0; c < ncur; c++) {
+			uint64_t S = cur[c];
+			dp_slot *from = dp_find(tab, cap, S);
+			/* what is left to read of each buffer, after S */
+			for (int r = 0; r < n; r++) {
+				if (S >> r & 1 || (predm[r] & ~S))
+					continue;
+				const fz_region *R = p->regions[r];
+				for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
+					int b = s->ins[i];
+					left[b] = __builtin_popcountll(rdm[b] & ~S);
+				}
+				for (int k = 0; k < R->n_out; k++)
+					left[R->out[k]->id] = __builtin_popcountll(rdm[R->out[k]->id]);
+				for (int k = 0; k < R->n_out; k++) {
+					const fz_value *o = R->out[k];
+					for (int d = 0; d < p->n_donors[o->id]; d++) {
+						int b = p->donors[o->id][d];
+						left[b] = __builtin_popcountll(rdm[b] & ~S);
+					}
+				}
+				int64_t a, f;
+				step_effect(s, r, left, &a, &f);
+				int64_t peak = from->live + a;
+				if (from->peak > peak)
+					peak = from->peak;
+				uint64_t T = S | 1ull << r;
+				dp_slot *to = dp_find(tab, cap, T);
+				if (to->last == -2) {
+					if (n_states >= max_states) {
+						rc = 0;
+						goto done;
+					}
+					n_states++;
+					*to = (dp_slot){T, peak, from->live + a - f, r};
+					nxt[nn++] = T;
+				} else if (peak < to->peak) {
+					to->peak = peak;
+					to->last = r;
+				}
+			}
+		}
+		uint64_t *tmp = cur;
+		cur = nxt;
+		nxt = tmp;
+		ncur = nn;
+	}
+	/* walk back from the full set */
+	uint64_t S = n == 64 ? ~0ull : (1ull << n) - 1;
+	for (int k = n - 1; k >= 0; k--) {
+		dp_slot *sl = dp_find(tab, cap, S);
+		FZ_ASSERT(sl->last >= 0);
+		order[k] = sl->last;
+		S &= ~(1ull << sl->last);
+	}
+	rc = 1;
+done:
+	free(predm);
+	free(rdm);
+	free(defr);
+	free(tab);
+	free(cur);
+	free(nxt);
+	free(left);
+	return rc;
+}
+
+static int64_t lower_bound(sched *s)
+{
+	const fz_program *p = s->p;
+	int64_t lb = 0, outs = 0;
+	for (int v = 0; v < p->trace->n_values; v++)
+		if (s->pinned[v] && s->owned[v])
+			outs += p->bytes[v];
+	lb = outs;
+	for (int r = 0; r < s->n; r++) {
+		const fz_region *R = p->regions[r];
+		int64_t b = 0;
+		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
+			b += p->bytes[s->ins[i]];
+		for (int k = 0; k < R->n_out; k++)
+			if (s->owned[R->out[k]->id] && !p->n_donors[R->out[k]->id])
+				b += p->bytes[R->out[k]->id];
+		if (b > lb)
+			lb = b;
+	}
+	return lb;
+}
+
+fz_status fz_schedule(fz_program *p)
+{
+	sched s = {.p = p, .n = p->n_regions};
+	int n = p->n_regions;
+	fz_status st = prepare_values(p);
+	int *tmp = NULL;
+	if (st != FZ_OK)
+		return st;
+	st = FZ_ENOMEM;
+	p->order = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
+	p->trace_order = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
+	tmp = malloc(sizeof(int) * ((size_t)n + 1));
+	if (!p->order || !p->trace_order || !tmp)
+		goto done;
+	if ((st = build_graph(&s)) != FZ_OK ||
+	    (st = written_order(&s, p->trace_order)) != FZ_OK ||
+	    (st = greedy_order(&s, p->order)) != FZ_OK)
+		goto done;
+	st = FZ_ENOMEM;
+	p->peak_bytes_trace_order = fz_order_peak(p, p->trace_order);
+	p->peak_bytes = fz_order_peak(p, p->order);
+	p->method = FZ_SCHED_GREEDY;
+	p->peak_lower_bound = lower_bound(&s);
+	if (p->peak_bytes < 0 || p->peak_bytes_trace_order < 0)
+		goto done;
+	if (p->peak_bytes > p->peak_lower_bound) {
+		int max = p->opts.exact_max_states > 0 ? p->opts.exact_max_states : 200000;
+		int rc = exact_order(&s, tmp, max);
+		if (rc < 0)
+			goto done;
+		if (rc == 1) {
+			int64_t pk = fz_order_peak(p, tmp);
+			if (pk < 0)
+				goto done;
+			p->method = FZ_SCHED_EXACT;
+			p->peak_proven_optimal = true;
+			if (pk < p->peak_bytes) {
+				memcpy(p->order, tmp, sizeof(int) * (size_t)n);
+				p->peak_bytes = pk;
+			}
+		}
+	} else {
+		p->peak_proven_optimal = true;
+	}
+	if (p->peak_bytes_trace_order < p->peak_bytes) {
+		memcpy(p->order, p->trace_order, sizeof(int) * (size_t)n);
+		p->peak_bytes = p->peak_bytes_trace_order;
+		p->method = FZ_SCHED_TRACE;
+	}
+	st = FZ_OK;
+done:
+	free(tmp);
+	free(s.pred_start);
+	free(s.preds);
+	free(s.succ_start);
+	free(s.succs);
+	free(s.in_start);
+	free(s.ins);
+	free(s.height);
+	free(s.readers);
+	free(s.pinned);
+	free(s.owned);
+	return st;
+}

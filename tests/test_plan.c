@@ -1,0 +1,774 @@
+/*
+ * test_plan.c: partition, bookend, schedule and memplan (ir/plan.c and the
+ * passes it calls).
+ *
+ * Each pass is checked on small traces whose regions a person can draw,
+ * then the whole pipeline on the corpus and on random DAGs against
+ * properties that must hold for any trace: every op in exactly one region,
+ * the order a topological order of the regions, the peak equal to a
+ * brute-force replay of the chosen order written here independently (which
+ * also checks that no two live buffers overlap in the arena), the planned
+ * peak never above the written order's, the exact search never beaten by
+ * trying every order, and regions that do not change when independent
+ * statements are reordered and values renamed.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusec.h"
+#include "ir.h"
+#include "plan.h"
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static fz_module *parse(const char *src)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse(src, strlen(src), "test.trace", &m, &diag);
+	ck_assert_msg(st == FZ_OK, "parse failed: %s", diag ? diag : "(no message)");
+	fz_free(diag);
+	return m;
+}
+
+static fz_program *plan_sized(const fz_trace *t, const int64_t *syms)
+{
+	fz_plan_options o;
+	fz_plan_defaults(&o);
+	o.sym_sizes = syms;
+	fz_program *p = NULL;
+	char *err = NULL;
+	fz_status st = fz_plan(t, &o, &p, &err);
+	ck_assert_msg(st == FZ_OK, "plan failed: %s", err ? err : "?");
+	fz_free(err);
+	return p;
+}
+
+static fz_program *plan(const fz_trace *t) { return plan_sized(t, NULL); }
+
+static int count_kind(const fz_program *p, fz_region_kind k)
+{
+	return fz_program_count(p, k);
+}
+
+static const fz_value *named(const fz_trace *t, const char *name)
+{
+	const fz_value *v = fz_lookup(t, name);
+	ck_assert_msg(v != NULL, "no value %s", name);
+	return v;
+}
+
+static fz_module *load_file(const char *path)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse_file(path, &m, &diag);
+	ck_assert_msg(st == FZ_OK, "%s: %s", path, diag ? diag : "?");
+	fz_free(diag);
+	return m;
+}
+
+/* ---- the properties every plan must have -------------------------------- */
+
+static int64_t round256(int64_t x) { return (x + 255) / 256 * 256; }
+
+/* Checks p against its trace and returns the brute-force peak of p->order. */
+static int64_t check_plan(const fz_program *p)
+{
+	const fz_trace *t = p->trace;
+	int n = p->n_regions, nv = t->n_values;
+	/* every op in exactly one region, region_of agrees */
+	int *seen = calloc((size_t)t->n_nodes + 1, sizeof(int));
+	for (int r = 0; r < n; r++) {
+		const fz_region *R = p->regions[r];
+		ck_assert_int_eq(R->id, r);
+		ck_assert_int_gt(R->n_nodes, 0);
+		for (int j = 0; j < R->n_nodes; j++) {
+			seen[R->nodes[j]->id]++;
+			ck_assert_int_eq(p->region_of[R->nodes[j]->id], r);
+			if (j)
+				ck_assert_int_lt(R->nodes[j - 1]->id, R->nodes[j]->id);
+		}
+		if (R->kind == FZ_REGION_LIBRARY || R->kind == FZ_REGION_COLLECTIVE ||
+		    R->kind == FZ_REGION_WAIT)
+			ck_assert_int_eq(R->n_nodes, 1);
+	}
+	for (int i = 0; i < t->n_nodes; i++)
+		ck_assert_msg(seen[i] == 1, "node %d is in %d regions", i, seen[i]);
+	free(seen);
+
+	/* the order: a permutation, and every input made before it is read */
+	int *step = malloc(sizeof(int) * ((size_t)n + 1));
+	for (int r = 0; r < n; r++)
+		step[r] = -1;
+	for (int s = 0; s < n; s++) {
+		ck_assert_int_ge(p->order[s], 0);
+		ck_assert_int_lt(p->order[s], n);
+		ck_assert_int_eq(step[p->order[s]], -1);
+		step[p->order[s]] = s;
+	}
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		for (int k = 0; k < nd->n_in; k++)
+			if (nd->in[k]->def)
+				ck_assert_int_le(step[p->region_of[nd->in[k]->def->id]],
+						 step[p->region_of[i]]);
+	}
+
+	/* brute-force replay: a buffer (memplan's p->buffer) is live from the
+	 * step of the first value in it to the last step anything in it (or a
+	 * view of it) is read; forever if a program output lives in it */
+	int *first = malloc(sizeof(int) * ((size_t)nv + 1));
+	int *last = malloc(sizeof(int) * ((size_t)nv + 1));
+	int64_t *size = calloc((size_t)nv + 1, sizeof(int64_t));
+	for (int v = 0; v < nv; v++)
+		first[v] = last[v] = -1;
+	for (int v = 0; v < nv; v++) {
+		const fz_value *x = t->values[v];
+		if (!x->def || p->offset[v] < 0 || p->view_of[v])
+			continue;
+		int b = p->buffer[v], s = step[p->region_of[x->def->id]];
+		ck_assert_int_eq(p->bytes[v], p->bytes[b]);
+		size[b] = p->bytes[b];
+		if (first[b] < 0 || s < first[b])
+			first[b] = s;
+		if (s > last[b])
+			last[b] = s;
+	}
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		for (int k = 0; k < nd->n_in; k++) {
+			int b = p->buffer[nd->in[k]->id];
+			if (nd->in[k]->def && first[b] >= 0 &&
+			    step[p->region_of[i]] > last[b])
+				last[b] = step[p->region_of[i]];
+		}
+	}
+	for (int i = 0; i < t->n_outputs; i++) {
+		int b = p->buffer[t->outputs[i]->id];
+		if (first[b] >= 0)
+			last[b] = n;
+	}
+	int64_t peak = 0;
+	for (int s = 0; s < n; s++) {
+		int64_t live = 0;
+		for (int b = 0; b < nv; b++) {
+			if (first[b] < 0 || first[b] > s || last[b] < s)
+				continue;
+			live += size[b];
+			/* no overlap with any other live buffer */
+			for (int c = b + 1; c < nv; c++) {
+				if (first[c] < 0 || first[c] > s || last[c] < s)
+					continue;
+				int64_t b0 = p->offset[b], b1 = b0 + round256(size[b]);
+				int64_t c0 = p->offset[c], c1 = c0 + round256(size[c]);
+				ck_assert_msg(b1 <= c0 || c1 <= b0 || !size[b] || !size[c],
+					      "step %d: buffers %d [%lld,%lld) and %d [%lld,%lld) "
+					      "overlap", s, b, (long long)b0, (long long)b1, c,
+					      (long long)c0, (long long)c1);
+			}
+			ck_assert_int_le(p->offset[b] + size[b], p->arena_bytes);
+		}
+		if (live > peak)
+			peak = live;
+	}
+	free(first);
+	free(last);
+	free(size);
+	free(step);
+
+	ck_assert_int_eq(peak, p->peak_bytes);
+	ck_assert_int_le(p->peak_bytes, p->peak_bytes_trace_order);
+	ck_assert_int_ge(p->arena_bytes, p->peak_bytes);
+	ck_assert_int_le(p->peak_lower_bound, p->peak_bytes);
+	ck_assert_int_eq(fz_order_peak(p, p->order), p->peak_bytes);
+	ck_assert_int_eq(fz_order_peak(p, p->trace_order), p->peak_bytes_trace_order);
+	return peak;
+}
+
+/* ---- partition ----------------------------------------------------------- */
+
+START_TEST(layer_norm_is_one_kernel)
+{
+	fz_module *m = parse(
+		"trace ln(x: bf16[16, 128, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+		"  y = layer_norm(x, w, b, dims=[2], eps=1e-5)\n"
+		"  return y\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 1);
+	ck_assert_int_eq(p->n_regions, 1);
+	ck_assert_int_eq(p->regions[0]->kind, FZ_REGION_NORMALIZATION);
+	ck_assert_int_eq(p->regions[0]->n_in, 3);
+	ck_assert_int_eq(p->regions[0]->n_out, 1);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(softmax_rmsnorm_one_kernel)
+{
+	fz_module *m = parse(
+		"trace sm(s: f32[B, 12, T, T]) {\n"
+		"  p = softmax(mul(s, 0.125), dim=-1)\n  return p\n}\n"
+		"trace rms(x: bf16[B, T, 4096], w: bf16[4096]) {\n"
+		"  y = rms_norm(x, w, dims=[2], eps=1e-5)\n  return y\n}\n");
+	for (int i = 0; i < 2; i++) {
+		fz_program *p = plan(fz_module_trace(m, i));
+		ck_assert_int_eq(fz_program_kernels(p), 1);
+		ck_assert_int_eq(count_kind(p, FZ_REGION_NORMALIZATION), 1);
+		check_plan(p);
+		fz_program_free(p);
+	}
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(reduction_with_epilogue)
+{
+	/* mean over the last dim: a reduction, not a normalization */
+	fz_module *m = parse(
+		"trace m(x: f32[64, 256]) {\n"
+		"  y = mean(exp(x), dims=[1])\n  return y\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->n_regions, 1);
+	ck_assert_int_eq(p->regions[0]->kind, FZ_REGION_REDUCTION);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(library_calls_are_alone)
+{
+	fz_module *m = parse(
+		"trace c(x: f32[64, 64], w: f32[64, 64]) {\n"
+		"  a = relu(x)\n  b = matmul(a, w)\n  c = relu(b)\n  return c\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->n_regions, 3);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_LIBRARY), 1);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_POINTWISE), 2);
+	/* the relu after the matmul overwrites nothing it should not: b dies
+	 * there, so c may take b's place */
+	const fz_trace *t = p->trace;
+	ck_assert_int_eq(p->buffer[named(t, "c")->id], named(t, "b")->id);
+	ck_assert_int_eq(p->peak_bytes, 2 * 64 * 64 * 4);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(no_cycle_through_a_library_call)
+{
+	/* a and d could share a kernel by shape, but d needs the matmul of a:
+	 * one kernel would wait on itself */
+	fz_module *m = parse(
+		"trace c(x: f32[32, 32], w: f32[32, 32]) {\n"
+		"  a = exp(x)\n  b = matmul(a, w)\n  d = add(a, b)\n  return d\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->n_regions, 3);
+	const fz_trace *t = p->trace;
+	ck_assert_int_ne(p->region_of[named(t, "a")->def->id],
+			 p->region_of[named(t, "d")->def->id]);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(cross_entropy_two_kernels)
+{
+	fz_module *m = parse(
+		"trace ce(logits: f32[B, T, 50257], labels: i64[B, T]) {\n"
+		"  loss = cross_entropy(reshape(logits, shape=[-1, 50257]),\n"
+		"                       reshape(labels, shape=[-1]))\n"
+		"  return loss\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_le(fz_program_kernels(p), 2);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_NORMALIZATION), 1);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(embedding_indexing)
+{
+	fz_module *m = parse(
+		"trace e(wte: f32[1000, 64], wpe: f32[128, 64], ids: i64[B, 128],"
+		" pos: i64[128]) {\n"
+		"  h = add(take(wte, ids, dim=0), take(wpe, pos, dim=0))\n"
+		"  return h\n}\n"
+		"trace eb(g: f32[B, 64], ids: i64[B]) {\n"
+		"  z = full(shape=[1000, 64], value=0, dtype=f32)\n"
+		"  d = index_add(z, ids, g, dim=0)\n  e = mul(d, 2.0)\n"
+		"  return e\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 1);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_INDEXING), 1);
+	check_plan(p);
+	fz_program_free(p);
+	/* nothing reads a scatter's result in the kernel that scatters */
+	p = plan(fz_module_trace(m, 1));
+	ck_assert_int_eq(fz_program_kernels(p), 2);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- bookend ---------------------------------------------------------------- */
+
+START_TEST(rotary_v_is_a_view)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tests/traces/rotary.trace", FZ_SOURCE_DIR);
+	fz_module *m = load_file(path);
+	fz_program *p = plan(fz_module_trace(m, 0));
+	const fz_trace *t = p->trace;
+	ck_assert_int_le(fz_program_kernels(p), 2);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_LIBRARY), 1);
+	const fz_value *v = named(t, "v"), *qkv = named(t, "qkv");
+	ck_assert_ptr_nonnull(p->view_of[v->id]);
+	ck_assert_ptr_eq(p->view_of[v->id]->base, qkv);
+	/* [B, T, 3, H, D] = [2, 128, 3, 8, 64], v = [:, :, 2] moved to [B, H, T, D] */
+	const fz_layout *l = &p->view_of[v->id]->lay;
+	ck_assert_int_eq(l->rank, 4);
+	ck_assert_int_eq(l->strides[0], 128 * 1536);
+	ck_assert_int_eq(l->strides[1], 64);
+	ck_assert_int_eq(l->strides[2], 1536);
+	ck_assert_int_eq(l->strides[3], 1);
+	ck_assert_int_eq(l->offset, 2 * 512);
+	ck_assert_int_eq(p->regions[p->region_of[v->def->id]]->kind, FZ_REGION_VIEW);
+	/* no copy: v's storage is qkv's */
+	ck_assert_int_eq(p->buffer[v->id], qkv->id);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(layer_norm_stays_vectorized)
+{
+	fz_module *m = parse(
+		"trace ln(x: bf16[16, 128, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+		"  y = layer_norm(x, w, b, dims=[2], eps=1e-5)\n  return y\n}\n"
+		"trace odd(x: bf16[16, 128, 1601], w: bf16[1601]) {\n"
+		"  y = rms_norm(x, w, dims=[2], eps=1e-5)\n  return y\n}\n"
+		"trace sym(x: bf16[16, C]) {\n  y = exp(x)\n  return y\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->vec_bytes[0], 16);
+	ck_assert_int_eq(p->vec_width[0], 8);
+	fz_program_free(p);
+	p = plan(fz_module_trace(m, 1)); /* an odd row cannot be */
+	ck_assert_int_eq(p->vec_width[0], 1);
+	fz_program_free(p);
+	/* a symbolic innermost extent earns nothing it lacks for some size */
+	p = plan(fz_module_trace(m, 2));
+	ck_assert_int_eq(p->vec_width[0], 1);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(views_at_edges_copies_inside)
+{
+	fz_module *m = parse(
+		/* a reshape of an input before a reduction: a view */
+		"trace a(x: f32[8, 16, 32]) {\n"
+		"  y = sum(reshape(x, shape=[128, 32]), dims=[1])\n  return y\n}\n"
+		/* permute then merge dims between two matmuls: needs a copy */
+		"trace b(x: f32[2, 4, 8, 16], w: f32[64, 16]) {\n"
+		"  y = matmul(x, permute(w, dims=[1, 0]))\n"
+		"  z = reshape(permute(y, dims=[0, 2, 1, 3]), shape=[2, 8, 256])\n"
+		"  return z\n}\n"
+		/* only meta ops on an input: nothing launches */
+		"trace c(x: f32[4, 6]) {\n"
+		"  y = unsqueeze(permute(x, dims=[1, 0]), dim=0)\n  return y\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 1);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_VIEW), 1);
+	check_plan(p);
+	fz_program_free(p);
+	p = plan(fz_module_trace(m, 1));
+	ck_assert_int_eq(count_kind(p, FZ_REGION_LIBRARY), 1);
+	ck_assert_int_eq(fz_program_kernels(p), 1); /* the reshape copy */
+	const fz_value *z = named(p->trace, "z");
+	ck_assert_ptr_null(p->view_of[z->id]);
+	/* the transposed weight reaches the library call as a view */
+	check_plan(p);
+	fz_program_free(p);
+	p = plan(fz_module_trace(m, 2));
+	ck_assert_int_eq(fz_program_kernels(p), 0);
+	ck_assert_int_eq(p->peak_bytes, 0);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(view_eval_rebinds)
+{
+	fz_module *m = parse(
+		"trace a(x: f32[B, 16]) {\n"
+		"  y = exp(slice(x, start=[0, 4], end=[B, 12], step=[1, 2]))\n"
+		"  return y\n}\n");
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = -1;
+	syms[0] = 3;
+	fz_program *p = plan_sized(fz_module_trace(m, 0), syms);
+	const fz_trace *t = p->trace;
+	const fz_node *sl = NULL;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_SLICE)
+			sl = t->nodes[i];
+	ck_assert_ptr_nonnull(sl);
+	const fz_view *w = p->view_of[sl->out[0]->id];
+	ck_assert_ptr_nonnull(w);
+	ck_assert_int_eq(w->lay.shape[0], 3);
+	ck_assert_int_eq(w->lay.strides[1], 2);
+	ck_assert_int_eq(w->lay.offset, 4);
+	fz_layout l;
+	syms[0] = 7;
+	ck_assert_int_eq(fz_view_eval(p, sl->out[0], syms, &l), FZ_OK);
+	ck_assert_int_eq(l.shape[0], 7);
+	ck_assert_int_eq(l.shape[1], 4);
+	ck_assert_int_eq(l.strides[0], 16);
+	/* a step-2 slice: one element at a time */
+	ck_assert_int_eq(p->vec_width[p->region_of[named(t, "y")->def->id]], 1);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- schedule and memplan -------------------------------------------------- */
+
+static void seed004(const char *name, int64_t trace_peak)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tests/traces/%s", FZ_SOURCE_DIR, name);
+	fz_module *m = load_file(path);
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->peak_bytes, 786432);
+	ck_assert_int_eq(p->arena_bytes, 786432);
+	ck_assert_int_eq(count_kind(p, FZ_REGION_LIBRARY), 20);
+	ck_assert_int_le(fz_program_kernels(p), 20);
+	if (trace_peak)
+		ck_assert_int_eq(p->peak_bytes_trace_order, trace_peak);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+
+START_TEST(seed004_efficient) { seed004("seed004_chain_efficient.trace", 786432); }
+END_TEST
+
+START_TEST(seed004_stages) { seed004("seed004_chain_stages.trace", 2883584); }
+END_TEST
+
+/* ---- the corpus -------------------------------------------------------------- */
+
+START_TEST(corpus_plans)
+{
+	char dir[1024];
+	snprintf(dir, sizeof dir, "%s/tests/traces", FZ_SOURCE_DIR);
+	DIR *d = opendir(dir);
+	ck_assert_ptr_nonnull(d);
+	struct dirent *e;
+	int files = 0;
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = 4 + i;
+	while ((e = readdir(d))) {
+		size_t len = strlen(e->d_name);
+		if (len < 7 || strcmp(e->d_name + len - 6, ".trace"))
+			continue;
+		char path[2048];
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		fz_module *m = load_file(path);
+		for (int i = 0; i < fz_module_count(m); i++) {
+			for (int sized = 0; sized < 2; sized++) {
+				fz_program *p = plan_sized(fz_module_trace(m, i),
+							   sized ? syms : NULL);
+				check_plan(p);
+				fz_program_free(p);
+			}
+		}
+		fz_module_free(m);
+		files++;
+	}
+	closedir(d);
+	ck_assert_int_gt(files, 0);
+}
+END_TEST
+
+/* ---- random DAGs ------------------------------------------------------------- */
+
+/* Shapes: 0 = [8, 8], 1 = [8, 1], 2 = [1, 8]. */
+typedef struct rop {
+	int kind, a, b, shape;
+} rop;
+
+enum { R_RELU, R_EXP, R_ADD, R_MUL, R_MATMUL, R_SUM, R_PERMUTE, R_SOFTMAX,
+       R_KINDS };
+
+static uint64_t rng(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* n params (ids 0..np-1, shape 0) then ops; each op reads earlier ids */
+static int random_dag(uint64_t *s, rop *ops, int np, int n)
+{
+	for (int i = 0; i < np; i++)
+		ops[i] = (rop){-1, -1, -1, 0};
+	for (int i = np; i < np + n; i++) {
+		for (;;) {
+			int k = (int)(rng(s) % R_KINDS);
+			int a = (int)(rng(s) % (uint64_t)i), b = (int)(rng(s) % (uint64_t)i);
+			/* favour recent values, so chains form */
+			if (rng(s) % 2)
+				a = i - 1 - (int)(rng(s) % (uint64_t)(i < 4 ? i : 4));
+			int sa = ops[a].shape, sb = ops[b].shape, sh;
+			switch (k) {
+			case R_RELU: case R_EXP: sh = sa; break;
+			case R_ADD: case R_MUL: sh = sa == sb ? sa : 0; break;
+			case R_MATMUL: if (sa || sb) continue; sh = 0; break;
+			case R_SUM: if (sa) continue; sh = 1; break;
+			case R_PERMUTE: sh = sa == 0 ? 0 : 3 - sa; break;
+			default: if (sa) continue; sh = 0; break;
+			}
+			ops[i] = (rop){k, a, b, sh};
+			break;
+		}
+	}
+	return np + n;
+}
+
+/* The DAG as trace text, statements in a random topological order and
+ * values named by `salt`. */
+static char *dag_text(const rop *ops, int np, int n, uint64_t order_seed,
+		      int salt)
+{
+	size_t cap = 65536;
+	char *buf = malloc(cap);
+	size_t len = 0;
+	len += (size_t)snprintf(buf + len, cap - len, "trace r(");
+	for (int i = 0; i < np; i++)
+		len += (size_t)snprintf(buf + len, cap - len, "%sp%d: f32[8, 8]",
+					i ? ", " : "", i);
+	len += (size_t)snprintf(buf + len, cap - len, ") {\n");
+	bool *done = calloc((size_t)n + 1, 1), *used = calloc((size_t)n + 1, 1);
+	for (int i = 0; i < np; i++)
+		done[i] = true;
+	uint64_t s = order_seed;
+	for (int emitted = np; emitted < n;) {
+		int ready[512], nr = 0;
+		for (int i = np; i < n; i++)
+			if (!done[i] && done[ops[i].a] &&
+			    (ops[i].kind != R_ADD && ops[i].kind != R_MUL &&
+			     ops[i].kind != R_MATMUL ? true : done[ops[i].b]))
+				ready[nr++] = i;
+		int i = ready[rng(&s) % (uint64_t)nr];
+		char a[32], b[32];
+		if (ops[i].a < np)
+			snprintf(a, sizeof a, "p%d", ops[i].a);
+		else
+			snprintf(a, sizeof a, "v%d_%d", salt, ops[i].a);
+		if (ops[i].b < np)
+			snprintf(b, sizeof b, "p%d", ops[i].b);
+		else
+			snprintf(b, sizeof b, "v%d_%d", salt, ops[i].b);
+		static const char *const fmt[R_KINDS] = {
+			"relu(%s)", "exp(%s)", "add(%s, %s)", "mul(%s, %s)",
+			"matmul(%s, %s)", "sum(%s, dims=[1], keepdim=true)",
+			"permute(%s, dims=[1, 0])", "softmax(%s, dim=1)",
+		};
+		char expr[128];
+		snprintf(expr, sizeof expr, fmt[ops[i].kind], a, b);
+		len += (size_t)snprintf(buf + len, cap - len, "  v%d_%d = %s\n", salt, i,
+					expr);
+		used[ops[i].a] = true;
+		if (ops[i].kind == R_ADD || ops[i].kind == R_MUL || ops[i].kind == R_MATMUL)
+			used[ops[i].b] = true;
+		done[i] = true;
+		emitted++;
+	}
+	len += (size_t)snprintf(buf + len, cap - len, "  return ");
+	int k = 0;
+	for (int i = np; i < n; i++)
+		if (!used[i] || i == n - 1)
+			len += (size_t)snprintf(buf + len, cap - len, "%sv%d_%d",
+						k++ ? ", " : "", salt, i);
+	snprintf(buf + len, cap - len, "\n}\n");
+	free(done);
+	free(used);
+	return buf;
+}
+
+/* The regions as text that names no value and no position: per region its
+ * kind and the sorted op names, regions listed in id order. */
+static char *region_signature(const fz_program *p)
+{
+	fz_buf b = {0};
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		const char *names[256];
+		int n = R->n_nodes < 256 ? R->n_nodes : 256;
+		for (int j = 0; j < n; j++)
+			names[j] = fz_ops[R->nodes[j]->op].name;
+		for (int j = 1; j < n; j++)
+			for (int i = j; i > 0 && strcmp(names[i - 1], names[i]) > 0; i--) {
+				const char *tmp = names[i];
+				names[i] = names[i - 1];
+				names[i - 1] = tmp;
+			}
+		fz_buf_printf(&b, "%s:", fz_region_kind_names[R->kind]);
+		for (int j = 0; j < n; j++)
+			fz_buf_printf(&b, " %s", names[j]);
+		fz_buf_puts(&b, "\n");
+	}
+	return fz_buf_take(&b);
+}
+
+/* The smallest peak over every topological order of the regions. */
+static int64_t best_peak(const fz_program *p, int *order, int k, bool *used)
+{
+	int n = p->n_regions;
+	if (k == n)
+		return fz_order_peak(p, order);
+	int64_t best = -1;
+	for (int r = 0; r < n; r++) {
+		if (used[r])
+			continue;
+		bool ready = true;
+		const fz_region *R = p->regions[r];
+		for (int i = 0; i < R->n_in && ready; i++)
+			if (R->in[i]->def && !used[p->region_of[R->in[i]->def->id]])
+				ready = false;
+		if (!ready)
+			continue;
+		used[r] = true;
+		order[k] = r;
+		int64_t pk = best_peak(p, order, k + 1, used);
+		used[r] = false;
+		if (pk >= 0 && (best < 0 || pk < best))
+			best = pk;
+	}
+	return best;
+}
+
+START_TEST(random_dags)
+{
+	uint64_t s = 0x5eed0000u + (uint64_t)_i;
+	rop ops[128];
+	int np = 1 + (int)(rng(&s) % 3);
+	int n = random_dag(&s, ops, np, 2 + (int)(rng(&s) % 40));
+	char *t1 = dag_text(ops, np, n, rng(&s), 1);
+	char *t2 = dag_text(ops, np, n, rng(&s), 2);
+	fz_module *m1 = parse(t1), *m2 = parse(t2);
+	fz_program *p1 = plan(fz_module_trace(m1, 0));
+	fz_program *p2 = plan(fz_module_trace(m2, 0));
+	check_plan(p1);
+	check_plan(p2);
+	/* the same graph written in another order with other names */
+	char *g1 = region_signature(p1), *g2 = region_signature(p2);
+	if (strcmp(g1, g2))
+		fprintf(stderr, "regions differ:\n%s\n---\n%s\n---\n%s\n%s", g1, g2,
+			t1, t2);
+	ck_assert_msg(!strcmp(g1, g2), "regions differ (printed on stderr)");
+	ck_assert_int_eq(p1->peak_bytes, p2->peak_bytes);
+	/* small programs: nothing beats the planned peak when it claims to be
+	 * optimal, and it is never worse than the best order by much when not */
+	if (p1->n_regions <= 9) {
+		int order[16];
+		bool used[16] = {0};
+		int64_t best = best_peak(p1, order, 0, used);
+		ck_assert_int_ge(p1->peak_bytes, best);
+		if (p1->peak_proven_optimal)
+			ck_assert_int_eq(p1->peak_bytes, best);
+	}
+	free(g1);
+	free(g2);
+	fz_program_free(p1);
+	fz_program_free(p2);
+	fz_module_free(m1);
+	fz_module_free(m2);
+	free(t1);
+	free(t2);
+}
+END_TEST
+
+START_TEST(dump_after_each_pass)
+{
+	fz_module *m = parse(
+		"trace c(x: f32[64, 64], w: f32[64, 64]) {\n"
+		"  a = relu(x)\n  b = matmul(a, w)\n  c = relu(b)\n  return c\n}\n");
+	for (int pass = 0; pass < FZ_PASS_COUNT; pass++) {
+		fz_plan_options o;
+		fz_plan_defaults(&o);
+		o.dump_after = pass;
+		fz_program *p = NULL;
+		ck_assert_int_eq(fz_plan(fz_module_trace(m, 0), &o, &p, NULL), FZ_OK);
+		ck_assert_ptr_nonnull(p->dump);
+		ck_assert_ptr_nonnull(strstr(p->dump, fz_pass_names[pass]));
+		ck_assert_ptr_nonnull(strstr(p->dump, "matmul"));
+		fz_pass back;
+		ck_assert(fz_pass_from_name(fz_pass_names[pass], &back));
+		ck_assert_int_eq(back, pass);
+		fz_program_free(p);
+	}
+	fz_pass x;
+	ck_assert(!fz_pass_from_name("codegen", &x));
+	fz_module_free(m);
+}
+END_TEST
+
+Suite *plan_suite(void)
+{
+	Suite *s = suite_create("plan");
+	TCase *tc = tcase_create("partition");
+	tcase_add_test(tc, layer_norm_is_one_kernel);
+	tcase_add_test(tc, softmax_rmsnorm_one_kernel);
+	tcase_add_test(tc, reduction_with_epilogue);
+	tcase_add_test(tc, library_calls_are_alone);
+	tcase_add_test(tc, no_cycle_through_a_library_call);
+	tcase_add_test(tc, cross_entropy_two_kernels);
+	tcase_add_test(tc, embedding_indexing);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("bookend");
+	tcase_add_test(tc, rotary_v_is_a_view);
+	tcase_add_test(tc, layer_norm_stays_vectorized);
+	tcase_add_test(tc, views_at_edges_copies_inside);
+	tcase_add_test(tc, view_eval_rebinds);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("schedule");
+	tcase_add_test(tc, seed004_efficient);
+	tcase_add_test(tc, seed004_stages);
+	tcase_add_test(tc, dump_after_each_pass);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("corpus");
+	tcase_add_test(tc, corpus_plans);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("random");
+	tcase_add_loop_test(tc, random_dags, 0, 300);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(plan_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,113 @@
+/*
+ * bench_plan.c: how long fz_plan takes, and how that grows with the trace.
+ *
+ *     bench_plan [--bind B=1,T=2048] [--reps N] FILE...
+ *
+ * For each file (one trace each), parses it once, then plans it N times
+ * (default 5) and prints the op count, the regions, and the median and
+ * best wall time of one plan in milliseconds, with the time per op, so a
+ * run over 8, 32 and 128 layers shows whether planning stays linear.
+ * tools/bench/plan_scaling.sh writes the Llama traces and runs it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "plan.h"
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* "B=1,T=2048" into sizes by symbol of t; -1 elsewhere. */
+static void bind(const fz_trace *t, const char *spec, int64_t *sizes)
+{
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		sizes[s] = -1;
+	if (!spec)
+		return;
+	char *copy = strdup(spec), *save = NULL;
+	for (char *tok = strtok_r(copy, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(tok, '=');
+		if (!eq)
+			continue;
+		*eq = '\0';
+		for (int s = 0; s < fz_trace_symbol_count(t); s++)
+			if (!strcmp(fz_trace_symbol(t, s), tok))
+				sizes[s] = atoll(eq + 1);
+	}
+	free(copy);
+}
+
+int main(int argc, char **argv)
+{
+	const char *spec = NULL;
+	int reps = 5, rc = 0;
+	printf("%-28s %8s %8s %8s %10s %10s %10s\n", "file", "ops", "regions",
+	       "kernels", "median ms", "best ms", "us per op");
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--bind") && i + 1 < argc) {
+			spec = argv[++i];
+			continue;
+		}
+		if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+			if (reps < 1)
+				reps = 1;
+			continue;
+		}
+		fz_module *m = NULL;
+		char *diag = NULL;
+		if (fz_module_parse_file(argv[i], &m, &diag) != FZ_OK) {
+			fprintf(stderr, "%s", diag ? diag : "parse failed\n");
+			fz_free(diag);
+			rc = 1;
+			continue;
+		}
+		const fz_trace *t = fz_module_trace(m, 0);
+		int64_t sizes[FZ_MAX_SYMS];
+		bind(t, spec, sizes);
+		fz_plan_options o;
+		fz_plan_defaults(&o);
+		o.sym_sizes = sizes;
+		double *ms = calloc((size_t)reps, sizeof *ms);
+		int regions = 0, kernels = 0;
+		for (int r = 0; r < reps && ms; r++) {
+			fz_program *p = NULL;
+			double t0 = now();
+			fz_status st = fz_plan(t, &o, &p, NULL);
+			ms[r] = (now() - t0) * 1e3;
+			if (st != FZ_OK) {
+				fprintf(stderr, "%s: plan failed: %s\n", argv[i],
+					fz_status_name(st));
+				rc = 1;
+				break;
+			}
+			regions = p->n_regions;
+			kernels = fz_program_kernels(p);
+			fz_program_free(p);
+		}
+		if (ms) {
+			qsort(ms, (size_t)reps, sizeof *ms, cmp_double);
+			const char *base = strrchr(argv[i], '/');
+			int ops = fz_trace_op_count(t);
+			printf("%-28s %8d %8d %8d %10.2f %10.2f %10.3f\n",
+			       base ? base + 1 : argv[i], ops, regions, kernels,
+			       ms[reps / 2], ms[0], ms[reps / 2] * 1e3 / (ops ? ops : 1));
+		}
+		free(ms);
+		fz_module_free(m);
+	}
+	return rc;
+}
