@@ -48,7 +48,7 @@ typedef struct part {
 	fz_program *p;
 	const fz_trace *t;
 	int n;
-	int *parent, *next, *tail, *maxid, *size;
+	int *parent, *next, *tail, *size;
 	int *red;          /* per root: a reduction node of the group, or -1 */
 	int *flags;        /* per root: G_* */
 	int *cons_start, *cons;  /* CSR: value id -> consumer node ids */
@@ -56,6 +56,9 @@ typedef struct part {
 	int64_t *numel;    /* per value, at probe sizes */
 	int *stamp, cur;   /* the cycle walk's visited marks */
 	int *stack;
+	int *ord;          /* per root: a topological order of the groups */
+	int *fwd, n_fwd;   /* groups the last forward walk reached */
+	int *bwd, *pool;   /* scratch for reordering after a merge */
 	uint64_t *hash;
 	int *depth, *rank; /* rank: position in the canonical order */
 } part;
@@ -98,41 +101,111 @@ static bool in_pair(part *s, int node, int ra, int rb)
 	return r == ra || r == rb;
 }
 
-/* Is there a path from group ra to group rb through some other group? */
+/* Is there a path from group ra to group rb through some other group?
+ *
+ * Groups run as units, so the walk is between groups, not nodes: a group
+ * entered through one of its nodes passes on the results of all of them.
+ * (A node-level walk misses the cycle that a group of two independent nodes
+ * closes: ra feeds its node x, its other node y feeds rb, and one kernel
+ * cannot run both after ra and before rb.)
+ *
+ * The walk is bounded by ord, a topological order of the groups kept up to
+ * date across merges (see reorder): a path into rb only passes through
+ * groups ordered before rb, so the walk visits the groups between ra and rb
+ * and no more, which keeps partitioning near linear in the trace. The groups
+ * it reached are left in s->fwd for reorder. */
 static bool closes_cycle(part *s, int ra, int rb)
 {
 	const fz_trace *t = s->t;
-	int limit = s->maxid[rb], sp = 0;
+	int sp = 0, bound = s->ord[rb];
 	s->cur++;
-	for (int n = ra; n >= 0; n = s->next[n]) {
-		const fz_node *nd = t->nodes[n];
-		for (int k = 0; k < nd->n_out; k++) {
-			int v = nd->out[k]->id;
-			for (int c = s->cons_start[v]; c < s->cons_start[v + 1]; c++) {
-				int u = s->cons[c];
-				if (in_pair(s, u, ra, rb) || u >= limit || s->stamp[u] == s->cur)
-					continue;
-				s->stamp[u] = s->cur;
-				s->stack[sp++] = u;
-			}
-		}
-	}
+	s->n_fwd = 0;
+	s->stamp[ra] = s->cur;
+	s->stack[sp++] = ra;
 	while (sp > 0) {
-		const fz_node *nd = t->nodes[s->stack[--sp]];
-		for (int k = 0; k < nd->n_out; k++) {
-			int v = nd->out[k]->id;
-			for (int c = s->cons_start[v]; c < s->cons_start[v + 1]; c++) {
-				int u = s->cons[c];
-				if (find(s, u) == rb)
-					return true;
-				if (u >= limit || s->stamp[u] == s->cur)
-					continue;
-				s->stamp[u] = s->cur;
-				s->stack[sp++] = u;
+		int g = s->stack[--sp];
+		for (int n = g; n >= 0; n = s->next[n]) {
+			const fz_node *nd = t->nodes[n];
+			for (int k = 0; k < nd->n_out; k++) {
+				int v = nd->out[k]->id;
+				for (int c = s->cons_start[v]; c < s->cons_start[v + 1]; c++) {
+					int h = find(s, s->cons[c]);
+					if (h == rb) {
+						if (g != ra)
+							return true;
+						continue;
+					}
+					if (h == ra || s->stamp[h] == s->cur || s->ord[h] > bound)
+						continue;
+					s->stamp[h] = s->cur;
+					s->stack[sp++] = h;
+					s->fwd[s->n_fwd++] = h;
+				}
 			}
 		}
 	}
 	return false;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+static const int *sort_ord;
+static int cmp_by_ord(const void *a, const void *b)
+{
+	return cmp_int(&sort_ord[*(const int *)a], &sort_ord[*(const int *)b]);
+}
+
+/* Keeps ord topological when ra merges into rb (Pearce and Kelly's local
+ * reordering): F, the groups after ra that ra reaches (s->fwd, from the
+ * cycle walk), must follow the merged group; B, the groups before rb that
+ * reach rb, must precede it. Their ord values, with ra's and rb's, are
+ * dealt out again: B first, then the merged group, then F, each in its old
+ * order. No other group moves, and every edge stays forward. */
+static void reorder(part *s, int ra, int rb)
+{
+	const fz_trace *t = s->t;
+	int nb = 0, sp = 0, bound = s->ord[ra];
+	s->cur++;
+	s->stamp[rb] = s->cur;
+	s->stack[sp++] = rb;
+	while (sp > 0) {
+		int g = s->stack[--sp];
+		for (int n = g; n >= 0; n = s->next[n]) {
+			const fz_node *nd = t->nodes[n];
+			for (int k = 0; k < nd->n_in; k++) {
+				if (!nd->in[k]->def)
+					continue;
+				int h = find(s, nd->in[k]->def->id);
+				if (h == ra || h == rb || s->stamp[h] == s->cur ||
+				    s->ord[h] < bound)
+					continue;
+				s->stamp[h] = s->cur;
+				s->stack[sp++] = h;
+				s->bwd[nb++] = h;
+			}
+		}
+	}
+	int np = 0;
+	for (int i = 0; i < nb; i++)
+		s->pool[np++] = s->ord[s->bwd[i]];
+	for (int i = 0; i < s->n_fwd; i++)
+		s->pool[np++] = s->ord[s->fwd[i]];
+	s->pool[np++] = s->ord[ra];
+	s->pool[np++] = s->ord[rb];
+	qsort(s->pool, (size_t)np, sizeof(int), cmp_int);
+	sort_ord = s->ord;
+	qsort(s->bwd, (size_t)nb, sizeof(int), cmp_by_ord);
+	qsort(s->fwd, (size_t)s->n_fwd, sizeof(int), cmp_by_ord);
+	int w = 0;
+	for (int i = 0; i < nb; i++)
+		s->ord[s->bwd[i]] = s->pool[w++];
+	s->ord[rb] = s->pool[w++];
+	w++; /* ra's old slot stays empty: gaps do no harm */
+	for (int i = 0; i < s->n_fwd; i++)
+		s->ord[s->fwd[i]] = s->pool[w++];
 }
 
 static bool used_outside(part *s, const fz_value *v, int ra, int rb)
@@ -216,17 +289,20 @@ static bool can_merge(part *s, int ra, int rb)
 			}
 		}
 	}
+	/* the edge ra -> rb exists and ord is topological, so only a path from
+	 * ra to rb through other groups can close a cycle */
 	return !closes_cycle(s, ra, rb);
 }
 
+/* Call right after can_merge(s, ra, rb) said yes: reorder reads the walk
+ * it left behind. */
 static void merge(part *s, int ra, int rb)
 {
+	reorder(s, ra, rb);
 	/* rb (the consumer) absorbs ra */
 	s->parent[ra] = rb;
 	s->next[s->tail[rb]] = ra;
 	s->tail[rb] = s->tail[ra];
-	if (s->maxid[ra] > s->maxid[rb])
-		s->maxid[rb] = s->maxid[ra];
 	s->size[rb] += s->size[ra];
 	if (s->red[rb] < 0)
 		s->red[rb] = s->red[ra];
@@ -309,12 +385,15 @@ fz_status fz_partition(fz_program *p)
 	s.parent = zalloc((size_t)n, sizeof(int));
 	s.next = zalloc((size_t)n, sizeof(int));
 	s.tail = zalloc((size_t)n, sizeof(int));
-	s.maxid = zalloc((size_t)n, sizeof(int));
 	s.size = zalloc((size_t)n, sizeof(int));
 	s.red = zalloc((size_t)n, sizeof(int));
 	s.flags = zalloc((size_t)n, sizeof(int));
 	s.stamp = zalloc((size_t)n, sizeof(int));
 	s.stack = zalloc((size_t)n, sizeof(int));
+	s.ord = zalloc((size_t)n, sizeof(int));
+	s.fwd = zalloc((size_t)n, sizeof(int));
+	s.bwd = zalloc((size_t)n, sizeof(int));
+	s.pool = zalloc((size_t)n + 2, sizeof(int));
 	s.hash = zalloc((size_t)n, sizeof(uint64_t));
 	s.depth = zalloc((size_t)n, sizeof(int));
 	s.rank = zalloc((size_t)n, sizeof(int));
@@ -324,8 +403,8 @@ fz_status fz_partition(fz_program *p)
 	order = zalloc((size_t)n, sizeof(int));
 	rid = zalloc((size_t)n, sizeof(int));
 	p->region_of = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
-	if (!s.parent || !s.next || !s.tail || !s.maxid || !s.size || !s.red ||
-	    !s.flags || !s.stamp || !s.stack || !s.hash || !s.depth || !s.rank ||
+	if (!s.parent || !s.next || !s.tail || !s.size || !s.red ||
+	    !s.flags || !s.stamp || !s.stack || !s.ord || !s.fwd || !s.bwd || !s.pool || !s.hash || !s.depth || !s.rank ||
 	    !s.cons_start || !s.is_output || !s.numel || !order || !rid ||
 	    !p->region_of)
 		goto done;
@@ -402,8 +481,8 @@ fz_status fz_partition(fz_program *p)
 		s.parent[i] = i;
 		s.next[i] = -1;
 		s.tail[i] = i;
-		s.maxid[i] = i;
 		s.size[i] = 1;
+		s.ord[i] = i;
 		s.red[i] = is_reduction(nd->op) ? i : -1;
 		s.flags[i] = c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
 			     c == FZ_CLASS_WAIT ? G_FIXED : 0;
@@ -517,12 +596,15 @@ done:
 	free(s.parent);
 	free(s.next);
 	free(s.tail);
-	free(s.maxid);
 	free(s.size);
 	free(s.red);
 	free(s.flags);
 	free(s.stamp);
 	free(s.stack);
+	free(s.ord);
+	free(s.fwd);
+	free(s.bwd);
+	free(s.pool);
 	free(s.hash);
 	free(s.depth);
 	free(s.rank);
