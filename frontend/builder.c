@@ -33,7 +33,7 @@
 
 /* ---- attributes ---- */
 
-enum { K_DTYPE, K_EXTS, K_INTS, K_INT, K_BOOL, K_SCALAR, K_NAME, K_FLOAT };
+enum { K_DTYPE, K_EXTS, K_EXT, K_INTS, K_INT, K_BOOL, K_SCALAR, K_NAME, K_FLOAT };
 
 static const int attr_kinds[FZ_ATTR_COUNT] = {
 #define ATTR(id, key, kind) [FZ_ATTR_##id] = K_##kind,
@@ -167,6 +167,13 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 		}
 		return n;
 	}
+	case K_EXT:
+		if (value_as_int(v, &iv) && iv >= 0)
+			a->length = fz_ext_const(iv);
+		else if (!(v->kind == FZ_AV_NAME && parse_ext_name(t, v->name, &a->length)))
+			return fz_fail(t, "%s: attribute '%s' must be an extent (a "
+				       "non-negative integer or an extent name)", op, key);
+		return 0;
 	case K_INT:
 		if (!value_as_int(v, &iv))
 			return fz_fail(t, "%s: attribute '%s' must be an integer", op, key);
@@ -175,8 +182,6 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 				return fz_fail(t, "%s: dim %lld is out of range", op,
 					       (long long)iv);
 			a->dim = (int)iv;
-		} else if (id == FZ_ATTR_LENGTH) {
-			a->length = iv;
 		} else if (id == FZ_ATTR_SEED) {
 			a->seed = iv;
 		} else if (id == FZ_ATTR_OFFSET) {

@@ -190,13 +190,13 @@ static int infer_creation(const ctx *c, const fz_attrs *a, fz_type *out)
 		set_shape(out, a->shape, a->n_shape);
 		return 1;
 	case FZ_OP_IOTA:
-		if (a->length < 0 || a->length > (INT64_MAX >> 2))
+		if (a->length.c < 0 || a->length.c > (INT64_MAX >> 2))
 			return FAIL(c, "iota: length %lld is out of range",
-				    (long long)a->length);
+				    (long long)a->length.c);
 		if (a->dtype == FZ_BOOL)
 			return FAIL(c, "iota: dtype bool; expected a numeric dtype");
 		out[0].rank = 1;
-		out[0].dims[0] = fz_ext_const(a->length);
+		out[0].dims[0] = a->length;
 		return 1;
 	case FZ_OP_UNIFORM:
 		if (!fz_dtype_is_float(a->dtype))

@@ -671,9 +671,10 @@ static fz_status run_creation(interp *I, const fz_node *n)
 		}
 		return FZ_OK;
 	case FZ_OP_IOTA:
-		if (y->numel != a->length)
+		if (y->numel != fz_ext_eval(a->length, I->syms))
 			return fail(I, FZ_EVERIFY, n, "length %lld disagrees with the "
-				    "result's %lld elements", (long long)a->length,
+				    "result's %lld elements",
+				    (long long)fz_ext_eval(a->length, I->syms),
 				    (long long)y->numel);
 		for (int64_t i = 0; i < y->numel; i++)
 			fz_store_i64(y->data, y->dtype, i, i);

@@ -154,7 +154,7 @@ enum {
 	ATTR(DIM, "dim", INT) \
 	ATTR(KEEPDIM, "keepdim", BOOL) \
 	ATTR(VALUE, "value", SCALAR) \
-	ATTR(LENGTH, "length", INT) \
+	ATTR(LENGTH, "length", EXT) \
 	ATTR(SEED, "seed", INT) \
 	ATTR(OFFSET, "offset", INT) \
 	ATTR(START, "start", INTS) \
@@ -218,7 +218,8 @@ typedef struct fz_attrs {
 	bool keepdim;
 	double value;       /* full: value, or the size of symbol value_sym */
 	int value_sym;      /* -1, or the symbol whose size is the value */
-	int64_t length, seed, offset;
+	fz_ext length;      /* iota: a number or an extent name */
+	int64_t seed, offset;
 	int n_slice;
 	int64_t *start, *step;
 	fz_ext *end;

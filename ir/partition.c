@@ -340,8 +340,8 @@ static uint64_t hash_node(const part *s, const fz_node *n)
 		h = mix(h, (uint64_t)a->dims[i]);
 	h = mix(mix(h, (uint64_t)a->dim), (uint64_t)a->keepdim);
 	h = mix(mix(h, vb), (uint64_t)a->value_sym);
-	h = mix(mix(mix(h, (uint64_t)a->length), (uint64_t)a->seed),
-		(uint64_t)a->offset);
+	h = mix(mix(h, (uint64_t)a->length.c), a->length.syms);
+	h = mix(mix(h, (uint64_t)a->seed), (uint64_t)a->offset);
 	for (int i = 0; i < a->n_slice; i++)
 		h = mix(mix(mix(h, (uint64_t)a->start[i]), (uint64_t)a->step[i]),
 			(uint64_t)a->end[i].c ^ a->end[i].syms);

@@ -95,7 +95,7 @@ static void print_attr(fz_buf *b, const fz_trace *t, const fz_node *nd,
 		else
 			print_double(b, a->value);
 		break;
-	case FZ_ATTR_LENGTH: fz_buf_printf(b, "%lld", (long long)a->length); break;
+	case FZ_ATTR_LENGTH: print_ext(b, t, a->length); break;
 	case FZ_ATTR_SEED: fz_buf_printf(b, "%lld", (long long)a->seed); break;
 	case FZ_ATTR_OFFSET: fz_buf_printf(b, "%lld", (long long)a->offset); break;
 	case FZ_ATTR_START: print_ints(b, a->start, NULL, a->n_slice); break;
@@ -263,7 +263,7 @@ static bool attrs_eq(const fz_node *x, const fz_node *y)
 				(memcmp(&a->value, &b->value, sizeof a->value) &&
 				 a->value != b->value)))
 		return false;
-	if ((s & AT(LENGTH)) && a->length != b->length)
+	if ((s & AT(LENGTH)) && !fz_ext_eq(a->length, b->length))
 		return false;
 	if ((s & AT(SEED)) && (a->seed != b->seed || a->offset != b->offset))
 		return false;

@@ -298,6 +298,20 @@ START_TEST(reshape_infers_minus_one_symbolically)
 }
 END_TEST
 
+START_TEST(iota_length_may_be_symbolic)
+{
+	fz_attr_value items[1] = {{.kind = FZ_AV_NAME, .name = "T"}};
+	fz_attr a[2] = {{"length", items[0]},
+			{"dtype", {.kind = FZ_AV_DTYPE, .i = FZ_I64}}};
+	fz_value *i = fz_op1(t, "iota", NULL, 0, a, 2);
+	ck_assert_msg(i != NULL, "%s", fz_trace_error(t));
+	ck_assert(fz_ext_eq(i->type.dims[0], fz_ext_sym(fz_trace_symbol_find(t, "T"))));
+	a[0].value = (fz_attr_value){.kind = FZ_AV_INT, .i = -2};
+	ck_assert_ptr_null(fz_op1(t, "iota", NULL, 0, a, 2));
+	ck_assert_ptr_nonnull(strstr(fz_trace_error(t), "must be an extent"));
+}
+END_TEST
+
 START_TEST(var_mean_gives_two_results)
 {
 	fz_value *x = param("x", FZ_F32, "4,8");
@@ -431,6 +445,7 @@ static Suite *builder_suite(void)
 	tcase_add_test(tc, dtype_mismatch_is_error);
 	tcase_add_test(tc, reshape_infers_minus_one_symbolically);
 	tcase_add_test(tc, var_mean_gives_two_results);
+	tcase_add_test(tc, iota_length_may_be_symbolic);
 	tcase_add_test(tc, futures_must_be_waited);
 	tcase_add_test(tc, element_count_overflow);
 	suite_add_tcase(s, tc);
