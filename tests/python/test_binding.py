@@ -1,0 +1,117 @@
+"""fusec.Program: parse, verify, bind, run on the reference interpreter."""
+
+import unittest
+
+import fzcheck
+
+fzcheck.need_torch()
+
+import torch  # noqa: E402
+
+import fusec  # noqa: E402
+
+RMS = """
+trace rms(x: f32[B, 8], w: f32[8]) {
+  ms = sum(mul(x, x), dims=[1], keepdim=true)
+  r = rsqrt(add(div(ms, 8), 1e-5))
+  y = mul(mul(x, r), w)
+  return y, ms
+}
+"""
+
+
+def rms(x, w):
+    ms = (x * x).sum(1, keepdim=True)
+    return x * torch.rsqrt(ms / 8 + 1e-5) * w, ms
+
+
+class TestProgram(unittest.TestCase):
+    def test_run_matches_torch(self):
+        p = fusec.Program(RMS)
+        self.assertEqual(p.name, "rms")
+        self.assertEqual(p.symbols, ("B",))
+        self.assertEqual([q[0] for q in p.params], ["x", "w"])
+        x, w = torch.randn(5, 8), torch.randn(8)
+        y, ms = p(x, w)
+        ry, rms_ = rms(x, w)
+        self.assertIsInstance(y, torch.Tensor)
+        self.assertEqual(tuple(y.shape), (5, 8))
+        torch.testing.assert_close(y, ry, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ms, rms_, rtol=1e-5, atol=1e-6)
+
+    def test_symbol_rebinds_per_call(self):
+        p = fusec.Program(RMS)
+        for b in (1, 3, 7):
+            x, w = torch.randn(b, 8), torch.randn(8)
+            self.assertEqual(tuple(p(x, w)[0].shape), (b, 8))
+
+    def test_strided_input(self):
+        p = fusec.Program(RMS)
+        base = torch.randn(8, 10)
+        x = base.t()[:, :8][:6]          # non-contiguous view
+        self.assertFalse(x.is_contiguous())
+        w = torch.randn(16)[::2]         # stride 2
+        torch.testing.assert_close(p(x, w)[0], rms(x, w)[0], rtol=1e-5,
+                                   atol=1e-6)
+
+    def test_bf16_and_int(self):
+        p = fusec.Program("trace t(x: bf16[4], i: i64[3]) {\n"
+                          "  y = take(x, i, dim=0)\n  return y\n}\n")
+        x = torch.randn(4).bfloat16()
+        i = torch.tensor([3, 0, 2])
+        self.assertTrue(torch.equal(p(x, i), x[i]))
+
+    def test_parse_error_has_diagnostic(self):
+        with self.assertRaises(fusec.FusecError) as cm:
+            fusec.Program("trace t(x: f32[2]) {\n  y = nosuchop(x)\n"
+                          "  return y\n}\n", filename="bad.trace")
+        msg = str(cm.exception)
+        self.assertIn("bad.trace:2:", msg)
+        self.assertIn("nosuchop", msg)
+        self.assertIn("^", msg)
+
+    def test_verify_error(self):
+        with self.assertRaises(fusec.FusecError):
+            fusec.Program("trace t(x: f32[2], y: f16[2]) {\n"
+                          "  z = add(x, y)\n  return z\n}\n")
+
+    def test_wrong_inputs(self):
+        p = fusec.Program(RMS)
+        with self.assertRaises(TypeError):
+            p(torch.randn(2, 8))
+        with self.assertRaises(TypeError):
+            p(torch.randn(2, 8).double(), torch.randn(8))
+        with self.assertRaises(fusec.FusecError):
+            p(torch.randn(2, 7), torch.randn(8))   # 7 is not 8
+
+    def test_out_of_range_index_is_an_error(self):
+        p = fusec.Program("trace t(x: f32[4], i: i64[1]) {\n"
+                          "  y = take(x, i, dim=0)\n  return y\n}\n")
+        with self.assertRaises(fusec.FusecError):
+            p(torch.randn(4), torch.tensor([9]))
+
+    def test_devices(self):
+        for dev in ("cpu", "cuda"):
+            with self.assertRaises(fusec.FusecError) as cm:
+                fusec.Program(RMS, device=dev)
+            self.assertIn("not available yet", str(cm.exception))
+        self.assertEqual(fusec.Program(RMS, device="auto").device,
+                         "reference")
+        with self.assertRaises(ValueError):
+            fusec.Program(RMS, device="tpu")
+
+    def test_trace_by_name(self):
+        text = RMS + "trace neg1(x: f32[3]) {\n  y = neg(x)\n  return y\n}\n"
+        p = fusec.Program(text, trace="neg1")
+        self.assertTrue(torch.equal(p(torch.ones(3)), -torch.ones(3)))
+        self.assertEqual(fusec.check(text), 2)
+
+    def test_library_error_names_what_was_tried(self):
+        from fusec import _lib
+        self.assertTrue(issubclass(_lib.FusecLibraryError, ImportError))
+        tried = [w for w, _ in _lib._candidates()]
+        self.assertIn("repository build folder", tried)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,186 @@
+"""fusec.torch.export on small functions: the op mappings, refusals and
+errors, each exported text run on the reference interpreter against
+PyTorch."""
+
+import unittest
+
+import fzcheck
+
+fzcheck.need_torch()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import fusec  # noqa: E402
+import fusec.torch as ft  # noqa: E402
+
+
+def run(fn, *args, tol=1e-5, **kw):
+    text = ft.export(fn, *args, **kw)
+    p = fusec.Program(text)
+    out = p(*[a.detach() for a in args])
+    ref = fn(*args)
+    en, em = fzcheck.worst(out, ref)
+    assert en <= tol and em <= 10 * tol, (en, em, text)
+    return text
+
+
+class TestMappings(unittest.TestCase):
+    def test_linear_relu(self):
+        t = run(lambda x, w, b: F.relu(F.linear(x, w, b)),
+                torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
+        self.assertIn("linear(", t)
+
+    def test_promotion_casts(self):
+        t = run(lambda x, y, i: (x * y + i, (i / 2)),
+                torch.randn(3, 4), torch.randn(4).bfloat16(),
+                torch.arange(4))
+        self.assertIn("cast(", t)
+
+    def test_inf_literal(self):
+        def f(x):
+            m = torch.ones(4, 4, dtype=torch.bool).tril()
+            return x.masked_fill(~m, float("-inf")).softmax(-1)
+        t = run(f, torch.randn(2, 4, 4))
+        self.assertIn("reciprocal(", t)   # -inf spelled as -1/0
+        self.assertNotIn("inf)", t.replace("_inf", ""))
+
+    def test_reductions(self):
+        run(lambda x: (x.sum(1), x.mean((0, 2), keepdim=True), x.amax(-1),
+                       x.var(1), torch.var_mean(x, 2, correction=0)[1],
+                       x.max(), x.min(0).values),
+            torch.randn(3, 4, 5))
+
+    def test_meta_ops(self):
+        def f(x):
+            a = x.view(2, 3, 4).permute(2, 0, 1)
+            b = x.t().unsqueeze(0).expand(2, 4, 6)
+            c = x[1:5:2, ::3]
+            d = torch.cat([x, x * 2], 1).split([3, 5], 1)
+            e = torch.stack([x, x], 0).squeeze()
+            return a * 1, b + 0, c, d[1], e, x.select(1, 2), x.flip(0)
+        run(f, torch.randn(6, 4))
+
+    def test_as_strided(self):
+        # a transpose, a strided window, a broadcast: all become views
+        def f(x):
+            return (x.as_strided((4, 3), (1, 4)),
+                    x.as_strided((2, 2), (5, 1), 1),
+                    x.as_strided((3, 2, 4), (0, 4, 1)))
+        run(f, torch.randn(3, 4))
+
+    def test_as_strided_overlap_refused(self):
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(lambda x: x.as_strided((3, 3), (1, 1)) * 2,
+                      torch.randn(9))
+        self.assertIn("overlapping", str(cm.exception))
+
+    def test_indexing(self):
+        def f(w, i, t):
+            e = F.embedding(i, w)
+            g = torch.gather(w, 1, t)
+            s = w.index_select(0, i.flatten())
+            return e, g, s, w[i]
+        run(f, torch.randn(10, 6), torch.randint(0, 10, (2, 3)),
+            torch.randint(0, 6, (10, 2)))
+
+    def test_cross_entropy_backward(self):
+        def f(logits, tgt):
+            loss = F.cross_entropy(logits, tgt)
+            return loss, torch.autograd.grad(loss, [logits])[0]
+        run(f, torch.randn(6, 11, requires_grad=True),
+            torch.randint(0, 11, (6,)))
+
+    def test_embedding_backward_index_add(self):
+        def f(w, i):
+            loss = (F.embedding(i, w) ** 2).sum()
+            return torch.autograd.grad(loss, [w])[0]
+        t = run(f, torch.randn(10, 4, requires_grad=True),
+                torch.tensor([[1, 3, 1], [9, 0, 1]]))
+        self.assertIn("index_add(", t)
+
+    def test_activations_and_norms_backward(self):
+        def f(x, w, b):
+            h = F.layer_norm(x, (8,), w, b)
+            h = F.gelu(h) + F.gelu(h, approximate="tanh") + F.silu(h)
+            h = torch.tanh(h) * torch.sigmoid(h) + torch.erf(h) / 3
+            loss = h.pow(2).mean()
+            return (loss,) + torch.autograd.grad(loss, [x, w, b])
+        run(f, torch.randn(4, 8, requires_grad=True),
+            torch.randn(8, requires_grad=True),
+            torch.randn(8, requires_grad=True))
+
+    def test_bf16_softmax_and_mm(self):
+        run(lambda q, k: (q @ k.transpose(-1, -2)).softmax(-1),
+            torch.randn(2, 5, 8).bfloat16(), torch.randn(2, 6, 8).bfloat16(),
+            tol=1e-2)
+
+    def test_checkpoint(self):
+        from torch.utils.checkpoint import checkpoint
+
+        def f(x, w):
+            h = checkpoint(lambda a: torch.tanh(a @ w), x,
+                           use_reentrant=False)
+            loss = h.sum()
+            return (loss,) + torch.autograd.grad(loss, [x, w])
+        t = run(f, torch.randn(3, 4, requires_grad=True),
+                torch.randn(4, 4, requires_grad=True))
+        self.assertEqual(ft.op_counts(t)["tanh"], 2)   # recomputed
+
+    def test_param_names_from_dicts(self):
+        t = ft.export(lambda p, x: x @ p["layer.0.w"],
+                      {"layer.0.w": torch.randn(3, 3)}, torch.randn(2, 3))
+        self.assertIn("layer_0_w: f32[3, 3]", t)
+
+    def test_symbolic(self):
+        def f(x, w):
+            h = (x @ w).softmax(-1)
+            return h.reshape(-1, 4).mean(0)
+        text = ft.export(f, torch.randn(2, 3, 8), torch.randn(8, 4),
+                         symbolic={"x": {0: "B", 1: "T"}})
+        self.assertIn("x: f32[B, T, 8]", text)
+        p = fusec.Program(text)
+        for b, t in ((2, 3), (5, 7)):
+            x, w = torch.randn(b, t, 8), torch.randn(8, 4)
+            en, _ = fzcheck.worst(p(x, w), f(x, w))
+            self.assertLess(en, 1e-5)
+
+    def test_stats(self):
+        st = {}
+        ft.export(lambda x: (x * 2).exp(), torch.randn(4, 4), stats=st)
+        self.assertEqual(st["ops"], {"mul": 1, "exp": 1})
+        self.assertEqual(st["peak_bytes_trace_order"], 2 * 64)
+
+
+class TestErrors(unittest.TestCase):
+    def test_unmapped_ops_are_listed_with_their_line(self):
+        def f(x):
+            return torch.cumsum(x, 0), torch.argsort(x)
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(f, torch.randn(5))
+        msg = str(cm.exception)
+        self.assertIn("no fusec mapping", msg)
+        self.assertIn("cumsum", msg)
+        self.assertIn("sort", msg)
+        self.assertIn("test_export.py", msg)   # the model line
+
+    def test_random_refused(self):
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(lambda x: F.dropout(x, 0.5, training=True),
+                      torch.randn(4))
+        self.assertIn("random", str(cm.exception))
+
+    def test_non_tensor_output(self):
+        with self.assertRaises(ft.ExportError):
+            ft.export(lambda x: (x, 3), torch.randn(2))
+
+    def test_fake_export_allocates_nothing(self):
+        with torch.device("meta"):
+            w = torch.empty(1 << 16, 1 << 16)   # 16 GiB if real
+        x = torch.empty(4, 1 << 16, device="meta")
+        text = ft.export(lambda x, w: F.relu(x @ w), x, w, fake=True)
+        self.assertIn("w: f32[65536, 65536]", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
