@@ -121,18 +121,7 @@ fz_status fz_memplan(fz_program *p)
 		p->buffer[v] = v;
 		p->offset[v] = -1;
 	}
-	for (int i = 0; i < t->n_outputs; i++)
-		pinned[fz_view_root(p, t->outputs[i])->id] = true;
-	for (int r = 0; r < p->n_regions; r++) {
-		const fz_region *R = p->regions[r];
-		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] != r + 1) {
-				seen[b->id] = r + 1;
-				readers[b->id]++;
-			}
-		}
-	}
+	fz_program_count_readers(p, readers, seen, pinned);
 	memset(seen, 0, sizeof(int) * (size_t)nv);
 	for (int s = 0; s < p->n_regions; s++) {
 		const fz_region *R = p->regions[p->order[s]];

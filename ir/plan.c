@@ -181,18 +181,7 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 		peak = -1;
 		goto done;
 	}
-	for (int i = 0; i < t->n_outputs; i++)
-		pinned[fz_view_root(p, t->outputs[i])->id] = true;
-	for (int r = 0; r < p->n_regions; r++) {
-		const fz_region *R = p->regions[r];
-		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] != r + 1) {
-				seen[b->id] = r + 1;
-				readers[b->id]++;
-			}
-		}
-	}
+	fz_program_count_readers(p, readers, seen, pinned);
 	memset(seen, 0, sizeof *seen * (size_t)nv);
 	for (int s = 0; s < p->n_regions; s++) {
 		const fz_region *R = p->regions[order[s]];
@@ -252,6 +241,24 @@ fz_status fz_view_eval(const fz_program *p, const fz_value *v,
 	if (st != FZ_OK)
 		return st;
 	return fz_meta_layout(w->node, sym_sizes, &in, out) ? FZ_OK : FZ_EINVAL;
+}
+
+void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
+			      bool *pinned)
+{
+	const fz_trace *t = p->trace;
+	for (int i = 0; i < t->n_outputs; i++)
+		pinned[fz_view_root(p, t->outputs[i])->id] = true;
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		for (int k = 0; k < R->n_in; k++) {
+			fz_value *b = fz_view_root(p, R->in[k]);
+			if (seen[b->id] != r + 1) {
+				seen[b->id] = r + 1;
+				readers[b->id]++;
+			}
+		}
+	}
 }
 
 /* ---- the dump ---- */

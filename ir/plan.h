@@ -171,6 +171,11 @@ fz_value *fz_view_root(const fz_program *p, fz_value *v);
 /* Peak live bytes of running the regions in `order` (with in-place reuse),
  * the rule memplan follows; one replay, O(regions + edges). */
 int64_t fz_order_peak(const fz_program *p, const int *order);
+/* Per buffer (a view's root): readers[id] = the regions that read it;
+ * pinned[id] for the buffers of program outputs. seen is scratch of
+ * n_values ints, zeroed. The rule fz_order_peak and memplan share. */
+void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
+			      bool *pinned);
 /* The view of v (given its base's tensor) under other sizes. */
 fz_status fz_view_eval(const fz_program *p, const fz_value *v,
                        const int64_t *sym_sizes, fz_layout *out);
