@@ -201,6 +201,19 @@ fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
                              const fz_tensor *inputs, int n_in,
                              fz_tensor *outputs, int n_out, char **err);
 
+
+/* ---- Running generated code -------------------------------------------- */
+
+/* Runs trace t on `device` ("cpu", or "auto", which is the CPU in this
+ * build): planned, every kernel region compiled from generated LLVM IR to
+ * host code (ORC JIT), library calls as a blocked matmul. Same contract as
+ * fz_trace_interpret: sym_sizes may be NULL or hold -1 for symbols taken
+ * from the inputs; outputs are contiguous, allocated by the library, and
+ * released with fz_free. An index out of range is FZ_ERANGE. */
+fz_status fz_trace_run(const fz_trace *t, const char *device,
+                       const int64_t *sym_sizes, const fz_tensor *inputs,
+                       int n_in, fz_tensor *outputs, int n_out, char **err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,8 +7,31 @@
  * `run` makes inputs a trace can actually use: floats from a normal
  * distribution, integers that index something uniform within the extent
  * they index (found by following the value to the take/take_along/index_add
- * that consumes it), other integers small, bools both ways. Until the code
- * generator exists, the program runs on the reference interpreter.
+ * that consumes it), other integers small, bools both ways; an operand of a
+ * matmul or linear is scaled by 1/sqrt(K) as weight initializers do. It runs
+ * the planned program from generated code (`--device cpu`, and `auto` on a
+ * machine without the CUDA runtime): every kernel region is LLVM IR
+ * compiled to host code through ORC (runtime/cpu.c).
+ *
+ * `--check` runs the reference interpreter on the same inputs and compares
+ * every element of every output. An element passes when
+ *
+ *     |got - want| <= atol * max(1, rms(want)) + rtol * |want|
+ *
+ * (NaN matches NaN, inf itself) with (rtol, atol) by the output's dtype:
+ * f64 (1e-9, 1e-9), f32 (1e-5, 1e-5), f16 (1e-3, 2e-3), bf16 (1e-2, 4e-2:
+ * five ulps at the tensor's scale, which a two-layer bf16 Llama at T=1000
+ * needs: one-ulp differences of bf16 intermediates, where generated code
+ * rounds an f32 result and the interpreter an f64 one, add up through the
+ * layers), and 0 for integers and bool.
+ * The absolute part scales with the output's root mean square because an
+ * element that is the small difference of large terms (attention scores of
+ * unscaled random weights) carries the rounding error of the terms, not of
+ * itself. Generated code differs from the interpreter only in the math
+ * functions, the order of sums (f32, not f64, accumulators) and, for
+ * f16/bf16, where an f32 result is rounded twice. The worst element
+ * (largest error relative to its tolerance) is printed with its output and
+ * flat index.
  */
 #include <errno.h>
 #include <math.h>
@@ -16,7 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec.h"
 #include "ir.h"
+#include "numeric.h"
 #include "tool.h"
 
 #ifndef M_PI
@@ -43,15 +68,16 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "distribution, index inputs within the extent they index, bools both\n"
 	 "ways.\n"
 	 "\n"
-	 "  --device D   auto (default), cuda or cpu. Until the code generator\n"
-	 "               lands, cpu runs the reference interpreter\n"
+	 "  --device D   auto (default), cuda or cpu: cpu runs generated host\n"
+	 "               code; auto is cpu where there is no CUDA runtime\n"
 	 "  --bind LIST  sizes of symbolic extents, NAME=SIZE[,NAME=SIZE...]\n"
 	 "  --seed N     seed of the random inputs (default 0)\n"
 	 "  --iters N    run N times and report the time per iteration (1)\n"
 	 "  --check      compare every output with the reference interpreter;\n"
 	 "               print the worst error and exit 1 on a mismatch\n"
 	 "  --json       print one JSON object: device, ok, max_abs_err,\n"
-	 "               max_rel_err, seconds_per_iter\n"};
+	 "               max_rel_err, seconds_per_iter, worst_output,\n"
+	 "               worst_index\n"};
 
 static int cmd_check(int argc, char **argv)
 {
@@ -119,6 +145,40 @@ static int64_t index_bound(const fz_trace *t, const fz_value *p,
 	return bound;
 }
 
+/* The scale of a float parameter: 1/sqrt(K) where it is an operand of a
+ * matmul or linear contracting over K (followed through meta ops, casts
+ * and waits), as initializers scale weights; else 1. Unscaled weights make
+ * every layer multiply magnitudes by sqrt(K), and the comparison with the
+ * reference would then judge rounding noise blown up by the model. */
+static double weight_scale(const fz_trace *t, const fz_value *p,
+			   const int64_t *syms)
+{
+	char *reach = calloc((size_t)t->n_values, 1);
+	int64_t K = 0;
+	if (!reach)
+		return 1;
+	reach[p->id] = 1;
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		fz_opclass cls = fz_ops[nd->op].cls;
+		for (int k = 0; k < nd->n_in; k++) {
+			if (!reach[nd->in[k]->id])
+				continue;
+			if (cls == FZ_CLASS_META || nd->op == FZ_OP_CAST ||
+			    cls == FZ_CLASS_COLLECTIVE || cls == FZ_CLASS_WAIT)
+				reach[nd->out[0]->id] = 1;
+			if (cls == FZ_CLASS_LIBRARY && k < 2) {
+				const fz_value *a = nd->in[0];
+				int64_t e = fz_value_extent(a, a->type.rank - 1, syms);
+				if (e > K)
+					K = e;
+			}
+		}
+	}
+	free(reach);
+	return K > 1 ? 1.0 / sqrt((double)K) : 1.0;
+}
+
 static void store(void *data, fz_dtype d, size_t i, double v)
 {
 	switch (d) {
@@ -167,10 +227,11 @@ static int make_inputs(const fz_trace *t, const int64_t *syms, uint64_t seed,
 			return -1;
 		}
 		int64_t bound = fz_dtype_is_int(x->dtype) ? index_bound(t, p, syms) : 0;
+		double scale = fz_dtype_is_float(x->dtype) ? weight_scale(t, p, syms) : 1;
 		for (size_t k = 0; k < n; k++) {
 			double v;
 			if (fz_dtype_is_float(x->dtype))
-				v = rng_normal(&s);
+				v = rng_normal(&s) * scale;
 			else if (x->dtype == FZ_BOOL)
 				v = rng_next(&s) & 1;
 			else if (bound > 0)
@@ -194,8 +255,81 @@ typedef struct run_opts {
 	bool check, json;
 } run_opts;
 
+/* What --check found over every output of every trace. */
+typedef struct check_result {
+	bool ok;
+	double max_abs, max_rel, worst_ratio;
+	char worst[160];   /* "trace.output[index]" */
+	double worst_got, worst_want;
+	int64_t worst_index;
+	char worst_output[96];
+} check_result;
+
+static void tolerance(fz_dtype d, double *rtol, double *atol)
+{
+	switch (d) {
+	case FZ_F64: *rtol = *atol = 1e-9; break;
+	case FZ_F32: *rtol = *atol = 1e-5; break;
+	case FZ_F16: *rtol = 1e-3; *atol = 2e-3; break;
+	case FZ_BF16: *rtol = 1e-2; *atol = 4e-2; break;
+	default: *rtol = *atol = 0; break;
+	}
+}
+
+static void compare(const fz_trace *t, int k, const fz_tensor *got,
+		    const fz_tensor *want, check_result *c)
+{
+	int64_t n = 1;
+	for (int d = 0; d < want->rank; d++)
+		n *= want->shape[d];
+	double rtol, atol;
+	tolerance(want->dtype, &rtol, &atol);
+	const fz_value *v = fz_trace_output(t, k);
+	double ss = 0;
+	int64_t nf = 0;
+	for (int64_t i = 0; i < n; i++) {
+		double w = fz_load_f64(want->data, want->dtype, i);
+		if (isfinite(w)) {
+			ss += w * w;
+			nf++;
+		}
+	}
+	double rms = nf ? sqrt(ss / (double)nf) : 0;
+	atol *= rms > 1 ? rms : 1;
+	for (int64_t i = 0; i < n; i++) {
+		double g = fz_load_f64(got->data, got->dtype, i);
+		double w = fz_load_f64(want->data, want->dtype, i);
+		double ae, re;
+		if (isnan(g) && isnan(w))
+			continue;
+		if (isinf(w) || isinf(g))
+			ae = g == w ? 0 : INFINITY;
+		else
+			ae = fabs(g - w);
+		re = ae == 0 ? 0 : ae / fmax(fabs(w), 1e-30);
+		if (isnan(g) != isnan(w))
+			ae = re = INFINITY;
+		double lim = atol + rtol * fabs(w);
+		double ratio = ae == 0 ? 0 : lim > 0 ? ae / lim : INFINITY;
+		if (ae > c->max_abs)
+			c->max_abs = ae;
+		if (re > c->max_rel && fabs(w) > atol)
+			c->max_rel = re;
+		if (ratio > 1)
+			c->ok = false;
+		if (ratio > c->worst_ratio) {
+			c->worst_ratio = ratio;
+			c->worst_got = g;
+			c->worst_want = w;
+			c->worst_index = i;
+			snprintf(c->worst_output, sizeof c->worst_output, "%s.%s",
+				 fz_trace_name(t), fz_value_name(v) ? fz_value_name(v) : "?");
+		}
+	}
+}
+
 /* Runs one trace; adds its time per iteration to *spi. */
-static int run_trace(const fz_trace *t, run_opts *o, double *spi)
+static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *cr)
 {
 	int64_t syms[FZ_MAX_SYMS];
 	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
@@ -210,29 +344,42 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi)
 	}
 	fz_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
 	fz_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
+	fz_tensor *ref = calloc((size_t)n_out + 1, sizeof *ref);
 	int rc = EXIT_BAD;
 	char *err = NULL;
-	if (!in || !out || make_inputs(t, syms, o->seed, in) < 0)
+	fz_exec *x = NULL;
+	if (!in || !out || !ref || make_inputs(t, syms, o->seed, in) < 0)
 		goto done;
+	if (fz_exec_new(t, &fz_target_cpu, &x, &err) != FZ_OK)
+		goto fail;
 	double t0 = tool_now();
 	for (long it = 0; it < o->iters; it++) {
 		for (int k = 0; k < n_out; k++) {
 			fz_free(out[k].data);
 			out[k].data = NULL;
 		}
-		fz_status st = fz_trace_interpret(t, syms, in, n_in, out, n_out, &err);
-		if (st != FZ_OK) {
-			fprintf(stderr, "fusec run: trace '%s': %s\n", fz_trace_name(t),
-				err ? err : fz_status_name(st));
-			goto done;
-		}
+		fz_status st = fz_exec_run(x, syms, in, n_in, out, n_out, &err);
+		if (st != FZ_OK)
+			goto fail;
+		if (it == 0 && o->iters > 1)
+			t0 = tool_now(); /* the first run compiles */
 	}
-	double per = (tool_now() - t0) / (double)o->iters;
+	double per = (tool_now() - t0) / (double)(o->iters > 1 ? o->iters - 1 : 1);
 	*spi += per;
+	if (o->check) {
+		fz_status st = fz_trace_interpret(t, syms, in, n_in, ref, n_out, &err);
+		if (st != FZ_OK)
+			goto fail;
+		for (int k = 0; k < n_out; k++)
+			compare(t, k, &out[k], &ref[k], cr);
+	}
 	if (!o->json) {
-		printf("trace %s: %d output%s, %.3f ms per iteration on the reference "
-		       "interpreter\n", fz_trace_name(t), n_out, n_out == 1 ? "" : "s",
-		       per * 1e3);
+		const fz_exec_stats *es = fz_exec_stats_of(x);
+		printf("trace %s: %d output%s, %.3f ms per iteration on the cpu from "
+		       "generated code (%d regions, %d kernels compiled in %.0f ms%s)\n",
+		       fz_trace_name(t), n_out, n_out == 1 ? "" : "s", per * 1e3,
+		       es->regions, es->compiled, es->compile_seconds * 1e3,
+		       es->split ? ", some run per op" : "");
 		for (int k = 0; k < n_out; k++) {
 			const fz_value *v = fz_trace_output(t, k);
 			char ty[256];
@@ -241,13 +388,21 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi)
 		}
 	}
 	rc = 0;
+	goto done;
+fail:
+	fprintf(stderr, "fusec run: trace '%s': %s\n", fz_trace_name(t),
+		err ? err : "failed");
 done:
+	fz_exec_free(x);
 	for (int k = 0; in && k < n_in; k++)
 		free(in[k].data);
 	for (int k = 0; out && k < n_out; k++)
 		fz_free(out[k].data);
+	for (int k = 0; ref && k < n_out; k++)
+		fz_free(ref[k].data);
 	free(in);
 	free(out);
+	free(ref);
 	fz_free(err);
 	return rc;
 }
@@ -305,8 +460,9 @@ static int cmd_run(int argc, char **argv)
 		return EXIT_BAD;
 	double spi = 0;
 	int rc = 0;
+	check_result cr = {.ok = true};
 	for (int i = 0; i < fz_module_count(m) && !rc; i++)
-		rc = run_trace(fz_module_trace(m, i), &o, &spi);
+		rc = run_trace(fz_module_trace(m, i), &o, &spi, &cr);
 	for (int b = 0; b < o.n_binds && !rc; b++)
 		if (!o.binds[b].used)
 			fprintf(stderr, "fusec run: warning: --bind %s: no trace in %s has "
@@ -314,15 +470,26 @@ static int cmd_run(int argc, char **argv)
 	fz_module_free(m);
 	if (rc)
 		return rc;
-	/* The interpreter is the oracle; with nothing else to run yet, --check
-	 * has nothing to compare and says so. */
-	if (o.json)
-		printf("{\"device\": \"cpu\", \"engine\": \"reference\", \"ok\": true, "
-		       "\"max_abs_err\": 0, \"max_rel_err\": 0, "
-		       "\"seconds_per_iter\": %.9g}\n", spi);
-	else if (o.check)
-		printf("check: ran on the reference interpreter itself; nothing to "
-		       "compare until generated code runs\n");
-	return 0;
+	bool ok = !o.check || cr.ok;
+	if (o.json) {
+		printf("{\"device\": \"cpu\", \"engine\": \"generated\", \"ok\": %s, "
+		       "\"max_abs_err\": %.9g, \"max_rel_err\": %.9g, "
+		       "\"seconds_per_iter\": %.9g", ok ? "true" : "false",
+		       cr.max_abs, cr.max_rel, spi);
+		if (o.check && cr.worst_ratio > 0)
+			printf(", \"worst_output\": \"%s\", \"worst_index\": %lld, "
+			       "\"worst_got\": %.9g, \"worst_want\": %.9g",
+			       cr.worst_output, (long long)cr.worst_index, cr.worst_got,
+			       cr.worst_want);
+		printf("}\n");
+	} else if (o.check) {
+		printf("check: %s: max abs error %.3g, max rel error %.3g", ok ?
+		       "ok" : "MISMATCH", cr.max_abs, cr.max_rel);
+		if (cr.worst_ratio > 0)
+			printf("; worst %s[%lld]: got %.9g, want %.9g (%.2f x tolerance)",
+			       cr.worst_output, (long long)cr.worst_index, cr.worst_got,
+			       cr.worst_want, cr.worst_ratio);
+		printf("\n");
+	}
+	return ok ? 0 : EXIT_BAD;
 }
-

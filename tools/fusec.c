@@ -2,6 +2,9 @@
  * fusec: the command-line tool.
  *
  *     fusec check FILE...                   parse and verify
+ *     fusec plan FILE [--bind ...]          regions, order, peak memory
+ *     fusec emit FILE --llvm|--ptx          generated code per region
+ *     fusec compile FILE...                 fill the kernel cache
  *     fusec run FILE [--bind B=8,T=2048]    run on random inputs
  *
  * One file per command (tools/cmd_*.c), found through the table below, each
@@ -15,8 +18,9 @@
 
 static const fz_command *const commands[] = {
 	&fz_cmd_check,
-	&fz_cmd_run,
 	&fz_cmd_plan,
+	&fz_cmd_emit,
+	&fz_cmd_run,
 };
 
 #define N_COMMANDS (sizeof commands / sizeof *commands)

@@ -1,0 +1,320 @@
+/*
+ * codegen.c: the compiler object and the path of one region through it.
+ *
+ *     fz_compiler_new      targets initialized once (pthread_once), one
+ *                          LLVMContext, the target machine (NVPTX) or the
+ *                          ORC LLJIT (host), a diagnostic handler that keeps
+ *                          LLVM's last error for the status message
+ *     fz_compiler_build    one module per region: the skeleton is chosen by
+ *                          what the region holds (index_add: scatter; a
+ *                          reduction: rows; else pointwise), the module is
+ *                          verified; a region the skeletons cannot take is
+ *                          FZ_EUNSUPPORTED naming the region and the op
+ *     fz_compiler_optimize LLVMRunPasses("default<O3>") with the target
+ *                          machine, so the NVPTX and x86 passes take part
+ *     fz_kernel_ptx / _jit target_nvptx.c, target_host.c
+ *
+ * Every string LLVM hands back (messages, printed modules, host CPU names)
+ * is copied into a fusec string and released with LLVMDisposeMessage.
+ */
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen.h"
+#include "llvm.h"
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void set_err(char **err, char *msg)
+{
+	if (err)
+		*err = msg;
+	else
+		free(msg);
+}
+
+fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err)
+{
+	memset(o, 0, sizeof *o);
+	o->vectorize = true;
+	if (!target || !strcmp(target, "host")) {
+		o->target = FZ_CG_HOST;
+		return FZ_OK;
+	}
+	int sm = 0;
+	char tail[8] = "";
+	if (sscanf(target, "sm_%d%7s", &sm, tail) >= 1 && sm >= 70 && sm <= 90 &&
+	    (!tail[0] || !strcmp(tail, "a"))) {
+		o->target = FZ_CG_NVPTX;
+		o->sm = sm;
+		return FZ_OK;
+	}
+	set_err(err, fz_strdup_printf("unknown target '%s': expected host or "
+				      "sm_70 ... sm_90", target));
+	return FZ_EINVAL;
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_targets(void)
+{
+	LLVMInitializeNVPTXTargetInfo();
+	LLVMInitializeNVPTXTarget();
+	LLVMInitializeNVPTXTargetMC();
+	LLVMInitializeNVPTXAsmPrinter();
+	LLVMInitializeNativeTarget();
+	LLVMInitializeNativeAsmPrinter();
+}
+
+static void on_diagnostic(LLVMDiagnosticInfoRef di, void *arg)
+{
+	fz_compiler *c = arg;
+	if (LLVMGetDiagInfoSeverity(di) != LLVMDSError)
+		return;
+	char *m = LLVMGetDiagInfoDescription(di);
+	snprintf(c->diag, sizeof c->diag, "%s", m ? m : "?");
+	LLVMDisposeMessage(m);
+}
+
+fz_status cg_llvm_error(fz_compiler *c, void *e, const char *what, int region,
+			char **err)
+{
+	char *m = LLVMGetErrorMessage((LLVMErrorRef)e);
+	set_err(err, fz_strdup_printf("region %d: %s: %s%s%s", region, what,
+				      m ? m : "?", c->diag[0] ? "; " : "", c->diag));
+	LLVMDisposeErrorMessage(m);
+	c->diag[0] = 0;
+	return FZ_ERUNTIME;
+}
+
+fz_status fz_compiler_new(const fz_cg_options *o, fz_compiler **out, char **err)
+{
+	if (err)
+		*err = NULL;
+	*out = NULL;
+	pthread_once(&init_once, init_targets);
+	fz_compiler *c = calloc(1, sizeof *c);
+	if (!c)
+		return FZ_ENOMEM;
+	c->o = *o;
+	fz_status st = o->target == FZ_CG_NVPTX ? cg_nvptx_init(c, err) :
+		       cg_host_init(c, err);
+	if (st != FZ_OK)
+		goto fail;
+	LLVMContextSetDiagnosticHandler(c->ctx, on_diagnostic, c);
+	*out = c;
+	return FZ_OK;
+fail:
+	fz_compiler_free(c);
+	return st;
+}
+
+void fz_compiler_free(fz_compiler *c)
+{
+	if (!c)
+		return;
+	if (c->o.target == FZ_CG_HOST) {
+		cg_host_free(c);
+	} else if (c->ctx) {
+		LLVMContextDispose(c->ctx);
+	}
+	if (c->tm)
+		LLVMDisposeTargetMachine(c->tm);
+	free(c->triple);
+	free(c->layout);
+	free(c);
+}
+
+const fz_cg_options *fz_compiler_options(const fz_compiler *c) { return &c->o; }
+
+void fz_kernel_free(fz_kernel *k)
+{
+	if (!k)
+		return;
+	if (k->mod)
+		LLVMDisposeModule(k->mod);
+	free(k);
+}
+
+static bool kernel_op(fz_opclass c)
+{
+	return c == FZ_CLASS_UNARY || c == FZ_CLASS_BINARY || c == FZ_CLASS_TERNARY ||
+	       c == FZ_CLASS_CREATION || c == FZ_CLASS_META ||
+	       c == FZ_CLASS_REDUCTION || c == FZ_CLASS_INDEXING;
+}
+
+fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *r,
+			    fz_kernel **out, char **err)
+{
+	double t0 = now();
+	if (err)
+		*err = NULL;
+	*out = NULL;
+	cg g;
+	memset(&g, 0, sizeof g);
+	fz_kernel *k = calloc(1, sizeof *k);
+	g.slot = malloc(sizeof *g.slot * (size_t)(t->n_values + 1));
+	g.red = calloc((size_t)t->n_values + 1, sizeof *g.red);
+	g.is_red = calloc((size_t)t->n_values + 1, sizeof *g.is_red);
+	g.buf = calloc((size_t)(r->n_in + r->n_out) + 1, sizeof *g.buf);
+	if (!k || !g.slot || !g.red || !g.is_red || !g.buf) {
+		free(k);
+		k = NULL;
+		g.st = FZ_ENOMEM;
+		snprintf(g.msg, sizeof g.msg, "region %d: out of memory", r->id);
+		goto done;
+	}
+	g.c = c;
+	g.ctx = c->ctx;
+	g.t = t;
+	g.r = r;
+	g.o = c->o;
+	g.k = k;
+	g.ity = c->o.idx32 ? t_i32(&g) : t_i64(&g);
+	g.as = c->o.target == FZ_CG_NVPTX ? 1 : 0;
+	k->region = r->id;
+	k->n_in = r->n_in;
+	k->n_out = r->n_out;
+	k->n_entries = 1;
+	k->vec = 1;
+	k->n_syms = t->n_syms;
+	for (int s = 0; s < t->n_syms; s++)
+		k->syms[s] = s;
+	if (c->o.target == FZ_CG_NVPTX) {
+		snprintf(k->names[0], sizeof k->names[0], "fz_region_%d", r->id);
+		snprintf(k->names[1], sizeof k->names[1], "fz_region_%d_scatter", r->id);
+	} else {
+		int n = c->counter++;
+		snprintf(k->names[0], sizeof k->names[0], "fz_region_%d_%d", r->id, n);
+		snprintf(k->names[1], sizeof k->names[1], "fz_region_%d_%d_s", r->id, n);
+	}
+	for (int v = 0; v < t->n_values; v++)
+		g.slot[v] = -1;
+	for (int i = 0; i < r->n_in; i++)
+		g.slot[r->in[i]->id] = i;
+	for (int i = 0; i < r->n_out; i++) {
+		if (g.slot[r->out[i]->id] >= 0) {
+			cg_fail(&g, FZ_EUNSUPPORTED, r->out[i]->def, "value #%d is both "
+				"an input and an output of the region", r->out[i]->id);
+			goto done;
+		}
+		g.slot[r->out[i]->id] = r->n_in + i;
+	}
+	const fz_node *ia = NULL;
+	bool has_red = false;
+	for (int i = 0; i < r->n_nodes; i++) {
+		const fz_node *n = r->nodes[i];
+		if (!kernel_op(fz_ops[n->op].cls)) {
+			cg_fail(&g, FZ_EUNSUPPORTED, n, "a %s op is not part of a kernel",
+				fz_class_names[fz_ops[n->op].cls]);
+			goto done;
+		}
+		has_red |= fz_ops[n->op].cls == FZ_CLASS_REDUCTION;
+		if (n->op == FZ_OP_INDEX_ADD) {
+			if (ia) {
+				cg_fail(&g, FZ_EUNSUPPORTED, n, "two index_add in one region");
+				goto done;
+			}
+			ia = n;
+		}
+	}
+	if (r->n_out == 0) {
+		cg_fail(&g, FZ_EUNSUPPORTED, NULL, "the region has no outputs");
+		goto done;
+	}
+	if (ia && has_red) {
+		cg_fail(&g, FZ_EUNSUPPORTED, ia, "index_add and a reduction in one region");
+		goto done;
+	}
+	char modname[32];
+	snprintf(modname, sizeof modname, "region-%d", r->id);
+	g.mod = LLVMModuleCreateWithNameInContext(modname, c->ctx);
+	LLVMSetTarget(g.mod, c->triple);
+	LLVMSetDataLayout(g.mod, c->layout);
+	g.b = LLVMCreateBuilderInContext(c->ctx);
+	k->sk = ia ? FZ_SK_SCATTER : has_red ? FZ_SK_ROW : FZ_SK_POINTWISE;
+	if (ia)
+		cg_scatter(&g, ia);
+	else if (has_red)
+		cg_rows(&g);
+	else
+		cg_pointwise(&g);
+	LLVMDisposeBuilder(g.b);
+	if (g.st == FZ_OK) {
+		char *msg = NULL;
+		if (LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
+			snprintf(g.msg, sizeof g.msg, "region %d: LLVM rejects the "
+				 "generated IR (a code generator bug): %.400s", r->id,
+				 msg ? msg : "?");
+			g.st = FZ_ERUNTIME;
+		}
+		LLVMDisposeMessage(msg);
+	}
+	if (g.st == FZ_OK) {
+		k->mod = g.mod;
+		g.mod = NULL;
+	}
+done:
+	if (g.mod)
+		LLVMDisposeModule(g.mod);
+	free(g.slot);
+	free(g.red);
+	free(g.is_red);
+	free(g.buf);
+	free(g.memo);
+	free(g.cse);
+	if (g.st != FZ_OK) {
+		fz_kernel_free(k);
+		set_err(err, fz_strdup(g.msg));
+		return g.st;
+	}
+	k->t_build = now() - t0;
+	*out = k;
+	return FZ_OK;
+}
+
+fz_status fz_compiler_optimize(fz_compiler *c, fz_kernel *k, char **err)
+{
+	if (err)
+		*err = NULL;
+	double t0 = now();
+	/* FUSEC_CODEGEN_PASSES overrides the pipeline (debugging: "default<O0>") */
+	const char *pipeline = getenv("FUSEC_CODEGEN_PASSES");
+	LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+	LLVMErrorRef e = LLVMRunPasses(k->mod, pipeline ? pipeline : "default<O3>",
+				       c->tm, po);
+	LLVMDisposePassBuilderOptions(po);
+	if (e)
+		return cg_llvm_error(c, e, "optimizing", k->region, err);
+	k->t_opt = now() - t0;
+	return FZ_OK;
+}
+
+fz_status fz_kernel_llvm(const fz_kernel *k, char **out, char **err)
+{
+	if (err)
+		*err = NULL;
+	*out = NULL;
+	if (!k->mod) {
+		set_err(err, fz_strdup_printf("region %d: the module was already "
+					      "emitted", k->region));
+		return FZ_EINVAL;
+	}
+	char *s = LLVMPrintModuleToString(k->mod);
+	*out = fz_strdup(s ? s : "");
+	LLVMDisposeMessage(s);
+	return *out ? FZ_OK : FZ_ENOMEM;
+}

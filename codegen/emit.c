@@ -1,0 +1,1232 @@
+/*
+ * emit.c: the one emitter of elementwise expressions.
+ *
+ * cg_value(g, v, nl, ix, out) computes value v of the region at nl lane
+ * indices and returns one LLVM value per lane. It walks v's definition:
+ *
+ *   region input     a load from its buffer (one vector load when the lanes
+ *                    are consecutive, one scalar load when they coincide)
+ *   elementwise op   its operands at the same indices, then the op per lane
+ *   meta op          the operand at a mapped index (broadcast: a stretched
+ *                    dim reads index 0; permute: dims swap; slice: start +
+ *                    step * i; reshape: matching leading and trailing dims
+ *                    map straight through, the middle is linearized and
+ *                    split again; cat: each operand at a clamped index, then
+ *                    a select)
+ *   full, iota,      constants, the index itself, Philox4x32-10 of the
+ *   uniform          linear index (ir/philox.h is the definition)
+ *   take,            the index tensor at the mapped index, checked against
+ *   take_along       the extent (a bad one sets the error word and reads
+ *                    element 0 instead), then the operand at it
+ *   a reduction      the row's reduced value, set by the row skeleton, when
+ *                    the index is the current row
+ *
+ * Worked example: layer_norm's tail at lanes (r, jb+0..7) of [16,128,1600]
+ * bf16 reads x at offset r*1600 + jb + l: one <8 x i16> load; w at jb + l
+ * through broadcast_in_dim (dims=[2]): one <8 x i16> load; the mean at
+ * (r, 0) through broadcast: index equals the row, so the row's scalar.
+ *
+ * Results are memoized per (value, lane indices) while the loop body that
+ * made them is open (cg_memo_mark/cg_memo_pop), so a value used twice at one
+ * index is computed once, and nothing is reused outside the block that
+ * dominates it. Errors are sticky: the first sets g->st and g->msg, later
+ * calls return harmless values, and the skeleton gives up at its end.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "llvm.h"
+#include "numeric.h"
+
+/* ---- errors ------------------------------------------------------------------ */
+
+void cg_fail(cg *g, fz_status st, const fz_node *n, const char *fmt, ...)
+{
+	if (g->st != FZ_OK)
+		return;
+	char msg[400], where[96] = "";
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (n && n->line > 0)
+		snprintf(where, sizeof where, ", %s at %d:%d", fz_ops[n->op].name,
+			 n->line, n->col);
+	else if (n)
+		snprintf(where, sizeof where, ", %s (node %d)", fz_ops[n->op].name, n->id);
+	snprintf(g->msg, sizeof g->msg, "region %d%s: %s", g->r->id, where, msg);
+	g->st = st;
+}
+
+/* ---- types ------------------------------------------------------------------- */
+
+LLVMTypeRef cg_ctype(cg *g, fz_dtype d)
+{
+	switch (d) {
+	case FZ_F64: return t_f64(g);
+	case FZ_F32: case FZ_F16: case FZ_BF16: return t_f32(g);
+	case FZ_BOOL: return t_i1(g);
+	default: return t_i64(g);
+	}
+}
+
+LLVMTypeRef cg_stype(cg *g, fz_dtype d)
+{
+	switch (d) {
+	case FZ_F64: return t_f64(g);
+	case FZ_F32: return t_f32(g);
+	case FZ_F16: return t_f16(g);
+	case FZ_BF16: return t_i16(g);
+	case FZ_I64: return t_i64(g);
+	case FZ_I32: return t_i32(g);
+	default: return t_i8(g);
+	}
+}
+
+/* bf16 <-> f32 on the bits: exact one way, round-to-nearest-even the other,
+ * NaN kept quiet. Done in integers so neither target needs a libcall. */
+static V bf16_to_f32(cg *g, V h)
+{
+	return bitcast(g, shl(g, zext(g, h, t_i32(g)), c_i32(g, 16)), t_f32(g));
+}
+
+static V f32_to_bf16(cg *g, V x)
+{
+	V u = bitcast(g, x, t_i32(g));
+	V lsb = and_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 1));
+	V r = lshr(g, add(g, u, add(g, lsb, c_i32(g, 0x7fff))), c_i32(g, 16));
+	V q = or_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 0x40));
+	V nan = fcmp(g, LLVMRealUNO, x, x);
+	return trunc_(g, sel(g, nan, q, r), t_i16(g));
+}
+
+/* Rounds an f32 compute value to the precision of d (f16, bf16). */
+static V round_to(cg *g, V x, fz_dtype d)
+{
+	if (d == FZ_F16)
+		return fpext(g, fptrunc(g, x, t_f16(g)), t_f32(g));
+	if (d == FZ_BF16)
+		return bf16_to_f32(g, f32_to_bf16(g, x));
+	return x;
+}
+
+LLVMValueRef cg_round_half(cg *g, V x, fz_dtype d)
+{
+	if (d != FZ_F16 && d != FZ_BF16)
+		return x;
+	return round_to(g, x, d);
+}
+
+LLVMValueRef cg_to_storage(cg *g, V x, fz_dtype d)
+{
+	switch (d) {
+	case FZ_F16: return fptrunc(g, x, t_f16(g));
+	case FZ_BF16: return f32_to_bf16(g, x);
+	case FZ_I32: case FZ_I8: case FZ_U8: return trunc_(g, x, cg_stype(g, d));
+	case FZ_BOOL: return zext(g, x, t_i8(g));
+	default: return x;
+	}
+}
+
+LLVMValueRef cg_from_storage(cg *g, V x, fz_dtype d)
+{
+	switch (d) {
+	case FZ_F16: return fpext(g, x, t_f32(g));
+	case FZ_BF16: return bf16_to_f32(g, x);
+	case FZ_I32: case FZ_I8: return sext(g, x, t_i64(g));
+	case FZ_U8: return zext(g, x, t_i64(g));
+	case FZ_BOOL: return icmp(g, LLVMIntNE, x, c_int(t_i8(g), 0));
+	default: return x;
+	}
+}
+
+/* Wraps an i64 compute value to the width of d, as a store and load would. */
+static V wrap_int(cg *g, V x, fz_dtype d)
+{
+	if (d == FZ_I64 || d == FZ_BOOL)
+		return x;
+	return cg_from_storage(g, cg_to_storage(g, x, d), d);
+}
+
+/* ---- extents and indices ------------------------------------------------------ */
+
+LLVMValueRef cg_ext(cg *g, fz_ext e)
+{
+	V v = c_int(g->ity, e.c);
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		for (int p = fz_ext_power(e, s); p > 0; p--)
+			v = cg_iop(g, CG_MUL, v, g->sym[s]);
+	return v;
+}
+
+LLVMValueRef cg_ix_value(cg *g, cg_ix x)
+{
+	V o = c_int(g->ity, x.o);
+	if (!x.b)
+		return o;
+	return x.o ? cg_iop(g, CG_ADD, x.b, o) : x.b;
+}
+
+static bool ext_is1(fz_ext e) { return e.syms == 0 && e.c == 1; }
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+	if (a < 0) a = -a;
+	if (b < 0) b = -b;
+	while (b) {
+		int64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* m of the sum of two index parts, where a NULL base is 0 (any multiple). */
+static void ix_addb(cg *g, cg_ix *acc, V b, int64_t m)
+{
+	if (!b)
+		return;
+	if (!acc->b) {
+		acc->b = b;
+		acc->m = m;
+		return;
+	}
+	acc->b = cg_iop(g, CG_ADD, acc->b, b);
+	acc->m = gcd64(acc->m, m);
+}
+
+void cg_linear(cg *g, const fz_type *ty, const cg_ix *ix, cg_ix *out)
+{
+	cg_ix acc = {NULL, 0, 1};
+	fz_ext stride = fz_ext_const(1);
+	V sv = NULL; /* stride as a value, when symbolic */
+	bool sym_ok = true;
+	for (int d = ty->rank - 1; d >= 0; d--) {
+		cg_ix x = ix[d];
+		bool cst = sym_ok && fz_ext_is_const(stride);
+		if (x.b) {
+			if (cst) {
+				V t = cg_iop(g, CG_MUL, x.b, c_int(g->ity, stride.c));
+				ix_addb(g, &acc, t, x.m * stride.c);
+			} else {
+				ix_addb(g, &acc, cg_iop(g, CG_MUL, x.b, sv), x.m * (sym_ok ? stride.c : 1));
+			}
+		}
+		if (x.o) {
+			if (cst)
+				acc.o += x.o * stride.c;
+			else
+				ix_addb(g, &acc, cg_iop(g, CG_MUL, c_int(g->ity, x.o), sv), 1);
+		}
+		if (d == 0)
+			break;
+		fz_ext next;
+		if (sym_ok && fz_ext_mul(stride, ty->dims[d], &next)) {
+			stride = next;
+			sv = fz_ext_is_const(stride) ? NULL : cg_ext(g, stride);
+		} else {
+			if (!sv)
+				sv = cg_ext(g, stride);
+			sv = cg_iop(g, CG_MUL, sv, cg_ext(g, ty->dims[d]));
+			sym_ok = false;
+		}
+	}
+	*out = acc;
+}
+
+/* Splits an affine index x over extent e into (x / e, x % e), keeping the
+ * lanes' constant parts where e is a constant multiple of x's base multiple
+ * and the constant part stays below it. */
+static void split_ix(cg *g, cg_ix x, fz_ext e, cg_ix *hi, cg_ix *lo)
+{
+	if (fz_ext_is_const(e) && e.c > 0 && x.b && x.m % e.c == 0 && x.o >= 0 &&
+	    x.o < e.c) {
+		/* b is a multiple of e: hi = b / e, lo = o */
+		*hi = cg_ix_of(cg_iop(g, CG_UDIV, x.b, c_int(g->ity, e.c)), x.m / e.c);
+		*lo = (cg_ix){NULL, x.o, 1};
+		return;
+	}
+	if (fz_ext_is_const(e) && e.c > 0 && x.b && e.c % x.m == 0 && x.o >= 0 &&
+	    x.o < x.m) {
+		V ev = c_int(g->ity, e.c);
+		*hi = cg_ix_of(cg_iop(g, CG_UDIV, x.b, ev), 1);
+		*lo = (cg_ix){cg_iop(g, CG_UREM, x.b, ev), x.o, x.m};
+		return;
+	}
+	if (!x.b && fz_ext_is_const(e) && e.c > 0) {
+		*hi = (cg_ix){NULL, x.o / e.c, 1};
+		*lo = (cg_ix){NULL, x.o % e.c, 1};
+		return;
+	}
+	V xv = cg_ix_value(g, x), ev = cg_ext(g, e);
+	*hi = cg_ix_of(cg_iop(g, CG_UDIV, xv, ev), 1);
+	*lo = cg_ix_of(cg_iop(g, CG_UREM, xv, ev), 1);
+}
+
+/* Delinearizes an affine index over dims[lo..hi) of ty into ix. */
+static void delin_range(cg *g, const fz_type *ty, int lo, int hi, cg_ix lin, cg_ix *ix)
+{
+	int outer = -1;
+	for (int d = lo; d < hi; d++)
+		if (!ext_is1(ty->dims[d])) {
+			outer = d;
+			break;
+		}
+	for (int d = hi - 1; d >= lo; d--) {
+		if (ext_is1(ty->dims[d])) {
+			ix[d] = cg_ix_zero();
+			continue;
+		}
+		if (d == outer) {
+			ix[d] = lin;
+			break;
+		}
+		cg_ix q, r;
+		split_ix(g, lin, ty->dims[d], &q, &r);
+		ix[d] = r;
+		lin = q;
+	}
+	for (int d = lo; d < hi && outer >= 0 && d < outer; d++)
+		ix[d] = cg_ix_zero();
+}
+
+void cg_delinearize(cg *g, const fz_type *ty, V lin, int64_t inner_m, cg_ix *ix)
+{
+	delin_range(g, ty, 0, ty->rank, cg_ix_of(lin, inner_m), ix);
+}
+
+/* Linearizes ix over dims[lo..hi) of ty (row-major within that range). */
+static cg_ix lin_range(cg *g, const fz_type *ty, int lo, int hi, const cg_ix *ix)
+{
+	fz_type sub = {0};
+	sub.dtype = ty->dtype;
+	sub.rank = hi - lo;
+	for (int d = lo; d < hi; d++)
+		sub.dims[d - lo] = ty->dims[d];
+	cg_ix out;
+	cg_linear(g, &sub, ix + lo, &out);
+	return out;
+}
+
+/* ---- memo ------------------------------------------------------------------------ */
+
+static uint64_t memo_hash(const fz_value *v, int nl, int rank, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	uint64_t h = (uint64_t)(uintptr_t)v * 0x9e3779b97f4a7c15ull ^ (uint64_t)nl;
+	for (int l = 0; l < nl; l++)
+		for (int d = 0; d < rank; d++) {
+			h = (h ^ (uint64_t)(uintptr_t)ix[l][d].b) * 0x100000001b3ull;
+			h = (h ^ (uint64_t)ix[l][d].o) * 0x100000001b3ull;
+		}
+	return h;
+}
+
+static bool ix_eq(cg_ix a, cg_ix b) { return a.b == b.b && a.o == b.o; }
+
+static cg_memo *memo_find(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], uint64_t h)
+{
+	int rank = v->type.rank;
+	for (int i = g->n_memo - 1; i >= 0; i--) {
+		cg_memo *e = &g->memo[i];
+		if (e->h != h || e->v != v || e->nl != nl)
+			continue;
+		bool same = true;
+		for (int l = 0; same && l < nl; l++)
+			for (int d = 0; same && d < rank; d++)
+				same = ix_eq(e->ix[l][d], ix[l][d]);
+		if (same)
+			return e;
+	}
+	return NULL;
+}
+
+static void memo_put(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], uint64_t h, V *out)
+{
+	if (g->n_memo == g->cap_memo) {
+		int cap = g->cap_memo ? 2 * g->cap_memo : 64;
+		cg_memo *m = realloc(g->memo, sizeof *m * (size_t)cap);
+		if (!m) {
+			cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+			return;
+		}
+		g->memo = m;
+		g->cap_memo = cap;
+	}
+	cg_memo *e = &g->memo[g->n_memo++];
+	e->v = v;
+	e->nl = nl;
+	e->h = h;
+	for (int l = 0; l < nl; l++) {
+		memcpy(e->ix[l], ix[l], sizeof(cg_ix) * (size_t)v->type.rank);
+		e->out[l] = out[l];
+	}
+}
+
+int cg_memo_mark(cg *g) { return g->n_memo; }
+void cg_memo_pop(cg *g, int mark) { g->n_memo = mark; }
+
+LLVMValueRef cg_iop(cg *g, int op, V a, V b)
+{
+	if (op == CG_ADD && is_const(b) && LLVMConstIntGetSExtValue(b) == 0)
+		return a;
+	if ((op == CG_MUL || op == CG_UDIV) && is_const(b) &&
+	    LLVMConstIntGetSExtValue(b) == 1)
+		return a;
+	for (int i = g->n_cse - 1; i >= 0; i--)
+		if (g->cse[i].op == op && g->cse[i].a == a && g->cse[i].b == b)
+			return g->cse[i].r;
+	V r;
+	switch (op) {
+	case CG_ADD: r = add(g, a, b); break;
+	case CG_SUB: r = sub(g, a, b); break;
+	case CG_MUL: r = mul(g, a, b); break;
+	case CG_UDIV: r = udiv(g, a, b); break;
+	default: r = urem(g, a, b); break;
+	}
+	if (g->n_cse == g->cap_cse) {
+		int cap = g->cap_cse ? 2 * g->cap_cse : 64;
+		struct cg_cse *c = realloc(g->cse, sizeof *c * (size_t)cap);
+		if (!c)
+			return r;
+		g->cse = c;
+		g->cap_cse = cap;
+	}
+	g->cse[g->n_cse++] = (struct cg_cse){op, a, b, r};
+	return r;
+}
+
+/* ---- errors at run time ------------------------------------------------------------ */
+
+void cg_flag_error(cg *g, const fz_node *n, V bad)
+{
+	if (is_const(bad) && !LLVMConstIntGetZExtValue(bad))
+		return;
+	LLVMBasicBlockRef yes = block(g, "bad"), cont = block(g, "ok");
+	cond_br(g, bad, yes, cont);
+	at_end(g, yes);
+	V st = store(g, c_i32(g, n->id + 1), g->err, 4);
+	LLVMSetVolatile(st, 1);
+	br(g, cont);
+	at_end(g, cont);
+}
+
+/* ---- loads and stores ----------------------------------------------------------------- */
+
+LLVMValueRef cg_elem_ptr(cg *g, int s, fz_dtype d, V off)
+{
+	return gep(g, cg_stype(g, d), g->buf[s], off);
+}
+
+/* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), -1 otherwise. */
+static int lane_shape(int nl, const cg_ix *lin)
+{
+	bool same = true, cons = true;
+	for (int l = 1; l < nl; l++) {
+		if (lin[l].b != lin[0].b)
+			return -1;
+		same = same && lin[l].o == lin[0].o;
+		cons = cons && lin[l].o == lin[0].o + l;
+	}
+	return same ? 0 : cons ? 1 : -1;
+}
+
+static bool lanes_aligned(int nl, cg_ix x)
+{
+	return (!x.b || x.m % nl == 0) && x.o % nl == 0;
+}
+
+static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
+{
+	fz_dtype d = v->type.dtype;
+	T st = cg_stype(g, d);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	cg_ix lin[FZ_VW_MAX];
+	for (int l = 0; l < nl; l++)
+		cg_linear(g, &v->type, ix[l], &lin[l]);
+	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
+	if (shape == 0) {
+		V x = load(g, st, cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0])), es);
+		x = cg_from_storage(g, x, d);
+		for (int l = 0; l < nl; l++)
+			out[l] = x;
+		return;
+	}
+	if (shape == 1) {
+		unsigned al = lanes_aligned(nl, lin[0]) ? es * (unsigned)nl : es;
+		V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0]));
+		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
+		for (int l = 0; l < nl; l++)
+			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
+		return;
+	}
+	for (int l = 0; l < nl; l++)
+		out[l] = cg_from_storage(g, load(g, st, cg_elem_ptr(g, s, d,
+					 cg_ix_value(g, lin[l])), es), d);
+}
+
+void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *vals)
+{
+	int s = g->slot[v->id];
+	FZ_ASSERT(s >= g->r->n_in);
+	fz_dtype d = v->type.dtype;
+	T st = cg_stype(g, d);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	cg_ix lin[FZ_VW_MAX];
+	for (int l = 0; l < nl; l++)
+		cg_linear(g, &v->type, ix[l], &lin[l]);
+	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
+	if (shape == 1) {
+		unsigned al = lanes_aligned(nl, lin[0]) ? es * (unsigned)nl : es;
+		V vec = c_undef(t_vec(st, (unsigned)nl));
+		for (int l = 0; l < nl; l++)
+			vec = insert(g, vec, cg_to_storage(g, vals[l], d), (unsigned)l);
+		store(g, vec, cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0])), al);
+		return;
+	}
+	int n = shape == 0 ? 1 : nl;
+	for (int l = 0; l < n; l++)
+		store(g, cg_to_storage(g, vals[l], d),
+		      cg_elem_ptr(g, s, d, cg_ix_value(g, lin[l])), es);
+}
+
+/* ---- elementwise ops --------------------------------------------------------------- */
+
+static V const_of(cg *g, fz_dtype d, double x)
+{
+	if (fz_dtype_is_float(d)) {
+		unsigned char buf[8];
+		fz_store_f64(buf, d, 0, x); /* rounded to the dtype, as stored */
+		return c_real(cg_ctype(g, d), fz_load_f64(buf, d, 0));
+	}
+	if (d == FZ_BOOL)
+		return c_i1(g, x != 0);
+	unsigned char buf[8];
+	fz_store_f64(buf, d, 0, x);
+	return c_i64(g, fz_load_i64(buf, d, 0));
+}
+
+static V is_nan(cg *g, V x) { return fcmp(g, LLVMRealUNO, x, x); }
+
+static V op_unary(cg *g, const fz_node *n, V x)
+{
+	fz_dtype xd = n->in[0]->type.dtype, yd = n->out[0]->type.dtype;
+	bool isf = fz_dtype_is_float(xd);
+	T xt = type_of(x);
+	switch (n->op) {
+	case FZ_OP_CAST:
+		if (xd == FZ_BOOL) {
+			if (fz_dtype_is_float(yd))
+				return uitofp(g, x, cg_ctype(g, yd));
+			return yd == FZ_BOOL ? x : zext(g, x, t_i64(g));
+		}
+		if (isf) {
+			if (yd == FZ_BOOL)
+				return fcmp(g, LLVMRealUNE, x, c_real(xt, 0));
+			if (fz_dtype_is_float(yd)) {
+				T yt = cg_ctype(g, yd);
+				V y = xt == yt ? x : xt == t_f64(g) ? fptrunc(g, x, yt) : fpext(g, x, yt);
+				return round_to(g, y, yd);
+			}
+			/* saturating, NaN to 0: the cast semantics of numeric.h */
+			T it = cg_stype(g, yd);
+			const char *nm = yd == FZ_U8 ? "llvm.fptoui.sat" : "llvm.fptosi.sat";
+			unsigned id = LLVMLookupIntrinsicID(nm, strlen(nm));
+			T tys[2] = {it, xt};
+			V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, 2);
+			T fty = LLVMIntrinsicGetType(g->ctx, id, tys, 2);
+			V r = LLVMBuildCall2(g->b, fty, f, &x, 1, "");
+			return cg_from_storage(g, r, yd);
+		}
+		/* integer source */
+		if (yd == FZ_BOOL)
+			return icmp(g, LLVMIntNE, x, c_i64(g, 0));
+		if (fz_dtype_is_float(yd))
+			return round_to(g, sitofp(g, x, cg_ctype(g, yd)), yd);
+		return wrap_int(g, x, yd);
+	case FZ_OP_ISFINITE: {
+		V a = call_intrinsic(g, "llvm.fabs", xt, xt, &x, 1);
+		return fcmp(g, LLVMRealOLT, a, c_real(xt, INFINITY));
+	}
+	case FZ_OP_LOGICAL_NOT:
+		return xor_(g, x, c_i1(g, 1));
+	default:
+		break;
+	}
+	if (isf)
+		return cg_math_unary(g, n->op, x);
+	V zero = c_i64(g, 0), r;
+	switch (n->op) {
+	case FZ_OP_NEG: r = sub(g, zero, x); break;
+	case FZ_OP_ABS: r = sel(g, icmp(g, LLVMIntSLT, x, zero), sub(g, zero, x), x); break;
+	case FZ_OP_SIGN:
+		r = sub(g, zext(g, icmp(g, LLVMIntSGT, x, zero), t_i64(g)),
+			zext(g, icmp(g, LLVMIntSLT, x, zero), t_i64(g)));
+		break;
+	default:
+		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
+		return x;
+	}
+	return wrap_int(g, r, yd);
+}
+
+static V op_compare(cg *g, fz_opcode op, bool isf, V a, V b)
+{
+	if (isf) {
+		static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE,
+			LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+		return fcmp(g, fp[op - FZ_OP_EQ], a, b);
+	}
+	static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT,
+		LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
+	return icmp(g, ip[op - FZ_OP_EQ], a, b);
+}
+
+static V op_binary(cg *g, const fz_node *n, V a, V b)
+{
+	fz_dtype xd = n->in[0]->type.dtype, yd = n->out[0]->type.dtype;
+	bool isf = fz_dtype_is_float(xd);
+	if (n->op >= FZ_OP_EQ && n->op <= FZ_OP_GE)
+		return op_compare(g, n->op, isf, a, b);
+	if (n->op == FZ_OP_LOGICAL_AND)
+		return and_(g, a, b);
+	if (n->op == FZ_OP_LOGICAL_OR)
+		return or_(g, a, b);
+	if (isf) {
+		T t = type_of(a);
+		switch (n->op) {
+		case FZ_OP_ADD: return fadd_exact(g, a, b);
+		case FZ_OP_SUB: return fsub_exact(g, a, b);
+		case FZ_OP_MUL: return fmul_exact(g, a, b);
+		case FZ_OP_DIV: return fdiv(g, a, b);
+		case FZ_OP_POW: return cg_math_pow(g, a, b);
+		case FZ_OP_FMOD: return cg_math_fmod(g, a, b);
+		case FZ_OP_MAXIMUM:
+		case FZ_OP_MINIMUM: {
+			V nan = or_(g, is_nan(g, a), is_nan(g, b));
+			V pick = fcmp(g, n->op == FZ_OP_MAXIMUM ? LLVMRealOGT : LLVMRealOLT, a, b);
+			return sel(g, nan, c_real(t, NAN), sel(g, pick, a, b));
+		}
+		default: break;
+		}
+	}
+	V r;
+	switch (n->op) {
+	case FZ_OP_ADD: r = add(g, a, b); break;
+	case FZ_OP_SUB: r = sub(g, a, b); break;
+	case FZ_OP_MUL: r = mul(g, a, b); break;
+	case FZ_OP_MAXIMUM: r = sel(g, icmp(g, LLVMIntSGT, a, b), a, b); break;
+	case FZ_OP_MINIMUM: r = sel(g, icmp(g, LLVMIntSLT, a, b), a, b); break;
+	case FZ_OP_FMOD: {
+		V zero = c_i64(g, 0), m1 = c_i64(g, -1);
+		cg_flag_error(g, n, icmp(g, LLVMIntEQ, b, zero));
+		V special = or_(g, icmp(g, LLVMIntEQ, b, zero), icmp(g, LLVMIntEQ, b, m1));
+		V safe = sel(g, special, c_i64(g, 1), b);
+		r = sel(g, special, zero, srem(g, a, safe));
+		break;
+	}
+	default:
+		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
+		return a;
+	}
+	return wrap_int(g, r, yd);
+}
+
+/* ---- Philox ------------------------------------------------------------------------ */
+
+/* Four words of Philox4x32-10 for counter n (i64) and a constant key. */
+static void philox(cg *g, V n, uint64_t seed, V w[4])
+{
+	T i32 = t_i32(g), i64 = t_i64(g);
+	V c[4] = {trunc_(g, n, i32), trunc_(g, lshr(g, n, c_i64(g, 32)), i32),
+		  c_i32(g, 0), c_i32(g, 0)};
+	uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		V p0 = mul(g, zext(g, c[0], i64), c_i64(g, 0xD2511F53));
+		V p1 = mul(g, zext(g, c[2], i64), c_i64(g, 0xCD9E8D57));
+		V hi0 = trunc_(g, lshr(g, p0, c_i64(g, 32)), i32), lo0 = trunc_(g, p0, i32);
+		V hi1 = trunc_(g, lshr(g, p1, c_i64(g, 32)), i32), lo1 = trunc_(g, p1, i32);
+		V n0 = xor_(g, xor_(g, hi1, c[1]), c_int(i32, (int64_t)k0));
+		V n2 = xor_(g, xor_(g, hi0, c[3]), c_int(i32, (int64_t)k1));
+		c[0] = n0;
+		c[1] = lo1;
+		c[2] = n2;
+		c[3] = lo0;
+	}
+	for (int i = 0; i < 4; i++)
+		w[i] = c[i];
+}
+
+static V philox_unit(cg *g, V w, fz_dtype d)
+{
+	switch (d) {
+	case FZ_F32: return fmul(g, uitofp(g, lshr(g, w, c_i32(g, 8)), t_f32(g)), c_f32(g, 0x1p-24));
+	case FZ_F16: return fmul(g, uitofp(g, lshr(g, w, c_i32(g, 21)), t_f32(g)), c_f32(g, 0x1p-11));
+	case FZ_BF16: return fmul(g, uitofp(g, lshr(g, w, c_i32(g, 24)), t_f32(g)), c_f32(g, 0x1p-8));
+	default: return fmul(g, uitofp(g, w, t_f64(g)), c_f64(g, 0x1p-32));
+	}
+}
+
+static void uniform_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
+{
+	const fz_value *v = n->out[0];
+	uint64_t seed = (uint64_t)n->attrs.seed, off = (uint64_t)n->attrs.offset;
+	cg_ix lin[FZ_VW_MAX];
+	for (int l = 0; l < nl; l++)
+		cg_linear(g, &v->type, ix[l], &lin[l]);
+	/* Lanes that share a counter share one Philox call. */
+	V cache_n[FZ_VW_MAX], cache_w[FZ_VW_MAX][4];
+	int nc = 0;
+	for (int l = 0; l < nl; l++) {
+		V cnt, word;
+		int64_t wconst = -1;
+		if ((!lin[l].b || lin[l].m % 4 == 0) && lin[l].o >= 0) {
+			V b = lin[l].b ? zext_or_trunc(g, lin[l].b, t_i64(g)) : c_i64(g, 0);
+			if (lin[l].b)
+				b = lshr(g, b, c_i64(g, 2));
+			cnt = add(g, b, c_i64(g, (int64_t)(off + (uint64_t)lin[l].o / 4)));
+			wconst = lin[l].o % 4;
+			word = NULL;
+		} else {
+			V i = zext_or_trunc(g, cg_ix_value(g, lin[l]), t_i64(g));
+			cnt = add(g, lshr(g, i, c_i64(g, 2)), c_i64(g, (int64_t)off));
+			word = trunc_(g, and_(g, i, c_i64(g, 3)), t_i32(g));
+		}
+		int hit = -1;
+		for (int k = 0; k < nc; k++)
+			if (cache_n[k] == cnt || (is_const(cnt) && is_const(cache_n[k]) &&
+				LLVMConstIntGetZExtValue(cnt) == LLVMConstIntGetZExtValue(cache_n[k])))
+				hit = k;
+		if (hit < 0) {
+			hit = nc++;
+			cache_n[hit] = cnt;
+			philox(g, cnt, seed, cache_w[hit]);
+		}
+		V w;
+		if (wconst >= 0) {
+			w = cache_w[hit][wconst];
+		} else {
+			w = cache_w[hit][3];
+			for (int k = 2; k >= 0; k--)
+				w = sel(g, icmp(g, LLVMIntEQ, word, c_i32(g, k)), cache_w[hit][k], w);
+		}
+		out[l] = philox_unit(g, w, v->type.dtype);
+	}
+}
+
+/* ---- meta ops: index maps ------------------------------------------------------------ */
+
+static void reshape_ix(cg *g, const fz_type *xt, const fz_type *yt,
+		       const cg_ix *yi, cg_ix *xi)
+{
+	int xd[FZ_MAX_RANK], yd[FZ_MAX_RANK], nx = 0, ny = 0;
+	for (int d = 0; d < xt->rank; d++) {
+		xi[d] = cg_ix_zero();
+		if (!ext_is1(xt->dims[d]))
+			xd[nx++] = d;
+	}
+	for (int d = 0; d < yt->rank; d++)
+		if (!ext_is1(yt->dims[d]))
+			yd[ny++] = d;
+	int px = 0, py = 0;
+	while (nx > px && ny > py && fz_ext_eq(xt->dims[xd[nx - 1]], yt->dims[yd[ny - 1]])) {
+		xi[xd[nx - 1]] = yi[yd[ny - 1]];
+		nx--;
+		ny--;
+	}
+	while (px < nx && py < ny && fz_ext_eq(xt->dims[xd[px]], yt->dims[yd[py]])) {
+		xi[xd[px]] = yi[yd[py]];
+		px++;
+		py++;
+	}
+	if (px == nx)
+		return; /* the rest of y is extents equal to 1 at run time */
+	/* middle: y's dims [yd[py], yd[ny-1]] linearized, split over x's */
+	fz_type ym = {0}, xm = {0};
+	cg_ix yv[FZ_MAX_RANK], xv[FZ_MAX_RANK];
+	for (int k = py; k < ny; k++) {
+		ym.dims[ym.rank] = yt->dims[yd[k]];
+		yv[ym.rank++] = yi[yd[k]];
+	}
+	for (int k = px; k < nx; k++)
+		xm.dims[xm.rank++] = xt->dims[xd[k]];
+	cg_ix lin = ym.rank ? lin_range(g, &ym, 0, ym.rank, yv) : cg_ix_zero();
+	delin_range(g, &xm, 0, xm.rank, lin, xv);
+	for (int k = px; k < nx; k++)
+		xi[xd[k]] = xv[k - px];
+}
+
+static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out);
+
+/* ---- the dispatcher ------------------------------------------------------------------ */
+
+static void check_row(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	int nk = 0;
+	for (int d = 0; d < g->row_rank; d++)
+		nk += g->row_kept[d];
+	for (int l = 0; l < nl; l++) {
+		int k = 0;
+		for (int d = 0; d < g->row_rank; d++) {
+			if (!g->row_kept[d])
+				continue;
+			int vd = v->type.rank == g->row_rank ? d : v->type.rank == nk ? k : -1;
+			k++;
+			if (vd < 0) {
+				cg_fail(g, FZ_EUNSUPPORTED, v->def, "a reduced value of "
+					"rank %d read off its row", v->type.rank);
+				return;
+			}
+			if (ext_is1(v->type.dims[vd]))
+				continue;
+			if (!ix_eq(ix[l][vd], g->row[d])) {
+				cg_fail(g, FZ_EUNSUPPORTED, v->def, "a reduced value is read "
+					"at an index other than its own row");
+				return;
+			}
+		}
+	}
+}
+
+static void gather_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
+{
+	const fz_value *x = n->in[0], *idx = n->in[1], *y = n->out[0];
+	int dim = n->attrs.dim, ir = idx->type.rank;
+	cg_ix ii[FZ_VW_MAX][FZ_MAX_RANK], xi[FZ_VW_MAX][FZ_MAX_RANK];
+	for (int l = 0; l < nl; l++) {
+		if (n->op == FZ_OP_TAKE)
+			for (int d = 0; d < ir; d++)
+				ii[l][d] = ix[l][dim + d];
+		else
+			memcpy(ii[l], ix[l], sizeof(cg_ix) * (size_t)ir);
+	}
+	V k[FZ_VW_MAX];
+	cg_value(g, idx, nl, ii, k);
+	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
+	V kk[FZ_VW_MAX];
+	for (int l = 0; l < nl; l++) {
+		if (l > 0 && k[l] == k[l - 1]) {
+			kk[l] = kk[l - 1];
+			continue;
+		}
+		V bad = icmp(g, LLVMIntUGE, k[l], E);
+		cg_flag_error(g, n, bad);
+		kk[l] = zext_or_trunc(g, sel(g, bad, c_i64(g, 0), k[l]), g->ity);
+	}
+	for (int l = 0; l < nl; l++) {
+		if (n->op == FZ_OP_TAKE) {
+			for (int d = 0; d < dim; d++)
+				xi[l][d] = ix[l][d];
+			xi[l][dim] = cg_ix_of(kk[l], 1);
+			for (int d = dim + 1; d < x->type.rank; d++)
+				xi[l][d] = ix[l][d - 1 + ir];
+		} else {
+			memcpy(xi[l], ix[l], sizeof(cg_ix) * (size_t)y->type.rank);
+			xi[l][dim] = cg_ix_of(kk[l], 1);
+		}
+	}
+	cg_value(g, x, nl, xi, out);
+}
+
+void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
+{
+	if (g->st != FZ_OK) {
+		for (int l = 0; l < nl; l++)
+			out[l] = c_undef(cg_ctype(g, v->type.dtype));
+		return;
+	}
+	if (g->is_red[v->id]) {
+		check_row(g, v, nl, ix);
+		V r = g->red[v->id];
+		if (!r) {
+			cg_fail(g, FZ_EUNSUPPORTED, v->def, "a reduced value is used "
+				"before its reduction is complete");
+			r = c_undef(cg_ctype(g, v->type.dtype));
+		}
+		for (int l = 0; l < nl; l++)
+			out[l] = r;
+		return;
+	}
+	/* lanes that coincide are computed once */
+	int n = nl;
+	if (nl > 1) {
+		bool same = true;
+		for (int l = 1; same && l < nl; l++)
+			for (int d = 0; same && d < v->type.rank; d++)
+				same = ix_eq(ix[l][d], ix[0][d]);
+		if (same)
+			n = 1;
+	}
+	uint64_t h = memo_hash(v, n, v->type.rank, ix);
+	cg_memo *e = memo_find(g, v, n, ix, h);
+	if (e) {
+		for (int l = 0; l < nl; l++)
+			out[l] = e->out[n == 1 ? 0 : l];
+		return;
+	}
+	int s = g->slot[v->id];
+	const fz_node *nd = v->def;
+	if (s >= 0 && s < g->r->n_in) {
+		load_lanes(g, s, v, n, ix, out);
+	} else if (!nd) {
+		cg_fail(g, FZ_EINVAL, NULL, "value #%d is neither a region input nor "
+			"made in the region", v->id);
+	} else {
+		const fz_node *saved = g->cur;
+		g->cur = nd;
+		fz_opclass cls = fz_ops[nd->op].cls;
+		V a[FZ_VW_MAX], b[FZ_VW_MAX], c[FZ_VW_MAX];
+		switch (cls) {
+		case FZ_CLASS_UNARY:
+			cg_value(g, nd->in[0], n, ix, a);
+			for (int l = 0; l < n; l++)
+				out[l] = l && a[l] == a[l - 1] ? out[l - 1] :
+					 cg_round_half(g, op_unary(g, nd, a[l]), v->type.dtype);
+			break;
+		case FZ_CLASS_BINARY:
+			cg_value(g, nd->in[0], n, ix, a);
+			cg_value(g, nd->in[1], n, ix, b);
+			for (int l = 0; l < n; l++)
+				out[l] = l && a[l] == a[l - 1] && b[l] == b[l - 1] ? out[l - 1] :
+					 cg_round_half(g, op_binary(g, nd, a[l], b[l]), v->type.dtype);
+			break;
+		case FZ_CLASS_TERNARY:
+			cg_value(g, nd->in[0], n, ix, c);
+			cg_value(g, nd->in[1], n, ix, a);
+			cg_value(g, nd->in[2], n, ix, b);
+			for (int l = 0; l < n; l++)
+				out[l] = sel(g, c[l], a[l], b[l]);
+			break;
+		case FZ_CLASS_CREATION:
+			if (nd->op == FZ_OP_FULL) {
+				V k;
+				if (nd->attrs.value_sym >= 0) {
+					fz_dtype d = v->type.dtype;
+					V sv = zext_or_trunc(g, g->sym[nd->attrs.value_sym], t_i64(g));
+					k = fz_dtype_is_float(d) ? round_to(g, sitofp(g, sv, cg_ctype(g, d)), d) :
+					    d == FZ_BOOL ? icmp(g, LLVMIntNE, sv, c_i64(g, 0)) :
+					    wrap_int(g, sv, d);
+				} else {
+					k = const_of(g, v->type.dtype, nd->attrs.value);
+				}
+				for (int l = 0; l < n; l++)
+					out[l] = k;
+			} else if (nd->op == FZ_OP_IOTA) {
+				fz_dtype d = v->type.dtype;
+				for (int l = 0; l < n; l++) {
+					V i = zext_or_trunc(g, cg_ix_value(g, ix[l][0]), t_i64(g));
+					out[l] = fz_dtype_is_float(d) ? round_to(g, sitofp(g, i, cg_ctype(g, d)), d) :
+						 d == FZ_BOOL ? icmp(g, LLVMIntNE, i, c_i64(g, 0)) :
+						 wrap_int(g, i, d);
+				}
+			} else {
+				uniform_lanes(g, nd, n, ix, out);
+			}
+			break;
+		case FZ_CLASS_META:
+			meta_lanes(g, nd, n, ix, out);
+			break;
+		case FZ_CLASS_INDEXING:
+			if (nd->op == FZ_OP_INDEX_ADD) {
+				cg_fail(g, FZ_EUNSUPPORTED, nd, "the result of index_add is "
+					"read inside its own region");
+				break;
+			}
+			gather_lanes(g, nd, n, ix, out);
+			break;
+		default:
+			cg_fail(g, FZ_EUNSUPPORTED, nd, "a %s op cannot be part of a "
+				"kernel", fz_class_names[cls]);
+			break;
+		}
+		g->cur = saved;
+	}
+	if (g->st != FZ_OK) {
+		for (int l = 0; l < nl; l++)
+			out[l] = c_undef(cg_ctype(g, v->type.dtype));
+		return;
+	}
+	memo_put(g, v, n, ix, h, out);
+	for (int l = n; l < nl; l++)
+		out[l] = out[0];
+}
+
+static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
+{
+	const fz_value *x = n->in[0], *y = n->out[0];
+	const fz_attrs *a = &n->attrs;
+	cg_ix xi[FZ_VW_MAX][FZ_MAX_RANK];
+	switch (n->op) {
+	case FZ_OP_BROADCAST_IN_DIM:
+		for (int l = 0; l < nl; l++)
+			for (int i = 0; i < x->type.rank; i++)
+				xi[l][i] = ext_is1(x->type.dims[i]) ? cg_ix_zero() : ix[l][a->dims[i]];
+		break;
+	case FZ_OP_RESHAPE:
+	case FZ_OP_SQUEEZE:
+	case FZ_OP_UNSQUEEZE:
+		for (int l = 0; l < nl; l++)
+			reshape_ix(g, &x->type, &y->type, ix[l], xi[l]);
+		break;
+	case FZ_OP_PERMUTE:
+		for (int l = 0; l < nl; l++)
+			for (int i = 0; i < y->type.rank; i++)
+				xi[l][a->dims[i]] = ix[l][i];
+		break;
+	case FZ_OP_SLICE:
+		for (int l = 0; l < nl; l++)
+			for (int d = 0; d < y->type.rank; d++) {
+				cg_ix t = ix[l][d];
+				int64_t st = a->step ? a->step[d] : 1;
+				if (st != 1 && t.b)
+					t.b = cg_iop(g, CG_MUL, t.b, c_int(g->ity, st));
+				t.m *= st;
+				t.o = t.o * st + a->start[d];
+				xi[l][d] = t;
+			}
+		break;
+	case FZ_OP_CAT: {
+		int k = a->dim;
+		V acc[FZ_VW_MAX];
+		bool have = false;
+		/* fast path: constant bounds that are multiples of the lanes' base */
+		bool fast = true;
+		int64_t m = ix[0][k].m;
+		for (int l = 0; l < nl && fast; l++)
+			fast = ix[l][k].b == ix[0][k].b && ix[l][k].o >= 0 && ix[l][k].o < m;
+		int64_t s = 0;
+		for (int p = 0; p < n->n_in && fast; p++) {
+			fz_ext e = n->in[p]->type.dims[k];
+			fast = fz_ext_is_const(e) && e.c % m == 0;
+			s += e.c;
+		}
+		fz_ext start = fz_ext_const(0);
+		V startv = c_int(g->ity, 0);
+		for (int p = 0; p < n->n_in; p++) {
+			const fz_value *xp = n->in[p];
+			fz_ext e = xp->type.dims[k];
+			if (fz_ext_is_const(e) && e.c == 0)
+				continue;
+			V ev = cg_ext(g, e);
+			V vals[FZ_VW_MAX], in[FZ_VW_MAX];
+			for (int l = 0; l < nl; l++) {
+				memcpy(xi[l], ix[l], sizeof(cg_ix) * (size_t)y->type.rank);
+				if (fast) {
+					V b = ix[l][k].b ? ix[l][k].b : c_int(g->ity, 0);
+					V rel = sub(g, b, startv);
+					in[l] = icmp(g, LLVMIntULT, rel, ev);
+					xi[l][k] = (cg_ix){sel(g, in[l], rel, c_int(g->ity, 0)),
+							   ix[l][k].o, m};
+				} else {
+					V rel = sub(g, cg_ix_value(g, ix[l][k]), startv);
+					in[l] = icmp(g, LLVMIntULT, rel, ev);
+					xi[l][k] = cg_ix_of(sel(g, in[l], rel, c_int(g->ity, 0)), 1);
+				}
+			}
+			cg_value(g, xp, nl, xi, vals);
+			for (int l = 0; l < nl; l++)
+				acc[l] = have ? sel(g, in[l], vals[l], acc[l]) : vals[l];
+			have = true;
+			fz_ext ns;
+			if (fz_ext_is_const(start) && fz_ext_is_const(e)) {
+				start = fz_ext_const(start.c + e.c);
+				startv = c_int(g->ity, start.c);
+			} else {
+				start = fz_ext_sym(0); /* symbolic from here on */
+				startv = add(g, startv, ev);
+			}
+			(void)ns;
+		}
+		(void)s;
+		for (int l = 0; l < nl; l++)
+			out[l] = have ? acc[l] : c_undef(cg_ctype(g, y->type.dtype));
+		return;
+	}
+	default:
+		cg_fail(g, FZ_EUNSUPPORTED, n, "unknown meta op");
+		return;
+	}
+	cg_value(g, x, nl, xi, out);
+}
+
+/* ---- function plumbing ----------------------------------------------------------------- */
+
+LLVMValueRef cg_entry_alloca(cg *g, T t)
+{
+	LLVMBasicBlockRef cur = current(g);
+	LLVMValueRef first = LLVMGetFirstInstruction(g->entry);
+	if (first)
+		LLVMPositionBuilderBefore(g->b, first);
+	else
+		at_end(g, g->entry);
+	V a = alloca_(g, t);
+	at_end(g, cur);
+	return a;
+}
+
+static V sreg(cg *g, const char *name)
+{
+	if (g->o.target != FZ_CG_NVPTX)
+		return NULL;
+	T fty = LLVMFunctionType(t_i32(g), NULL, 0, 0);
+	LLVMBasicBlockRef cur = current(g);
+	at_end(g, g->entry);
+	V v = zext_or_trunc(g, call_named(g, name, fty, NULL, 0), g->ity);
+	at_end(g, cur);
+	return v;
+}
+
+LLVMValueRef cg_tid(cg *g)
+{
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.tid.x");
+	return v ? v : c_int(g->ity, 0);
+}
+LLVMValueRef cg_ntid(cg *g)
+{
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ntid.x");
+	return v ? v : c_int(g->ity, 1);
+}
+LLVMValueRef cg_ctaid(cg *g)
+{
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ctaid.x");
+	return v ? v : c_int(g->ity, 0);
+}
+LLVMValueRef cg_nctaid(cg *g)
+{
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.nctaid.x");
+	return v ? v : c_int(g->ity, 1);
+}
+
+void cg_barrier(cg *g)
+{
+	if (g->o.target != FZ_CG_NVPTX)
+		return;
+	T fty = LLVMFunctionType(t_void(g), NULL, 0, 0);
+	call_named(g, "llvm.nvvm.barrier0", fty, NULL, 0);
+}
+
+static V shfl32(cg *g, V x, int lane_mask)
+{
+	bool isf = type_of(x) == t_f32(g);
+	T ty = isf ? t_f32(g) : t_i32(g);
+	T ps[4] = {t_i32(g), ty, t_i32(g), t_i32(g)};
+	T fty = LLVMFunctionType(ty, ps, 4, 0);
+	V args[4] = {c_i32(g, -1), x, c_i32(g, lane_mask), c_i32(g, 0x1f)};
+	return call_named(g, isf ? "llvm.nvvm.shfl.sync.bfly.f32" :
+			  "llvm.nvvm.shfl.sync.bfly.i32", fty, args, 4);
+}
+
+LLVMValueRef cg_shfl_bfly(cg *g, V x, int lane_mask)
+{
+	T t = type_of(x);
+	if (t == t_f32(g) || t == t_i32(g))
+		return shfl32(g, x, lane_mask);
+	if (t == t_i1(g))
+		return trunc_(g, shfl32(g, zext(g, x, t_i32(g)), lane_mask), t_i1(g));
+	/* 64-bit: two halves */
+	V u = t == t_f64(g) ? bitcast(g, x, t_i64(g)) : x;
+	V lo = shfl32(g, trunc_(g, u, t_i32(g)), lane_mask);
+	V hi = shfl32(g, trunc_(g, lshr(g, u, c_i64(g, 32)), t_i32(g)), lane_mask);
+	V r = or_(g, zext(g, lo, t_i64(g)), shl(g, zext(g, hi, t_i64(g)), c_i64(g, 32)));
+	return t == t_f64(g) ? bitcast(g, r, t_f64(g)) : r;
+}
+
+void cg_loop_begin(cg *g, cg_loop *L, V start, V limit, V step)
+{
+	L->pre = current(g);
+	L->head = block(g, "loop");
+	L->body = block(g, "body");
+	L->exit = block(g, "done");
+	L->start = start;
+	L->step = step;
+	br(g, L->head);
+	at_end(g, L->head);
+	L->iv = phi(g, g->ity);
+	phi_add(L->iv, start, L->pre);
+	cond_br(g, icmp(g, LLVMIntULT, L->iv, limit), L->body, L->exit);
+	at_end(g, L->body);
+	L->mark = cg_memo_mark(g);
+	L->cse_mark = g->n_cse;
+}
+
+void cg_loop_end(cg *g, cg_loop *L)
+{
+	V next = add(g, L->iv, L->step);
+	phi_add(L->iv, next, current(g));
+	br(g, L->head);
+	at_end(g, L->exit);
+	cg_memo_pop(g, L->mark);
+	g->n_cse = L->cse_mark;
+}
+
+void cg_function_begin(cg *g, const char *name)
+{
+	const fz_region *r = g->r;
+	int nb = r->n_in + r->n_out;
+	T fty;
+	if (g->o.target == FZ_CG_NVPTX) {
+		int np = nb + 1 + g->k->n_syms;
+		T *ps = calloc((size_t)np, sizeof *ps);
+		if (!ps) {
+			cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+			return;
+		}
+		for (int i = 0; i < nb + 1; i++)
+			ps[i] = t_ptr(g, g->as);
+		for (int i = 0; i < g->k->n_syms; i++)
+			ps[nb + 1 + i] = t_i64(g);
+		fty = LLVMFunctionType(t_void(g), ps, (unsigned)np, 0);
+		free(ps);
+	} else {
+		T ps[3] = {t_ptr(g, 0), t_ptr(g, 0), t_ptr(g, 0)};
+		fty = LLVMFunctionType(t_void(g), ps, 3, 0);
+	}
+	g->fn = LLVMAddFunction(g->mod, name, fty);
+	g->entry = block(g, "entry");
+	LLVMBasicBlockRef body = block(g, "start");
+	at_end(g, g->entry);
+	unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+	if (g->o.target == FZ_CG_NVPTX) {
+		LLVMSetFunctionCallConv(g->fn, LLVMPTXKernelCallConv);
+		for (int i = 0; i < nb; i++) {
+			g->buf[i] = param(g, (unsigned)i);
+			LLVMAddAttributeAtIndex(g->fn, (unsigned)i + 1,
+						LLVMCreateEnumAttribute(g->ctx, noalias, 0));
+		}
+		g->err = param(g, (unsigned)nb);
+		for (int i = 0; i < g->k->n_syms; i++)
+			g->sym[g->k->syms[i]] = zext_or_trunc(g, param(g, (unsigned)(nb + 1 + i)),
+							       g->ity);
+		/* nvvm.annotations: {fn, "kernel", 1} for the NVPTX backend */
+		V md[3] = {g->fn, LLVMMDStringInContext(g->ctx, "kernel", 6),
+			   c_i32(g, 1)};
+		LLVMAddNamedMetadataOperand(g->mod, "nvvm.annotations",
+					    LLVMMDNodeInContext(g->ctx, md, 3));
+	} else {
+		V bufs = param(g, 0), syms = param(g, 1);
+		g->err = param(g, 2);
+		for (int i = 0; i < nb; i++)
+			g->buf[i] = load(g, t_ptr(g, 0), gep(g, t_ptr(g, 0), bufs, c_i64(g, i)), 8);
+		for (int i = 0; i < g->k->n_syms; i++) {
+			int s = g->k->syms[i];
+			V x = load(g, t_i64(g), gep(g, t_i64(g), syms, c_i64(g, s)), 8);
+			g->sym[s] = zext_or_trunc(g, x, g->ity);
+		}
+	}
+	at_end(g, body);
+}
+
+void cg_function_end(cg *g)
+{
+	ret_void(g);
+	LLVMBasicBlockRef first = LLVMGetNextBasicBlock(g->entry);
+	at_end(g, g->entry);
+	br(g, first);
+}

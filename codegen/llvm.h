@@ -1,0 +1,160 @@
+/*
+ * llvm.h: thin helpers over the LLVM C API, one LLVM call each.
+ *
+ * The kernel emitters read like the kernel when the builder calls are short:
+ * `fadd(g, a, b)` rather than `LLVMBuildFAdd(g->b, a, b, "")`. Every helper
+ * takes the emitter's state (cg, defined in codegen.h) only for its builder
+ * and context, names nothing (LLVM numbers the values), and adds no logic
+ * beyond the one call, except where a comment says so (fast-math flags on
+ * float arithmetic, explained in codegen.h).
+ *
+ * Helpers that need a module-level declaration (intrinsics) look it up by
+ * name and declare it on first use, so a module only holds what it calls.
+ */
+#ifndef FUSEC_CODEGEN_LLVM_H
+#define FUSEC_CODEGEN_LLVM_H
+
+#include <llvm-c/Core.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "codegen.h"
+
+typedef LLVMValueRef V;
+typedef LLVMTypeRef T;
+
+/* ---- types ---------------------------------------------------------------- */
+
+static inline T t_void(cg *g) { return LLVMVoidTypeInContext(g->ctx); }
+static inline T t_i1(cg *g) { return LLVMInt1TypeInContext(g->ctx); }
+static inline T t_i8(cg *g) { return LLVMInt8TypeInContext(g->ctx); }
+static inline T t_i16(cg *g) { return LLVMInt16TypeInContext(g->ctx); }
+static inline T t_i32(cg *g) { return LLVMInt32TypeInContext(g->ctx); }
+static inline T t_i64(cg *g) { return LLVMInt64TypeInContext(g->ctx); }
+static inline T t_f16(cg *g) { return LLVMHalfTypeInContext(g->ctx); }
+static inline T t_f32(cg *g) { return LLVMFloatTypeInContext(g->ctx); }
+static inline T t_f64(cg *g) { return LLVMDoubleTypeInContext(g->ctx); }
+static inline T t_ptr(cg *g, unsigned as) { return LLVMPointerTypeInContext(g->ctx, as); }
+static inline T t_vec(T el, unsigned n) { return LLVMVectorType(el, n); }
+static inline T t_arr(T el, unsigned n) { return LLVMArrayType2(el, n); }
+static inline T type_of(V v) { return LLVMTypeOf(v); }
+
+/* ---- constants ------------------------------------------------------------ */
+
+static inline V c_int(T t, int64_t x) { return LLVMConstInt(t, (unsigned long long)x, 1); }
+static inline V c_i1(cg *g, int x) { return LLVMConstInt(t_i1(g), x != 0, 0); }
+static inline V c_i32(cg *g, int64_t x) { return c_int(t_i32(g), x); }
+static inline V c_i64(cg *g, int64_t x) { return c_int(t_i64(g), x); }
+static inline V c_real(T t, double x) { return LLVMConstReal(t, x); }
+static inline V c_f32(cg *g, double x) { return c_real(t_f32(g), x); }
+static inline V c_f64(cg *g, double x) { return c_real(t_f64(g), x); }
+static inline V c_undef(T t) { return LLVMGetUndef(t); }
+static inline V c_poison(T t) { return LLVMGetPoison(t); }
+static inline int is_const(V v) { return LLVMIsConstant(v); }
+
+/* ---- integer arithmetic --------------------------------------------------- */
+
+static inline V add(cg *g, V a, V b) { return LLVMBuildAdd(g->b, a, b, ""); }
+static inline V sub(cg *g, V a, V b) { return LLVMBuildSub(g->b, a, b, ""); }
+static inline V mul(cg *g, V a, V b) { return LLVMBuildMul(g->b, a, b, ""); }
+static inline V udiv(cg *g, V a, V b) { return LLVMBuildUDiv(g->b, a, b, ""); }
+static inline V urem(cg *g, V a, V b) { return LLVMBuildURem(g->b, a, b, ""); }
+static inline V srem(cg *g, V a, V b) { return LLVMBuildSRem(g->b, a, b, ""); }
+static inline V shl(cg *g, V a, V b) { return LLVMBuildShl(g->b, a, b, ""); }
+static inline V lshr(cg *g, V a, V b) { return LLVMBuildLShr(g->b, a, b, ""); }
+static inline V ashr(cg *g, V a, V b) { return LLVMBuildAShr(g->b, a, b, ""); }
+static inline V and_(cg *g, V a, V b) { return LLVMBuildAnd(g->b, a, b, ""); }
+static inline V or_(cg *g, V a, V b) { return LLVMBuildOr(g->b, a, b, ""); }
+static inline V xor_(cg *g, V a, V b) { return LLVMBuildXor(g->b, a, b, ""); }
+static inline V neg(cg *g, V a) { return LLVMBuildNeg(g->b, a, ""); }
+static inline V icmp(cg *g, LLVMIntPredicate p, V a, V b) { return LLVMBuildICmp(g->b, p, a, b, ""); }
+
+/* ---- float arithmetic ------------------------------------------------------
+ * add, sub and mul carry `contract` (see codegen.h, "fast math") inside the
+ * math library and the reductions: the backend may fuse a*b+c into one fma.
+ * The trace's own ops use the _exact forms. Nothing else is relaxed. */
+
+static inline V fm(V v) { if (LLVMIsAInstruction(v)) LLVMSetFastMathFlags(v, LLVMFastMathAllowContract); return v; }
+static inline V fadd(cg *g, V a, V b) { return fm(LLVMBuildFAdd(g->b, a, b, "")); }
+static inline V fsub(cg *g, V a, V b) { return fm(LLVMBuildFSub(g->b, a, b, "")); }
+static inline V fmul(cg *g, V a, V b) { return fm(LLVMBuildFMul(g->b, a, b, "")); }
+/* The ops of the trace itself: no flags at all, so an f32 a*b+c rounds the
+ * product as the interpreter does (bit-equal results). */
+static inline V fadd_exact(cg *g, V a, V b) { return LLVMBuildFAdd(g->b, a, b, ""); }
+static inline V fsub_exact(cg *g, V a, V b) { return LLVMBuildFSub(g->b, a, b, ""); }
+static inline V fmul_exact(cg *g, V a, V b) { return LLVMBuildFMul(g->b, a, b, ""); }
+static inline V fdiv(cg *g, V a, V b) { return LLVMBuildFDiv(g->b, a, b, ""); }
+static inline V fneg(cg *g, V a) { return LLVMBuildFNeg(g->b, a, ""); }
+static inline V fcmp(cg *g, LLVMRealPredicate p, V a, V b) { return LLVMBuildFCmp(g->b, p, a, b, ""); }
+static inline V sel(cg *g, V c, V a, V b) { return LLVMBuildSelect(g->b, c, a, b, ""); }
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static inline V zext(cg *g, V a, T t) { return LLVMBuildZExt(g->b, a, t, ""); }
+static inline V sext(cg *g, V a, T t) { return LLVMBuildSExt(g->b, a, t, ""); }
+static inline V trunc_(cg *g, V a, T t) { return LLVMBuildTrunc(g->b, a, t, ""); }
+static inline V sext_or_trunc(cg *g, V a, T t) { return LLVMBuildIntCast2(g->b, a, t, 1, ""); }
+static inline V zext_or_trunc(cg *g, V a, T t) { return LLVMBuildIntCast2(g->b, a, t, 0, ""); }
+static inline V fpext(cg *g, V a, T t) { return LLVMBuildFPExt(g->b, a, t, ""); }
+static inline V fptrunc(cg *g, V a, T t) { return LLVMBuildFPTrunc(g->b, a, t, ""); }
+static inline V sitofp(cg *g, V a, T t) { return LLVMBuildSIToFP(g->b, a, t, ""); }
+static inline V uitofp(cg *g, V a, T t) { return LLVMBuildUIToFP(g->b, a, t, ""); }
+static inline V fptosi(cg *g, V a, T t) { return LLVMBuildFPToSI(g->b, a, t, ""); }
+static inline V bitcast(cg *g, V a, T t) { return LLVMBuildBitCast(g->b, a, t, ""); }
+
+/* ---- memory --------------------------------------------------------------- */
+
+static inline V gep(cg *g, T el, V p, V i) { return LLVMBuildInBoundsGEP2(g->b, el, p, &i, 1, ""); }
+static inline V load(cg *g, T t, V p, unsigned align)
+{
+	V v = LLVMBuildLoad2(g->b, t, p, "");
+	LLVMSetAlignment(v, align);
+	return v;
+}
+static inline V store(cg *g, V v, V p, unsigned align)
+{
+	V s = LLVMBuildStore(g->b, v, p);
+	LLVMSetAlignment(s, align);
+	return s;
+}
+static inline V alloca_(cg *g, T t) { return LLVMBuildAlloca(g->b, t, ""); }
+static inline V extract(cg *g, V vec, unsigned i) { return LLVMBuildExtractElement(g->b, vec, c_i32(g, i), ""); }
+static inline V insert(cg *g, V vec, V x, unsigned i) { return LLVMBuildInsertElement(g->b, vec, x, c_i32(g, i), ""); }
+static inline V atomic_add(cg *g, LLVMAtomicRMWBinOp op, V p, V x)
+{
+	return LLVMBuildAtomicRMW(g->b, op, p, x, LLVMAtomicOrderingMonotonic, 0);
+}
+
+/* ---- control -------------------------------------------------------------- */
+
+static inline LLVMBasicBlockRef block(cg *g, const char *name) { return LLVMAppendBasicBlockInContext(g->ctx, g->fn, name); }
+static inline void at_end(cg *g, LLVMBasicBlockRef bb) { LLVMPositionBuilderAtEnd(g->b, bb); }
+static inline LLVMBasicBlockRef current(cg *g) { return LLVMGetInsertBlock(g->b); }
+static inline void br(cg *g, LLVMBasicBlockRef bb) { LLVMBuildBr(g->b, bb); }
+static inline void cond_br(cg *g, V c, LLVMBasicBlockRef t, LLVMBasicBlockRef f) { LLVMBuildCondBr(g->b, c, t, f); }
+static inline void ret_void(cg *g) { LLVMBuildRetVoid(g->b); }
+static inline V phi(cg *g, T t) { return LLVMBuildPhi(g->b, t, ""); }
+static inline void phi_add(V p, V v, LLVMBasicBlockRef bb) { LLVMAddIncoming(p, &v, &bb, 1); }
+static inline V param(cg *g, unsigned i) { return LLVMGetParam(g->fn, i); }
+
+/* A call of the function `name` of type `fty`, declared on first use. */
+static inline V call_named(cg *g, const char *name, T fty, V *args, unsigned n)
+{
+	V f = LLVMGetNamedFunction(g->mod, name);
+	if (!f)
+		f = LLVMAddFunction(g->mod, name, fty);
+	return LLVMBuildCall2(g->b, fty, f, args, n, "");
+}
+
+/* An overloaded intrinsic (llvm.floor.f32, ...) on one type, called. */
+static inline V call_intrinsic(cg *g, const char *name, T over, T ret, V *args, unsigned n)
+{
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	T tys[1] = {over};
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, over ? 1 : 0);
+	T fty = LLVMIntrinsicGetType(g->ctx, id, tys, over ? 1 : 0);
+	(void)ret;
+	return LLVMBuildCall2(g->b, fty, f, args, n, "");
+}
+
+#endif

@@ -1,0 +1,378 @@
+/*
+ * math.c: the math functions of the float unary and binary ops, as IR.
+ *
+ * The NVPTX backend has no exp, log, sin or erf of its own (CUDA gets them
+ * from libdevice, which fusec does not link), and the host's libm would make
+ * the CPU compute something the GPU does not. So the f32 functions are
+ * emitted here, inline, from the same code on both targets: the CPU tests
+ * test the GPU's math. Each one is the textbook method, with its error
+ * budget next to it; all stay within a few ulp of f32, far inside the f32
+ * tolerance of 1e-5 relative that `run --check` applies:
+ *
+ *   exp     x = k ln2 + r, |r| <= ln2/2 (Cody-Waite with fma), degree-7
+ *           Taylor for e^r (truncation 3e-9), scaled by 2^k in two steps so
+ *           that k down to -150 reaches the subnormals
+ *   exp2    k = rint(x), r = (x - k) ln2 (exact subtraction), as exp
+ *   expm1   degree-9 Taylor below |x| < ln2/2 (no cancellation), exp - 1
+ *           above
+ *   log     x = 2^e m, m in [sqrt(1/2), sqrt(2)), f = m - 1, s = f/(2+f),
+ *           log(1+f) = f - f^2/2 + s (f^2/2 + R(s^2)) (fdlibm's form with
+ *           Taylor coefficients; truncation 1e-10); subnormals prescaled
+ *   log2    e + log(m) log2(e);  log1p: Kahan's log(u) x / (u - 1)
+ *   sin cos k = rint(x 2/pi), r by three-part Cody-Waite with fma, odd and
+ *           even polynomials on |r| <= pi/4, quadrant k mod 4
+ *   tanh    e / (e + 2) with e = expm1(2|x|): relative accuracy at 0 too
+ *   erf     in f64, the Taylor series (56 terms) for |x| < 3.95, which
+ *           loses at most 6 of f64's 16 digits to cancellation; 1 above
+ *   pow     exp2(b log2 |a|) with C's special cases (negative base with an
+ *           integer exponent, b = 0, a = 1)
+ *   fmod    in f64: a - trunc(a/b) b, corrected by one b when the quotient
+ *           rounded up; exact while the quotient is below 2^29
+ *
+ * f64 values on the host call libm (the JIT resolves exp, log, ... from the
+ * process), on the GPU only the ops that need no library are available;
+ * the others are FZ_EUNSUPPORTED with the op named.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "llvm.h"
+
+static V fc(cg *g, double x) { return c_f32(g, x); }
+
+static V fma3(cg *g, V a, V b, V c)
+{
+	V args[3] = {a, b, c};
+	return call_intrinsic(g, "llvm.fma", type_of(a), type_of(a), args, 3);
+}
+
+static V un(cg *g, const char *name, V x)
+{
+	return call_intrinsic(g, name, type_of(x), type_of(x), &x, 1);
+}
+
+/* c[0] + x (c[1] + x (c[2] + ...)) */
+static V poly(cg *g, V x, const double *c, int n)
+{
+	T T0 = type_of(x);
+	V acc = c_real(T0, c[n - 1]);
+	for (int i = n - 2; i >= 0; i--)
+		acc = fadd(g, fmul(g, acc, x), c_real(T0, c[i]));
+	return acc;
+}
+
+static V isnan_(cg *g, V x) { return fcmp(g, LLVMRealUNO, x, x); }
+
+/* p * 2^k for k (i32) in [-300, 300]: two exact power-of-two factors. */
+static V scale2(cg *g, V p, V k)
+{
+	V k1 = ashr(g, k, c_i32(g, 1)), k2 = sub(g, k, k1);
+	V s1 = bitcast(g, shl(g, add(g, k1, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
+	V s2 = bitcast(g, shl(g, add(g, k2, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
+	return fmul(g, fmul(g, p, s1), s2);
+}
+
+static const double EXP_C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
+			       1.0 / 720, 1.0 / 5040};
+
+static V clampf(cg *g, V x, double lo, double hi)
+{
+	x = sel(g, isnan_(g, x), fc(g, 0), x);
+	x = sel(g, fcmp(g, LLVMRealOGT, x, fc(g, hi)), fc(g, hi), x);
+	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, lo)), fc(g, lo), x);
+}
+
+static V expf_(cg *g, V x)
+{
+	const double ln2 = 0.69314718055994530942;
+	float hi = (float)ln2;
+	float lo = (float)(ln2 - (double)hi);
+	V xc = clampf(g, x, -104.0, 89.0);
+	V k = un(g, "llvm.rint", fmul(g, xc, fc(g, 1.4426950408889634)));
+	V r = fma3(g, fneg(g, k), fc(g, hi), xc);
+	r = fma3(g, fneg(g, k), fc(g, lo), r);
+	V p = poly(g, r, EXP_C, 8);
+	V y = scale2(g, p, fptosi(g, k, t_i32(g)));
+	return sel(g, isnan_(g, x), x, y);
+}
+
+static V exp2f_(cg *g, V x)
+{
+	V xc = clampf(g, x, -152.0, 129.0);
+	V k = un(g, "llvm.rint", xc);
+	V r = fmul(g, fsub(g, xc, k), fc(g, 0.69314718055994530942));
+	V y = scale2(g, poly(g, r, EXP_C, 8), fptosi(g, k, t_i32(g)));
+	return sel(g, isnan_(g, x), x, y);
+}
+
+static V expm1f_(cg *g, V x)
+{
+	static const double c[] = {1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
+				   1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880};
+	V small = fcmp(g, LLVMRealOLT, un(g, "llvm.fabs", x), fc(g, 0.34657359));
+	V ps = fmul(g, x, poly(g, x, c, 9));
+	V pl = fsub(g, expf_(g, x), fc(g, 1.0));
+	return sel(g, small, ps, pl);
+}
+
+/* log(m) for m in [sqrt(1/2), sqrt(2)) as f - hfsq + s (hfsq + R). */
+static V log_core(cg *g, V m)
+{
+	static const double R[] = {0, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11};
+	V f = fsub(g, m, fc(g, 1.0));
+	V s = fdiv(g, f, fadd(g, fc(g, 2.0), f));
+	V z = fmul(g, s, s);
+	V Rz = poly(g, z, R, 6);
+	V hfsq = fmul(g, fc(g, 0.5), fmul(g, f, f));
+	return fsub(g, f, fsub(g, hfsq, fmul(g, s, fadd(g, hfsq, Rz))));
+}
+
+/* x = 2^e m; returns m in [sqrt(1/2), sqrt(2)) and e as f32. */
+static V log_split(cg *g, V x, V *e_out)
+{
+	V sub_ = fcmp(g, LLVMRealOLT, x, fc(g, 0x1p-126));
+	V xs = sel(g, sub_, fmul(g, x, fc(g, 0x1p23)), x);
+	V bits = bitcast(g, xs, t_i32(g));
+	V e = sub(g, lshr(g, bits, c_i32(g, 23)), c_i32(g, 127));
+	e = sel(g, sub_, sub(g, e, c_i32(g, 23)), e);
+	V m = bitcast(g, or_(g, and_(g, bits, c_i32(g, 0x7fffff)), c_i32(g, 0x3f800000)),
+		      t_f32(g));
+	V big = fcmp(g, LLVMRealOGT, m, fc(g, 1.41421356));
+	m = sel(g, big, fmul(g, m, fc(g, 0.5)), m);
+	e = sel(g, big, add(g, e, c_i32(g, 1)), e);
+	*e_out = sitofp(g, e, t_f32(g));
+	return m;
+}
+
+static V log_special(cg *g, V x, V y)
+{
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, INFINITY)), x, y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, 0.0)), fc(g, -INFINITY), y);
+	return sel(g, fcmp(g, LLVMRealULT, x, fc(g, 0.0)), fc(g, NAN), y);
+}
+
+static V logf_(cg *g, V x)
+{
+	V e;
+	V m = log_split(g, x, &e);
+	V L = log_core(g, m);
+	V y = fadd(g, fmul(g, e, fc(g, 6.9313812256e-01)),
+		   fadd(g, L, fmul(g, e, fc(g, 9.0580006145e-06))));
+	return log_special(g, x, y);
+}
+
+static V log2f_(cg *g, V x)
+{
+	V e;
+	V m = log_split(g, x, &e);
+	V y = fadd(g, e, fmul(g, log_core(g, m), fc(g, 1.4426950408889634)));
+	return log_special(g, x, y);
+}
+
+static V log1pf_(cg *g, V x)
+{
+	V u = fadd(g, fc(g, 1.0), x);
+	V d = fsub(g, u, fc(g, 1.0));
+	V y = fmul(g, logf_(g, u), fdiv(g, x, d));
+	y = sel(g, fcmp(g, LLVMRealOEQ, d, fc(g, 0.0)), x, y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, INFINITY)), x, y);
+	return sel(g, fcmp(g, LLVMRealOEQ, u, fc(g, 0.0)), fc(g, -INFINITY), y);
+}
+
+static V sincosf_(cg *g, V x, bool cosine)
+{
+	const double pio2 = 1.57079632679489661923;
+	float p1 = (float)pio2;
+	float p2 = (float)(pio2 - (double)p1);
+	float p3 = (float)(pio2 - (double)p1 - (double)p2);
+	V k = un(g, "llvm.rint", fmul(g, x, fc(g, 0.63661977236758134)));
+	V nk = fneg(g, k);
+	V r = fma3(g, nk, fc(g, p1), x);
+	r = fma3(g, nk, fc(g, p2), r);
+	r = fma3(g, nk, fc(g, p3), r);
+	static const double S[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880};
+	static const double C[] = {-0.5, 1.0 / 24, -1.0 / 720, 1.0 / 40320,
+				   -1.0 / 3628800};
+	V z = fmul(g, r, r);
+	V s = fadd(g, r, fmul(g, fmul(g, r, z), poly(g, z, S, 4)));
+	V c = fadd(g, fc(g, 1.0), fmul(g, z, poly(g, z, C, 5)));
+	const char *sat = "llvm.fptosi.sat";
+	unsigned id = LLVMLookupIntrinsicID(sat, strlen(sat));
+	T tys[2] = {t_i32(g), t_f32(g)};
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, 2);
+	V q = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, tys, 2), f, &k, 1, "");
+	if (cosine)
+		q = add(g, q, c_i32(g, 1));
+	q = and_(g, q, c_i32(g, 3));
+	V odd = icmp(g, LLVMIntNE, and_(g, q, c_i32(g, 1)), c_i32(g, 0));
+	V negq = icmp(g, LLVMIntNE, and_(g, q, c_i32(g, 2)), c_i32(g, 0));
+	V y = sel(g, odd, c, s);
+	y = sel(g, negq, fneg(g, y), y);
+	return sel(g, isnan_(g, r), fc(g, NAN), y);
+}
+
+static V tanhf_(cg *g, V x)
+{
+	V a = un(g, "llvm.fabs", x);
+	V e = expm1f_(g, fmul(g, a, fc(g, 2.0)));
+	V t = fdiv(g, e, fadd(g, e, fc(g, 2.0)));
+	t = sel(g, fcmp(g, LLVMRealOGT, a, fc(g, 9.0)), fc(g, 1.0), t);
+	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, 0.0)), fneg(g, t), t);
+}
+
+/* erf of an f32 value, computed in f64 (see the essay). */
+static V erff_(cg *g, V x)
+{
+	V a = un(g, "llvm.fabs", x);
+	V ac = sel(g, fcmp(g, LLVMRealOLT, a, fc(g, 3.95)), a, fc(g, 3.95));
+	V xd = fpext(g, ac, t_f64(g));
+	V mx2 = fneg(g, fmul(g, xd, xd));
+	/* for n in 1..56: p *= -x^2 / n; sum += p / (2n + 1) */
+	LLVMBasicBlockRef pre = current(g), head = block(g, "erf"), done = block(g, "erf.done");
+	br(g, head);
+	at_end(g, head);
+	V n = phi(g, t_i32(g)), p = phi(g, t_f64(g)), s = phi(g, t_f64(g));
+	phi_add(n, c_i32(g, 1), pre);
+	phi_add(p, xd, pre);
+	phi_add(s, xd, pre);
+	V nf = sitofp(g, n, t_f64(g));
+	V p2 = fdiv(g, fmul(g, p, mx2), nf);
+	V s2 = fadd(g, s, fdiv(g, p2, fadd(g, fmul(g, nf, c_f64(g, 2.0)), c_f64(g, 1.0))));
+	V n2 = add(g, n, c_i32(g, 1));
+	phi_add(n, n2, head);
+	phi_add(p, p2, head);
+	phi_add(s, s2, head);
+	cond_br(g, icmp(g, LLVMIntSLE, n2, c_i32(g, 56)), head, done);
+	at_end(g, done);
+	V r = fptrunc(g, fmul(g, s2, c_f64(g, 1.1283791670955126)), t_f32(g));
+	r = sel(g, fcmp(g, LLVMRealOGE, a, fc(g, 3.95)), fc(g, 1.0), r);
+	r = sel(g, isnan_(g, x), x, r);
+	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, 0.0)), fneg(g, r), r);
+}
+
+static V libm(cg *g, const char *name, V x)
+{
+	T ps[1] = {t_f64(g)};
+	return call_named(g, name, LLVMFunctionType(t_f64(g), ps, 1, 0), &x, 1);
+}
+
+static V libm2(cg *g, const char *name, V a, V b)
+{
+	T ps[2] = {t_f64(g), t_f64(g)};
+	V args[2] = {a, b};
+	return call_named(g, name, LLVMFunctionType(t_f64(g), ps, 2, 0), args, 2);
+}
+
+LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
+{
+	T t = type_of(x);
+	V one = c_real(t, 1.0), zero = c_real(t, 0.0);
+	switch (op) {
+	case FZ_OP_NEG: return fneg(g, x);
+	case FZ_OP_ABS: return un(g, "llvm.fabs", x);
+	case FZ_OP_SQRT: return un(g, "llvm.sqrt", x);
+	case FZ_OP_RSQRT: return fdiv(g, one, un(g, "llvm.sqrt", x));
+	case FZ_OP_RECIPROCAL: return fdiv(g, one, x);
+	case FZ_OP_FLOOR: return un(g, "llvm.floor", x);
+	case FZ_OP_CEIL: return un(g, "llvm.ceil", x);
+	case FZ_OP_ROUND: return un(g, "llvm.rint", x);
+	case FZ_OP_SIGN: {
+		V r = sel(g, fcmp(g, LLVMRealOGT, x, zero), one,
+			  sel(g, fcmp(g, LLVMRealOLT, x, zero), c_real(t, -1.0), zero));
+		return sel(g, isnan_(g, x), x, r);
+	}
+	default:
+		break;
+	}
+	if (t == t_f64(g)) {
+		if (g->o.target == FZ_CG_NVPTX) {
+			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 %s has no GPU lowering "
+				"(no libdevice); compute it in f32", fz_ops[op].name);
+			return x;
+		}
+		switch (op) {
+		case FZ_OP_EXP: return libm(g, "exp", x);
+		case FZ_OP_EXP2: return libm(g, "exp2", x);
+		case FZ_OP_LOG: return libm(g, "log", x);
+		case FZ_OP_LOG2: return libm(g, "log2", x);
+		case FZ_OP_LOG1P: return libm(g, "log1p", x);
+		case FZ_OP_EXPM1: return libm(g, "expm1", x);
+		case FZ_OP_SIN: return libm(g, "sin", x);
+		case FZ_OP_COS: return libm(g, "cos", x);
+		case FZ_OP_TANH: return libm(g, "tanh", x);
+		case FZ_OP_ERF: return libm(g, "erf", x);
+		case FZ_OP_SIGMOID:
+			return fdiv(g, one, fadd(g, one, libm(g, "exp", fneg(g, x))));
+		default: break;
+		}
+	} else {
+		switch (op) {
+		case FZ_OP_EXP: return expf_(g, x);
+		case FZ_OP_EXP2: return exp2f_(g, x);
+		case FZ_OP_LOG: return logf_(g, x);
+		case FZ_OP_LOG2: return log2f_(g, x);
+		case FZ_OP_LOG1P: return log1pf_(g, x);
+		case FZ_OP_EXPM1: return expm1f_(g, x);
+		case FZ_OP_SIN: return sincosf_(g, x, false);
+		case FZ_OP_COS: return sincosf_(g, x, true);
+		case FZ_OP_TANH: return tanhf_(g, x);
+		case FZ_OP_ERF: return erff_(g, x);
+		case FZ_OP_SIGMOID:
+			return fdiv(g, one, fadd(g, one, expf_(g, fneg(g, x))));
+		default: break;
+		}
+	}
+	cg_fail(g, FZ_EUNSUPPORTED, g->cur, "no float form of %s", fz_ops[op].name);
+	return x;
+}
+
+LLVMValueRef cg_math_pow(cg *g, V a, V b)
+{
+	T t = type_of(a);
+	if (t == t_f64(g)) {
+		if (g->o.target == FZ_CG_NVPTX) {
+			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 pow has no GPU lowering");
+			return a;
+		}
+		return libm2(g, "pow", a, b);
+	}
+	V one = fc(g, 1.0), zero = fc(g, 0.0);
+	V aa = un(g, "llvm.fabs", a);
+	V r = exp2f_(g, fmul(g, b, log2f_(g, aa)));
+	V bint = fcmp(g, LLVMRealOEQ, un(g, "llvm.rint", b), b);
+	V half = fmul(g, b, fc(g, 0.5));
+	V odd = and_(g, bint, fcmp(g, LLVMRealONE, un(g, "llvm.rint", half), half));
+	V aneg = fcmp(g, LLVMRealOLT, a, zero);
+	V rn = sel(g, odd, fneg(g, r), r);
+	r = sel(g, aneg, sel(g, bint, rn, fc(g, NAN)), r);
+	/* -0 with an odd exponent keeps its sign */
+	V negzero = and_(g, fcmp(g, LLVMRealOEQ, a, zero),
+			 icmp(g, LLVMIntSLT, bitcast(g, a, t_i32(g)), c_i32(g, 0)));
+	r = sel(g, and_(g, negzero, odd), fneg(g, r), r);
+	r = sel(g, fcmp(g, LLVMRealOEQ, a, one), one, r);
+	return sel(g, fcmp(g, LLVMRealOEQ, b, zero), one, r);
+}
+
+LLVMValueRef cg_math_fmod(cg *g, V a, V b)
+{
+	T t = type_of(a);
+	if (t == t_f64(g) && g->o.target != FZ_CG_NVPTX)
+		return libm2(g, "fmod", a, b);
+	bool f32 = t == t_f32(g);
+	V ad = f32 ? fpext(g, a, t_f64(g)) : a, bd = f32 ? fpext(g, b, t_f64(g)) : b;
+	V q = un(g, "llvm.trunc", fdiv(g, ad, bd));
+	V r = fsub(g, ad, fmul(g, q, bd));
+	V zero = c_f64(g, 0.0), ab = un(g, "llvm.fabs", bd);
+	V fixp = and_(g, fcmp(g, LLVMRealOGE, ad, zero), fcmp(g, LLVMRealOLT, r, zero));
+	V fixn = and_(g, fcmp(g, LLVMRealOLT, ad, zero), fcmp(g, LLVMRealOGT, r, zero));
+	r = sel(g, fixp, fadd(g, r, ab), r);
+	r = sel(g, fixn, fsub(g, r, ab), r);
+	/* a finite and b infinite: a itself */
+	V binf = fcmp(g, LLVMRealOEQ, ab, c_f64(g, INFINITY));
+	V afin = fcmp(g, LLVMRealOLT, un(g, "llvm.fabs", ad), c_f64(g, INFINITY));
+	r = sel(g, and_(g, binf, afin), ad, r);
+	/* the sign of a zero result is a's */
+	r = sel(g, fcmp(g, LLVMRealOEQ, r, zero), fmul(g, ad, zero), r);
+	return f32 ? fptrunc(g, r, t_f32(g)) : r;
+}

@@ -1,0 +1,256 @@
+/*
+ * pointwise.c: the pointwise skeleton, index_add's scatter, and the launch
+ * heuristic of every skeleton.
+ *
+ * A pointwise region may return values of several shapes (dropout returns
+ * y and keep, both [B, T, 768]; a region may also hand a reshaped input to
+ * a later region). Outputs are grouped by shape, and each group gets one
+ * grid-stride loop over its elements:
+ *
+ *     for (i = blockIdx.x * blockDim.x + threadIdx.x; i < N / L;
+ *          i += gridDim.x * blockDim.x)
+ *         lanes l = 0..L-1 at linear index i*L + l: every output of the
+ *         group computed by the emitter and stored
+ *
+ * L (lanes) is 16 bytes over the widest element of the region when the
+ * innermost extent is a constant multiple of it, else 1; so a lane group
+ * never straddles a row and the innermost index of lane l is (b, l) with b a
+ * multiple of L: consecutive lanes, one vector access per operand that runs
+ * along the innermost dim. A buffer that is not 16-byte aligned gets the
+ * variant compiled with vectorization off (the launcher checks; see
+ * runtime/cpu.c). On the host the grid is one thread: the loop is a plain
+ * loop. The index type is i32 when the launcher knows every extent and
+ * offset fits (fz_cg_options.idx32, a separate specialization).
+ *
+ * index_add(x, idx, src, dim) is a scatter: the result starts as x (the
+ * pointwise loop above stores x into it) and then every element of src is
+ * added at the row its index names. On the GPU that is a second entry point
+ * (`..._scatter`, launched after the first, with atomic adds: f32, f64, i32,
+ * i64); on the host both loops run in order in one function.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "llvm.h"
+
+int cg_lanes_for(cg *g)
+{
+	if (!g->o.vectorize)
+		return 1;
+	size_t w = 1;
+	for (int i = 0; i < g->r->n_in; i++)
+		if (fz_dtype_size(g->r->in[i]->type.dtype) > w)
+			w = fz_dtype_size(g->r->in[i]->type.dtype);
+	for (int i = 0; i < g->r->n_out; i++)
+		if (fz_dtype_size(g->r->out[i]->type.dtype) > w)
+			w = fz_dtype_size(g->r->out[i]->type.dtype);
+	int l = (int)(16 / w);
+	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
+}
+
+static bool same_shape(const fz_type *a, const fz_type *b)
+{
+	if (a->rank != b->rank)
+		return false;
+	for (int d = 0; d < a->rank; d++)
+		if (!fz_ext_eq(a->dims[d], b->dims[d]))
+			return false;
+	return true;
+}
+
+static void add_work(cg *g, int e, fz_ext w)
+{
+	fz_kernel *k = g->k;
+	if (k->n_work[e] < 8)
+		k->work[e][k->n_work[e]++] = w;
+}
+
+/* One grid-stride loop over the shape of `ty`, storing each output of the
+ * group; `src[i]` is what output i stores (itself, or index_add's x). */
+static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
+		       const fz_value **src)
+{
+	int L = cg_lanes_for(g);
+	fz_ext numel;
+	if (!fz_type_numel(ty, &numel)) {
+		cg_fail(g, FZ_EUNSUPPORTED, outs[0]->def, "element count overflows");
+		return;
+	}
+	fz_ext inner = ty->rank ? ty->dims[ty->rank - 1] : fz_ext_const(1);
+	if (ty->rank == 0 || !fz_ext_is_const(inner) || inner.c % L)
+		L = 1;
+	if (L > g->k->vec)
+		g->k->vec = L;
+	fz_ext work = numel;
+	work.c /= L;
+	add_work(g, 0, work);
+	V gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
+	V gsz = mul(g, cg_nctaid(g), cg_ntid(g));
+	V iters = cg_ext(g, work);
+	cg_loop L0;
+	cg_loop_begin(g, &L0, gid, iters, gsz);
+	V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
+	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+	cg_delinearize(g, ty, lin, L, ix[0]);
+	for (int l = 1; l < L; l++) {
+		memcpy(ix[l], ix[0], sizeof ix[0]);
+		ix[l][ty->rank - 1].o += l;
+	}
+	for (int i = 0; i < n && g->st == FZ_OK; i++) {
+		V vals[FZ_VW_MAX];
+		cg_value(g, src[i], L, ix, vals);
+		cg_store(g, outs[i], L, ix, vals);
+	}
+	cg_loop_end(g, &L0);
+}
+
+/* Every output (but skip) in shape groups; index_add's result stores x. */
+static void all_groups(cg *g, const fz_node *ia)
+{
+	const fz_region *r = g->r;
+	bool *done = calloc((size_t)r->n_out + 1, 1);
+	const fz_value **outs = calloc((size_t)r->n_out + 1, sizeof *outs);
+	const fz_value **src = calloc((size_t)r->n_out + 1, sizeof *src);
+	if (!done || !outs || !src) {
+		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
+		if (done[i])
+			continue;
+		int n = 0;
+		for (int j = i; j < r->n_out; j++) {
+			if (done[j] || !same_shape(&r->out[i]->type, &r->out[j]->type))
+				continue;
+			done[j] = true;
+			outs[n] = r->out[j];
+			src[n] = ia && r->out[j] == ia->out[0] ? ia->in[0] : r->out[j];
+			n++;
+		}
+		group_loop(g, &r->out[i]->type, n, outs, src);
+	}
+out:
+	free(done);
+	free(outs);
+	free(src);
+}
+
+void cg_pointwise(cg *g)
+{
+	cg_function_begin(g, g->k->names[0]);
+	if (g->st == FZ_OK)
+		all_groups(g, NULL);
+	cg_function_end(g);
+}
+
+static void scatter_loop(cg *g, const fz_node *ia)
+{
+	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
+	int dim = ia->attrs.dim;
+	fz_dtype d = y->type.dtype;
+	fz_ext numel;
+	if (!fz_type_numel(&src->type, &numel)) {
+		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
+		return;
+	}
+	add_work(g, g->o.target == FZ_CG_NVPTX ? 1 : 0, numel);
+	if (g->o.target == FZ_CG_NVPTX && d != FZ_F32 && d != FZ_F64 &&
+	    d != FZ_I32 && d != FZ_I64) {
+		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
+			"the GPU lacks", fz_dtype_name(d));
+		return;
+	}
+	V gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
+	V gsz = mul(g, cg_nctaid(g), cg_ntid(g));
+	cg_loop L;
+	cg_loop_begin(g, &L, gid, cg_ext(g, numel), gsz);
+	cg_ix J[1][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
+	cg_delinearize(g, &src->type, L.iv, 1, J[0]);
+	K[0][0] = J[0][dim];
+	V k, v;
+	cg_value(g, idx, 1, K, &k);
+	cg_value(g, src, 1, J, &v);
+	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
+	V bad = icmp(g, LLVMIntUGE, k, E);
+	cg_flag_error(g, ia, bad);
+	memcpy(I[0], J[0], sizeof J[0]);
+	I[0][dim] = cg_ix_of(zext_or_trunc(g, sel(g, bad, c_i64(g, 0), k), g->ity), 1);
+	v = sel(g, bad, fz_dtype_is_float(d) ? c_real(type_of(v), 0.0) : c_int(type_of(v), 0), v);
+	cg_ix lin;
+	cg_linear(g, &y->type, I[0], &lin);
+	int s = g->slot[y->id];
+	V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin));
+	if (g->o.target == FZ_CG_NVPTX) {
+		atomic_add(g, fz_dtype_is_float(d) ? LLVMAtomicRMWBinOpFAdd :
+			   LLVMAtomicRMWBinOpAdd, p, cg_to_storage(g, v, d));
+	} else {
+		unsigned es = (unsigned)fz_dtype_size(d);
+		V old = cg_from_storage(g, load(g, cg_stype(g, d), p, es), d);
+		V sum = fz_dtype_is_float(d) ? fadd(g, old, v) : add(g, old, v);
+		store(g, cg_to_storage(g, sum, d), p, es);
+	}
+	cg_loop_end(g, &L);
+}
+
+void cg_scatter(cg *g, const fz_node *ia)
+{
+	for (int j = 0; j < g->r->n_nodes; j++)
+		for (int a = 0; a < g->r->nodes[j]->n_in; a++)
+			if (g->r->nodes[j]->in[a] == ia->out[0]) {
+				cg_fail(g, FZ_EUNSUPPORTED, ia, "the result of "
+					"index_add is read inside its own region");
+				return;
+			}
+	if (g->slot[ia->out[0]->id] < g->r->n_in) {
+		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add's result is not a region output");
+		return;
+	}
+	cg_function_begin(g, g->k->names[0]);
+	if (g->st == FZ_OK)
+		all_groups(g, ia);
+	if (g->o.target == FZ_CG_NVPTX) {
+		cg_function_end(g);
+		cg_memo_pop(g, 0);
+		g->n_cse = 0;
+		g->k->n_entries = 2;
+		cg_function_begin(g, g->k->names[1]);
+	}
+	if (g->st == FZ_OK)
+		scatter_loop(g, ia);
+	cg_function_end(g);
+}
+
+/* ---- launch heuristic -------------------------------------------------------- */
+
+static int64_t eval_max(const fz_kernel *k, int e, const int64_t *syms)
+{
+	int64_t w = 0;
+	for (int i = 0; i < k->n_work[e]; i++) {
+		int64_t x = fz_ext_eval(k->work[e][i], syms);
+		if (x > w)
+			w = x;
+	}
+	return w;
+}
+
+void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
+			   int64_t *grid, int *block)
+{
+	int64_t w = eval_max(k, e, syms), gmax = 65535;
+	int b = 256;
+	int64_t per = 256; /* work items per block */
+	if (k->sk == FZ_SK_ROW) {
+		if (k->par == FZ_PAR_BLOCK)
+			per = 1;
+		else if (k->par == FZ_PAR_WARP) {
+			b = 128;
+			per = 4;
+		}
+	} else {
+		gmax = 132 * 32; /* a grid-stride loop: a few waves of blocks */
+	}
+	int64_t g = (w + per - 1) / per;
+	*grid = g < 1 ? 1 : g > gmax ? gmax : g;
+	*block = b;
+}
