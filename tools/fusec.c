@@ -20,6 +20,7 @@ static const fz_command *const commands[] = {
 	&fz_cmd_check,
 	&fz_cmd_plan,
 	&fz_cmd_emit,
+	&fz_cmd_compile,
 	&fz_cmd_run,
 };
 

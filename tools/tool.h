@@ -24,7 +24,8 @@ typedef struct fz_command {
 	const char *usage;   /* the command's --help */
 } fz_command;
 
-extern const fz_command fz_cmd_check, fz_cmd_run, fz_cmd_plan, fz_cmd_emit;
+extern const fz_command fz_cmd_check, fz_cmd_run, fz_cmd_plan, fz_cmd_emit,
+	fz_cmd_compile;
 
 /* Prints "fusec NAME: " + fmt(arg) + the usage to stderr; returns 2. */
 int tool_usage_error(const fz_command *c, const char *fmt, const char *arg);

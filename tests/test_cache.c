@@ -1,0 +1,1285 @@
+/*
+ * test_cache.c: keys, the in-memory LRU and the disk cache (cache/).
+ *
+ * Keys: renaming values and symbols, and reordering independent
+ * statements, leave every key alone (on whole-trace regions and on the
+ * planner's regions); each thing the key is made of changes it. The LRU
+ * evicts in recency order and frees exactly what it drops. The disk cache:
+ * a forced hash collision is a miss, never the other form's kernel; a
+ * truncated, bit-flipped, foreign-version or garbage entry is a miss that
+ * is removed, reported once, and replaced by the next store; entries that
+ * are not ours or writable by others are refused; eight processes storing
+ * one model into an empty cache at once all succeed and leave a cache
+ * that verifies clean; the size cap and prune evict least recently used
+ * first; a cache that cannot be written degrades with one warning.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cache/cache.h"
+
+/* ---- helpers ---- */
+
+static fz_module *parse(const char *src)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse(src, strlen(src), "test.trace", &m, &diag);
+	ck_assert_msg(st == FZ_OK, "parse failed: %s", diag ? diag : "?");
+	fz_free(diag);
+	return m;
+}
+
+/* The whole trace as one region: all nodes in written order, the
+ * parameters they read (in first-use order) in, the outputs out. */
+typedef struct whole {
+	fz_region r;
+	fz_value *in[64], *out[16];
+} whole;
+
+static void whole_region(const fz_trace *t, whole *w)
+{
+	memset(w, 0, sizeof *w);
+	w->r.kind = FZ_REGION_POINTWISE;
+	w->r.n_nodes = t->n_nodes;
+	w->r.nodes = t->nodes;
+	w->r.in = w->in;
+	w->r.out = w->out;
+	for (int i = 0; i < t->n_nodes; i++)
+		for (int k = 0; k < t->nodes[i]->n_in; k++) {
+			fz_value *v = t->nodes[i]->in[k];
+			bool seen = v->def != NULL;
+			for (int j = 0; j < w->r.n_in && !seen; j++)
+				seen = w->in[j] == v;
+			if (!seen)
+				w->in[w->r.n_in++] = v;
+		}
+	for (int i = 0; i < t->n_outputs; i++)
+		w->out[w->r.n_out++] = t->outputs[i];
+}
+
+/* Modules whose nodes canonical forms point into; freed after each test. */
+static fz_module *kept[256];
+static int n_kept;
+
+static void release_modules(void)
+{
+	while (n_kept > 0)
+		fz_module_free(kept[--n_kept]);
+}
+
+static fz_canon *canon_with(const char *src, const fz_key_params *kp)
+{
+	fz_module *m = parse(src);
+	ck_assert_int_lt(n_kept, 256);
+	kept[n_kept++] = m;
+	whole w;
+	whole_region(fz_module_trace(m, 0), &w);
+	fz_canon *c = NULL;
+	char *err = NULL;
+	fz_status st = fz_canon_region(fz_module_trace(m, 0), &w.r, kp, &c, &err);
+	ck_assert_msg(st == FZ_OK, "canon failed: %s", err ? err : "?");
+	fz_free(err);
+	return c;
+}
+
+static fz_canon *canon_of(const char *src)
+{
+	fz_key_params kp;
+	fz_key_params_init(&kp, "sm_90", 1);
+	return canon_with(src, &kp);
+}
+
+static fz_key key_of(const char *src)
+{
+	fz_canon *c = canon_of(src);
+	fz_key k = c->key;
+	fz_canon_free(c);
+	return k;
+}
+
+/* rms_norm, two independent pointwise chains, and a symmetric pair
+ * (exp of two inputs of one type) told apart only by how they are used. */
+static const char *base_src =
+	"trace t(x: bf16[B, T, 64], w: bf16[64], v: f32[B, T, 64], "
+	"u: f32[B, T, 64]) {\n"
+	"  xf = cast(x, dtype=f32)\n"
+	"  ms = mean(mul(xf, xf), dims=[2], keepdim=true)\n"
+	"  r = rsqrt(add(ms, 1e-5))\n"
+	"  y = cast(mul(mul(xf, r), cast(w, dtype=f32)), dtype=bf16)\n"
+	"  a = exp(v)\n"
+	"  b = log(v)\n"
+	"  z = sub(a, b)\n"
+	"  p = exp(v)\n"
+	"  q = exp(u)\n"
+	"  d = div(p, q)\n"
+	"  return y, z, d\n"
+	"}\n";
+
+/* The same: every name changed, symbols renamed, independent statements
+ * in another order. */
+static const char *renamed_src =
+	"trace other(in0: bf16[N, S, 64], g: bf16[64], h: f32[N, S, 64], "
+	"k: f32[N, S, 64]) {\n"
+	"  e2 = exp(k)\n"
+	"  lg = log(h)\n"
+	"  e1 = exp(h)\n"
+	"  ex = exp(h)\n"
+	"  quot = div(e1, e2)\n"
+	"  diff = sub(ex, lg)\n"
+	"  f = cast(in0, dtype=f32)\n"
+	"  msq = mean(mul(f, f), dims=[2], keepdim=true)\n"
+	"  rs = rsqrt(add(msq, 1e-5))\n"
+	"  out = cast(mul(mul(f, rs), cast(g, dtype=f32)), dtype=bf16)\n"
+	"  return out, diff, quot\n"
+	"}\n";
+
+static char *replace(const char *s, const char *from, const char *to)
+{
+	const char *p = strstr(s, from);
+	ck_assert_msg(p != NULL, "'%s' not in the source", from);
+	char *r = malloc(strlen(s) + strlen(to) + 1);
+	memcpy(r, s, (size_t)(p - s));
+	strcpy(r + (p - s), to);
+	strcat(r, p + strlen(from));
+	return r;
+}
+
+/* ---- keys ---- */
+
+START_TEST(key_hex_roundtrip)
+{
+	fz_key k = {0x0123456789abcdefull, 0xfedcba9876543210ull}, b;
+	char hex[FZ_KEY_HEX];
+	fz_key_hex(k, hex);
+	ck_assert_str_eq(hex, "0123456789abcdeffedcba9876543210");
+	ck_assert(fz_key_parse(hex, &b) && fz_key_eq(k, b));
+	ck_assert(!fz_key_parse("0123", &b));
+	ck_assert(!fz_key_parse("0123456789abcdeffedcba98765432100", &b));
+	ck_assert(!fz_key_parse("0123456789abcdeffedcba987654321g", &b));
+}
+END_TEST
+
+START_TEST(key_invariant_rename_reorder)
+{
+	fz_canon *a = canon_of(base_src), *b = canon_of(renamed_src);
+	ck_assert_msg(fz_key_eq(a->key, b->key), "forms differ:\n%s\n---\n%s",
+		      a->text, b->text);
+	ck_assert_str_eq(a->text, b->text);
+	/* the canonical inputs are the same parameters by position */
+	ck_assert_int_eq(a->n_in, b->n_in);
+	for (int i = 0; i < a->n_in; i++)
+		ck_assert_int_eq(a->in[i]->param_index, b->in[i]->param_index);
+	ck_assert(strstr(a->text, "B") == NULL && strstr(a->text, "xf") == NULL);
+	fz_canon_free(a);
+	fz_canon_free(b);
+}
+END_TEST
+
+START_TEST(key_invariant_symbol_names)
+{
+	char *s1 = replace(base_src, "x: bf16[B, T, 64]", "x: bf16[Batch, T, 64]");
+	char *s2 = replace(s1, "v: f32[B, T, 64]", "v: f32[Batch, T, 64]");
+	char *s3 = replace(s2, "u: f32[B, T, 64]", "u: f32[Batch, T, 64]");
+	ck_assert(fz_key_eq(key_of(base_src), key_of(s3)));
+	free(s1);
+	free(s2);
+	free(s3);
+}
+END_TEST
+
+START_TEST(key_symmetric_operands)
+{
+	/* d = div(p, q) vs div(q, p): same nodes, other wiring */
+	char *s = replace(base_src, "d = div(p, q)", "d = div(q, p)");
+	ck_assert(!fz_key_eq(key_of(base_src), key_of(s)));
+	free(s);
+	/* the order of a region's outputs is the kernel's, not the trace's */
+	s = replace(base_src, "return y, z, d", "return d, y, z");
+	ck_assert(fz_key_eq(key_of(base_src), key_of(s)));
+	free(s);
+}
+END_TEST
+
+/* Each edit changes one thing the key is made of. */
+static const char *const edits[][2] = {
+	{"z = sub(a, b)", "z = add(a, b)"},                         /* op */
+	{"a = exp(v)", "a = exp2(v)"},                              /* op */
+	{"dims=[2], keepdim=true", "dims=[1], keepdim=true"},       /* attribute */
+	{"1e-5", "1e-6"},                                           /* constant */
+	{"x: bf16[B, T, 64]", "x: f16[B, T, 64]"},                  /* dtype */
+	{"dtype=bf16", "dtype=f16"},                                /* dtype attr */
+	{"w: bf16[64]", "w: bf16[1]"},                              /* extent */
+	{"v: f32[B, T, 64], u: f32[B, T, 64]",
+	 "v: f32[B, T, 32], u: f32[B, T, 32]"},                     /* extent */
+	{"v: f32[B, T, 64], u: f32[B, T, 64]",
+	 "v: f32[T, B, 64], u: f32[T, B, 64]"},                     /* symbol order */
+	{"v: f32[B, T, 64], u: f32[B, T, 64]",
+	 "v: f32[B, B, 64], u: f32[B, B, 64]"},                     /* symbol reuse */
+	{"v: f32[B, T, 64], u: f32[B, T, 64]",
+	 "v: f32[B, 7, 64], u: f32[B, 7, 64]"},                     /* symbolic vs concrete */
+	{"return y, z, d", "return y, z, d, a"},                    /* outputs */
+	{"return y, z, d", "return y, z"},                          /* outputs */
+};
+
+START_TEST(key_sensitive_to_region)
+{
+	fz_key base = key_of(base_src);
+	char *s = replace(base_src, edits[_i][0], edits[_i][1]);
+	ck_assert_msg(!fz_key_eq(base, key_of(s)), "edit %d (%s -> %s) kept the key",
+		      _i, edits[_i][0], edits[_i][1]);
+	free(s);
+}
+END_TEST
+
+START_TEST(key_sensitive_to_params)
+{
+	fz_key_params kp;
+	fz_key_params_init(&kp, "sm_90", 1);
+	ck_assert_uint_eq(kp.llvm_major, 19);
+	fz_canon *base = canon_with(base_src, &kp);
+	uint8_t spec0[] = {1, 0}, spec1[] = {1, 1}, spec2[] = {0, 0};
+	for (int edit = 0; edit < 8; edit++) {
+		fz_key_params q = kp;
+		switch (edit) {
+		case 0: q.target = "sm_80"; break;
+		case 1: q.target = "host-x86_64"; break;
+		case 2: q.codegen_version = 2; break;
+		case 3: q.llvm_minor++; break;
+		case 4: q.llvm_patch++; break;
+		case 5: q.spec = spec0; q.n_spec = 2; break;
+		case 6: q.spec = spec1; q.n_spec = 2; break;
+		case 7: q.spec = spec2; q.n_spec = 1; break;
+		}
+		fz_canon *c = canon_with(base_src, &q);
+		ck_assert_msg(!fz_key_eq(base->key, c->key), "param edit %d kept the key",
+			      edit);
+		fz_canon_free(c);
+	}
+	/* specialization bytes differ among themselves too */
+	fz_key_params a = kp, b = kp;
+	a.spec = spec0; a.n_spec = 2;
+	b.spec = spec1; b.n_spec = 2;
+	fz_canon *ca = canon_with(base_src, &a), *cb = canon_with(base_src, &b);
+	ck_assert(!fz_key_eq(ca->key, cb->key));
+	fz_canon_free(ca);
+	fz_canon_free(cb);
+	fz_canon_free(base);
+}
+END_TEST
+
+START_TEST(key_describe)
+{
+	fz_canon *c = canon_of(base_src);
+	char buf[256], target[32];
+	fz_canon_describe(c->text, c->len, buf, sizeof buf);
+	ck_assert_msg(strstr(buf, "pointwise:") == buf, "%s", buf);
+	ck_assert_msg(strstr(buf, "| ") != NULL, "%s", buf);
+	fz_canon_field(c->text, c->len, "target", target, sizeof target);
+	ck_assert_str_eq(target, "sm_90");
+	fz_canon_field(c->text, c->len, "nothing", target, sizeof target);
+	ck_assert_str_eq(target, "");
+	fz_canon_free(c);
+}
+END_TEST
+
+START_TEST(key_region_view)
+{
+	fz_module *m = parse(base_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	whole w;
+	whole_region(t, &w);
+	fz_key_params kp;
+	fz_key_params_init(&kp, "sm_90", 1);
+	fz_canon *c;
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &kp, &c, NULL), FZ_OK);
+	fz_region v;
+	fz_canon_region_view(c, &w.r, &v);
+	ck_assert_int_eq(v.n_in, w.r.n_in);
+	for (int i = 0; i < c->n_in; i++)
+		ck_assert_ptr_eq(v.in[i], w.r.in[c->in_pos[i]]);
+	for (int i = 0; i < c->n_out; i++)
+		ck_assert_ptr_eq(v.out[i], w.r.out[c->out_pos[i]]);
+	/* the canonical order is topological */
+	for (int i = 0; i < v.n_nodes; i++)
+		for (int k = 0; k < v.nodes[i]->n_in; k++) {
+			const fz_node *d = v.nodes[i]->in[k]->def;
+			if (!d)
+				continue;
+			int j = 0;
+			while (v.nodes[j] != d)
+				j++;
+			ck_assert_int_lt(j, i);
+		}
+	ck_assert_int_eq(c->n_syms, 2);
+	fz_canon_free(c);
+	/* a region whose inputs are not what its nodes read is refused */
+	w.r.n_in--;
+	char *err = NULL;
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &kp, &c, &err), FZ_EINVAL);
+	ck_assert_ptr_null(c);
+	ck_assert_ptr_nonnull(err);
+	fz_free(err);
+	fz_module_free(m);
+}
+END_TEST
+
+/* The planner's regions: the reordered, renamed trace makes the same
+ * multiset of keys. */
+static int key_cmp(const void *pa, const void *pb)
+{
+	const fz_key *a = pa, *b = pb;
+	if (a->hi != b->hi)
+		return a->hi < b->hi ? -1 : 1;
+	return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static int plan_keys(const char *src, fz_key *keys, int max)
+{
+	fz_module *m = parse(src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_plan_options o;
+	fz_plan_defaults(&o);
+	fz_program *p = NULL;
+	char *err = NULL;
+	ck_assert_msg(fz_plan(t, &o, &p, &err) == FZ_OK, "plan: %s", err);
+	fz_key_params kp;
+	fz_key_params_init(&kp, "sm_90", 1);
+	int n = 0;
+	for (int r = 0; r < p->n_regions; r++) {
+		if (!fz_region_is_kernel(p->regions[r]->kind))
+			continue;
+		fz_canon *c;
+		ck_assert_int_eq(fz_canon_region(t, p->regions[r], &kp, &c, NULL), FZ_OK);
+		ck_assert_int_lt(n, max);
+		keys[n++] = c->key;
+		fz_canon_free(c);
+	}
+	fz_program_free(p);
+	fz_module_free(m);
+	qsort(keys, (size_t)n, sizeof *keys, key_cmp);
+	return n;
+}
+
+START_TEST(key_invariant_planned)
+{
+	fz_key a[64], b[64];
+	int na = plan_keys(base_src, a, 64), nb = plan_keys(renamed_src, b, 64);
+	ck_assert_int_gt(na, 0);
+	ck_assert_int_eq(na, nb);
+	for (int i = 0; i < na; i++)
+		ck_assert_msg(fz_key_eq(a[i], b[i]), "planned region keys differ");
+}
+END_TEST
+
+/* ---- LRU ---- */
+
+static char evicted[64];
+
+static uint64_t str_hash(const void *k)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (const char *s = k; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+static uint64_t bad_hash(const void *k) { (void)k; return 42; }
+
+static bool str_eq(const void *a, const void *b) { return !strcmp(a, b); }
+
+static void str_free(void *k, void *v, void *ctx)
+{
+	int *frees = ctx;
+	strncat(evicted, k, sizeof evicted - strlen(evicted) - 1);
+	free(k);
+	free(v);
+	(*frees)++;
+}
+
+static void lru_put_str(fz_lru *l, const char *k, int v)
+{
+	int *val = malloc(sizeof *val);
+	*val = v;
+	ck_assert_int_eq(fz_lru_put(l, fz_strdup(k), val), FZ_OK);
+}
+
+static void lru_eviction_order_with(uint64_t (*hash)(const void *))
+{
+	int frees = 0;
+	fz_lru_ops ops = {hash, str_eq, str_free};
+	fz_lru *l;
+	evicted[0] = '\0';
+	ck_assert_int_eq(fz_lru_new(3, &ops, &frees, &l), FZ_OK);
+	lru_put_str(l, "a", 1);
+	lru_put_str(l, "b", 2);
+	lru_put_str(l, "c", 3);
+	ck_assert_int_eq(*(int *)fz_lru_get(l, "a"), 1); /* a most recent */
+	lru_put_str(l, "d", 4);                          /* evicts b */
+	ck_assert_str_eq(evicted, "b");
+	ck_assert_ptr_null(fz_lru_get(l, "b"));
+	ck_assert_uint_eq(fz_lru_count(l), 3);
+	fz_lru_get(l, "c");
+	lru_put_str(l, "e", 5);                          /* evicts a */
+	ck_assert_str_eq(evicted, "ba");
+	lru_put_str(l, "f", 6);                          /* evicts d */
+	ck_assert_str_eq(evicted, "bad");
+	ck_assert_uint_eq(fz_lru_evictions(l), 3);
+	/* replacing frees the old element, evicts nothing */
+	lru_put_str(l, "e", 50);
+	ck_assert_str_eq(evicted, "bade");
+	ck_assert_int_eq(*(int *)fz_lru_get(l, "e"), 50);
+	ck_assert_uint_eq(fz_lru_count(l), 3);
+	ck_assert_uint_eq(fz_lru_evictions(l), 3);
+	ck_assert(fz_lru_remove(l, "c"));
+	ck_assert(!fz_lru_remove(l, "c"));
+	ck_assert_uint_eq(fz_lru_count(l), 2);
+	ck_assert_int_eq(frees, 5);
+	fz_lru_free(l);
+	ck_assert_int_eq(frees, 7); /* the container frees what it holds */
+	fz_lru_free(NULL);
+}
+
+START_TEST(lru_eviction_order) { lru_eviction_order_with(str_hash); }
+END_TEST
+
+START_TEST(lru_colliding_hashes) { lru_eviction_order_with(bad_hash); }
+END_TEST
+
+START_TEST(lru_cap_one_and_bad_args)
+{
+	int frees = 0;
+	fz_lru_ops ops = {str_hash, str_eq, str_free}, bad = {NULL, str_eq, NULL};
+	fz_lru *l;
+	ck_assert_int_eq(fz_lru_new(0, &ops, &frees, &l), FZ_EINVAL);
+	ck_assert_int_eq(fz_lru_new(4, &bad, &frees, &l), FZ_EINVAL);
+	ck_assert_int_eq(fz_lru_new(1, &ops, &frees, &l), FZ_OK);
+	evicted[0] = '\0';
+	lru_put_str(l, "x", 1);
+	lru_put_str(l, "y", 2);
+	ck_assert_str_eq(evicted, "x");
+	ck_assert_ptr_null(fz_lru_get(l, "x"));
+	ck_assert_ptr_nonnull(fz_lru_get(l, "y"));
+	fz_lru_free(l);
+	ck_assert_int_eq(frees, 2);
+}
+END_TEST
+
+static void count_each(const void *k, void *v, void *arg)
+{
+	strncat(arg, k, 8);
+}
+
+START_TEST(lru_many)
+{
+	int frees = 0;
+	fz_lru_ops ops = {str_hash, str_eq, str_free};
+	fz_lru *l;
+	ck_assert_int_eq(fz_lru_new(100, &ops, &frees, &l), FZ_OK);
+	char k[16];
+	for (int i = 0; i < 1000; i++) {
+		snprintf(k, sizeof k, "k%d", i);
+		evicted[0] = '\0';
+		lru_put_str(l, k, i);
+	}
+	ck_assert_uint_eq(fz_lru_count(l), 100);
+	ck_assert_int_eq(frees, 900);
+	for (int i = 900; i < 1000; i++) {
+		snprintf(k, sizeof k, "k%d", i);
+		ck_assert_int_eq(*(int *)fz_lru_get(l, k), i);
+	}
+	char order[2048] = "";
+	fz_lru_each(l, count_each, order);
+	ck_assert(strncmp(order, "k999k998", 8) == 0);
+	fz_lru_free(l);
+}
+END_TEST
+
+/* ---- disk ---- */
+
+static char tmpdir[256];
+static int warnings;
+static char last_warning[1024];
+
+static void on_warn(void *ctx, const char *msg)
+{
+	(void)ctx;
+	warnings++;
+	snprintf(last_warning, sizeof last_warning, "%s", msg);
+}
+
+static void rm_rf(const char *path)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void setup_dir(void)
+{
+	snprintf(tmpdir, sizeof tmpdir, "/tmp/fusec-cache-test-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+	warnings = 0;
+	last_warning[0] = '\0';
+}
+
+static void teardown_dir(void)
+{
+	chmod(tmpdir, 0700);
+	rm_rf(tmpdir);
+}
+
+static fz_disk *open_cache(int64_t max)
+{
+	char dir[300];
+	snprintf(dir, sizeof dir, "%s/c", tmpdir);
+	fz_disk_options o = {dir, max, on_warn, NULL};
+	fz_disk *d = NULL;
+	char *err = NULL;
+	ck_assert_msg(fz_disk_open(&o, &d, &err) == FZ_OK, "open: %s", err);
+	return d;
+}
+
+/* A made-up entry i: its form, key and payload. */
+typedef struct fake {
+	char canon[64];
+	fz_key key;
+	char ptx[2048];
+	fz_section sec[2];
+} fake;
+
+static void fake_make(fake *f, int i, size_t ptx_len)
+{
+	snprintf(f->canon, sizeof f->canon, "fusec-canon 1\nkind pointwise\nentry %d\n", i);
+	f->key = fz_key_of(f->canon, strlen(f->canon));
+	if (ptx_len > sizeof f->ptx)
+		ptx_len = sizeof f->ptx;
+	for (size_t k = 0; k < ptx_len; k++)
+		f->ptx[k] = (char)('a' + (i + (int)k) % 26);
+	memset(f->sec, 0, sizeof f->sec);
+	strcpy(f->sec[0].tag, "ptx");
+	f->sec[0].data = f->ptx;
+	f->sec[0].len = ptx_len;
+	strcpy(f->sec[1].tag, "meta");
+	f->sec[1].data = "entries=k0";
+	f->sec[1].len = 10;
+}
+
+static void store(fz_disk *d, const fake *f)
+{
+	ck_assert_int_eq(fz_disk_store(d, f->key, f->canon, strlen(f->canon), f->sec, 2),
+			 FZ_OK);
+}
+
+static bool hit(fz_disk *d, const fake *f)
+{
+	fz_entry *e = NULL;
+	ck_assert_int_eq(fz_disk_lookup(d, f->key, f->canon, strlen(f->canon), &e), FZ_OK);
+	if (!e)
+		return false;
+	const fz_section *s = fz_entry_section(e, "ptx");
+	ck_assert_ptr_nonnull(s);
+	ck_assert_uint_eq(s->len, f->sec[0].len);
+	ck_assert(memcmp(s->data, f->ptx, s->len) == 0);
+	ck_assert_ptr_nonnull(fz_entry_section(e, "meta"));
+	ck_assert_ptr_null(fz_entry_section(e, "cubin.sm_90"));
+	fz_entry_free(e);
+	return true;
+}
+
+static void entry_file(fz_disk *d, fz_key k, char *path, size_t n)
+{
+	char hex[FZ_KEY_HEX];
+	fz_key_hex(k, hex);
+	snprintf(path, n, "%s/entries/%.2s/%s.fzc", fz_disk_path(d), hex, hex);
+}
+
+static bool exists(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0;
+}
+
+static int verify_bad(fz_disk *d, bool fix)
+{
+	int bad = -1;
+	ck_assert_int_eq(fz_disk_verify(d, fix, NULL, NULL, &bad), FZ_OK);
+	return bad;
+}
+
+START_TEST(disk_sizes)
+{
+	int64_t v;
+	ck_assert(fz_size_parse("10", &v) && v == 10);
+	ck_assert(fz_size_parse("1k", &v) && v == 1024);
+	ck_assert(fz_size_parse("1K", &v) && v == 1024);
+	ck_assert(fz_size_parse("2M", &v) && v == 2 << 20);
+	ck_assert(fz_size_parse("1.5G", &v) && v == 3 << 29);
+	ck_assert(fz_size_parse("1KiB", &v) && v == 1024);
+	ck_assert(fz_size_parse("4GB", &v) && v == (int64_t)4 << 30);
+	ck_assert(fz_size_parse("1T", &v) && v == (int64_t)1 << 40);
+	ck_assert(!fz_size_parse("", &v));
+	ck_assert(!fz_size_parse("x", &v));
+	ck_assert(!fz_size_parse("-1", &v));
+	ck_assert(!fz_size_parse("5Q", &v));
+	ck_assert(!fz_size_parse("1kk", &v));
+	ck_assert(!fz_size_parse(NULL, &v));
+	ck_assert(!fz_size_parse("1e30", &v));
+}
+END_TEST
+
+START_TEST(disk_store_lookup_layout)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	ck_assert_ptr_null(fz_disk_disabled(d));
+	ck_assert(fz_disk_writable(d));
+	fake f;
+	fake_make(&f, 1, 1000);
+	ck_assert(!hit(d, &f));
+	store(d, &f);
+	ck_assert(hit(d, &f));
+	char path[512];
+	entry_file(d, f.key, path, sizeof path);
+	struct stat st;
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_eq(st.st_mode & 0777, 0600);
+	char dir[400];
+	snprintf(dir, sizeof dir, "%s/c", tmpdir);
+	ck_assert_int_eq(stat(dir, &st), 0);
+	ck_assert_int_eq(st.st_mode & 0777, 0700);
+	ck_assert_int_eq(stat(fz_disk_path(d), &st), 0);
+	ck_assert_int_eq(st.st_mode & 0777, 0700);
+	/* the stored form is what was asked */
+	fz_entry *e;
+	const char *why;
+	ck_assert_int_eq(fz_disk_read(d, f.key, &e, &why), FZ_OK);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_uint_eq(e->canon_len, strlen(f.canon));
+	ck_assert(memcmp(e->canon, f.canon, e->canon_len) == 0);
+	fz_entry_free(e);
+	fz_disk_close(d);
+	/* counters survive the process */
+	d = open_cache(0);
+	fz_disk_stats s;
+	ck_assert_int_eq(fz_disk_stat(d, &s), FZ_OK);
+	ck_assert_int_eq(s.entries, 1);
+	ck_assert_uint_eq(s.hits, 1);
+	ck_assert_uint_eq(s.misses, 1);
+	ck_assert_uint_eq(s.stores, 1);
+	ck_assert_int_eq(s.max_bytes, FZ_DISK_DEFAULT_MAX);
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	ck_assert_int_eq(warnings, 0);
+	int removed;
+	ck_assert_int_eq(fz_disk_clear(d, &removed), FZ_OK);
+	ck_assert_int_eq(removed, 1);
+	ck_assert(!hit(d, &f));
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+static fz_key same_key(const void *data, size_t len)
+{
+	(void)data;
+	(void)len;
+	return (fz_key){0xc0111de, 0xc0111de};
+}
+
+START_TEST(disk_collision_is_a_miss)
+{
+	setup_dir();
+	fz_key_set_hash(same_key);
+	fake a, b;
+	fake_make(&a, 1, 100);
+	fake_make(&b, 2, 200);
+	fz_key_set_hash(NULL);
+	ck_assert(fz_key_eq(a.key, b.key));
+	fz_disk *d = open_cache(0);
+	store(d, &a);
+	ck_assert(hit(d, &a));
+	ck_assert(!hit(d, &b)); /* same key, other form: a miss */
+	ck_assert(hit(d, &a));  /* and a's entry is kept */
+	store(d, &b);
+	ck_assert(hit(d, &b));
+	ck_assert(!hit(d, &a));
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	ck_assert_int_eq(warnings, 0);
+	fz_disk_close(d);
+
+	/* forms through fz_canon_region collide the same way */
+	fz_key_set_hash(same_key);
+	fz_canon *c1 = canon_of(base_src);
+	char *s = replace(base_src, "exp(u)", "log(u)");
+	fz_canon *c2 = canon_of(s);
+	fz_key_set_hash(NULL);
+	ck_assert(fz_key_eq(c1->key, c2->key));
+	ck_assert_str_ne(c1->text, c2->text);
+	d = open_cache(0);
+	fz_section sec = {"ptx", "x", 1};
+	ck_assert_int_eq(fz_disk_store(d, c1->key, c1->text, c1->len, &sec, 1), FZ_OK);
+	fz_entry *e;
+	ck_assert_int_eq(fz_disk_lookup(d, c2->key, c2->text, c2->len, &e), FZ_OK);
+	ck_assert_ptr_null(e);
+	ck_assert_int_eq(fz_disk_lookup(d, c1->key, c1->text, c1->len, &e), FZ_OK);
+	ck_assert_ptr_nonnull(e);
+	fz_entry_free(e);
+	fz_disk_close(d);
+	fz_canon_free(c1);
+	fz_canon_free(c2);
+	free(s);
+	teardown_dir();
+}
+END_TEST
+
+/* Damage kinds: truncate, flip a byte (header, form, payload, checksum),
+ * another version with a good checksum, garbage, empty. */
+static void damage(const char *path, int kind)
+{
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	struct stat st;
+	fstat(fd, &st);
+	unsigned char b;
+	off_t at = 0;
+	switch (kind) {
+	case 0:
+		ck_assert_int_eq(ftruncate(fd, st.st_size / 2), 0);
+		break;
+	case 1: case 2: case 3: case 4:
+		at = kind == 1 ? 20 : kind == 2 ? 70 : kind == 3 ? st.st_size - 30 :
+		     st.st_size - 1;
+		ck_assert_int_eq(pread(fd, &b, 1, at), 1);
+		b ^= 0x10;
+		ck_assert_int_eq(pwrite(fd, &b, 1, at), 1);
+		break;
+	case 5: { /* version 2, checksum recomputed: a well-made foreign entry */
+		unsigned char *all = malloc((size_t)st.st_size);
+		ck_assert_int_eq(pread(fd, all, (size_t)st.st_size, 0), st.st_size);
+		all[8] = 2;
+		size_t n = (size_t)st.st_size - 16;
+		/* same hash the cache uses: XXH3-128 via a key of the bytes */
+		fz_key h = fz_key_of(all, n);
+		for (int i = 0; i < 8; i++) {
+			all[n + i] = (unsigned char)(h.hi >> 8 * i);
+			all[n + 8 + i] = (unsigned char)(h.lo >> 8 * i);
+		}
+		ck_assert_int_eq(pwrite(fd, all, (size_t)st.st_size, 0), st.st_size);
+		free(all);
+		break;
+	}
+	case 6:
+		ck_assert_int_eq(ftruncate(fd, 0), 0);
+		ck_assert_int_eq(pwrite(fd, "garbage, not an entry at all, just text\n", 40, 0),
+				 40);
+		break;
+	case 7:
+		ck_assert_int_eq(ftruncate(fd, 0), 0);
+		break;
+	}
+	close(fd);
+}
+
+#define N_DAMAGE 8
+
+START_TEST(disk_damaged_entries)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fake f;
+	fake_make(&f, 7, 500);
+	store(d, &f);
+	char path[512];
+	entry_file(d, f.key, path, sizeof path);
+	damage(path, _i);
+	ck_assert_int_eq(verify_bad(d, false), 1);
+	ck_assert(exists(path)); /* verify without --fix only reports */
+	ck_assert(!hit(d, &f));
+	ck_assert_msg(!exists(path), "damage %d: the entry was not removed", _i);
+	ck_assert_int_eq(warnings, 1);
+	ck_assert_msg(strstr(last_warning, "damaged") != NULL, "%s", last_warning);
+	ck_assert(!hit(d, &f)); /* now simply absent, nothing more said */
+	ck_assert_int_eq(warnings, 1);
+	store(d, &f);           /* recompiled */
+	ck_assert(hit(d, &f));
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	fz_disk_close(d);
+	d = open_cache(0);
+	fz_disk_stats s;
+	fz_disk_stat(d, &s);
+	ck_assert_uint_eq(s.removed_bad, 1);
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(disk_verify_fix)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fake f[4];
+	for (int i = 0; i < 4; i++) {
+		fake_make(&f[i], i, 300);
+		store(d, &f[i]);
+	}
+	char path[512], junk[600], stale[600];
+	entry_file(d, f[0].key, path, sizeof path);
+	damage(path, 3);
+	/* a stray file, a stale temporary, a fresh temporary (a writer at
+	 * work: left alone), a damaged counters file */
+	snprintf(junk, sizeof junk, "%s/entries/zz-not-an-entry", fz_disk_path(d));
+	FILE *j = fopen(junk, "w");
+	fputs("junk", j);
+	fclose(j);
+	entry_file(d, f[1].key, path, sizeof path);
+	snprintf(stale, sizeof stale, "%.*s/.tmp-1-1-old", (int)(strrchr(path, '/') - path), path);
+	j = fopen(stale, "w");
+	fclose(j);
+	struct timespec old[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+	utimensat(AT_FDCWD, stale, old, 0);
+	char fresh[600];
+	snprintf(fresh, sizeof fresh, "%.*s/.tmp-1-2-new", (int)(strrchr(path, '/') - path), path);
+	j = fopen(fresh, "w");
+	fclose(j);
+	fz_disk_close(d); /* writes the counters */
+	char stats[600];
+	d = open_cache(0);
+	snprintf(stats, sizeof stats, "%s/stats", fz_disk_path(d));
+	ck_assert(exists(stats));
+	j = fopen(stats, "r+");
+	fputs("XX", j);
+	fclose(j);
+	fz_disk_stats s;
+	ck_assert_int_eq(fz_disk_stat(d, &s), FZ_OK); /* damaged counters read 0 */
+	ck_assert_uint_eq(s.stores, 0);
+	ck_assert_int_eq(verify_bad(d, false), 4);
+	ck_assert_int_eq(verify_bad(d, true), 4);
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	ck_assert(!exists(junk) && !exists(stale) && exists(fresh));
+	ck_assert(!hit(d, &f[0]) && hit(d, &f[1]) && hit(d, &f[2]) && hit(d, &f[3]));
+	fz_disk_close(d);
+	d = open_cache(0);
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(disk_refuses_unsafe_files)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fake f, g;
+	fake_make(&f, 1, 100);
+	fake_make(&g, 2, 100);
+	store(d, &f);
+	store(d, &g);
+	char path[512];
+	entry_file(d, f.key, path, sizeof path);
+	/* writable by others: refused, reported, left in place */
+	ck_assert_int_eq(chmod(path, 0666), 0);
+	ck_assert(!hit(d, &f));
+	ck_assert(exists(path));
+	ck_assert_int_eq(warnings, 1);
+	ck_assert_msg(strstr(last_warning, "writable by others"), "%s", last_warning);
+	ck_assert_int_eq(verify_bad(d, false), 1);
+	chmod(path, 0620);
+	ck_assert(!hit(d, &f));
+	ck_assert_int_eq(warnings, 1); /* once per entry */
+	store(d, &f); /* a good entry renamed over it */
+	ck_assert(hit(d, &f));
+	/* a symbolic link in an entry's place is refused */
+	char gpath[512];
+	entry_file(d, g.key, gpath, sizeof gpath);
+	unlink(gpath);
+	ck_assert_int_eq(symlink(path, gpath), 0);
+	ck_assert(!hit(d, &g));
+	ck_assert_int_eq(warnings, 2);
+	unlink(gpath);
+	/* not owned by us: needs root to make */
+	if (geteuid() == 0) {
+		fake o;
+		fake_make(&o, 3, 100);
+		store(d, &o);
+		entry_file(d, o.key, path, sizeof path);
+		ck_assert_int_eq(chown(path, 12345, 12345), 0);
+		ck_assert(!hit(d, &o));
+		ck_assert(exists(path));
+		ck_assert_int_eq(warnings, 3);
+		ck_assert_msg(strstr(last_warning, "not owned by you"), "%s", last_warning);
+		ck_assert_int_eq(verify_bad(d, false), 1);
+		ck_assert_int_eq(chown(path, 0, 0), 0);
+		ck_assert(hit(d, &o));
+	} else {
+		fprintf(stderr, "test_cache: not root; the foreign-owner case is skipped\n");
+	}
+	fz_disk_close(d);
+
+	/* a cache directory writable by others is not used at all */
+	char dir[300];
+	snprintf(dir, sizeof dir, "%s/c", tmpdir);
+	ck_assert_int_eq(chmod(dir, 0777), 0);
+	warnings = 0;
+	d = open_cache(0);
+	ck_assert_ptr_nonnull(fz_disk_disabled(d));
+	ck_assert(!fz_disk_writable(d));
+	ck_assert_int_eq(warnings, 1);
+	ck_assert(!hit(d, &f));
+	store(d, &g); /* a no-op */
+	ck_assert_int_eq(verify_bad(d, false), 1);
+	fz_disk_close(d);
+	if (geteuid() == 0) {
+		chmod(dir, 0700);
+		ck_assert_int_eq(chown(dir, 12345, 12345), 0);
+		d = open_cache(0);
+		ck_assert_ptr_nonnull(fz_disk_disabled(d));
+		ck_assert(strstr(fz_disk_disabled(d), "not owned by you"));
+		fz_disk_close(d);
+		ck_assert_int_eq(chown(dir, 0, 0), 0);
+	}
+	teardown_dir();
+}
+END_TEST
+
+/* Eight processes store one model (the same 40 entries) into one empty
+ * cache at once, then each finds every entry. */
+START_TEST(disk_concurrent_processes)
+{
+	setup_dir();
+	enum { PROCS = 8, ENTRIES = 40 };
+	pid_t pids[PROCS];
+	for (int p = 0; p < PROCS; p++) {
+		pids[p] = fork();
+		ck_assert_int_ge(pids[p], 0);
+		if (pids[p] == 0) {
+			char dir[300];
+			snprintf(dir, sizeof dir, "%s/c", tmpdir);
+			fz_disk_options o = {dir, 0, NULL, NULL};
+			fz_disk *d;
+			if (fz_disk_open(&o, &d, NULL) != FZ_OK || fz_disk_disabled(d))
+				_exit(2);
+			int bad = 0;
+			for (int round = 0; round < 3; round++)
+				for (int i = 0; i < ENTRIES; i++) {
+					fake f;
+					fake_make(&f, (i + p * 5) % ENTRIES, 1500);
+					fz_entry *e = NULL;
+					fz_disk_lookup(d, f.key, f.canon, strlen(f.canon), &e);
+					if (!e && fz_disk_store(d, f.key, f.canon, strlen(f.canon),
+								f.sec, 2) != FZ_OK)
+						bad++;
+					fz_entry_free(e);
+				}
+			for (int i = 0; i < ENTRIES; i++) {
+				fake f;
+				fake_make(&f, i, 1500);
+				fz_entry *e = NULL;
+				fz_disk_lookup(d, f.key, f.canon, strlen(f.canon), &e);
+				bad += e == NULL;
+				fz_entry_free(e);
+			}
+			bool writable = fz_disk_writable(d);
+			fz_disk_close(d);
+			_exit(bad || !writable ? 1 : 0);
+		}
+	}
+	for (int p = 0; p < PROCS; p++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[p], &status, 0), pids[p]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+			      "process %d failed (%d)", p, status);
+	}
+	fz_disk *d = open_cache(0);
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	fz_disk_stats s;
+	fz_disk_stat(d, &s);
+	ck_assert_int_eq(s.entries, ENTRIES);
+	ck_assert_uint_eq(s.hits + s.misses, PROCS * (3 + 1) * ENTRIES);
+	ck_assert_uint_ge(s.stores, ENTRIES);
+	for (int i = 0; i < ENTRIES; i++) {
+		fake f;
+		fake_make(&f, i, 1500);
+		ck_assert(hit(d, &f));
+	}
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+static void set_last_use(fz_disk *d, const fake *f, time_t t)
+{
+	char path[512];
+	entry_file(d, f->key, path, sizeof path);
+	struct timespec ts[2] = {{t, 0}, {t, 0}};
+	ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+START_TEST(disk_prune_lru)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fake f[10];
+	time_t now = time(NULL);
+	for (int i = 0; i < 10; i++) {
+		fake_make(&f[i], i, 2000);
+		store(d, &f[i]);
+		set_last_use(d, &f[i], now - 1000 + i * 10);
+	}
+	/* a hit makes the oldest the newest */
+	ck_assert(hit(d, &f[0]));
+	fz_disk_info *info;
+	int n;
+	ck_assert_int_eq(fz_disk_list(d, &info, &n), FZ_OK);
+	ck_assert_int_eq(n, 10);
+	ck_assert(fz_key_eq(info[0].key, f[0].key));
+	ck_assert(fz_key_eq(info[1].key, f[9].key));
+	ck_assert(fz_key_eq(info[9].key, f[1].key));
+	int64_t one = info[0].size;
+	free(info);
+	int removed;
+	int64_t freed;
+	ck_assert_int_eq(fz_disk_prune(d, 6 * one + one / 2, &removed, &freed), FZ_OK);
+	ck_assert_int_eq(removed, 4);
+	ck_assert_int_eq(freed, 4 * one);
+	for (int i = 1; i <= 4; i++)
+		ck_assert_msg(!hit(d, &f[i]), "entry %d survived", i);
+	ck_assert(hit(d, &f[0]));
+	for (int i = 5; i < 10; i++)
+		ck_assert(hit(d, &f[i]));
+	fz_disk_stats s;
+	fz_disk_stat(d, &s);
+	ck_assert_int_le(s.bytes, 6 * one + one / 2);
+	ck_assert_uint_eq(s.evictions, 4);
+	ck_assert_int_eq(fz_disk_prune(d, 0, &removed, &freed), FZ_OK);
+	ck_assert_int_eq(removed, 6);
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(disk_cap_on_store)
+{
+	setup_dir();
+	fake f[12];
+	fake_make(&f[0], 0, 2000);
+	fz_disk *d = open_cache(0);
+	store(d, &f[0]);
+	fz_disk_info *info;
+	int n;
+	fz_disk_list(d, &info, &n);
+	int64_t one = info[0].size;
+	free(info);
+	fz_disk_close(d);
+	/* a second process with a cap of five entries */
+	d = open_cache(5 * one);
+	time_t now = time(NULL);
+	set_last_use(d, &f[0], now - 5000);
+	for (int i = 1; i < 12; i++) {
+		fake_make(&f[i], i, 2000);
+		store(d, &f[i]);
+		set_last_use(d, &f[i], now - 1000 + i);
+	}
+	fz_disk_stats s;
+	fz_disk_stat(d, &s);
+	ck_assert_int_le(s.bytes, 5 * one);
+	ck_assert_int_ge(s.entries, 4);
+	ck_assert(hit(d, &f[11]));
+	ck_assert(!hit(d, &f[0]));
+	ck_assert(!hit(d, &f[1]));
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(disk_unwritable_degrades)
+{
+	setup_dir();
+	/* a directory that cannot be created: disabled, said once */
+	fz_disk_options o = {"/proc/fusec-no-such-cache", 0, on_warn, NULL};
+	fz_disk *d;
+	ck_assert_int_eq(fz_disk_open(&o, &d, NULL), FZ_OK);
+	ck_assert_ptr_nonnull(fz_disk_disabled(d));
+	ck_assert_int_eq(warnings, 1);
+	fake f;
+	fake_make(&f, 1, 100);
+	ck_assert(!hit(d, &f));
+	store(d, &f);
+	ck_assert_int_eq(warnings, 1);
+	fz_disk_close(d);
+
+	/* writes that fail (a file size limit stands in for a full disk,
+	 * which root's permission bypass would not let chmod fake): storing
+	 * stops with one warning, lookups go on */
+	warnings = 0;
+	d = open_cache(0);
+	store(d, &f);
+	pid_t pid = fork();
+	if (pid == 0) {
+		signal(SIGXFSZ, SIG_IGN);
+		struct rlimit rl = {64, 64};
+		setrlimit(RLIMIT_FSIZE, &rl);
+		fake g, h;
+		fake_make(&g, 2, 1000);
+		fake_make(&h, 3, 1000);
+		int bad = 0;
+		bad |= fz_disk_store(d, g.key, g.canon, strlen(g.canon), g.sec, 2) != FZ_OK;
+		bad |= fz_disk_writable(d) ? 2 : 0;
+		bad |= warnings != 1 ? 4 : 0;
+		bad |= fz_disk_store(d, h.key, h.canon, strlen(h.canon), h.sec, 2) != FZ_OK ? 8 : 0;
+		bad |= warnings != 1 ? 16 : 0;
+		fz_entry *e = NULL;
+		fz_disk_lookup(d, f.key, f.canon, strlen(f.canon), &e);
+		bad |= e ? 0 : 32;
+		fz_entry_free(e);
+		fz_disk_lookup(d, g.key, g.canon, strlen(g.canon), &e);
+		bad |= e ? 64 : 0;
+		_exit(bad);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %d",
+		      WEXITSTATUS(status));
+	/* nothing half-written is left behind */
+	ck_assert_int_eq(verify_bad(d, false), 0);
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(disk_env_dir)
+{
+	setup_dir();
+	char dir[300], saved_home[256] = "";
+	const char *h = getenv("HOME");
+	if (h)
+		snprintf(saved_home, sizeof saved_home, "%s", h);
+	char *p;
+	snprintf(dir, sizeof dir, "%s/envcache", tmpdir);
+	setenv("FUSEC_CACHE_DIR", dir, 1);
+	ck_assert_int_eq(fz_cache_dir(NULL, &p, NULL), FZ_OK);
+	ck_assert_str_eq(p, dir);
+	free(p);
+	unsetenv("FUSEC_CACHE_DIR");
+	setenv("XDG_CACHE_HOME", tmpdir, 1);
+	ck_assert_int_eq(fz_cache_dir(NULL, &p, NULL), FZ_OK);
+	snprintf(dir, sizeof dir, "%s/fusec", tmpdir);
+	ck_assert_str_eq(p, dir);
+	free(p);
+	setenv("XDG_CACHE_HOME", "relative", 1); /* not absolute: ignored */
+	setenv("HOME", "/home/someone", 1);
+	ck_assert_int_eq(fz_cache_dir(NULL, &p, NULL), FZ_OK);
+	ck_assert_str_eq(p, "/home/someone/.cache/fusec");
+	free(p);
+	ck_assert_int_eq(fz_cache_dir("/explicit", &p, NULL), FZ_OK);
+	ck_assert_str_eq(p, "/explicit");
+	free(p);
+	unsetenv("XDG_CACHE_HOME");
+	if (saved_home[0])
+		setenv("HOME", saved_home, 1);
+	/* the size cap from the environment */
+	setenv("FUSEC_CACHE_MAX_SIZE", "3M", 1);
+	fz_disk *d = open_cache(0);
+	fz_disk_stats s;
+	fz_disk_stat(d, &s);
+	ck_assert_int_eq(s.max_bytes, 3 << 20);
+	fz_disk_close(d);
+	setenv("FUSEC_CACHE_MAX_SIZE", "lots", 1);
+	d = open_cache(0);
+	fz_disk_stat(d, &s);
+	ck_assert_int_eq(s.max_bytes, FZ_DISK_DEFAULT_MAX);
+	ck_assert_int_eq(warnings, 1);
+	fz_disk_close(d);
+	unsetenv("FUSEC_CACHE_MAX_SIZE");
+	teardown_dir();
+}
+END_TEST
+
+START_TEST(jitlink_optional)
+{
+	void *cubin;
+	size_t n;
+	char *err = NULL;
+	if (!fz_jitlink_available()) {
+		ck_assert_int_eq(fz_jitlink_cubin("x", 1, 90, &cubin, &n, &err),
+				 FZ_EUNSUPPORTED);
+		fz_free(err);
+		return;
+	}
+	static const char ptx[] =
+		".version 8.0\n.target sm_90\n.address_size 64\n"
+		".visible .entry k(.param .u64 p)\n{\n"
+		"  .reg .b64 %rd<2>;\n  ld.param.u64 %rd1, [p];\n  ret;\n}\n";
+	ck_assert_int_eq(fz_jitlink_cubin(ptx, sizeof ptx - 1, 90, &cubin, &n, &err),
+			 FZ_OK);
+	ck_assert_uint_gt(n, 16);
+	ck_assert(memcmp(cubin, "\177ELF", 4) == 0);
+	free(cubin);
+	ck_assert_int_eq(fz_jitlink_cubin("not ptx", 7, 90, &cubin, &n, &err),
+			 FZ_ERUNTIME);
+	ck_assert_ptr_nonnull(err);
+	ck_assert_ptr_null(cubin);
+	fz_free(err);
+}
+END_TEST
+
+static Suite *cache_suite(void)
+{
+	Suite *s = suite_create("cache");
+	TCase *tc = tcase_create("keys");
+	tcase_add_checked_fixture(tc, NULL, release_modules);
+	tcase_add_test(tc, key_hex_roundtrip);
+	tcase_add_test(tc, key_invariant_rename_reorder);
+	tcase_add_test(tc, key_invariant_symbol_names);
+	tcase_add_test(tc, key_symmetric_operands);
+	tcase_add_loop_test(tc, key_sensitive_to_region, 0,
+			    (int)(sizeof edits / sizeof *edits));
+	tcase_add_test(tc, key_sensitive_to_params);
+	tcase_add_test(tc, key_describe);
+	tcase_add_test(tc, key_region_view);
+	tcase_add_test(tc, key_invariant_planned);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("lru");
+	tcase_add_test(tc, lru_eviction_order);
+	tcase_add_test(tc, lru_colliding_hashes);
+	tcase_add_test(tc, lru_cap_one_and_bad_args);
+	tcase_add_test(tc, lru_many);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("disk");
+	tcase_add_test(tc, disk_sizes);
+	tcase_add_test(tc, disk_store_lookup_layout);
+	tcase_add_test(tc, disk_collision_is_a_miss);
+	tcase_add_loop_test(tc, disk_damaged_entries, 0, N_DAMAGE);
+	tcase_add_test(tc, disk_verify_fix);
+	tcase_add_test(tc, disk_refuses_unsafe_files);
+	tcase_add_test(tc, disk_concurrent_processes);
+	tcase_add_test(tc, disk_prune_lru);
+	tcase_add_test(tc, disk_cap_on_store);
+	tcase_add_test(tc, disk_unwritable_degrades);
+	tcase_add_test(tc, disk_env_dir);
+	tcase_add_test(tc, jitlink_optional);
+	tcase_add_checked_fixture(tc, NULL, release_modules);
+	tcase_set_timeout(tc, 120);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(cache_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,418 @@
+/*
+ * cmd_compile.c: `fusec compile`, a model's kernels into the cache ahead of
+ * time.
+ *
+ *     fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]
+ *                           [--jobs N] [--no-cubin] [--json]
+ *
+ * Every trace of every file is planned; each kernel region gets its
+ * canonical form and key (cache/canon.c); regions with one key are
+ * compiled once (the 32 layers of a Llama make a handful of keys, not
+ * hundreds of kernels); keys already in the cache are hits; the rest are
+ * compiled by --jobs threads, each with its own compiler (one LLVM context
+ * per thread), and stored as they finish. For an sm_NN target the PTX is
+ * also linked into a cubin where nvJitLink is installed, so a GPU machine
+ * sharing the cache loads machine code with no JIT. No GPU is needed.
+ *
+ * A progress bar goes to stderr when it is a terminal. The report: kernel
+ * regions, unique keys, compiled, cache hits, seconds (the whole command,
+ * parsing and planning included); --json prints them as one object.
+ * Regions the code generator does not take (FZ_EUNSUPPORTED) are counted
+ * and do not fail the command; any other failure does (exit 1).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../cache/cache.h"
+#include "codegen.h"
+#include "plan.h"
+#include "tool.h"
+
+static int cmd_compile(int argc, char **argv);
+
+const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into the cache",
+	cmd_compile,
+	 "usage: fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]\n"
+	 "                             [--jobs N] [--no-cubin] [--json]\n"
+	 "\n"
+	 "Plan every trace of the files and compile each distinct kernel region\n"
+	 "(one per structural key) that the cache does not hold yet. Regions\n"
+	 "that differ only in value names or in the order of independent\n"
+	 "statements share a key, so identical layers compile once, and a second\n"
+	 "run compiles nothing. Needs no GPU.\n"
+	 "\n"
+	 "  --target T       sm_70 ... sm_90 (PTX, plus a cubin where nvJitLink\n"
+	 "                   is installed), or host (optimized LLVM IR for this\n"
+	 "                   CPU). Default sm_90\n"
+	 "  --cache-dir DIR  the cache (default $FUSEC_CACHE_DIR, else\n"
+	 "                   $XDG_CACHE_HOME/fusec, else ~/.cache/fusec)\n"
+	 "  --jobs N         compile N regions at once (default: the CPUs)\n"
+	 "  --no-cubin       store PTX only, even where nvJitLink is installed\n"
+	 "  --json           one JSON object: regions, unique, compiled,\n"
+	 "                   cache_hits, unsupported, failed, seconds, target,\n"
+	 "                   cubins, jobs, cache_dir\n"
+	 "\n"
+	 "The size cap is $FUSEC_CACHE_MAX_SIZE (default 2G). Exit status: 0 when\n"
+	 "every region compiled or was found, 1 when one failed, 2 usage.\n"};
+
+typedef struct job {
+	const fz_trace *t;
+	const fz_region *r;
+	fz_canon *cn;
+} job;
+
+typedef struct pool {
+	job *jobs;
+	int n, next, done;
+	int compiled, unsupported, failed, cubins;
+	char *first_unsupported, *first_error, *cubin_error;
+	pthread_mutex_t mu;
+	fz_cg_options o;
+	fz_disk *disk;
+	bool want_cubins, progress;
+} pool;
+
+static void progress_draw(pool *p)
+{
+	enum { W = 40 };
+	int fill = p->n ? p->done * W / p->n : W;
+	fprintf(stderr, "\rcompiling [");
+	for (int i = 0; i < W; i++)
+		fputc(i < fill ? '=' : i == fill ? '>' : ' ', stderr);
+	fprintf(stderr, "] %d/%d", p->done, p->n);
+	fflush(stderr);
+}
+
+static void *worker(void *arg)
+{
+	pool *p = arg;
+	fz_compiler *c = NULL;
+	char *err = NULL;
+	fz_status cst = fz_compiler_new(&p->o, &c, &err);
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		int i = p->next < p->n ? p->next++ : -1;
+		pthread_mutex_unlock(&p->mu);
+		if (i < 0)
+			break;
+		job *j = &p->jobs[i];
+		fz_build_info info = {0};
+		char *jerr = NULL;
+		fz_status st = cst;
+		if (st == FZ_OK)
+			st = fz_cache_build(c, p->disk, j->t, j->r, j->cn, p->want_cubins,
+					    &info, &jerr);
+		else
+			jerr = fz_strdup(err ? err : "cannot create a compiler");
+		pthread_mutex_lock(&p->mu);
+		p->done++;
+		if (st == FZ_OK) {
+			p->compiled++;
+			p->cubins += info.cubin;
+		} else if (st == FZ_EUNSUPPORTED) {
+			p->unsupported++;
+			if (!p->first_unsupported) {
+				p->first_unsupported = jerr;
+				jerr = NULL;
+			}
+		} else {
+			p->failed++;
+			if (!p->first_error) {
+				p->first_error = jerr;
+				jerr = NULL;
+			}
+		}
+		if (info.cubin_error && !p->cubin_error) {
+			p->cubin_error = info.cubin_error;
+			info.cubin_error = NULL;
+		}
+		if (p->progress)
+			progress_draw(p);
+		pthread_mutex_unlock(&p->mu);
+		free(info.cubin_error);
+		free(jerr);
+	}
+	fz_compiler_free(c);
+	free(err);
+	return NULL;
+}
+
+/* The LRU as a set of canonical forms: one job per distinct form. */
+static uint64_t canon_hash(const void *k)
+{
+	return ((const fz_canon *)k)->key.lo;
+}
+
+static bool canon_eq(const void *a, const void *b)
+{
+	const fz_canon *x = a, *y = b;
+	return fz_key_eq(x->key, y->key) && x->len == y->len &&
+	       !memcmp(x->text, y->text, x->len);
+}
+
+static void on_warn(void *ctx, const char *msg)
+{
+	(void)ctx;
+	fprintf(stderr, "%s\n", msg);
+}
+
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", *s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+static int cmd_compile(int argc, char **argv)
+{
+	const fz_command *cmd = &fz_cmd_compile;
+	double t0 = tool_now();
+	const char *target = "sm_90", *cache_dir = NULL;
+	long jobs = sysconf(_SC_NPROCESSORS_ONLN);
+	bool json = false, no_cubin = false;
+	const char **files = calloc((size_t)argc, sizeof *files);
+	int n_files = 0;
+	if (!files)
+		return EXIT_BAD;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--json")) {
+			json = true;
+		} else if (!strcmp(a, "--no-cubin")) {
+			no_cubin = true;
+		} else if (!strcmp(a, "--target") || !strcmp(a, "--cache-dir") ||
+			   !strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+			if (i + 1 >= argc) {
+				free(files);
+				return tool_usage_error(cmd, "%s needs a value", a);
+			}
+			const char *v = argv[++i];
+			if (!strcmp(a, "--target")) {
+				target = v;
+			} else if (!strcmp(a, "--cache-dir")) {
+				cache_dir = v;
+			} else {
+				char *end;
+				errno = 0;
+				jobs = strtol(v, &end, 10);
+				if (*end || end == v || errno || jobs < 1 || jobs > 1024) {
+					free(files);
+					return tool_usage_error(cmd, "bad --jobs '%s'", v);
+				}
+			}
+		} else if (a[0] == '-' && a[1]) {
+			free(files);
+			return tool_usage_error(cmd, "unknown option '%s'", a);
+		} else {
+			files[n_files++] = a;
+		}
+	}
+	if (n_files == 0) {
+		free(files);
+		return tool_usage_error(cmd, "no trace file%s", "");
+	}
+	if (jobs < 1)
+		jobs = 1;
+
+	pool p;
+	memset(&p, 0, sizeof p);
+	pthread_mutex_init(&p.mu, NULL);
+	char *err = NULL;
+	if (fz_cg_options_parse(target, &p.o, &err) != FZ_OK) {
+		int rc = tool_usage_error(cmd, "%s", err ? err : "bad target");
+		free(err);
+		free(files);
+		return rc;
+	}
+	char tname[160];
+	fz_cache_target(&p.o, tname, sizeof tname);
+
+	int rc = 0, regions = 0, hits = 0, n_mods = 0, n_progs = 0, cap_progs = 0;
+	fz_module **mods = calloc((size_t)n_files, sizeof *mods);
+	fz_program **progs = NULL;
+	fz_canon **canons = NULL;
+	int n_canons = 0, cap_canons = 0;
+	fz_lru *unique = NULL;
+	fz_disk *disk = NULL;
+	fz_disk_options dopt = {cache_dir, 0, on_warn, NULL};
+	if (!mods || fz_disk_open(&dopt, &disk, &err) != FZ_OK) {
+		fprintf(stderr, "fusec compile: %s\n", err ? err : "out of memory");
+		rc = EXIT_BAD;
+		goto done;
+	}
+
+	/* plan every trace; a canonical form per kernel region */
+	for (int f = 0; f < n_files && !rc; f++) {
+		fz_module *m = tool_load(files[f]);
+		if (!m) {
+			rc = EXIT_BAD;
+			break;
+		}
+		mods[n_mods++] = m;
+		for (int i = 0; i < fz_module_count(m) && !rc; i++) {
+			const fz_trace *t = fz_module_trace(m, i);
+			fz_plan_options po;
+			fz_plan_defaults(&po);
+			fz_program *prog = NULL;
+			if (fz_plan(t, &po, &prog, &err) != FZ_OK) {
+				fprintf(stderr, "fusec compile: %s: trace %s: %s\n", files[f],
+					fz_trace_name(t), err ? err : "planning failed");
+				rc = EXIT_BAD;
+				break;
+			}
+			if (n_progs == cap_progs) {
+				cap_progs = cap_progs ? 2 * cap_progs : 8;
+				fz_program **np = realloc(progs, sizeof *np * (size_t)cap_progs);
+				if (!np) {
+					fz_program_free(prog);
+					rc = EXIT_BAD;
+					break;
+				}
+				progs = np;
+			}
+			progs[n_progs++] = prog;
+			for (int r = 0; r < prog->n_regions && !rc; r++) {
+				const fz_region *R = prog->regions[r];
+				if (!fz_region_is_kernel(R->kind))
+					continue;
+				uint8_t spec[2 + 256];
+				fz_key_params kp;
+				fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+				kp.spec = spec;
+				kp.n_spec = fz_cache_spec(&p.o, R, spec, sizeof spec);
+				fz_canon *cn = NULL;
+				if (n_canons == cap_canons) {
+					cap_canons = cap_canons ? 2 * cap_canons : 64;
+					fz_canon **nc = realloc(canons, sizeof *nc * (size_t)cap_canons);
+					if (!nc) {
+						rc = EXIT_BAD;
+						break;
+					}
+					canons = nc;
+				}
+				if (fz_canon_region(t, R, &kp, &cn, &err) != FZ_OK) {
+					fprintf(stderr, "fusec compile: %s: region %d: %s\n",
+						files[f], R->id, err ? err : "?");
+					rc = EXIT_BAD;
+					break;
+				}
+				canons[n_canons++] = cn;
+				regions++;
+			}
+		}
+	}
+	if (rc)
+		goto done;
+
+	/* distinct forms, then the cache */
+	fz_lru_ops ops = {canon_hash, canon_eq, NULL};
+	p.jobs = calloc((size_t)n_canons + 1, sizeof *p.jobs);
+	if (!p.jobs || fz_lru_new((size_t)n_canons + 1, &ops, NULL, &unique) != FZ_OK) {
+		rc = EXIT_BAD;
+		goto done;
+	}
+	int n_unique = 0, k = 0;
+	for (int f = 0; f < n_progs; f++) {
+		const fz_program *prog = progs[f];
+		for (int r = 0; r < prog->n_regions; r++) {
+			const fz_region *R = prog->regions[r];
+			if (!fz_region_is_kernel(R->kind))
+				continue;
+			fz_canon *cn = canons[k++];
+			if (fz_lru_get(unique, cn))
+				continue;
+			fz_lru_put(unique, cn, cn);
+			n_unique++;
+			fz_entry *e = NULL;
+			fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
+			if (e) {
+				hits++;
+				fz_entry_free(e);
+				continue;
+			}
+			p.jobs[p.n++] = (job){prog->trace, R, cn};
+		}
+	}
+
+	/* compile what is missing */
+	p.disk = disk;
+	p.want_cubins = p.o.target == FZ_CG_NVPTX && !no_cubin;
+	p.progress = p.n > 0 && isatty(2) && !json;
+	if (jobs > p.n)
+		jobs = p.n > 0 ? p.n : 1;
+	pthread_t th[1024];
+	int started = 0;
+	if (p.n > 0) {
+		for (long i = 1; i < jobs; i++)
+			if (pthread_create(&th[started], NULL, worker, &p) == 0)
+				started++;
+		worker(&p);
+		for (int i = 0; i < started; i++)
+			pthread_join(th[i], NULL);
+	}
+	if (p.progress)
+		fprintf(stderr, "\n");
+	double secs = tool_now() - t0;
+	bool cubins = p.want_cubins && fz_jitlink_available();
+	if (p.failed) {
+		fprintf(stderr, "fusec compile: %d region%s failed: %s\n", p.failed,
+			p.failed == 1 ? "" : "s", p.first_error ? p.first_error : "?");
+		rc = EXIT_BAD;
+	}
+	if (p.unsupported && !json)
+		fprintf(stderr, "fusec compile: %d region%s not taken by the code "
+			"generator (they run per op): %s\n", p.unsupported,
+			p.unsupported == 1 ? "" : "s",
+			p.first_unsupported ? p.first_unsupported : "?");
+	if (p.cubin_error && !json)
+		fprintf(stderr, "fusec compile: no cubin: %s\n", p.cubin_error);
+	if (json) {
+		printf("{\"regions\": %d, \"unique\": %d, \"compiled\": %d, "
+		       "\"cache_hits\": %d, \"unsupported\": %d, \"failed\": %d, "
+		       "\"seconds\": %.4f, \"target\": ", regions, n_unique, p.compiled,
+		       hits, p.unsupported, p.failed, secs);
+		json_str(tname);
+		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
+		       cubins ? "true" : "false", jobs);
+		json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
+		printf("}\n");
+	} else {
+		printf("%d kernel regions, %d unique keys: %d compiled, %d cache hits",
+		       regions, n_unique, p.compiled, hits);
+		if (p.unsupported)
+			printf(", %d unsupported", p.unsupported);
+		printf(" (%s%s) in %.3f s\n", tname,
+		       p.want_cubins ? (cubins ? ", cubins" : ", PTX only") : "", secs);
+	}
+done:
+	free(err);
+	fz_lru_free(unique);
+	fz_disk_close(disk);
+	for (int i = 0; i < n_canons; i++)
+		fz_canon_free(canons[i]);
+	free(canons);
+	for (int i = 0; i < n_progs; i++)
+		fz_program_free(progs[i]);
+	free(progs);
+	for (int i = 0; i < n_mods; i++)
+		fz_module_free(mods[i]);
+	free(mods);
+	free(files);
+	free(p.jobs);
+	free(p.first_error);
+	free(p.first_unsupported);
+	free(p.cubin_error);
+	pthread_mutex_destroy(&p.mu);
+	return rc;
+}
