@@ -16,9 +16,10 @@ dtype, extents, strides in elements) and runs the trace on its device:
 
   "reference"  the C reference interpreter (every op in f64, rounded to its
                dtype at its output); slow, exact, always there.
-  "cpu"/"cuda" the generated code; not available yet (they come with the
-               code generator and the CUDA runtime) and say so.
-  "auto"       the best device that is available; today "reference".
+  "cpu"        generated code: every region compiled from LLVM IR to host
+               code, library calls as a blocked matmul.
+  "cuda"       not available yet (it comes with the CUDA runtime) and says so.
+  "auto"       the best device that is available; today "cpu".
 
 Inputs may be torch tensors (any strides, any device: non-CPU tensors are
 copied to the host) or numpy arrays; the outputs are torch tensors when any
@@ -184,14 +185,12 @@ class Program:
             raise ValueError("device must be one of %s, not %r" %
                              (", ".join(DEVICES), device))
         if device == "auto":
-            device = "reference"
-        elif device in ("cpu", "cuda"):
+            device = "cpu"
+        elif device == "cuda":
             raise FusecError(
-                "device %r is not available yet: it comes with the code "
-                "generator and the %s runtime; use device=\"reference\" "
-                "(the interpreter) meanwhile" %
-                (device, "CUDA" if device == "cuda" else "CPU"),
-                "FZ_EUNSUPPORTED")
+                "device 'cuda' is not available yet: it comes with the CUDA "
+                "runtime; use device=\"cpu\" (generated code) or "
+                "\"reference\" (the interpreter) meanwhile", "FZ_EUNSUPPORTED")
         self.device = device
         lib = self._lib = _lib.load()
         if isinstance(text, str):
@@ -281,8 +280,13 @@ class Program:
                                       ctypes.byref(err)), err, "bind")
         outs = (_lib.Tensor * max(1, self.n_outputs))()
         err = ctypes.c_void_p()
-        st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs), outs,
-                                    self.n_outputs, ctypes.byref(err))
+        if self.device == "cpu":
+            st = lib.fz_trace_run(self._t, b"cpu", sizes, arr, len(inputs),
+                                  outs, self.n_outputs, ctypes.byref(err))
+        else:
+            st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs),
+                                        outs, self.n_outputs,
+                                        ctypes.byref(err))
         if st != 0:
             for k in range(self.n_outputs):
                 if outs[k].data:

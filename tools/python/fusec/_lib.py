@@ -86,6 +86,8 @@ def _declare(lib):
         "fz_trace_bind": (S, [P, tens, ctypes.c_int, i64p, P]),
         "fz_trace_interpret": (S, [P, i64p, tens, ctypes.c_int, tens,
                                    ctypes.c_int, P]),
+        "fz_trace_run": (S, [P, ctypes.c_char_p, i64p, tens, ctypes.c_int,
+                             tens, ctypes.c_int, P]),
     }
     missing = []
     for name, (res, args) in sigs.items():
