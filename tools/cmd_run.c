@@ -42,6 +42,7 @@
 #include "exec.h"
 #include "ir.h"
 #include "numeric.h"
+#include "numeric.h"
 #include "tool.h"
 
 #ifndef M_PI
@@ -115,91 +116,68 @@ static double rng_normal(uint64_t *s)
 	return sqrt(-2.0 * log(u + 0x1p-60)) * cos(2.0 * M_PI * v);
 }
 
-/* The exclusive bound of the values an integer parameter may take: the
- * smallest extent it indexes, following it through meta ops and casts to
- * the indexing ops that consume it; 0 if it indexes nothing. */
-static int64_t index_bound(const fz_trace *t, const fz_value *p,
-			   const int64_t *syms)
+/* The values that are p seen another way: p, and what meta ops, casts,
+ * collectives and waits make of them. NULL when out of memory. */
+static char *same_data(const fz_trace *t, const fz_value *p)
 {
 	char *reach = calloc((size_t)t->n_values, 1);
-	int64_t bound = 0;
 	if (!reach)
-		return 0;
+		return NULL;
 	reach[p->id] = 1;
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *nd = t->nodes[i];
 		fz_opclass cls = fz_ops[nd->op].cls;
-		for (int k = 0; k < nd->n_in; k++) {
-			if (!reach[nd->in[k]->id])
-				continue;
-			if (cls == FZ_CLASS_META || nd->op == FZ_OP_CAST)
+		bool passes = cls == FZ_CLASS_META || nd->op == FZ_OP_CAST ||
+			      cls == FZ_CLASS_COLLECTIVE || cls == FZ_CLASS_WAIT;
+		for (int k = 0; passes && k < nd->n_in; k++)
+			if (reach[nd->in[k]->id])
 				reach[nd->out[0]->id] = 1;
-			if (cls == FZ_CLASS_INDEXING && k == 1) {
-				int64_t e = fz_value_extent(nd->in[0], nd->attrs.dim, syms);
-				if (e >= 0 && (bound == 0 || e < bound))
-					bound = e;
-			}
-		}
+	}
+	return reach;
+}
+
+/* The exclusive bound of the values an integer parameter may take: the
+ * smallest extent it indexes (as the index operand of take, take_along or
+ * index_add); 0 if it indexes nothing. */
+static int64_t index_bound(const fz_trace *t, const fz_value *p,
+			   const int64_t *syms)
+{
+	char *reach = same_data(t, p);
+	int64_t bound = 0;
+	for (int i = 0; reach && i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		if (fz_ops[nd->op].cls != FZ_CLASS_INDEXING || !reach[nd->in[1]->id])
+			continue;
+		int64_t e = fz_value_extent(nd->in[0], nd->attrs.dim, syms);
+		if (e >= 0 && (bound == 0 || e < bound))
+			bound = e;
 	}
 	free(reach);
 	return bound;
 }
 
 /* The scale of a float parameter: 1/sqrt(K) where it is an operand of a
- * matmul or linear contracting over K (followed through meta ops, casts
- * and waits), as initializers scale weights; else 1. Unscaled weights make
- * every layer multiply magnitudes by sqrt(K), and the comparison with the
- * reference would then judge rounding noise blown up by the model. */
+ * matmul or linear contracting over K, as initializers scale weights; else
+ * 1. Unscaled weights make every layer multiply magnitudes by sqrt(K), and
+ * the comparison with the reference would then judge rounding noise blown
+ * up by the model. */
 static double weight_scale(const fz_trace *t, const fz_value *p,
 			   const int64_t *syms)
 {
-	char *reach = calloc((size_t)t->n_values, 1);
+	char *reach = same_data(t, p);
 	int64_t K = 0;
-	if (!reach)
-		return 1;
-	reach[p->id] = 1;
-	for (int i = 0; i < t->n_nodes; i++) {
+	for (int i = 0; reach && i < t->n_nodes; i++) {
 		const fz_node *nd = t->nodes[i];
-		fz_opclass cls = fz_ops[nd->op].cls;
-		for (int k = 0; k < nd->n_in; k++) {
-			if (!reach[nd->in[k]->id])
-				continue;
-			if (cls == FZ_CLASS_META || nd->op == FZ_OP_CAST ||
-			    cls == FZ_CLASS_COLLECTIVE || cls == FZ_CLASS_WAIT)
-				reach[nd->out[0]->id] = 1;
-			if (cls == FZ_CLASS_LIBRARY && k < 2) {
-				const fz_value *a = nd->in[0];
-				int64_t e = fz_value_extent(a, a->type.rank - 1, syms);
-				if (e > K)
-					K = e;
-			}
-		}
+		if (fz_ops[nd->op].cls != FZ_CLASS_LIBRARY ||
+		    !(reach[nd->in[0]->id] || reach[nd->in[1]->id]))
+			continue;
+		const fz_value *a = nd->in[0];
+		int64_t e = fz_value_extent(a, a->type.rank - 1, syms);
+		if (e > K)
+			K = e;
 	}
 	free(reach);
 	return K > 1 ? 1.0 / sqrt((double)K) : 1.0;
-}
-
-static void store(void *data, fz_dtype d, size_t i, double v)
-{
-	switch (d) {
-	case FZ_F64: ((double *)data)[i] = v; break;
-	case FZ_F32: ((float *)data)[i] = (float)v; break;
-	case FZ_F16: ((_Float16 *)data)[i] = (_Float16)v; break;
-	case FZ_BF16: {
-		float f = (float)v;
-		uint32_t u;
-		memcpy(&u, &f, 4);
-		u += 0x7fff + ((u >> 16) & 1);
-		((uint16_t *)data)[i] = (uint16_t)(u >> 16);
-		break;
-	}
-	case FZ_I64: ((int64_t *)data)[i] = (int64_t)v; break;
-	case FZ_I32: ((int32_t *)data)[i] = (int32_t)v; break;
-	case FZ_I8: ((int8_t *)data)[i] = (int8_t)v; break;
-	case FZ_U8: ((uint8_t *)data)[i] = (uint8_t)v; break;
-	case FZ_BOOL: ((uint8_t *)data)[i] = v != 0; break;
-	default: break;
-	}
 }
 
 static int make_inputs(const fz_trace *t, const int64_t *syms, uint64_t seed,
@@ -240,7 +218,7 @@ static int make_inputs(const fz_trace *t, const int64_t *syms, uint64_t seed,
 				v = (double)(rng_next(&s) % 256);
 			else
 				v = (double)(int64_t)(rng_next(&s) % 17) - 8;
-			store(x->data, x->dtype, k, v);
+			fz_store_f64(x->data, x->dtype, (int64_t)k, v);
 		}
 	}
 	return 0;
