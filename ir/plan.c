@@ -5,6 +5,8 @@
  *       partition   group primitive ops into regions a kernel skeleton runs
  *       bookend     meta ops at region edges become host-side views
  *       schedule    an order of regions that keeps peak live bytes low
+ *       horizontal  independent sibling kernels become one, where the
+ *                   planned peak does not rise (then schedules again)
  *       memplan     an offset in one arena for every buffer
  *
  * The pipeline is the flat list of calls in fz_plan; each pass may dump the
@@ -26,6 +28,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "plan.h"
 
@@ -35,7 +38,7 @@ const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
 };
 
 const char *const fz_pass_names[FZ_PASS_COUNT] = {
-	"partition", "bookend", "schedule", "memplan",
+	"partition", "bookend", "schedule", "horizontal", "memplan",
 };
 
 int fz_pass_from_name(const char *name, fz_pass *out)
@@ -358,7 +361,7 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 		  fz_program **out, char **err)
 {
 	static fz_status (*const passes[FZ_PASS_COUNT])(fz_program *) = {
-		fz_partition, fz_bookend, fz_schedule, fz_memplan,
+		fz_partition, fz_bookend, fz_schedule, fz_horizontal, fz_memplan,
 	};
 	*out = NULL;
 	fz_program *p = calloc(1, sizeof *p);
@@ -380,7 +383,12 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 	fz_buf dump = {0};
 	fz_status st = FZ_OK;
 	for (int i = 0; i < FZ_PASS_COUNT && st == FZ_OK; i++) {
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
 		st = passes[i](p);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		p->pass_seconds[i] = (double)(t1.tv_sec - t0.tv_sec) +
+				     (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 		if (st == FZ_OK && p->opts.dump_after == i)
 			fz_program_dump(p, (fz_pass)i, &dump);
 	}

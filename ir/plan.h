@@ -2,8 +2,9 @@
  * plan.h: a trace turned into a program: regions, their order, and where
  * every intermediate lives.
  *
- * The passes (ir/partition.c, ir/bookend.c, ir/schedule.c, ir/memplan.c)
- * run in order from fz_plan (ir/plan.c), each able to dump its result. The
+ * The passes (ir/partition.c, ir/bookend.c, ir/schedule.c,
+ * ir/horizontal.c, ir/memplan.c) run in order from fz_plan (ir/plan.c),
+ * each able to dump its result. The
  * code generator reads one region at a time: its nodes (a topological
  * order), the values it reads from outside and the values it makes for
  * others. It never looks at the rest of the trace.
@@ -51,8 +52,8 @@ typedef struct fz_region {
 /* ---- The program: what fz_plan makes of a trace ------------------------- */
 
 typedef enum fz_pass {
-	FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_MEMPLAN,
-	FZ_PASS_COUNT
+	FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_HORIZONTAL,
+	FZ_PASS_MEMPLAN, FZ_PASS_COUNT
 } fz_pass;
 
 extern const char *const fz_pass_names[FZ_PASS_COUNT];
@@ -64,8 +65,10 @@ typedef struct fz_plan_options {
 	const int64_t *sym_sizes;
 	/* Dump the program after this pass into fz_program.dump; -1: none. */
 	int dump_after;
-	/* Horizontal fusion of sibling pointwise regions, taken only when the
-	 * planned peak does not rise. On by default (fz_plan_defaults). */
+	/* Horizontal fusion of independent kernels (pointwise with pointwise
+	 * of one element count, reductions of one row shape), taken only when
+	 * the planned peak does not rise (ir/horizontal.c). On by default
+	 * (fz_plan_defaults). */
 	bool horizontal;
 	/* The exact scheduler gives up past this many downsets (0: 200000). */
 	int exact_max_states;
@@ -105,6 +108,7 @@ typedef enum fz_sched_method {
 	FZ_SCHED_GREEDY,     /* the memory-aware list scheduler */
 	FZ_SCHED_EXACT,      /* dynamic programming over all downsets */
 	FZ_SCHED_TRACE,      /* the written order was better than both */
+	FZ_SCHED_FUSED,      /* the order horizontal fusion was judged on */
 } fz_sched_method;
 
 typedef struct fz_program {
@@ -147,10 +151,16 @@ typedef struct fz_program {
 	int64_t *offset;
 	int64_t peak_bytes, peak_bytes_trace_order, arena_bytes;
 
+	/* Horizontal fusion: merges taken, and candidates refused because the
+	 * peak would rise or because one depends on the other. */
+	int horizontal_merged, horizontal_refused_peak, horizontal_refused_path;
+
 	char *dump;                  /* text of --dump-after, or NULL */
+	double pass_seconds[FZ_PASS_COUNT]; /* wall time of each pass */
 } fz_program;
 
-/* Plans trace t (verified): partition, bookend, schedule, memplan. */
+/* Plans trace t (verified): partition, bookend, schedule, horizontal,
+ * memplan. */
 fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
                   fz_program **out, char **err);
 void fz_program_free(fz_program *p);
@@ -159,6 +169,7 @@ void fz_program_free(fz_program *p);
 fz_status fz_partition(fz_program *p);
 fz_status fz_bookend(fz_program *p);
 fz_status fz_schedule(fz_program *p);
+fz_status fz_horizontal(fz_program *p);
 fz_status fz_memplan(fz_program *p);
 
 /* Shared by the passes (plan.c). */
@@ -176,6 +187,11 @@ int64_t fz_order_peak(const fz_program *p, const int *order);
  * n_values ints, zeroed. The rule fz_order_peak and memplan share. */
 void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 			      bool *pinned);
+/* The in-place rule for one region (schedule.c): count[k] inputs that
+ * output k may take over, listed at list[k * R->n_in ...]. reach: n_values
+ * bools, false on entry and on return; cand: R->n_in ints of scratch. */
+void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
+		      int *cand, int *count, int *list);
 /* The view of v (given its base's tensor) under other sizes. */
 fz_status fz_view_eval(const fz_program *p, const fz_value *v,
                        const int64_t *sym_sizes, fz_layout *out);

@@ -51,21 +51,90 @@ static bool owns(const fz_program *p, const fz_value *v)
 	return v->def && fz_view_root(p, (fz_value *)v) == v;
 }
 
+/* The in-place rule, for one region: which inputs each output may take
+ * over. Only a pointwise region's elementwise outputs may, and only an input
+ * buffer it owns (no view of it is read beside it), read along elementwise
+ * ops only, of the output's extents and element size. */
+void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
+		      int *cand, int *count, int *list)
+{
+	const fz_trace *t = p->trace;
+	int nc = 0;
+	for (int k = 0; k < R->n_out; k++)
+		count[k] = 0;
+	if (R->kind != FZ_REGION_POINTWISE)
+		return;
+	for (int k = 0; k < R->n_in; k++) {
+		fz_value *b = R->in[k];
+		if (!owns(p, b))
+			continue;
+		bool alone = true; /* no other input is a view of b */
+		for (int j = 0; j < R->n_in; j++)
+			if (j != k && fz_view_root(p, R->in[j]) == b)
+				alone = false;
+		if (!alone)
+			continue;
+		reach[b->id] = true;
+		bool ok = true;
+		int j;
+		for (j = 0; j < R->n_nodes && ok; j++) {
+			const fz_node *nd = R->nodes[j];
+			bool d = false;
+			for (int i = 0; i < nd->n_in; i++)
+				d |= reach[nd->in[i]->id];
+			if (d && !fz_op_is_elementwise(nd->op))
+				ok = false;
+			for (int i = 0; i < nd->n_out; i++)
+				reach[nd->out[i]->id] = d;
+		}
+		/* clear what this walk set, not all the marks: a memset per
+		 * input made this quadratic in the trace */
+		reach[b->id] = false;
+		while (j-- > 0)
+			for (int i = 0; i < R->nodes[j]->n_out; i++)
+				reach[R->nodes[j]->out[i]->id] = false;
+		if (ok)
+			cand[nc++] = b->id;
+	}
+	for (int k = 0; k < R->n_out && nc; k++) {
+		const fz_value *o = R->out[k];
+		if (!owns(p, o) || !fz_op_is_elementwise(o->def->op))
+			continue;
+		for (int c = 0; c < nc; c++) {
+			const fz_value *b = t->values[cand[c]];
+			bool same = b->type.rank == o->type.rank &&
+				    fz_dtype_size(b->type.dtype) ==
+				    fz_dtype_size(o->type.dtype);
+			for (int d = 0; same && d < o->type.rank; d++)
+				same = fz_ext_eq(b->type.dims[d], o->type.dims[d]);
+			if (same)
+				list[k * R->n_in + count[k]++] = b->id;
+		}
+	}
+}
+
 /* bytes and in-place candidates per value */
 static fz_status prepare_values(fz_program *p)
 {
 	const fz_trace *t = p->trace;
-	int nv = t->n_values;
+	int nv = t->n_values, max_in = 0, max_out = 0;
+	for (int r = 0; r < p->n_regions; r++) {
+		if (p->regions[r]->n_in > max_in)
+			max_in = p->regions[r]->n_in;
+		if (p->regions[r]->n_out > max_out)
+			max_out = p->regions[r]->n_out;
+	}
 	p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
 	p->n_donors = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	p->donors = fz_arena_alloc(&p->arena, sizeof(int *) * ((size_t)nv + 1));
 	bool *reach = calloc((size_t)nv + 1, sizeof(bool));
-	int *cand = malloc(sizeof(int) * ((size_t)nv + 1));
-	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand) {
-		free(reach);
-		free(cand);
-		return FZ_ENOMEM;
-	}
+	int *cand = malloc(sizeof(int) * ((size_t)max_in + 1));
+	int *count = malloc(sizeof(int) * ((size_t)max_out + 1));
+	int *list = malloc(sizeof(int) * ((size_t)max_in * (size_t)max_out + 1));
+	fz_status st = FZ_ENOMEM;
+	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand ||
+	    !count || !list)
+		goto done;
 	for (int v = 0; v < nv; v++) {
 		const fz_value *x = t->values[v];
 		int64_t e;
@@ -78,62 +147,25 @@ static fz_status prepare_values(fz_program *p)
 		const fz_region *R = p->regions[r];
 		if (R->kind != FZ_REGION_POINTWISE)
 			continue;
-		int nc = 0;
-		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = R->in[k];
-			if (!owns(p, b))
+		fz_region_donors(p, R, reach, cand, count, list);
+		for (int k = 0; k < R->n_out; k++) {
+			if (!count[k])
 				continue;
-			bool alone = true; /* no other input is a view of b */
-			for (int j = 0; j < R->n_in; j++)
-				if (j != k && fz_view_root(p, R->in[j]) == b)
-					alone = false;
-			if (!alone)
-				continue;
-			memset(reach, 0, sizeof(bool) * (size_t)nv);
-			reach[b->id] = true;
-			bool ok = true;
-			for (int j = 0; j < R->n_nodes && ok; j++) {
-				const fz_node *nd = R->nodes[j];
-				bool d = false;
-				for (int i = 0; i < nd->n_in; i++)
-					d |= reach[nd->in[i]->id];
-				if (d && !fz_op_is_elementwise(nd->op))
-					ok = false;
-				for (int i = 0; i < nd->n_out; i++)
-					reach[nd->out[i]->id] = d;
-			}
-			if (ok)
-				cand[nc++] = b->id;
-		}
-		for (int k = 0; k < R->n_out && nc; k++) {
-			const fz_value *o = R->out[k];
-			if (!owns(p, o) || !fz_op_is_elementwise(o->def->op))
-				continue;
-			int m = 0;
-			int *list = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)nc);
-			if (!list)
-				goto oom;
-			for (int c = 0; c < nc; c++) {
-				const fz_value *b = t->values[cand[c]];
-				bool same = b->type.rank == o->type.rank &&
-					    fz_dtype_size(b->type.dtype) ==
-					    fz_dtype_size(o->type.dtype);
-				for (int d = 0; same && d < o->type.rank; d++)
-					same = fz_ext_eq(b->type.dims[d], o->type.dims[d]);
-				if (same)
-					list[m++] = b->id;
-			}
-			p->n_donors[o->id] = m;
-			p->donors[o->id] = list;
+			int *l = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)count[k]);
+			if (!l)
+				goto done;
+			memcpy(l, list + k * R->n_in, sizeof(int) * (size_t)count[k]);
+			p->n_donors[R->out[k]->id] = count[k];
+			p->donors[R->out[k]->id] = l;
 		}
 	}
+	st = FZ_OK;
+done:
 	free(reach);
 	free(cand);
-	return FZ_OK;
-oom:
-	free(reach);
-	free(cand);
-	return FZ_ENOMEM;
+	free(count);
+	free(list);
+	return st;
 }
 
 static int cmp_int(const void *a, const void *b)
@@ -353,24 +385,67 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 	*freed = f;
 }
 
+static bool owns_nothing(const sched *s, int r)
+{
+	const fz_region *R = s->p->regions[r];
+	for (int k = 0; k < R->n_out; k++)
+		if (s->owned[R->out[k]->id])
+			return false;
+	return true;
+}
+
+static void push_ready(sched *s, int r, int *ready, int *nr, int *queue,
+		       int *qt)
+{
+	if (owns_nothing(s, r))
+		queue[(*qt)++] = r;
+	else
+		ready[(*nr)++] = r;
+}
+
+/* r runs: its reads are done, its successors may become ready. */
+static void take_region(sched *s, int r, int *left, int *indeg, int *ready,
+			int *nr, int *queue, int *qt)
+{
+	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
+		left[s->ins[i]]--;
+	for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
+		if (--indeg[s->succs[i]] == 0)
+			push_ready(s, s->succs[i], ready, nr, queue, qt);
+}
+
 static fz_status greedy_order(sched *s, int *order)
 {
 	int n = s->n, nv = s->p->trace->n_values;
 	int *indeg = calloc((size_t)n + 1, sizeof(int));
 	int *ready = calloc((size_t)n + 1, sizeof(int));
+	int *queue = calloc((size_t)n + 1, sizeof(int));
 	int *left = calloc((size_t)nv + 1, sizeof(int));
-	if (!indeg || !ready || !left) {
+	if (!indeg || !ready || !queue || !left) {
 		free(indeg);
 		free(ready);
+		free(queue);
 		free(left);
 		return FZ_ENOMEM;
 	}
 	memcpy(left, s->readers, sizeof(int) * (size_t)nv);
-	int nr = 0;
+	/* a region that owns no output (a view) allocates nothing: taking it
+	 * at once never raises the live total, and only brings frees and
+	 * in-place takeovers earlier, so it waits in a queue of its own
+	 * (first ready, first taken) instead of being scanned at every step.
+	 * The weights' views of a 128-layer model are all ready at the start:
+	 * scanning them step after step made the greedy order quadratic. */
+	int nr = 0, qh = 0, qt = 0;
 	for (int r = 0; r < n; r++)
 		if ((indeg[r] = s->pred_start[r + 1] - s->pred_start[r]) == 0)
-			ready[nr++] = r;
+			push_ready(s, r, ready, &nr, queue, &qt);
 	for (int k = 0; k < n; k++) {
+		if (qh < qt) {
+			int r = queue[qh++];
+			order[k] = r;
+			take_region(s, r, left, indeg, ready, &nr, queue, &qt);
+			continue;
+		}
 		int best = -1;
 		int64_t best_net = 0;
 		for (int i = 0; i < nr; i++) {
@@ -390,14 +465,11 @@ static fz_status greedy_order(sched *s, int *order)
 		int r = ready[best];
 		ready[best] = ready[--nr];
 		order[k] = r;
-		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
-			left[s->ins[i]]--;
-		for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
-			if (--indeg[s->succs[i]] == 0)
-				ready[nr++] = s->succs[i];
+		take_region(s, r, left, indeg, ready, &nr, queue, &qt);
 	}
 	free(indeg);
 	free(ready);
+	free(queue);
 	free(left);
 	return FZ_OK;
 }

@@ -10,7 +10,9 @@
  * also checks that no two live buffers overlap in the arena), the planned
  * peak never above the written order's, the exact search never beaten by
  * trying every order, and regions that do not change when independent
- * statements are reordered and values renamed.
+ * statements are reordered and values renamed. Horizontal fusion is on
+ * throughout (the default); every corpus trace and random DAG is planned
+ * with it off as well, and with it on the peak is never higher.
  */
 #include <check.h>
 #include <dirent.h>
@@ -48,6 +50,29 @@ static fz_program *plan_sized(const fz_trace *t, const int64_t *syms)
 }
 
 static fz_program *plan(const fz_trace *t) { return plan_sized(t, NULL); }
+
+static fz_program *plan_flat(const fz_trace *t, const int64_t *syms)
+{
+	fz_plan_options o;
+	fz_plan_defaults(&o);
+	o.sym_sizes = syms;
+	o.horizontal = false;
+	fz_program *p = NULL;
+	ck_assert_int_eq(fz_plan(t, &o, &p, NULL), FZ_OK);
+	return p;
+}
+
+/* Horizontal fusion never raises the planned peak, never adds a region. */
+static void check_horizontal(const fz_trace *t, const int64_t *syms)
+{
+	fz_program *on = plan_sized(t, syms), *off = plan_flat(t, syms);
+	ck_assert_int_le(on->peak_bytes, off->peak_bytes);
+	ck_assert_int_le(on->n_regions, off->n_regions);
+	ck_assert_int_eq(off->n_regions - on->n_regions, on->horizontal_merged);
+	ck_assert_int_eq(off->horizontal_merged, 0);
+	fz_program_free(on);
+	fz_program_free(off);
+}
 
 static int count_kind(const fz_program *p, fz_region_kind k)
 {
@@ -497,6 +522,7 @@ START_TEST(corpus_plans)
 							   sized ? syms : NULL);
 				check_plan(p);
 				fz_program_free(p);
+				check_horizontal(fz_module_trace(m, i), sized ? syms : NULL);
 			}
 		}
 		fz_module_free(m);
@@ -686,6 +712,7 @@ START_TEST(random_dags)
 			t1, t2);
 	ck_assert_msg(!strcmp(g1, g2), "regions differ (printed on stderr)");
 	ck_assert_int_eq(p1->peak_bytes, p2->peak_bytes);
+	check_horizontal(fz_module_trace(m1, 0), NULL);
 	/* small programs: nothing beats the planned peak when it claims to be
 	 * optimal, and it is never worse than the best order by much when not */
 	if (p1->n_regions <= 9) {
@@ -704,6 +731,189 @@ START_TEST(random_dags)
 	fz_module_free(m2);
 	free(t1);
 	free(t2);
+}
+END_TEST
+
+/* ---- horizontal fusion --------------------------------------------------- */
+
+static int region_of_value(const fz_program *p, const char *name)
+{
+	return p->region_of[named(p->trace, name)->def->id];
+}
+
+START_TEST(horizontal_quantize_columns)
+{
+	/* col_min and col_max reduce the same w over the same dim: one
+	 * reduction kernel, two results per column */
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tests/traces/quantize.trace", FZ_SOURCE_DIR);
+	fz_module *m = load_file(path);
+	const fz_trace *t = fz_module_trace(m, 1);
+	fz_program *off = plan_flat(t, NULL);
+	ck_assert_int_eq(fz_program_kernels(off), 3);
+	fz_program *p = plan(t);
+	ck_assert_int_eq(fz_program_kernels(p), 2);
+	ck_assert_int_eq(p->horizontal_merged, 1);
+	int r = region_of_value(p, "col_min");
+	ck_assert_int_eq(r, region_of_value(p, "col_max"));
+	ck_assert_int_eq(p->regions[r]->kind, FZ_REGION_REDUCTION);
+	ck_assert_int_eq(p->regions[r]->n_in, 1);  /* w, read once */
+	ck_assert_int_eq(p->regions[r]->n_out, 2);
+	ck_assert_int_ne(r, region_of_value(p, "q"));
+	ck_assert_int_eq(p->peak_bytes, off->peak_bytes);
+	check_plan(p);
+	fz_program_free(p);
+	fz_program_free(off);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(horizontal_pointwise_pair)
+{
+	/* rotary: q and k are rotated over one shape with the same cos and
+	 * sin; v stays a view of the linear's output */
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tests/traces/rotary.trace", FZ_SOURCE_DIR);
+	fz_module *m = load_file(path);
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 1);
+	int r = region_of_value(p, "q_rot");
+	ck_assert_int_eq(r, region_of_value(p, "k_rot"));
+	ck_assert_int_eq(p->regions[r]->kind, FZ_REGION_POINTWISE);
+	ck_assert_ptr_nonnull(p->view_of[named(p->trace, "v")->id]);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+	/* two maps of one input, both returned */
+	m = parse("trace t(x: f32[64, 64]) {\n"
+		  "  a = exp(x)\n  b = sin(x)\n  return a, b\n}\n");
+	p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(p->n_regions, 1);
+	ck_assert_int_eq(p->regions[0]->n_out, 2);
+	ck_assert_int_eq(p->peak_bytes, 2 * 64 * 64 * 4);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+	/* DiT's adaLN: the gated residual y = x + gate * attn_out walks the
+	 * rows of the layer norm of the same x: the normalization kernel's
+	 * last pass over the row writes it too */
+	snprintf(path, sizeof path, "%s/tests/traces/adaln.trace", FZ_SOURCE_DIR);
+	m = load_file(path);
+	p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 2);
+	r = region_of_value(p, "h");
+	ck_assert_int_eq(r, region_of_value(p, "y"));
+	ck_assert_int_eq(p->regions[r]->kind, FZ_REGION_NORMALIZATION);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+	/* different element counts, or rows of other extents than a map's
+	 * output: apart */
+	m = parse("trace t(x: f32[64, 64], y: f32[32, 64]) {\n"
+		  "  a = exp(x)\n  b = exp(y)\n"
+		  "  c = sum(reshape(x, shape=[4096]), dims=[0])\n"
+		  "  return a, b, c\n}\n");
+	p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 3);
+	ck_assert_int_eq(p->horizontal_merged, 0);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(horizontal_refused_when_peak_rises)
+{
+	/* Two paths from one input: each makes a big tensor that a matmul
+	 * shrinks to a column. Run apart, one big tensor is live at a time;
+	 * run as one kernel, both are: the merge is refused. */
+	fz_module *m = parse(
+		"trace t(x: f32[256, 256], y0: f32[256, 256], y1: f32[256, 256],\n"
+		"        w0: f32[256, 1], w1: f32[256, 1]) {\n"
+		"  p0 = relu(add(x, y0))\n  s0 = matmul(p0, w0)\n"
+		"  p1 = relu(add(x, y1))\n  s1 = matmul(p1, w1)\n"
+		"  z = add(s0, s1)\n  return z\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	fz_program *off = plan_flat(fz_module_trace(m, 0), NULL);
+	ck_assert_int_ne(region_of_value(p, "p0"), region_of_value(p, "p1"));
+	ck_assert_int_ge(p->horizontal_refused_peak, 1);
+	ck_assert_int_eq(p->horizontal_merged, 0);
+	ck_assert_int_eq(p->peak_bytes, off->peak_bytes);
+	ck_assert_int_eq(p->peak_bytes, 262144 + 2 * 1024);
+	check_plan(p);
+	fz_program_free(p);
+	fz_program_free(off);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(horizontal_seed004_keeps_its_peak)
+{
+	/* batching the ten relus is what raised the reported peak: what is
+	 * merged here must leave it at three tensors, in both written orders */
+	const char *files[2] = {"seed004_chain_efficient.trace",
+				"seed004_chain_stages.trace"};
+	for (int f = 0; f < 2; f++) {
+		char path[1024];
+		snprintf(path, sizeof path, "%s/tests/traces/%s", FZ_SOURCE_DIR, files[f]);
+		fz_module *m = load_file(path);
+		fz_program *p = plan(fz_module_trace(m, 0));
+		ck_assert_int_eq(p->peak_bytes, 786432);
+		ck_assert_int_ge(p->horizontal_refused_peak, 1);
+		ck_assert_int_eq(count_kind(p, FZ_REGION_LIBRARY), 20);
+		ck_assert_int_le(fz_program_kernels(p), 20);
+		/* no kernel holds more than two of the twenty relus */
+		for (int r = 0; r < p->n_regions; r++)
+			if (p->regions[r]->kind == FZ_REGION_POINTWISE)
+				ck_assert_int_le(p->regions[r]->n_out, 2);
+		check_plan(p);
+		fz_program_free(p);
+		fz_module_free(m);
+	}
+}
+END_TEST
+
+START_TEST(horizontal_refused_on_a_path)
+{
+	/* a and d share x and a shape, but d needs the matmul of a */
+	fz_module *m = parse(
+		"trace c(x: f32[32, 32], w: f32[32, 32]) {\n"
+		"  a = exp(x)\n  b = matmul(a, w)\n  d = add(tanh(b), x)\n"
+		"  return d\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	ck_assert_int_eq(fz_program_kernels(p), 2);
+	ck_assert_int_ge(p->horizontal_refused_path, 1);
+	ck_assert_int_eq(p->horizontal_merged, 0);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(horizontal_blind_to_names_and_order)
+{
+	fz_module *m = parse(
+		"trace a(w: f32[688, 256], v: f32[64, 256]) {\n"
+		"  absmax = amax(abs(w), dims=[1], keepdim=true)\n"
+		"  q = cast(div(w, absmax), dtype=i8)\n"
+		"  lo = amin(w, dims=[0])\n  hi = amax(w, dims=[0])\n"
+		"  e = exp(v)\n  s = sin(v)\n"
+		"  return q, lo, hi, e, s\n}\n"
+		"trace b(w: f32[688, 256], v: f32[64, 256]) {\n"
+		"  S = sin(v)\n  H = amax(w, dims=[0])\n  E = exp(v)\n"
+		"  L = amin(w, dims=[0])\n"
+		"  A = amax(abs(w), dims=[1], keepdim=true)\n"
+		"  Q = cast(div(w, A), dtype=i8)\n"
+		"  return Q, L, H, E, S\n}\n");
+	fz_program *p1 = plan(fz_module_trace(m, 0)), *p2 = plan(fz_module_trace(m, 1));
+	ck_assert_int_eq(p1->horizontal_merged, 2);
+	char *g1 = region_signature(p1), *g2 = region_signature(p2);
+	ck_assert_str_eq(g1, g2);
+	ck_assert_int_eq(p1->peak_bytes, p2->peak_bytes);
+	free(g1);
+	free(g2);
+	fz_program_free(p1);
+	fz_program_free(p2);
+	fz_module_free(m);
 }
 END_TEST
 
@@ -757,6 +967,14 @@ Suite *plan_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("corpus");
 	tcase_add_test(tc, corpus_plans);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("horizontal");
+	tcase_add_test(tc, horizontal_quantize_columns);
+	tcase_add_test(tc, horizontal_pointwise_pair);
+	tcase_add_test(tc, horizontal_refused_when_peak_rises);
+	tcase_add_test(tc, horizontal_seed004_keeps_its_peak);
+	tcase_add_test(tc, horizontal_refused_on_a_path);
+	tcase_add_test(tc, horizontal_blind_to_names_and_order);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("random");
 	tcase_add_loop_test(tc, random_dags, 0, 300);

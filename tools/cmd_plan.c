@@ -1,8 +1,9 @@
 /*
  * cmd_plan.c: `fusec plan`, the program fusec makes of a trace.
  *
- *     fusec plan FILE [--bind B=8,T=2048] [--json] [--dot OUT]
- *                     [--dump-after=partition|bookend|schedule|memplan]
+ *     fusec plan FILE [--bind B=8,T=2048] [--json] [--dot OUT] [--no-horizontal]
+ *                     [--dump-after=partition|bookend|schedule|horizontal|
+ *                                   memplan]
  *
  * The plan itself is a library feature (fz_plan, ir/plan.c); this command
  * prints it: a table of regions (kind, ops, inputs, outputs, bytes read and
@@ -25,7 +26,7 @@ static int cmd_plan(int argc, char **argv);
 const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	cmd_plan,
 	 "usage: fusec plan FILE [--bind B=8,T=2048] [--world N] [--json]\n"
-	 "                       [--dot OUT] [--dump-after=PASS]\n"
+	 "                       [--dot OUT] [--dump-after=PASS] [--no-horizontal]\n"
 	 "\n"
 	 "Partition every trace of FILE into regions (kernels, library calls,\n"
 	 "collectives, waits, views), order them to keep peak memory low, and\n"
@@ -41,8 +42,11 @@ const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	 "                    peak_bytes_trace_order, arena_bytes,\n"
 	 "                    unbound_symbols_as_1, traces (one object each)\n"
 	 "  --dot OUT         write a Graphviz picture, one cluster per region\n"
+	 "  --no-horizontal   keep independent sibling kernels apart (to see\n"
+	 "                    what horizontal fusion merged)\n"
 	 "  --dump-after=PASS print the program after partition, bookend,\n"
-	 "                    schedule or memplan (to stderr with --json)\n"};
+	 "                    schedule, horizontal or memplan (to stderr with\n"
+	 "                    --json)\n"};
 
 typedef struct plan_opts {
 	tool_binding binds[FZ_MAX_SYMS];
@@ -50,6 +54,7 @@ typedef struct plan_opts {
 	bool json;
 	const char *dot;
 	int dump_after;
+	bool no_horizontal;
 } plan_opts;
 
 static int64_t read_bytes(const fz_program *p, const fz_value *v)
@@ -91,7 +96,9 @@ static void ops_summary(const fz_region *R, char *buf, size_t n)
 static const char *method_name(fz_sched_method m)
 {
 	return m == FZ_SCHED_EXACT ? "exact search" :
-	       m == FZ_SCHED_TRACE ? "the written order" : "greedy";
+	       m == FZ_SCHED_TRACE ? "the written order" :
+	       m == FZ_SCHED_FUSED ? "the order horizontal fusion was judged on" :
+	       "greedy";
 }
 
 static void print_unbound(const fz_program *p, FILE *f, bool json)
@@ -149,6 +156,12 @@ static void print_human(const fz_program *p)
 	       p->peak_proven_optimal ? ", optimal" : "",
 	       (long long)p->peak_bytes_trace_order);
 	printf("  arena: %lld bytes\n", (long long)p->arena_bytes);
+	if (p->horizontal_merged || p->horizontal_refused_peak ||
+	    p->horizontal_refused_path)
+		printf("  horizontal fusion: %d merged, %d refused (the peak would "
+		       "rise), %d refused (a path between them)\n",
+		       p->horizontal_merged, p->horizontal_refused_peak,
+		       p->horizontal_refused_path);
 }
 
 static void print_json_one(const fz_program *p)
@@ -159,6 +172,8 @@ static void print_json_one(const fz_program *p)
 	       "\"views\": %d, \"peak_bytes\": %lld, "
 	       "\"peak_bytes_trace_order\": %lld, \"arena_bytes\": %lld, "
 	       "\"schedule\": \"%s\", \"peak_optimal\": %s, "
+	       "\"horizontal_merged\": %d, \"horizontal_refused_peak\": %d, "
+	       "\"horizontal_refused_path\": %d, "
 	       "\"unbound_symbols_as_1\": [", t->name, p->n_regions,
 	       fz_program_kernels(p), fz_program_count(p, FZ_REGION_LIBRARY),
 	       fz_program_count(p, FZ_REGION_COLLECTIVE),
@@ -166,8 +181,10 @@ static void print_json_one(const fz_program *p)
 	       fz_program_count(p, FZ_REGION_VIEW), (long long)p->peak_bytes,
 	       (long long)p->peak_bytes_trace_order, (long long)p->arena_bytes,
 	       p->method == FZ_SCHED_EXACT ? "exact" :
-	       p->method == FZ_SCHED_TRACE ? "trace" : "greedy",
-	       p->peak_proven_optimal ? "true" : "false");
+	       p->method == FZ_SCHED_TRACE ? "trace" :
+	       p->method == FZ_SCHED_FUSED ? "fused" : "greedy",
+	       p->peak_proven_optimal ? "true" : "false", p->horizontal_merged,
+	       p->horizontal_refused_peak, p->horizontal_refused_path);
 	print_unbound(p, stdout, true);
 	printf("], \"order\": [");
 	for (int s = 0; s < p->n_regions; s++)
@@ -236,6 +253,8 @@ static int cmd_plan(int argc, char **argv)
 		bool has_next = i + 1 < argc;
 		if (!strcmp(a, "--json")) {
 			o.json = true;
+		} else if (!strcmp(a, "--no-horizontal")) {
+			o.no_horizontal = true;
 		} else if (!strcmp(a, "--bind") && has_next) {
 			o.n_binds = tool_parse_bindings(argv[++i], o.binds, FZ_MAX_SYMS);
 			if (o.n_binds < 0)
@@ -254,7 +273,8 @@ static int cmd_plan(int argc, char **argv)
 			fz_pass ps;
 			if (!fz_pass_from_name(name, &ps))
 				return tool_usage_error(c, "--dump-after takes partition, "
-						   "bookend, schedule or memplan, not '%s'", name);
+						   "bookend, schedule, horizontal or memplan, "
+						   "not '%s'", name);
 			o.dump_after = (int)ps;
 		} else if (a[0] == '-' && a[1]) {
 			return tool_usage_error(c, "unknown option or missing value: '%s'", a);
@@ -290,6 +310,7 @@ static int cmd_plan(int argc, char **argv)
 		fz_plan_defaults(&po);
 		po.sym_sizes = syms;
 		po.dump_after = o.dump_after;
+		po.horizontal = !o.no_horizontal;
 		fz_program *p = NULL;
 		char *err = NULL;
 		fz_status st = fz_plan(t, &po, &p, &err);

@@ -6,7 +6,8 @@
  * For each file (one trace each), parses it once, then plans it N times
  * (default 5) and prints the op count, the regions, and the median and
  * best wall time of one plan in milliseconds, with the time per op, so a
- * run over 8, 32 and 128 layers shows whether planning stays linear.
+ * run over 8, 32 and 128 layers shows whether planning stays linear; then
+ * the best time of each pass per op, to show which one grows.
  * tools/bench/plan_scaling.sh writes the Llama traces and runs it.
  */
 #include <stdio.h>
@@ -82,6 +83,7 @@ int main(int argc, char **argv)
 		fz_plan_defaults(&o);
 		o.sym_sizes = sizes;
 		double *ms = calloc((size_t)reps, sizeof *ms);
+		double pass_best[FZ_PASS_COUNT];
 		int regions = 0, kernels = 0;
 		for (int r = 0; r < reps && ms; r++) {
 			fz_program *p = NULL;
@@ -94,6 +96,9 @@ int main(int argc, char **argv)
 				rc = 1;
 				break;
 			}
+			for (int k = 0; k < FZ_PASS_COUNT; k++)
+				if (!r || p->pass_seconds[k] < pass_best[k])
+					pass_best[k] = p->pass_seconds[k];
 			regions = p->n_regions;
 			kernels = fz_program_kernels(p);
 			fz_program_free(p);
@@ -105,6 +110,11 @@ int main(int argc, char **argv)
 			printf("%-28s %8d %8d %8d %10.2f %10.2f %10.3f\n",
 			       base ? base + 1 : argv[i], ops, regions, kernels,
 			       ms[reps / 2], ms[0], ms[reps / 2] * 1e3 / (ops ? ops : 1));
+			printf("  best per pass, us per op:");
+			for (int k = 0; k < FZ_PASS_COUNT; k++)
+				printf(" %s %.3f", fz_pass_names[k],
+				       pass_best[k] * 1e6 / (ops ? ops : 1));
+			printf("\n");
 		}
 		free(ms);
 		fz_module_free(m);
