@@ -18,6 +18,17 @@ traces with fake tensors, so a full-size model exports without its memory.
 For each trace it prints the op count, the export time, and the peak bytes of
 the trace's written order (every result its own buffer, see
 fusec.torch._peak_bytes), one JSON object per line with --json.
+
+--plan also runs `fusec plan FILE --json` on each trace written and prints
+its count of each op and the planner's figures: peak_bytes (the planned
+schedule) and peak_bytes_trace_order, regions, kernels, library calls. The
+Llama-2-7B memory figures come from one command:
+
+    tools/export_model.py --model llama --size 7b --kind bwd,ckpt --fake \
+        --dtype bf16 --batch 1 --seq 2048 --out /tmp/llama7b --plan
+
+The fusec binary is --fusec PATH, else $FUSEC, else the repository's
+build/tools/fusec, else `fusec` on the PATH.
 The token-id parameter `ids` holds indices into the vocabulary: feed it
 values in [0, vocab).
 """
@@ -61,6 +72,29 @@ def export_one(model, kind, size, layers, batch, seq, dtype, fake, symbolic):
     return text, stats
 
 
+def find_fusec(given):
+    import shutil
+    for cand in (given, os.environ.get("FUSEC"),
+                 os.path.join(HERE, "..", "build", "tools", "fusec")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return os.path.normpath(cand)
+    return shutil.which("fusec")
+
+
+def plan(fusec, path):
+    """The figures of `fusec plan PATH --json` (whole file)."""
+    import subprocess
+    r = subprocess.run([fusec, "plan", path, "--json"], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError("fusec plan %s failed (exit %d): %s" %
+                           (path, r.returncode, r.stderr.strip()[-2000:]))
+    j = json.loads(r.stdout)
+    return {k: j[k] for k in ("peak_bytes", "peak_bytes_trace_order",
+                              "regions", "kernels", "library_calls")
+            if k in j}
+
+
 def header(st):
     return ("# %s %s (%s, %s, batch %d, seq %d%s), exported from PyTorch by\n"
             "# tools/export_model.py --model %s --kind %s --size %s "
@@ -92,6 +126,11 @@ def main(argv=None):
     ap.add_argument("--corpus", action="store_true",
                     help="write the small traces into tests/traces")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plan", action="store_true",
+                    help="run `fusec plan --json` on each trace; print its "
+                    "op counts and planned peak bytes")
+    ap.add_argument("--fusec", default=None,
+                    help="the fusec binary for --plan")
     a = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -115,6 +154,13 @@ def main(argv=None):
                 for k in kinds for d in a.dtype.split(",")]
     os.makedirs(out, exist_ok=True)
     status = 0
+    fusec = None
+    if a.plan:
+        fusec = find_fusec(a.fusec)
+        if not fusec:
+            sys.stderr.write("--plan: no fusec binary (build it, or give "
+                             "--fusec PATH)\n")
+            return 2
     for model, kind, dtype, size in jobs:
         try:
             text, st = export_one(model, kind, size, a.layers, a.batch,
@@ -132,15 +178,35 @@ def main(argv=None):
         with open(path, "w") as f:
             f.write(header(st) + text)
         st["file"] = os.path.normpath(path)
+        if fusec:
+            try:
+                st["plan"] = plan(fusec, path)
+            except (RuntimeError, ValueError) as e:
+                sys.stderr.write("%s\n" % e)
+                status = 1
         if a.json:
             st = dict(st)
             print(json.dumps(st, sort_keys=True))
-        else:
-            print("%-44s %6d ops  export %6.1fs  peak (trace order) %s, "
-                  "with views %s" %
-                  (st["file"], st["op_count"], st["export_seconds"],
-                   _human(st["peak_bytes_trace_order"]),
-                   _human(st["peak_bytes_views"])))
+            continue
+        print("%-44s %6d ops  export %6.1fs  peak (trace order) %s, "
+              "with views %s" %
+              (st["file"], st["op_count"], st["export_seconds"],
+               _human(st["peak_bytes_trace_order"]),
+               _human(st["peak_bytes_views"])))
+        if "plan" in st:
+            p = st["plan"]
+            print("    ops: %s" % ", ".join(
+                "%s %d" % kv for kv in sorted(st["ops"].items(),
+                                              key=lambda kv: (-kv[1],
+                                                              kv[0]))))
+            print("    fusec plan: peak_bytes %d (%s), "
+                  "peak_bytes_trace_order %d (%s); %s regions, %s kernels, "
+                  "%s library calls" %
+                  (p["peak_bytes"], _human(p["peak_bytes"]),
+                   p["peak_bytes_trace_order"],
+                   _human(p["peak_bytes_trace_order"]),
+                   p.get("regions", "?"), p.get("kernels", "?"),
+                   p.get("library_calls", "?")))
     return status
 
 

@@ -152,6 +152,88 @@ class TestMappings(unittest.TestCase):
         self.assertEqual(st["peak_bytes_trace_order"], 2 * 64)
 
 
+def differing(fn, *args, **kw):
+    """The fraction of output elements in which fusec and PyTorch differ at
+    all (bit for bit), over every output of fn."""
+    p = fusec.Program(ft.export(fn, *args, **kw))
+    out = p(*[a.detach() for a in args])
+    ref = fn(*args)
+    if not isinstance(out, tuple):
+        out, ref = (out,), (ref,)
+    n = bad = 0
+    for o, r in zip(out, ref):
+        n += r.numel()
+        bad += int((o != r.detach()).sum())
+    return bad / n
+
+
+def _grads(f, n):
+    """(f(*xs), d f/d xs . g): the first n arguments are the inputs, the
+    last the output gradient g."""
+    def h(*a):
+        y = f(*a[:n])
+        return (y,) + torch.autograd.grad(y, a[:n], a[n])
+    return h
+
+
+class TestTorchNumerics(unittest.TestCase):
+    """bf16 traces round where PyTorch's CPU kernels round, so that fusec's
+    results are PyTorch's, bit for bit (the exporter's notes name each
+    kernel)."""
+
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        bf = torch.bfloat16
+        cls.x = torch.randn(2, 8, 64).to(bf).requires_grad_()
+        cls.w = (1 + 0.1 * torch.randn(64)).to(bf).requires_grad_()
+        cls.b = (0.1 * torch.randn(64)).to(bf).requires_grad_()
+        cls.g = torch.randn(2, 8, 64).to(bf)
+
+    def test_layer_norm_and_backward(self):
+        ln = _grads(lambda x, w, b: F.layer_norm(x, (64,), w, b, 1e-5), 3)
+        self.assertEqual(differing(ln, self.x, self.w, self.b, self.g), 0)
+        # dgamma and dbeta in f32 instead of PyTorch's per-thread bf16
+        # buffers: a different, not a worse, rounding
+        self.assertLess(differing(ln, self.x, self.w, self.b, self.g,
+                                  cpu_threads=0), 0.5)
+
+    def test_layer_norm_backward_follows_the_thread_count(self):
+        ln = _grads(lambda x, w, b: F.layer_norm(x, (64,), w, b, 1e-5), 3)
+        n = torch.get_num_threads()
+        try:
+            for k in (1, 3):
+                torch.set_num_threads(k)
+                self.assertEqual(differing(ln, self.x, self.w, self.b,
+                                           self.g), 0, k)
+        finally:
+            torch.set_num_threads(n)
+
+    def test_log_softmax_and_backward(self):
+        f = _grads(lambda x: torch.log_softmax(x, -1), 1)
+        self.assertEqual(differing(f, self.x, self.g), 0)
+
+    def test_attention_and_backward(self):
+        bf = torch.bfloat16
+        q, k, v = [torch.randn(2, 4, 8, 16).to(bf).requires_grad_()
+                   for _ in range(3)]
+        go = torch.randn(2, 4, 8, 16).to(bf)
+        f = _grads(lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True), 3)
+        # dq: a few rows whose gradient is a cancellation to ~1e-7 differ
+        self.assertLess(differing(f, q, k, v, go), 0.01)
+
+    def test_products_with_python_numbers(self):
+        # x * 0.044715 in f32 then rounded (PyTorch's opmath), x ** 3 as
+        # x * x * x rounding each product; GPT-2's tanh GELU is made of them
+        def gelu_new(x):
+            return 0.5 * x * (1.0 + torch.tanh(
+                0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+        self.assertEqual(differing(gelu_new, self.x.detach()), 0)
+        self.assertEqual(differing(lambda x: (x / 3.3, x + 0.1),
+                                   self.x.detach()), 0)
+
+
 class TestErrors(unittest.TestCase):
     def test_unmapped_ops_are_listed_with_their_line(self):
         def f(x):

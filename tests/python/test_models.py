@@ -4,11 +4,13 @@ GPT2LMHeadModel from small configs with random weights; forward, forward +
 backward through torch.autograd.grad, and forward + backward with activation
 checkpointing on every layer; f32 and bf16.
 
-Error measure: per output, ||fusec - torch|| / ||torch|| (the assertion, at
-1e-5 for f32 and 1e-2 for bf16) and max|fusec - torch| / max|torch| (at 10x
-that); the worst output of each trace counts. bf16 backward: within 2e-2 of
-PyTorch, and each output at least as close to the f64 result as PyTorch's
-(see check()). FUSEC_TEST_VERBOSE=1 prints
+Error measure: per output, ||fusec - torch|| / ||torch|| and
+max|fusec - torch| / max|torch|, both within 1e-5 for f32 and 1e-2 for bf16;
+the worst output of each trace counts. The exporter writes bf16
+traces that round where PyTorch's CPU kernels round (fusec.torch: layer_norm
+and its backward, log_softmax, scaled_dot_product_attention, products with
+a Python number), so bf16 results agree to a few elements that differ by
+one rounding, far inside 1e-2. FUSEC_TEST_VERBOSE=1 prints
 the figures."""
 
 import os
@@ -40,7 +42,10 @@ class TestModels(unittest.TestCase):
             self.skipTest("transformers is not installed")
         step, args = examples.build(model, kind, dtype=dtype)
         stats = {}
-        text = ft.export(step, *args, stats=stats)
+        # compared with eager PyTorch on this machine: reproduce its
+        # per-thread bf16 partial sums (layer_norm's weight/bias gradients)
+        text = ft.export(step, *args, stats=stats,
+                         cpu_threads=torch.get_num_threads())
         prog = fusec.Program(text)
         params, data = args
         out = prog(*[t.detach() for t in params.values()], data)
@@ -51,32 +56,22 @@ class TestModels(unittest.TestCase):
             sys.stderr.write("\n%s %s %s: %d ops, rel err %.2e (norm) "
                              "%.2e (max)\n" % (model, kind, dtype,
                                                stats["op_count"], en, em))
-        if dtype == torch.bfloat16 and kind != "fwd":
-            # bf16 gradients pass through hundreds of roundings, and PyTorch
-            # rounds at other places than the decomposed trace does: both
-            # land about 1e-2 from the exact result, in different
-            # directions. So: within 2e-2 of PyTorch, and at least as close
-            # to the exact (f64) gradients as PyTorch itself is.
-            self.assertLessEqual(en, 2 * tol)
-            self.assertLessEqual(em, 2 * tol)
-            s64, a64 = examples.build(model, kind, dtype=torch.float64)
-            with torch.no_grad():
-                for k in a64[0]:
-                    a64[0][k].copy_(params[k].double())
-            exact = s64(*a64)
-            for o, r, x in zip(out, ref, exact):
-                ef = fzcheck.rel_err(o.double(), x.detach())[0]
-                et = fzcheck.rel_err(r.double(), x.detach())[0]
-                self.assertLessEqual(ef, 1.5 * et + 1e-3, (ef, et))
-        else:
-            self.assertLessEqual(en, tol)
-            self.assertLessEqual(em, 10 * tol)
+        self.assertLessEqual(en, tol)
+        self.assertLessEqual(em, tol)
+        _OPS[model, kind, dtype] = stats["op_count"]
         if kind == "ckpt":
             # the recomputed forward is in the trace: more ops than "bwd"
-            s2 = {}
-            s_step, s_args = examples.build(model, "bwd", dtype=dtype)
-            ft.export(s_step, *s_args, stats=s2)
-            self.assertGreater(stats["op_count"], s2["op_count"])
+            # (counted by that test, which runs first, or here)
+            if (model, "bwd", dtype) not in _OPS:
+                s2 = {}
+                s_step, s_args = examples.build(model, "bwd", dtype=dtype)
+                ft.export(s_step, *s_args, stats=s2,
+                          cpu_threads=torch.get_num_threads())
+                _OPS[model, "bwd", dtype] = s2["op_count"]
+            self.assertGreater(stats["op_count"], _OPS[model, "bwd", dtype])
+
+
+_OPS = {}  # (model, kind, dtype) -> op count of its export
 
 
 def _add(model, kind, dtype):

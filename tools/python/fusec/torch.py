@@ -31,6 +31,29 @@ The rules the writer keeps (DESIGN.md, "The trace format"):
   - An op with no mapping is not guessed at: export collects every unmapped
     op with the model line it came from and raises ExportError listing them.
 
+Numerics. A trace computes what eager PyTorch computes on the CPU, rounding
+where its kernels round, so f16/bf16 results agree with PyTorch's to the
+last bit but for rare ties (measured per op and on whole models in
+tests/python). Where PyTorch runs a fused kernel in f32 ("opmath") and
+rounds once, the trace casts to f32 around the decomposed body and back:
+  - native_layer_norm and its backward: f32 throughout, y rounded once;
+    mean and rstd rounded to their dtype, and the backward reads those.
+    dgamma and dbeta: the kernel sums the rows in per-thread f16/bf16
+    buffers; by default the trace sums in f32 instead (machine-independent
+    and more accurate), and export(cpu_threads=N) reproduces the kernel's
+    order for N threads, for bit-for-bit comparisons with eager PyTorch.
+  - log_softmax: f32, but the row sum and its log rounded to the dtype.
+  - scaled_dot_product_attention: as the CPU flash kernel (_FlashCPU).
+  - x * c and x / c for a Python number c that the dtype cannot hold: in
+    f32 (add and sub round c to the dtype first, as the trace literal does).
+  - x ** 3 is x * x * x, rounding each product.
+  - embedding_dense_backward: rows added in index order into an f16/bf16
+    gradient, rounding after each (up to 64 indices; then in f32).
+Known differences: nll_loss on f16/bf16 input (the kernel sums the losses in
+a bf16 cascade; the trace in f32), embedding with scale_grad_by_freq in
+f16/bf16, and attention beyond a few dozen keys (the kernel's blocked online
+softmax and vectorized exp round differently: ~1e-3 relative at 300 keys).
+
 Tensors among example_args (at any depth of lists, tuples and dicts) become
 the trace's parameters, in flattening order, named after where they sit (a
 dict key such as "model.layers.0.mlp.up_proj.weight" gives
@@ -151,7 +174,6 @@ def _decompositions():
     table = dict(core_aten_decompositions())
     # Ops that core ATen keeps but fusec has no primitive for.
     table.update(get_decompositions([
-        aten.native_layer_norm_backward,
         aten._log_softmax_backward_data, aten._softmax_backward_data,
         aten.embedding_dense_backward, aten.nll_loss_forward,
         aten.nll_loss_backward, aten.native_dropout_backward,
@@ -165,7 +187,9 @@ def _decompositions():
         aten.index_add, aten.slice_backward, aten.select_backward,
     ]))
     # Kept whole: fusec maps these better than their decompositions.
-    for op in (aten._softmax, aten._log_softmax):
+    for op in (aten._softmax, aten._log_softmax,
+               aten.native_layer_norm_backward,
+               aten.embedding_dense_backward):
         for ov in op.overloads():
             table.pop(getattr(op, ov), None)
     return table
@@ -298,6 +322,7 @@ class _Writer:
         self.transposed = {}  # name of a 2-D transpose -> its operand
         self.lit_dtype = {}   # statement index -> dtype of its literals
         self.stmts = []       # (names defined, bytes of each, operand names)
+        self.cpu_threads = 0  # see export(cpu_threads=)
 
     # names and statements
     def fresh(self, hint):
@@ -744,6 +769,14 @@ def _binary_op(op):
             b = w.ew("mul", [b, alpha], dt) if isinstance(b, V) else b * alpha
         if op in _CMP:
             return w.ew(op, [a, b], _promote(a, b))
+        if op in ("mul", "div") and dt in _LOWP and \
+                kwargs.get("rounding_mode") is None and \
+                any(_inexact_in(x, dt) for x in (a, b)):
+            # A Python number that f16/bf16 cannot hold: PyTorch's kernels
+            # multiply and divide by it in f32 (their opmath), rounding
+            # once. (add and sub round the number to the dtype first, as
+            # the trace's literal does.)
+            return w.cast(w.ew(op, [a, b], "f32"), dt)
         if op in ("div",):
             mode = kwargs.get("rounding_mode")
             cdt = _promote(a, b)
@@ -759,6 +792,12 @@ def _binary_op(op):
                                  w.ew("floor", [w.ew("abs", [q], wdt)],
                                       wdt)], wdt)
             return w.cast(q, dt)
+        if op == "pow" and isinstance(a, V) and not isinstance(b, V) and \
+                b == 3 and dt in _FLOATS:
+            # PyTorch's CPU kernel for x ** 3: x * x * x, rounding after
+            # each product
+            a = w.cast(a, dt)
+            return w.ew("mul", [w.ew("mul", [a, a]), a])
         if op == "pow":
             if dt not in _FLOATS:
                 e = b
@@ -784,6 +823,15 @@ def _binary_op(op):
             raise _Refused("subtraction of bool")
         return w.ew(op, [a, b], dt)
     return f
+
+
+def _inexact_in(x, dt):
+    """x is a Python number that dtype dt cannot hold exactly."""
+    if isinstance(x, (V, bool)) or not isinstance(x, (int, float)):
+        return False
+    if not math.isfinite(x):
+        return False
+    return float(torch.tensor(x, dtype=_TORCH_OF[dt]).item()) != float(x)
 
 
 for _n, _op in [("add", "add"), ("sub", "sub"), ("mul", "mul"),
@@ -1438,7 +1486,19 @@ def _softmax(w, node, args, kwargs):
 def _log_softmax(w, node, args, kwargs):
     dt, shape = w.out_meta()
     x, dim = args[0], args[1]
-    r = w.emit("log_softmax", [x], [("dim", str(dim % x.rank))], x.dtype,
+    dim = dim % x.rank
+    if x.dtype in _LOWP and dt == x.dtype:
+        # PyTorch's CPU kernel for f16/bf16 keeps the row sum and its log in
+        # the input dtype: x - max - round(log(round(sum(exp(x - max))))),
+        # in f32, rounded once at the output.
+        xf = w.cast(x, "f32")
+        m = w.reduce("amax", xf, [dim], True)
+        d = w.ew("sub", [xf, m])
+        s = w.reduce("sum", w.ew("exp", [d]), [dim], True)
+        s = w.cast(w.cast(s, x.dtype), "f32")
+        lg = w.cast(w.cast(w.ew("log", [s]), x.dtype), "f32")
+        return w.cast(w.ew("sub", [d, lg]), dt)
+    r = w.emit("log_softmax", [x], [("dim", str(dim))], x.dtype,
                x.shape)
     return w.cast(r, dt)
 
@@ -1451,6 +1511,51 @@ def _embedding(w, node, args, kwargs):
     wt, idx = args[0], args[1]
     return w.emit("take", [wt, idx], [("dim", "0")], wt.dtype,
                   idx.shape + wt.shape[1:])
+
+
+@_h("embedding_dense_backward")
+def _embedding_dense_backward(w, node, args, kwargs):
+    # grad_weight[idx[i]] += grad[i]. PyTorch's CPU kernel adds the rows in
+    # index order into a grad_weight of the gradient's dtype, rounding after
+    # every add; for f16/bf16 (and w.cpu_threads, and at most
+    # _ROW_SUM_STEPS indices) the trace does the same, one index_add per
+    # index. Otherwise one index_add in f32 (f64 for f64), rounded once.
+    dt, shape = w.out_meta()
+    g, idx, nw, pad, freq = args[:5]
+    C = _numel(g.shape[idx.rank:])
+    n = _numel(idx.shape)
+    g2 = w.reshape(g, (n, C))
+    i1 = w.reshape(idx, (n,))
+    keep = None
+    if pad is not None and pad >= 0:
+        keep = w.reshape(w.ew("ne", [i1, pad]), (n, 1))
+    cdt = "f32" if g.dtype in _LOWP else g.dtype
+    src = w.cast(g2, cdt)
+    if freq:
+        ones = w.full((n,), 1, cdt)
+        cnt = w.emit("index_add", [w.full((nw,), 0, cdt), i1, ones],
+                     [("dim", "0")], cdt, (nw,))
+        per = w.emit("take", [cnt, i1], [("dim", "0")], cdt, (n,))
+        # the kernel adds grad[i] * (1 / count), the factor in f32
+        src = w.ew("mul", [src, w.ew("reciprocal",
+                                     [w.reshape(per, (n, 1))])])
+    if keep is not None:
+        src = w.emit("where", [keep, src, "0"], [], cdt, (n, C))
+    if g.dtype in _LOWP and w.cpu_threads > 0 and n <= _ROW_SUM_STEPS:
+        # with scale_grad_by_freq the scaled row stays f32 until the add
+        adt = cdt if freq else g.dtype
+        src = w.cast(src, adt)
+        acc = w.full((nw, C), 0, adt)
+        for i in range(n):
+            acc = w.emit("index_add", [acc, w.slice(i1, 0, i, i + 1),
+                                       w.slice(src, 0, i, i + 1)],
+                         [("dim", "0")], adt, (nw, C))
+            acc = w.cast(w.cast(acc, g.dtype), adt)
+        r = acc
+    else:
+        r = w.emit("index_add", [w.full((nw, C), 0, cdt), i1, src],
+                   [("dim", "0")], cdt, (nw, C))
+    return w.reshape(w.cast(r, dt), shape)
 
 
 @_h("index_select")
@@ -1676,22 +1781,107 @@ def _dot(w, node, args, kwargs):
 
 @_h("native_layer_norm")
 def _native_layer_norm(w, node, args, kwargs):
+    # PyTorch's kernels (CPU and CUDA) compute in f32 for f16/bf16 input and
+    # round y once; mean and rstd are rounded to their own dtype (the input's
+    # on the CPU, f32 on CUDA), and the backward reads those rounded values.
     metas = w.out_meta()
     x, nshape, wt, b, eps = args
     dims = list(range(x.rank - len(nshape), x.rank))
-    sdt = metas[1][0]  # mean/rstd dtype (f32 for f16/bf16 input)
-    xf = w.cast(x, sdt)
+    cdt = "f32" if x.dtype in _LOWP else x.dtype
+    xf = w.cast(x, cdt)
     var, mean = w.emit("var_mean", [xf], [("dims", _fmt_list(dims)),
                                           ("correction", "0"),
                                           ("keepdim", "true")],
-                       sdt, metas[1][1], nres=2)
+                       cdt, metas[1][1], nres=2)
     rstd = w.ew("rsqrt", [w.ew("add", [var, eps])])
     y = w.ew("mul", [w.ew("sub", [xf, mean]), rstd])
     if isinstance(wt, V):
-        y = w.ew("mul", [y, w.cast(wt, sdt)])
+        y = w.ew("mul", [y, w.cast(wt, cdt)])
     if isinstance(b, V):
-        y = w.ew("add", [y, w.cast(b, sdt)])
-    return [w.cast(y, metas[0][0]), mean, rstd]
+        y = w.ew("add", [y, w.cast(b, cdt)])
+    return [w.cast(y, metas[0][0]), w.cast(mean, metas[1][0]),
+            w.cast(rstd, metas[2][0])]
+
+
+# The most rows one thread adds in order that _row_sum_lowp writes out;
+# beyond it (long sequences, few threads) the trace sums in f32 instead.
+_ROW_SUM_STEPS = 64
+
+
+def _row_sum_lowp(w, t, rdt):
+    """sum over dim 0 of t ([M, N], f32), written to match PyTorch's CPU
+    kernels that accumulate per-thread partial sums in a buffer of the
+    reduced dtype rdt (f16/bf16): at::parallel_for splits the M rows into
+    ceil(M / n) chunks, one per thread; each thread adds its rows in order,
+    rounding its buffer to rdt after every row; the n buffers are then
+    summed in f32 and rounded once. (layer_norm's backward does this for
+    dgamma and dbeta.) With w.cpu_threads 0, or more than _ROW_SUM_STEPS
+    rows per thread, a plain f32 sum: closer to the exact result, and a
+    few ops instead of several per row."""
+    M, N = t.shape
+    nth = max(1, min(w.cpu_threads, M))
+    cs = -(-M // nth)
+    if w.cpu_threads <= 0 or cs > _ROW_SUM_STEPS:
+        return w.reduce("sum", t, [0], False)
+    nth = -(-M // cs)  # threads that get rows
+    if nth * cs != M:  # zero rows leave a buffer unchanged
+        t = w.cat([t, w.full((nth * cs - M, N), 0, t.dtype)], 0)
+    t3 = w.reshape(t, (nth, cs, N))
+    acc = None
+    for j in range(cs):
+        row = w.reshape(w.slice(t3, 1, j, j + 1), (nth, N))
+        acc = row if acc is None else w.ew("add", [acc, row])
+        acc = w.cast(w.cast(acc, rdt), t.dtype)
+    return w.reduce("sum", acc, [0], False) if nth > 1 else \
+        w.reshape(acc, (N,))
+
+
+@_h("native_layer_norm_backward")
+def _native_layer_norm_backward(w, node, args, kwargs):
+    # As PyTorch's kernel: everything in f32 for f16/bf16 (mean and rstd as
+    # saved by the forward), dx rounded once; dgamma and dbeta summed over
+    # the rows as _row_sum_lowp says on the CPU.
+    metas = w.out_meta()
+    g, x, nshape, mean, rstd, wt, b, mask = args
+    axis = x.rank - len(nshape)
+    inner = list(range(axis, x.rank))
+    N = _numel(x.shape[axis:])
+    M = _numel(x.shape[:axis])
+    lowp = x.dtype in _LOWP
+    cdt = "f32" if lowp else x.dtype
+    gf, xf = w.cast(g, cdt), w.cast(x, cdt)
+    mf, rf = w.cast(mean, cdt), w.cast(rstd, cdt)
+    wf = w.cast(wt, cdt) if isinstance(wt, V) else None
+    xhat = w.ew("mul", [w.ew("sub", [xf, mf]), rf])
+    outs = [None, None, None]
+    if mask[0]:
+        gx = w.ew("mul", [gf, wf]) if wf is not None else gf
+        s1 = w.reduce("sum", gx, inner, True)
+        s2 = w.reduce("sum", w.ew("mul", [gx, xhat]), inner, True)
+        inner_v = w.ew("sub", [w.ew("sub", [w.ew("mul", [gx, float(N)]), s1]),
+                               w.ew("mul", [xhat, s2])])
+        dx = w.ew("mul", [w.ew("div", [rf, float(N)]), inner_v])
+        outs[0] = w.cast(dx, metas[0][0])
+
+    def colsum(t, dt):
+        if axis == 0:
+            return w.cast(t, dt)
+        if lowp and dt in _LOWP:
+            t2 = w.reshape(t, (M, N))
+            return w.cast(w.reshape(_row_sum_lowp(w, t2, dt),
+                                    x.shape[axis:]), dt)
+        return w.cast(w.reduce("sum", t, list(range(axis)), False), dt)
+    if mask[1] and wf is not None:
+        if lowp:  # the kernel: dy * (rstd * x + (-rstd * mean))
+            nb = w.ew("mul", [w.ew("neg", [rf]), mf])
+            term = w.ew("mul", [gf, w.ew("add", [w.ew("mul", [rf, xf]),
+                                                 nb])])
+        else:
+            term = w.ew("mul", [gf, xhat])
+        outs[1] = colsum(term, metas[1][0])
+    if mask[2] and isinstance(b, V):
+        outs[2] = colsum(gf, metas[2][0])
+    return outs
 
 
 # ---- prims (from the decompositions that go through torch._refs)
@@ -1955,8 +2145,8 @@ def _arg_names(fn, n):
 class _MathAttention:
     """Replaces F.scaled_dot_product_attention, while tracing, by its math
     (matmul, mask, softmax, matmul): PyTorch's own lowering goes to a fused
-    CPU kernel whose backward has no decomposition. For f16/bf16 it computes
-    in f32 and rounds once, as the fused kernels do. A patch of the module
+    CPU kernel whose backward has no decomposition. For f16/bf16 it rounds
+    where that kernel rounds (_FlashCPU). A patch of the module
     attribute rather than a TorchFunctionMode, because checkpoint's
     recomputation runs in the autograd engine, where Python modes are not
     active."""
@@ -1979,8 +2169,6 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
         raise ExportError("scaled_dot_product_attention with dropout_p=%g: "
                           "random ops cannot be exported; use 0" % dropout_p)
     dt = q.dtype
-    if dt in (torch.float16, torch.bfloat16):
-        q, k, v = q.float(), k.float(), v.float()
     L, S = q.size(-2), k.size(-2)
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
@@ -1988,17 +2176,73 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
         rep = q.size(-3) // k.size(-3)
         k = k.repeat_interleave(rep, dim=-3)
         v = v.repeat_interleave(rep, dim=-3)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32,
+                                device=q.device).masked_fill(
+                                    ~attn_mask, float("-inf"))
+    if dt in (torch.float16, torch.bfloat16):
+        return _FlashCPU.apply(q, k, v, attn_mask, is_causal, scale)
     att = (q @ k.transpose(-2, -1)) * scale
     if is_causal:
         keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
         att = att.masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            att = att.masked_fill(~attn_mask, float("-inf"))
-        else:
-            att = att + attn_mask.to(att.dtype)
+        att = att + attn_mask.to(att.dtype)
     att = torch.softmax(att, dim=-1)
-    return (att @ v).to(dt)
+    return att @ v
+
+
+def _flash_scores(q, k, mask, causal, scale):
+    """q @ k^T * scale, masked, in f32."""
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if causal:
+        L, S = q.size(-2), k.size(-2)
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        s = s + mask.float()
+    return s
+
+
+class _FlashCPU(torch.autograd.Function):
+    """scaled_dot_product_attention for f16/bf16 as PyTorch's CPU flash
+    attention kernel computes it, as one block of keys (short sequences
+    match it bit for bit; longer ones differ in a few roundings where the
+    kernel's online softmax rescales). Forward: scores, max, exp and row
+    sum in f32; the probabilities are rounded to the input dtype for the
+    product with v; divided by the f32 row sum; rounded once. Backward:
+    probabilities recomputed in f32 from the log-sum-exp; dv from the
+    rounded probabilities; the score gradient rounded to the input dtype
+    for the products giving dq and dk; every product accumulates in f32
+    and rounds once."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal, scale):
+        dt = q.dtype
+        s = _flash_scores(q, k, mask, causal, scale)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        o = ((p.to(dt).float() @ v.float()) / l).to(dt)
+        lse = m + torch.log(l)
+        ctx.save_for_backward(q, k, v, o, lse, mask)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, o, lse, mask = ctx.saved_tensors
+        dt = q.dtype
+        s = _flash_scores(q, k, mask, ctx.causal, ctx.scale)
+        p = torch.exp(s - lse)
+        gf = go.float()
+        dv = (p.to(dt).float().transpose(-2, -1) @ gf).to(dt)
+        dp = gf @ v.float().transpose(-2, -1)
+        dsum = (gf * o.float()).sum(-1, keepdim=True)
+        ds = (p * (dp - dsum)).to(dt).float()
+        dq = ((ds @ k.float()) * ctx.scale).to(dt)
+        dk = ((ds.transpose(-2, -1) @ q.float()) * ctx.scale).to(dt)
+        return dq, dk, dv, None, None, None
 
 
 def _trace(fn, example_args, fake):
@@ -2070,7 +2314,7 @@ def _resolve_symbolic(symbolic, names, tensors):
 
 
 def export(fn, *example_args, symbolic=None, fake=False, name=None,
-           stats=None):
+           stats=None, cpu_threads=None):
     """Traces fn(*example_args) and returns it as fusec trace text.
 
     fn         a function of tensors (or of lists/tuples/dicts of them)
@@ -2084,6 +2328,14 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
                count}), "op_count", "params", "param_bytes",
                "peak_bytes_trace_order" and "peak_bytes_views" (see
                _peak_bytes)
+    cpu_threads  f16/bf16 only: the thread count whose summation order
+               to reproduce where a PyTorch CPU kernel accumulates
+               per-thread partial sums in f16/bf16 (layer_norm's backward,
+               for its weight and bias gradients), e.g.
+               torch.get_num_threads() to compute bit for bit what eager
+               PyTorch computes on this machine. The default, 0, sums in
+               f32: a trace that does not depend on the exporting machine,
+               more accurate and shorter. Symbolic exports always do so.
 
     Raises ExportError naming every op that has no mapping, with the model
     line it came from, and every mapping that was refused, with the reason.
@@ -2096,8 +2348,13 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     if tname == "lambda":
         tname = "trace"
     lit_dtypes = {}
+    if cpu_threads is None:
+        cpu_threads = 0
+    if sym:  # the summation order depends on the row count: not symbolic
+        cpu_threads = 0
     try:
-        text = _write(gm, tname, names, tensors, lit_dtypes, stats)
+        text = _write(gm, tname, names, tensors, lit_dtypes, stats,
+                      cpu_threads)
     except _Unlocated as e:
         raise ExportError(_locate(fn, example_args, e.args[0])) from None
     if not sym:
@@ -2109,7 +2366,7 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     except Exception as e:  # noqa: BLE001
         raise ExportError("symbolic: tracing at other sizes (%s) failed: %s"
                           % (sizes_b, e))
-    text_b = _write(gm_b, tname, names, tensors_b)
+    text_b = _write(gm_b, tname, names, tensors_b, cpu_threads=cpu_threads)
     return _merge_symbolic(text, text_b, sizes_a, sizes_b, lit_dtypes)
 
 
@@ -2201,8 +2458,10 @@ def _peak_bytes(stmts, outputs, views=False):
     return peak
 
 
-def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None):
+def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
+           cpu_threads=0):
     w = _Writer(gm, names)
+    w.cpu_threads = cpu_threads
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = []
     for j, (node, nm) in enumerate(zip(placeholders, names)):
