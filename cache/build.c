@@ -6,16 +6,24 @@
  * target string and specialization bytes for a compiler's options, and
  * fz_cache_build, which compiles the canonical view of a region (so the
  * kernel's parameters follow the canonical numbering and serve every
- * region with the key), emits PTX (or, for the host, the optimized LLVM
- * IR), builds a cubin where nvJitLink is present, and stores the entry:
+ * region with the key), emits PTX (or, for the host, a relocatable object
+ * file), builds a cubin where nvJitLink is present, and stores the entry:
  *
  *     section "ptx"          PTX text (NVPTX targets)
  *     section "cubin.sm_90"  machine code for that arch (when nvJitLink)
- *     section "llvm"         optimized LLVM IR text (host target)
+ *     section "obj"          an ELF object for the host CPU (host target),
+ *                            its entry point named fz_KEY, so a warm
+ *                            `fusec run --device cpu` links machine code
+ *                            and compiles no LLVM IR at all
  *     section "meta"         what a launcher needs, as lines of text:
  *                            fusec-kernel 1 / entries N NAME... /
  *                            skeleton S / par P / vec V / in N / out N /
  *                            syms N ID... / work E N C:SYMS...
+ *
+ * An entry without the payload its target needs (a host entry written by
+ * an older fusec, which kept optimized IR text in "llvm") is not usable:
+ * fz_cache_usable says so, and callers treat it as a miss and store a new
+ * entry over it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,37 +81,89 @@ static void meta_text(const fz_kernel *k, fz_buf *b)
 	}
 }
 
+bool fz_cache_usable(const fz_entry *e, const fz_cg_options *o)
+{
+	const fz_section *m = fz_entry_section(e, "meta");
+	if (!m || m->len < 13 || memcmp(m->data, "fusec-kernel ", 13))
+		return false;
+	const fz_section *code = fz_entry_section(e, o->target == FZ_CG_NVPTX ?
+						  "ptx" : "obj");
+	return code && code->len > 0;
+}
+
+void fz_cache_entry_name(fz_key key, char *buf, size_t n)
+{
+	char hex[FZ_KEY_HEX];
+	fz_key_hex(key, hex);
+	snprintf(buf, n, "fz_%s", hex);
+}
+
+fz_status fz_cache_load_host(fz_compiler *c, const fz_entry *e, int n_in,
+			     int n_out, fz_host_fn *fn, char **err)
+{
+	*fn = NULL;
+	const fz_section *obj = fz_entry_section(e, "obj");
+	const fz_section *meta = fz_entry_section(e, "meta");
+	char entries[96], in[16], out[16], name[80];
+	if (meta) {
+		fz_canon_field(meta->data, meta->len, "entries", entries, sizeof entries);
+		fz_canon_field(meta->data, meta->len, "in", in, sizeof in);
+		fz_canon_field(meta->data, meta->len, "out", out, sizeof out);
+	}
+	if (!obj || !meta || sscanf(entries, "1 %79s", name) != 1 ||
+	    atoi(in) != n_in || atoi(out) != n_out) {
+		if (err)
+			*err = fz_strdup("the cache entry is not a host kernel for "
+					 "this region");
+		return FZ_EINVAL;
+	}
+	return fz_host_load(c, obj->data, obj->len, name, fn, err);
+}
+
 fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 			 const fz_region *r, const fz_canon *cn, bool cubins,
 			 fz_build_info *info, char **err)
 {
+	bool want_object = info->want_object;
 	memset(info, 0, sizeof *info);
+	info->want_object = want_object;
 	fz_region view;
 	fz_canon_region_view(cn, r, &view);
 	fz_kernel *k = NULL;
 	char *code = NULL;
-	void *cubin = NULL;
-	size_t cubin_len = 0;
+	void *obj = NULL, *cubin = NULL;
+	size_t code_len = 0, cubin_len = 0;
 	fz_buf meta = {0};
 	const fz_cg_options *o = fz_compiler_options(c);
+	bool host = o->target != FZ_CG_NVPTX;
 	fz_status st = fz_compiler_build(c, t, &view, &k, err);
 	if (st == FZ_OK)
 		st = fz_compiler_optimize(c, k, err);
+	if (st == FZ_OK && host) {
+		char name[64];
+		fz_cache_entry_name(cn->key, name, sizeof name);
+		st = fz_kernel_set_entry(k, name);
+		if (st != FZ_OK && err)
+			*err = fz_strdup_printf("region %d: cannot name the entry point",
+						r->id);
+	}
 	if (st == FZ_OK) {
 		meta_text(k, &meta);
-		if (o->target == FZ_CG_NVPTX)
+		if (host) {
+			st = fz_kernel_object(c, k, &obj, &code_len, err);
+		} else {
 			st = fz_kernel_ptx(c, k, &code, err);
-		else
-			st = fz_kernel_llvm(k, &code, err);
+			code_len = code ? strlen(code) : 0;
+		}
 	}
 	if (st != FZ_OK)
 		goto done;
 	fz_section sec[3];
 	int n = 0;
 	memset(sec, 0, sizeof sec);
-	strcpy(sec[n].tag, o->target == FZ_CG_NVPTX ? "ptx" : "llvm");
-	sec[n].data = code;
-	sec[n++].len = strlen(code);
+	strcpy(sec[n].tag, host ? "obj" : "ptx");
+	sec[n].data = host ? obj : (const void *)code;
+	sec[n++].len = code_len;
 	if (meta.oom) {
 		st = FZ_ENOMEM;
 		goto done;
@@ -111,9 +171,9 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	strcpy(sec[n].tag, "meta");
 	sec[n].data = meta.data;
 	sec[n++].len = meta.len;
-	if (o->target == FZ_CG_NVPTX && cubins && fz_jitlink_available()) {
+	if (!host && cubins && fz_jitlink_available()) {
 		char *jerr = NULL;
-		if (fz_jitlink_cubin(code, strlen(code), o->sm, &cubin, &cubin_len,
+		if (fz_jitlink_cubin(code, code_len, o->sm, &cubin, &cubin_len,
 				     &jerr) == FZ_OK) {
 			snprintf(sec[n].tag, FZ_SECTION_TAG, "cubin.sm_%d", o->sm);
 			sec[n].data = cubin;
@@ -126,12 +186,19 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 		}
 		free(jerr);
 	}
-	info->code_bytes = strlen(code);
+	info->code_bytes = code_len;
 	info->cubin_bytes = cubin_len;
-	st = fz_disk_store(d, cn->key, cn->text, cn->len, sec, n);
+	if (d)
+		st = fz_disk_store(d, cn->key, cn->text, cn->len, sec, n);
+	if (st == FZ_OK && host && info->want_object) {
+		info->object = obj;
+		info->object_len = code_len;
+		obj = NULL;
+	}
 done:
 	fz_kernel_free(k);
 	free(code);
+	free(obj);
 	free(cubin);
 	free(fz_buf_take(&meta));
 	return st;

@@ -270,18 +270,33 @@ size_t fz_cache_spec(const struct fz_cg_options *o, const fz_region *r,
                      uint8_t *buf, size_t cap);
 
 typedef struct fz_build_info {
+	bool want_object;      /* in: hand the host object back (object) */
 	bool cubin;            /* a cubin was built and stored */
 	char *cubin_error;     /* why not, when nvJitLink failed (free it) */
 	size_t code_bytes, cubin_bytes;
+	void *object;          /* host, when want_object: the object (free it) */
+	size_t object_len;
 } fz_build_info;
 
 /* Compiles region r of t (whose canonical form is cn) with compiler c and
- * stores the entry in d: PTX (NVPTX) or optimized LLVM IR (host), the
- * kernel's launch metadata, and, when cubins and nvJitLink is present, the
- * cubin for the compiler's arch. FZ_EUNSUPPORTED when the skeletons do not
- * take the region. */
+ * stores the entry in d (NULL: stores nothing): PTX (NVPTX) or a host
+ * object whose entry point is fz_cache_entry_name(key), the kernel's launch
+ * metadata, and, when cubins and nvJitLink is present, the cubin for the
+ * compiler's arch. FZ_EUNSUPPORTED when the skeletons do not take the
+ * region. info is zeroed first, except want_object, which it reads. */
 fz_status fz_cache_build(struct fz_compiler *c, fz_disk *d, const fz_trace *t,
                          const fz_region *r, const fz_canon *cn, bool cubins,
                          fz_build_info *info, char **err);
+/* Does entry e hold what a kernel for options o needs ("meta", and "ptx" or
+ * "obj")? An entry that does not is a miss to its callers. */
+bool fz_cache_usable(const fz_entry *e, const struct fz_cg_options *o);
+/* The host entry point of key's kernel: "fz_" and 32 hex digits. */
+void fz_cache_entry_name(fz_key key, char *buf, size_t n);
+/* Links entry e's host object into compiler c's JIT: *fn, after checking
+ * that its metadata names one entry point and n_in inputs, n_out outputs. */
+fz_status fz_cache_load_host(struct fz_compiler *c, const fz_entry *e,
+                             int n_in, int n_out,
+                             void (**fn)(void **, const int64_t *, int32_t *),
+                             char **err);
 
 #endif

@@ -4,11 +4,12 @@
  * A compiler (fz_compiler) owns one LLVMContext and one target: the NVPTX
  * backend (PTX text for a GPU) or the host, through ORC LLJIT. It turns one
  * region (ir/plan.h: kind, nodes in topological order, in, out) at a time
- * into one LLVM module, optimizes it with the O3 pipeline, and emits it.
+ * into one LLVM module, optimizes it with a pipeline tailored to kernels
+ * (codegen.c), and emits it.
  *
  *     fz_compiler *c;  fz_compiler_new(&opts, &c, &err);
  *     fz_kernel *k;    fz_compiler_build(c, trace, region, &k, &err);   IR
- *                      fz_compiler_optimize(c, k, &err);               O3
+ *                      fz_compiler_optimize(c, k, &err);               passes
  *                      fz_kernel_ptx(c, k, &ptx, &err);    or  fz_kernel_jit(c, k, &err)
  *
  * How a region becomes a kernel. One emitter of elementwise expressions
@@ -62,7 +63,14 @@
  * threads, then a tree over warps), so results do not depend on what the
  * optimizer chose. afn and arcp are not used: division and sqrt stay IEEE
  * (div.rn, sqrt.rn on the GPU), which keeps f32 results bit-equal to the
- * interpreter's f64-then-round for + - * / sqrt.
+ * interpreter's f64-then-round for + - * / sqrt (an f64 result rounded to
+ * f32 is the f32 result for these: double rounding is innocuous when
+ * 53 >= 2*24 + 2). rsqrt, which is not one of them, is computed in f64 and
+ * rounded once (sqrt.rn.f64, rcp.rn.f64 on the GPU: once per row in a
+ * normalization), and float sums carry their rounding errors (reduction.c),
+ * so rms_norm and layer_norm are bit-equal to the interpreter nearly
+ * always. The math functions (exp, tanh, ...) are within a few ulp, not
+ * correctly rounded: the one remaining source of f32 differences.
  */
 #ifndef FUSEC_CODEGEN_H
 #define FUSEC_CODEGEN_H
@@ -75,7 +83,9 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 1 /* part of a kernel's cache key */
+#define FZ_CODEGEN_VERSION 2 /* part of a kernel's cache key */
+#define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
+#define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
 typedef enum fz_cg_target { FZ_CG_HOST, FZ_CG_NVPTX } fz_cg_target;
 
@@ -154,10 +164,25 @@ fz_status fz_kernel_ptx(fz_compiler *c, fz_kernel *k, char **out, char **err);
 /* Host code through ORC (host compilers); the module is consumed and
  * k->host set. The code lives as long as the compiler. */
 fz_status fz_kernel_jit(fz_compiler *c, fz_kernel *k, char **err);
+/* Host objects for the kernel cache (target_host.c). Renames a host
+ * kernel's single entry point (before it is emitted); FZ_EINVAL when the
+ * module is gone or the name does not fit. */
+fz_status fz_kernel_set_entry(fz_kernel *k, const char *name);
+/* A relocatable object file of the optimized module for this host, made
+ * by the compiler's target machine; the module is consumed. *obj is freed
+ * with free. */
+fz_status fz_kernel_object(fz_compiler *c, fz_kernel *k, void **obj,
+                           size_t *len, char **err);
+/* Links object obj[0..len) into the compiler's JIT (copying it) and looks
+ * up entry point name; a name the JIT already defines is returned as it
+ * is. The code lives as long as the compiler. */
+fz_status fz_host_load(fz_compiler *c, const void *obj, size_t len,
+                       const char *name, fz_host_fn *fn, char **err);
 void fz_kernel_free(fz_kernel *k);
 
 /* Grid and block for entry e at the bound sizes: a small heuristic per
- * skeleton (see reduction.c and pointwise.c). */
+ * skeleton (see reduction.c and pointwise.c). A block-per-row kernel gets
+ * FZ_ROW_BLOCK threads, which its register-held row depends on. */
 void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
                            int64_t *grid, int *block);
 
@@ -216,7 +241,7 @@ typedef struct cg {
 	int n_memo, cap_memo;
 	struct cg_cse { int op; LLVMValueRef a, b, r; } *cse; /* index arithmetic */
 	int n_cse, cap_cse;
-	LLVMValueRef smem[4]; /* shared scratch for block reductions, by kind */
+	LLVMValueRef smem[6]; /* shared scratch for block reductions, by type and part */
 	const fz_node *cur;   /* the op being emitted, for messages */
 	fz_status st;
 	char msg[FZ_ERRLEN];

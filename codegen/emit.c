@@ -1193,12 +1193,22 @@ void cg_function_begin(cg *g, const char *name)
 	LLVMBasicBlockRef body = block(g, "start");
 	at_end(g, g->entry);
 	unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+	unsigned readonly = LLVMGetEnumAttributeKindForName("readonly", 8);
+	unsigned nocapture = LLVMGetEnumAttributeKindForName("nocapture", 9);
 	if (g->o.target == FZ_CG_NVPTX) {
 		LLVMSetFunctionCallConv(g->fn, LLVMPTXKernelCallConv);
+		/* inputs are noalias readonly: said here, not left to the
+		 * optimizer to infer, so that loads are ld.global.nc whatever
+		 * the pass pipeline */
 		for (int i = 0; i < nb; i++) {
 			g->buf[i] = param(g, (unsigned)i);
 			LLVMAddAttributeAtIndex(g->fn, (unsigned)i + 1,
 						LLVMCreateEnumAttribute(g->ctx, noalias, 0));
+			LLVMAddAttributeAtIndex(g->fn, (unsigned)i + 1,
+						LLVMCreateEnumAttribute(g->ctx, nocapture, 0));
+			if (i < r->n_in)
+				LLVMAddAttributeAtIndex(g->fn, (unsigned)i + 1,
+							LLVMCreateEnumAttribute(g->ctx, readonly, 0));
 		}
 		g->err = param(g, (unsigned)nb);
 		for (int i = 0; i < g->k->n_syms; i++)

@@ -272,7 +272,17 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 	case FZ_OP_NEG: return fneg(g, x);
 	case FZ_OP_ABS: return un(g, "llvm.fabs", x);
 	case FZ_OP_SQRT: return un(g, "llvm.sqrt", x);
-	case FZ_OP_RSQRT: return fdiv(g, one, un(g, "llvm.sqrt", x));
+	case FZ_OP_RSQRT:
+		if (t == t_f32(g)) {
+			/* in f64, rounded once: the interpreter's result bit
+			 * for bit (sqrt and div each round in f64 exactly as
+			 * there), where 1/sqrt in f32 rounds twice and is off
+			 * by an ulp in a third of the cases */
+			V d = fpext(g, x, t_f64(g));
+			V r = fdiv(g, c_f64(g, 1.0), un(g, "llvm.sqrt", d));
+			return fptrunc(g, r, t);
+		}
+		return fdiv(g, one, un(g, "llvm.sqrt", x));
 	case FZ_OP_RECIPROCAL: return fdiv(g, one, x);
 	case FZ_OP_FLOOR: return un(g, "llvm.floor", x);
 	case FZ_OP_CEIL: return un(g, "llvm.ceil", x);

@@ -25,8 +25,10 @@
  * index_add(x, idx, src, dim) is a scatter: the result starts as x (the
  * pointwise loop above stores x into it) and then every element of src is
  * added at the row its index names. On the GPU that is a second entry point
- * (`..._scatter`, launched after the first, with atomic adds: f32, f64, i32,
- * i64); on the host both loops run in order in one function.
+ * (`..._scatter`, launched after the first, with atomic adds: f32, f64, f16,
+ * bf16, i32, i64; f16 and bf16 round at every add, as PyTorch's atomics on
+ * the GPU and the host's loop here do); on the host both loops run in order
+ * in one function.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -155,8 +157,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		return;
 	}
 	add_work(g, g->o.target == FZ_CG_NVPTX ? 1 : 0, numel);
-	if (g->o.target == FZ_CG_NVPTX && d != FZ_F32 && d != FZ_F64 &&
-	    d != FZ_I32 && d != FZ_I64) {
+	if (g->o.target == FZ_CG_NVPTX && !fz_dtype_is_float(d) && d != FZ_I32 &&
+	    d != FZ_I64) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
 		return;
@@ -181,7 +183,12 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
 	V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin));
-	if (g->o.target == FZ_CG_NVPTX) {
+	if (g->o.target == FZ_CG_NVPTX && d == FZ_BF16) {
+		/* bf16 is i16 in storage; the atomic adds a bfloat (atom.add.bf16
+		 * on sm_90, a compare-and-swap loop that LLVM writes below) */
+		V b = bitcast(g, cg_to_storage(g, v, d), LLVMBFloatTypeInContext(g->ctx));
+		atomic_add(g, LLVMAtomicRMWBinOpFAdd, p, b);
+	} else if (g->o.target == FZ_CG_NVPTX) {
 		atomic_add(g, fz_dtype_is_float(d) ? LLVMAtomicRMWBinOpFAdd :
 			   LLVMAtomicRMWBinOpAdd, p, cg_to_storage(g, v, d));
 	} else {
@@ -241,9 +248,10 @@ void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 	int b = 256;
 	int64_t per = 256; /* work items per block */
 	if (k->sk == FZ_SK_ROW) {
-		if (k->par == FZ_PAR_BLOCK)
+		if (k->par == FZ_PAR_BLOCK) {
 			per = 1;
-		else if (k->par == FZ_PAR_WARP) {
+			b = FZ_ROW_BLOCK; /* a register-held row's stride needs it */
+		} else if (k->par == FZ_PAR_WARP) {
 			b = 128;
 			per = 4;
 		}

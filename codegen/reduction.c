@@ -7,32 +7,51 @@
  *
  *   1. every reduction, in the region's order, is a pass over the row: each
  *      thread accumulates its elements (lanes of 16 bytes along the row when
- *      the innermost dim is reduced and its extent allows; float sums with
- *      Kahan's compensation, so a long row sums as accurately in f32 as the
- *      interpreter's f64 rounded once, nearly), the lanes are
+ *      the innermost dim is reduced and its extent allows), the lanes are
  *      combined, then the threads: butterfly warp shuffles, then one slot
  *      per warp in shared memory read back by every thread in warp order.
- *      var_mean is two passes (the mean, then squared deviations), as the
- *      interpreter does. Later passes may use earlier reduced values (softmax
- *      sums exp(x - max)); the emitter reads them from the row's registers.
+ *      Float sums are pairs hi + lo (see "float sums" below): the result
+ *      is the exact sum rounded once, nearly always, as the interpreter's
+ *      f64 sum rounded to f32 is. var_mean is two passes (the mean, then
+ *      squared deviations from it), as the interpreter does; its mean and
+ *      variance are divided in f64 and rounded once. Later passes may use
+ *      earlier reduced values (softmax sums exp(x - max)); the emitter
+ *      reads them from the row's registers.
  *   2. outputs of the row's shape (a loss per row, a mean kept for backward)
  *      are computed at the row's index and stored by one thread;
  *   3. outputs of D's shape are a last pass over the row (the normalization
  *      tail: (x - mean) * rstd * w + b), stored by every thread.
  *
  * How a row is spread over threads (fz_kernel.par):
- *   BLOCK   innermost dim reduced, long rows: a block per row
- *   WARP    innermost dim reduced, rows of at most 1024 lanes: a warp per row
+ *   WARP    innermost dim reduced, a known row of at most 4 steps per lane
+ *           (128 lane groups: 1024 bf16): a warp per row
+ *   BLOCK   innermost dim reduced, longer or symbolic rows: a block of
+ *           FZ_ROW_BLOCK threads per row
  *   THREAD  innermost dim kept (an outer reduction, sum over dim 0): rows
  *           are columns, one per thread, so consecutive threads read
  *           consecutive addresses; and every row on the host, where the
  *           parallel loops are plain loops
  *
- * Worked example: softmax over [B, 12, T, T] f32, dims=[3]: K = B*12*T rows
- * of R = T; pass 1 amax, pass 2 sum(exp(x - max)), pass 3 stores
- * exp(x - max) / sum. Accumulation is in f32 for f16/bf16/f32 and f64 for
- * f64; the row is re-read by each pass (from L1/L2 on the GPU), not held in
- * registers.
+ * The row in registers (GPU). When the row's length is a constant and a
+ * thread's share of it is at most FZ_ROW_REGS elements, the passes are not
+ * loops: each thread's S steps are unrolled, with index values built once
+ * per row (row_regs), so the emitter's memo hands every later pass and the
+ * tail the SSA values the first pass loaded; the row is read from global
+ * memory once and lives in registers (the PTX has one ld.global of x per
+ * step and no .local). A step that runs past the row's end (the last one,
+ * when the threads do not divide the row) reads element 0 and is masked
+ * out of the sums and the stores. Otherwise (long or symbolic rows, and
+ * always on the host, where the row is in cache anyway) each pass is a
+ * loop that re-reads the row.
+ *
+ * Worked example: layer_norm over [16, 128, 1600] bf16 on the GPU: 2048
+ * rows of 1600 = 200 lane groups of 8; a block per row, one step per
+ * thread (threads 200..255 masked): one 16-byte load of x, pass 1 sums x,
+ * pass 2 sums (x - mean)^2 from the same registers, the tail loads w and b
+ * and stores y. Softmax over [B, 12, T, T] f32 with T symbolic: K = B*12*T
+ * rows of R = T, a block each, pass 1 amax, pass 2 sum(exp(x - max)),
+ * pass 3 stores exp(x - max) / sum, each re-reading the row (from L1/L2).
+ * Accumulation is in f32 for f16/bf16/f32 and f64 for f64.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,6 +69,13 @@ typedef struct rows {
 	fz_rowpar par;
 	V tid_in_row, nthr;    /* a thread's position in its row's group */
 	V count;               /* R as ity */
+	/* The row held in registers (S > 0): step k of this thread covers the
+	 * lanes ix[k*L .. k*L+L), valid[k] says whether they lie in the row
+	 * (NULL: always). The same index values serve every pass, so the
+	 * emitter's memo hands each pass the values the first one loaded. */
+	int S;
+	cg_ix ix[FZ_ROW_REGS][FZ_MAX_RANK];
+	V valid[FZ_ROW_REGS];
 } rows;
 
 static V identity(cg *g, fz_opcode op, T t)
@@ -76,9 +102,52 @@ static V combine(cg *g, fz_opcode op, V acc, V v)
 	return sel(g, accnan, acc, sel(g, take, v, acc));
 }
 
-static V smem_slot(cg *g, T t, V i)
+/* ---- float sums as (hi, lo) pairs ---------------------------------------------
+ * A float sum is kept as an unevaluated pair hi + lo (Ogita, Rump and
+ * Oishi's Sum2): each addend goes into hi, and the exact rounding error of
+ * that addition (TwoSum, six flops, no fma, no reassociation) into lo.
+ * Pairs combine across lanes and threads the same way, and the result
+ * hi + lo is rounded once. The error is that of a sum in twice the working
+ * precision, rounded: in f32 the result equals the interpreter's f64 sum
+ * rounded to f32 except within a hair of a rounding boundary, whatever
+ * the order the threads chose. */
+
+/* s + e = a + b exactly, s = fl(a + b) */
+static V two_sum(cg *g, V a, V b, V *e)
 {
-	int kind = t == t_f32(g) ? 0 : t == t_f64(g) ? 1 : 2;
+	V s = fadd_exact(g, a, b);
+	V bp = fsub_exact(g, s, a);
+	V ap = fsub_exact(g, s, bp);
+	*e = fadd_exact(g, fsub_exact(g, a, ap), fsub_exact(g, b, bp));
+	return s;
+}
+
+/* (h1, l1) + (h2, l2): hi stays the plain sum (so an inf or a NaN in it is
+ * the interpreter's), lo gathers every rounding error. */
+static V pair_add(cg *g, V h1, V l1, V h2, V l2, V *lo)
+{
+	V e;
+	V s = two_sum(g, h1, h2, &e);
+	*lo = fadd_exact(g, fadd_exact(g, l1, l2), e);
+	return s;
+}
+
+/* hi + lo in type t (f32 or f64; hi and lo f32 or f64): where hi is inf
+ * or NaN, lo is NaN and hi alone is the sum. */
+static V pair_sum(cg *g, V hi, V lo, T t)
+{
+	if (type_of(hi) != t) {
+		hi = fpext(g, hi, t);
+		lo = fpext(g, lo, t);
+	}
+	V fin = fcmp(g, LLVMRealOLT, call_intrinsic(g, "llvm.fabs", t, t, &hi, 1),
+		     c_real(t, INFINITY));
+	return sel(g, fin, fadd_exact(g, hi, lo), hi);
+}
+
+static V smem_slot(cg *g, T t, int role, V i)
+{
+	int kind = (t == t_f32(g) ? 0 : t == t_f64(g) ? 1 : 2) * 2 + role;
 	if (!g->smem[kind]) {
 		T at = t_arr(t, 32);
 		g->smem[kind] = LLVMAddGlobalInAddressSpace(g->mod, at, "fz_smem", 3);
@@ -90,13 +159,19 @@ static V smem_slot(cg *g, T t, V i)
 	return LLVMBuildInBoundsGEP2(g->b, t_arr(t, 32), g->smem[kind], idx, 2, "");
 }
 
-/* Combines a per-thread value across the threads that share a row. */
-static V across_threads(cg *g, rows *R, fz_opcode op, V v)
+/* Combines a per-thread value across the threads that share a row: op on
+ * v, or, where lo is not NULL, the pair (v, *lo). */
+static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 {
 	if (R->par == FZ_PAR_THREAD)
 		return v;
-	for (int m = 16; m >= 1; m /= 2)
-		v = combine(g, op, v, cg_shfl_bfly(g, v, m));
+	for (int m = 16; m >= 1; m /= 2) {
+		V o = cg_shfl_bfly(g, v, m);
+		if (lo)
+			v = pair_add(g, v, *lo, o, cg_shfl_bfly(g, *lo, m), lo);
+		else
+			v = combine(g, op, v, o);
+	}
 	if (R->par == FZ_PAR_WARP)
 		return v;
 	T t = type_of(v);
@@ -107,23 +182,38 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v)
 	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
 	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
 	at_end(g, w);
-	store(g, v, smem_slot(g, t, warp), 4);
+	store(g, v, smem_slot(g, t, 0, warp), 4);
+	if (lo)
+		store(g, *lo, smem_slot(g, t, 1, warp), 4);
 	br(g, cont);
 	at_end(g, cont);
 	cg_barrier(g);
-	V acc = cg_entry_alloca(g, t);
+	V acc = cg_entry_alloca(g, t), acc_lo = lo ? cg_entry_alloca(g, t) : NULL;
 	store(g, identity(g, op, t), acc, 8);
+	if (lo)
+		store(g, c_real(t, 0.0), acc_lo, 8);
 	cg_loop L;
 	cg_loop_begin(g, &L, c_int(g->ity, 0), nw, c_int(g->ity, 1));
-	store(g, combine(g, op, load(g, t, acc, 8), load(g, t, smem_slot(g, t, L.iv), 4)), acc, 8);
+	V a = load(g, t, acc, 8), x = load(g, t, smem_slot(g, t, 0, L.iv), 4);
+	if (lo) {
+		V l2;
+		V h = pair_add(g, a, load(g, t, acc_lo, 8), x,
+			       load(g, t, smem_slot(g, t, 1, L.iv), 4), &l2);
+		store(g, h, acc, 8);
+		store(g, l2, acc_lo, 8);
+	} else {
+		store(g, combine(g, op, a, x), acc, 8);
+	}
 	cg_loop_end(g, &L);
 	V r = load(g, t, acc, 8);
+	if (lo)
+		*lo = load(g, t, acc_lo, 8);
 	cg_barrier(g);
 	return r;
 }
 
 /* The full domain index of lanes at reduced position jb (+ l). */
-static void row_lanes(cg *g, rows *R, V jb, cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK])
+static void row_lanes(cg *g, rows *R, V jb, cg_ix (*ix)[FZ_MAX_RANK])
 {
 	cg_ix rj[FZ_MAX_RANK];
 	cg_delinearize(g, &R->rt, jb, R->L, rj);
@@ -146,52 +236,140 @@ static void row_loop_begin(cg *g, rows *R, cg_loop *L)
 	cg_loop_begin(g, L, start, R->count, step);
 }
 
-/* One pass: op-accumulate f(x) over the row; mean != NULL squares x - mean. */
-static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mean)
+/* The row in registers: this thread's steps, their lane indices and
+ * whether they lie in the row, built once per row. A step past the row's
+ * end reads element 0 instead (a valid address) and is masked. */
+static void row_regs(cg *g, rows *R)
 {
-	T t = cg_ctype(g, x->type.dtype);
-	bool kahan = op == FZ_OP_SUM && t != t_i64(g);
-	V acc[FZ_VW_MAX], comp[FZ_VW_MAX];
+	int64_t nthr = LLVMConstIntGetZExtValue(R->nthr), G;
+	V base = mul(g, R->tid_in_row, c_int(g->ity, R->L));
+	G = LLVMConstIntGetZExtValue(R->count) / R->L;
+	for (int k = 0; k < R->S; k++) {
+		V jb = add(g, base, c_int(g->ity, k * nthr * R->L));
+		R->valid[k] = NULL;
+		if ((k + 1) * nthr > G) {
+			R->valid[k] = icmp(g, LLVMIntULT, jb, R->count);
+			jb = sel(g, R->valid[k], jb, c_int(g->ity, 0));
+		}
+		row_lanes(g, R, jb, &R->ix[k * R->L]);
+	}
+}
+
+/* A pass's accumulators, one per lane: hi (and lo for float sums). */
+typedef struct accum {
+	fz_opcode op;
+	T t;
+	bool pair;
+	V hi[FZ_VW_MAX], lo[FZ_VW_MAX];
+} accum;
+
+static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
+{
+	A->op = op;
+	A->t = t;
+	A->pair = op == FZ_OP_SUM && t != t_i64(g);
 	for (int l = 0; l < R->L; l++) {
-		acc[l] = cg_entry_alloca(g, t);
-		store(g, identity(g, op, t), acc[l], 8);
-		if (kahan) {
-			comp[l] = cg_entry_alloca(g, t);
-			store(g, c_real(t, 0.0), comp[l], 8);
+		A->hi[l] = cg_entry_alloca(g, t);
+		store(g, identity(g, op, t), A->hi[l], 8);
+		if (A->pair) {
+			A->lo[l] = cg_entry_alloca(g, t);
+			store(g, c_real(t, 0.0), A->lo[l], 8);
 		}
 	}
-	cg_loop L;
-	row_loop_begin(g, R, &L);
-	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-	row_lanes(g, R, L.iv, ix);
-	V vals[FZ_VW_MAX];
-	cg_value(g, x, R->L, ix, vals);
-	for (int l = 0; l < R->L; l++) {
-		V v = vals[l];
-		if (mean) {
-			V dv = fsub(g, v, mean);
-			v = fmul(g, dv, dv);
-		}
-		if (kahan) {
-			/* compensated: the sum of a row of 50257 exps stays
-			 * within an ulp or two, independent of the row length */
-			V a0 = load(g, t, acc[l], 8), c0 = load(g, t, comp[l], 8);
-			V y = fsub_exact(g, v, c0);
-			V s1 = fadd_exact(g, a0, y);
-			store(g, fsub_exact(g, fsub_exact(g, s1, a0), y), comp[l], 8);
-			store(g, s1, acc[l], 8);
-			continue;
-		}
-		store(g, combine(g, op, load(g, t, acc[l], 8), v), acc[l], 8);
+}
+
+/* Lane l takes v (and, for a pair, the extra low part e, or NULL). */
+static void acc_add(cg *g, accum *A, int l, V v, V e)
+{
+	V a = load(g, A->t, A->hi[l], 8);
+	if (!A->pair) {
+		store(g, combine(g, A->op, a, v), A->hi[l], 8);
+		return;
 	}
-	cg_loop_end(g, &L);
-	V a[FZ_VW_MAX];
-	for (int l = 0; l < R->L; l++)
-		a[l] = load(g, t, acc[l], 8);
+	V err;
+	store(g, two_sum(g, a, v, &err), A->hi[l], 8);
+	V lo = fadd_exact(g, load(g, A->t, A->lo[l], 8), err);
+	store(g, e ? fadd_exact(g, lo, e) : lo, A->lo[l], 8);
+}
+
+/* The row's result: lanes combined in a tree, then threads; a pair's low
+ * part in *lo (NULL for other ops). */
+static V acc_finish(cg *g, rows *R, accum *A, V *lo)
+{
+	V h[FZ_VW_MAX], l[FZ_VW_MAX];
+	for (int i = 0; i < R->L; i++) {
+		h[i] = load(g, A->t, A->hi[i], 8);
+		l[i] = A->pair ? load(g, A->t, A->lo[i], 8) : NULL;
+	}
 	for (int w = 1; w < R->L; w *= 2)
-		for (int l = 0; l + w < R->L; l += 2 * w)
-			a[l] = combine(g, op, a[l], a[l + w]);
-	return across_threads(g, R, op, a[0]);
+		for (int i = 0; i + w < R->L; i += 2 * w)
+			h[i] = A->pair ? pair_add(g, h[i], l[i], h[i + w], l[i + w], &l[i]) :
+			       combine(g, A->op, h[i], h[i + w]);
+	*lo = l[0];
+	return across_threads(g, R, A->op, h[0], A->pair ? lo : NULL);
+}
+
+/* Lanes vals of one step into A; with a mean (mh + ml, var_mean's second
+ * pass) each lane adds its squared deviation, computed as a pair too:
+ * d + de = x - mh - ml, d^2 = p + pe (fma), (d + de)^2 ~ p + (pe + 2 d de). */
+static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
+{
+	for (int l = 0; l < R->L; l++) {
+		V v = vals[l], e = NULL;
+		if (mh) {
+			V de;
+			V d = two_sum(g, v, fneg(g, mh), &de);
+			de = fsub_exact(g, de, ml);
+			v = fmul_exact(g, d, d);
+			V fa[3] = {d, d, fneg(g, v)};
+			e = call_intrinsic(g, "llvm.fma", A->t, A->t, fa, 3);
+			e = fadd(g, e, fmul(g, fmul(g, d, de), c_real(A->t, 2.0)));
+		}
+		if (valid) {
+			V zero = identity(g, A->op, A->t);
+			v = sel(g, valid, v, zero);
+			if (e)
+				e = sel(g, valid, e, c_real(A->t, 0.0));
+		}
+		acc_add(g, A, l, v, e);
+	}
+}
+
+/* One pass: op-accumulate x over the row, or x's squared deviations from
+ * mh + ml. The result; a float sum's low part in *lo. */
+static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo)
+{
+	accum A;
+	acc_init(g, R, &A, op, cg_ctype(g, x->type.dtype));
+	V vals[FZ_VW_MAX];
+	if (R->S) {
+		for (int k = 0; k < R->S; k++) {
+			cg_value(g, x, R->L, &R->ix[k * R->L], vals);
+			acc_step(g, R, &A, vals, R->valid[k], mh, ml);
+		}
+	} else {
+		cg_loop L;
+		row_loop_begin(g, R, &L);
+		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+		row_lanes(g, R, L.iv, ix);
+		cg_value(g, x, R->L, ix, vals);
+		acc_step(g, R, &A, vals, NULL, mh, ml);
+		cg_loop_end(g, &L);
+	}
+	return acc_finish(g, R, &A, lo);
+}
+
+/* hi + lo rounded once; divided by den (or not, NULL) in f64 for f32
+ * data and rounded once, as the interpreter divides its f64 sum. */
+static V pair_value(cg *g, V hi, V lo, V den)
+{
+	T t = type_of(hi);
+	if (!den)
+		return pair_sum(g, hi, lo, t);
+	if (t != t_f32(g))
+		return fdiv(g, pair_sum(g, hi, lo, t), den);
+	T d = t_f64(g);
+	return fptrunc(g, fdiv(g, pair_sum(g, hi, lo, d), fpext(g, den, d)), t);
 }
 
 static void reduce_node(cg *g, rows *R, const fz_node *n)
@@ -200,18 +378,33 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	if (n->op == FZ_OP_AMAX || n->op == FZ_OP_AMIN)
 		cg_flag_error(g, n, icmp(g, LLVMIntEQ, R->count, c_int(g->ity, 0)));
 	fz_dtype d = n->out[0]->type.dtype;
+	V lo = NULL;
 	if (n->op != FZ_OP_VAR_MEAN) {
-		g->red[n->out[0]->id] = cg_round_half(g, pass(g, R, n->op, x, NULL), d);
+		V r = pass(g, R, n->op, x, NULL, NULL, &lo);
+		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL) : r, d);
 		return;
 	}
+	/* the mean in f64 (f32 data) and split into mh + ml, so that the
+	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	V mean = fdiv(g, pass(g, R, FZ_OP_SUM, x, NULL), cnt);
-	V m2 = pass(g, R, FZ_OP_SUM, x, mean);
+	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo);
+	V mh, ml;
+	if (t == t_f32(g)) {
+		V s = pair_sum(g, sh, lo, t_f64(g));
+		V m64 = fdiv(g, s, uitofp(g, R->count, t_f64(g)));
+		mh = fptrunc(g, m64, t);
+		ml = fptrunc(g, fsub_exact(g, m64, fpext(g, mh, t_f64(g))), t);
+		ml = sel(g, fcmp(g, LLVMRealORD, ml, ml), ml, c_real(t, 0.0));
+	} else {
+		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
+		ml = c_real(t, 0.0);
+	}
+	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
-	g->red[n->out[0]->id] = cg_round_half(g, fdiv(g, m2, dv), d);
-	g->red[n->out[1]->id] = cg_round_half(g, mean, d);
+	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv), d);
+	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
 }
 
 static bool ext_is1(fz_ext e) { return e.syms == 0 && e.c == 1; }
@@ -244,6 +437,43 @@ static int classify(cg *g, rows *R, const fz_value *o, cg_ix *ix)
 		ix[i] = g->row[R->kd[i]];
 	}
 	return 1;
+}
+
+/* The outputs of D's shape at one step's lanes, stored where valid (NULL:
+ * always): the values are computed before the branch, so a later step or
+ * output still finds them in the memo. */
+static void tail_step(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK], V valid)
+{
+	const fz_region *r = g->r;
+	V (*vals)[FZ_VW_MAX] = calloc((size_t)r->n_out, sizeof *vals);
+	if (!vals) {
+		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+		return;
+	}
+	for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		if (classify(g, R, r->out[i], tmp) == 2)
+			cg_value(g, r->out[i], R->L, ix, vals[i]);
+	}
+	int cse = g->n_cse;
+	LLVMBasicBlockRef cont = NULL;
+	if (valid) {
+		LLVMBasicBlockRef st = block(g, "tail.st");
+		cont = block(g, "tail.next");
+		cond_br(g, valid, st, cont);
+		at_end(g, st);
+	}
+	for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		if (classify(g, R, r->out[i], tmp) == 2)
+			cg_store(g, r->out[i], R->L, ix, vals[i]);
+	}
+	if (valid) {
+		br(g, cont);
+		at_end(g, cont);
+		g->n_cse = cse; /* what the stores built lives in tail.st only */
+	}
+	free(vals);
 }
 
 void cg_rows(cg *g)
@@ -300,12 +530,23 @@ void cg_rows(cg *g)
 	R.L = cg_lanes_for(g);
 	if (!inner || !fz_ext_is_const(last) || last.c % R.L)
 		R.L = 1;
-	if (g->o.target != FZ_CG_NVPTX || !inner)
+	/* GPU, row along the innermost dim: a warp per row when each lane has
+	 * at most 4 steps, else a block of FZ_ROW_BLOCK threads; the row in
+	 * registers when its length is known and a thread's share of it is at
+	 * most FZ_ROW_REGS elements */
+	int64_t nthr = 1;
+	if (g->o.target != FZ_CG_NVPTX || !inner) {
 		R.par = FZ_PAR_THREAD;
-	else if (fz_ext_is_const(Rn) && Rn.c / R.L <= 1024)
-		R.par = FZ_PAR_WARP;
-	else
+	} else if (fz_ext_is_const(Rn) && Rn.c > 0) {
+		int64_t G = Rn.c / R.L; /* lane groups: L divides the last extent */
+		R.par = G <= 4 * 32 ? FZ_PAR_WARP : FZ_PAR_BLOCK;
+		nthr = R.par == FZ_PAR_WARP ? 32 : FZ_ROW_BLOCK;
+		int64_t S = (G + nthr - 1) / nthr;
+		if (S * R.L <= FZ_ROW_REGS)
+			R.S = (int)S;
+	} else {
 		R.par = FZ_PAR_BLOCK;
+	}
 	g->k->par = R.par;
 	g->k->vec = R.L;
 	g->k->n_work[0] = 1;
@@ -323,7 +564,9 @@ void cg_rows(cg *g)
 		row0 = cta;
 		rstep = ncta;
 		R.tid_in_row = tid;
-		R.nthr = ntid;
+		/* registers: steps of a known stride, so the launch must give
+		 * FZ_ROW_BLOCK threads (fz_kernel_launch_dims does) */
+		R.nthr = R.S ? c_int(g->ity, nthr) : ntid;
 	} else if (R.par == FZ_PAR_WARP) {
 		V wpb = udiv(g, ntid, c_int(g->ity, 32));
 		row0 = add(g, mul(g, cta, wpb), udiv(g, tid, c_int(g->ity, 32)));
@@ -348,6 +591,8 @@ void cg_rows(cg *g)
 	for (int i = 0; i < R.kt.rank; i++)
 		g->row[R.kd[i]] = kix[i];
 	g->row_valid = true;
+	if (R.S)
+		row_regs(g, &R);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
 		reduce_node(g, &R, reds[i]);
@@ -378,7 +623,10 @@ void cg_rows(cg *g)
 		at_end(g, cont);
 		g->n_cse = cse; /* what the store built lives in row.out only */
 	}
-	if (n_tail && g->st == FZ_OK) {
+	if (n_tail && g->st == FZ_OK && R.S) {
+		for (int k = 0; k < R.S && g->st == FZ_OK; k++)
+			tail_step(g, &R, &R.ix[k * R.L], R.valid[k]);
+	} else if (n_tail && g->st == FZ_OK) {
 		cg_loop L;
 		row_loop_begin(g, &R, &L);
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];

@@ -4,18 +4,33 @@
  * The host compiler's context is the context of an ORC ThreadSafeContext,
  * so every module built in it can be handed to the JIT. The JIT targets the
  * machine it runs on (LLJIT detects the host CPU and its features: F16C for
- * half conversions, FMA for the math library's reductions), and the O3
- * pipeline runs first with a target machine for the same CPU, so the loop
- * and SLP vectorizers see the real vector width. A process symbol generator
+ * half conversions, FMA for the math library's reductions), and the host
+ * pass pipeline (codegen.c) runs first with a target machine for the same
+ * CPU, so the SLP vectorizer sees the real vector width. A process symbol generator
  * resolves the few library functions host code calls (libm for f64 math).
  *
  * Code stays alive as long as the compiler: LLJIT owns it and frees it with
  * the compiler.
+ *
+ * Objects. For the kernel cache, host code also travels as a relocatable
+ * object file: fz_kernel_object runs the optimized module through the same
+ * target machine's code generator into an ELF object in memory (what the
+ * JIT would have produced), and fz_host_load hands such an object, fresh
+ * or read back from the disk cache, to LLJIT's object linking layer, which
+ * only links it: no LLVM IR is compiled on that path. A cached kernel's
+ * entry point is named after its key (fz_kernel_set_entry), so any number
+ * of cached objects coexist in one JIT; loading a name that the JIT already
+ * defines returns the code already there.
+ *
+ *     fz_kernel_set_entry(k, "fz_3fa9...");
+ *     fz_kernel_object(c, k, &obj, &len, &err);     module consumed
+ *     fz_host_load(c, obj, len, "fz_3fa9...", &fn, &err);
  */
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
+#include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,5 +117,95 @@ fz_status fz_kernel_jit(fz_compiler *c, fz_kernel *k, char **err)
 	k->host = (fz_host_fn)(uintptr_t)addr;
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	k->t_emit = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+	return FZ_OK;
+}
+
+fz_status fz_kernel_set_entry(fz_kernel *k, const char *name)
+{
+	size_t n = strlen(name);
+	LLVMValueRef fn = k->mod ? LLVMGetNamedFunction(k->mod, k->names[0]) : NULL;
+	if (!fn || k->n_entries != 1 || n >= sizeof k->names[0])
+		return FZ_EINVAL;
+	LLVMSetValueName2(fn, name, n);
+	memcpy(k->names[0], name, n + 1);
+	return FZ_OK;
+}
+
+fz_status fz_kernel_object(fz_compiler *c, fz_kernel *k, void **obj, size_t *len,
+			   char **err)
+{
+	*obj = NULL;
+	*len = 0;
+	if (c->o.target != FZ_CG_HOST || !k->mod) {
+		if (err)
+			*err = fz_strdup_printf("region %d: an object needs a host "
+						"compiler and an unemitted module", k->region);
+		return FZ_EINVAL;
+	}
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	char *msg = NULL;
+	LLVMMemoryBufferRef buf = NULL;
+	LLVMBool bad = LLVMTargetMachineEmitToMemoryBuffer(
+		(LLVMTargetMachineRef)c->tm, k->mod, LLVMObjectFile, &msg, &buf);
+	LLVMDisposeModule(k->mod);
+	k->mod = NULL;
+	if (bad || !buf) {
+		if (err)
+			*err = fz_strdup_printf("region %d: emitting the host object: %s",
+						k->region, msg ? msg : "?");
+		LLVMDisposeMessage(msg);
+		return FZ_ERUNTIME;
+	}
+	size_t n = LLVMGetBufferSize(buf);
+	void *p = malloc(n ? n : 1);
+	if (p)
+		memcpy(p, LLVMGetBufferStart(buf), n);
+	LLVMDisposeMemoryBuffer(buf);
+	if (!p) {
+		if (err)
+			*err = fz_strdup("out of memory");
+		return FZ_ENOMEM;
+	}
+	*obj = p;
+	*len = n;
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	k->t_emit = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+	return FZ_OK;
+}
+
+fz_status fz_host_load(fz_compiler *c, const void *obj, size_t len,
+		       const char *name, fz_host_fn *fn, char **err)
+{
+	*fn = NULL;
+	if (c->o.target != FZ_CG_HOST || !c->jit || !obj || !len) {
+		if (err)
+			*err = fz_strdup("fz_host_load: needs a host compiler and an object");
+		return FZ_EINVAL;
+	}
+	LLVMOrcLLJITRef jit = c->jit;
+	LLVMOrcExecutorAddress addr = 0;
+	/* already linked (loaded earlier under this name): the same code */
+	LLVMErrorRef e = LLVMOrcLLJITLookup(jit, &addr, name);
+	if (!e && addr) {
+		*fn = (fz_host_fn)(uintptr_t)addr;
+		return FZ_OK;
+	}
+	if (e)
+		LLVMConsumeError(e);
+	LLVMMemoryBufferRef buf =
+		LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, name);
+	if (!buf) {
+		if (err)
+			*err = fz_strdup("out of memory");
+		return FZ_ENOMEM;
+	}
+	e = LLVMOrcLLJITAddObjectFile(jit, LLVMOrcLLJITGetMainJITDylib(jit), buf);
+	if (e)
+		return cg_llvm_error(c, e, "adding an object to the JIT", -1, err);
+	e = LLVMOrcLLJITLookup(jit, &addr, name);
+	if (e)
+		return cg_llvm_error(c, e, "linking a host object", -1, err);
+	*fn = (fz_host_fn)(uintptr_t)addr;
 	return FZ_OK;
 }

@@ -7,12 +7,12 @@
  *
  *     bind the sizes, plan at them (ir/plan.h; re-planned when they change)
  *     copy each input into a contiguous 64-byte-aligned buffer
+ *     prepare the kernels when the plan is made (below)
  *     for each region in scheduled order:
  *         view         nothing: the value is strides over its root's buffer
- *         kernel       compile on first use (idx32 when every value has
- *                      fewer than 2^31 elements; vectorized when every
- *                      buffer is 16-byte aligned), launch, check the error
- *                      word (an index out of range is FZ_ERANGE naming op)
+ *         kernel       launch the prepared entry point with the buffers in
+ *                      its parameter order, check the error word (an index
+ *                      out of range is FZ_ERANGE naming op)
  *         library      matmul / linear as a blocked loop, f64 accumulation
  *         collective,  world 1: the identity
  *         wait
@@ -22,12 +22,39 @@
  * different dims, say) runs as one kernel per op: slower, never wrong.
  * Buffers are plain allocations released at the end of the run; the memory
  * plan's arena (memplan.c) is the CUDA runtime's business.
+ *
+ * Kernels come from the structural cache (cache/cache.h), resolved once per
+ * plan, never while running. When a plan is made, each kernel region gets
+ * its variant (idx32 when every value has fewer than 2^31 / 8 elements;
+ * vectorized when every buffer it reads is 16-byte aligned, which the
+ * plan's view layouts decide), its canonical form and key, then code:
+ *
+ *     in-memory LRU (this runner's loaded kernels, by canonical form)
+ *       -> disk cache (fz_exec_set_cache): link the entry's host object,
+ *          no LLVM IR compiled
+ *       -> compile the canonical view to a host object, store it, link it
+ *
+ * so the 32 layers of a Llama resolve to a handful of keys, each compiled
+ * or loaded once, and a warm run compiles nothing. The kernel was compiled
+ * from the canonical view of its region, so its buffers are the canonical
+ * inputs, then outputs (fz_canon_region_view): the prepared record keeps
+ * that view and the launch path only walks it and calls a function
+ * pointer. A region the skeletons do not take is prepared as one kernel
+ * per op the same way, and so is the copy that stands in for a reshape
+ * that is not a view at these sizes. Were a buffer's alignment at run time
+ * ever to differ from the plan's prediction, the other variant would be
+ * resolved then, once (counted as `late`).
+ *
+ *     a 32-layer Llama: some two hundred kernel regions, 8 keys; cold:
+ *     8 compiled; after `fusec compile --target host`: 8 cache hits and
+ *     0 compiled; every other kernel region is a memory hit.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cache.h"
 #include "exec.h"
 #include "numeric.h"
 
@@ -80,10 +107,38 @@ const fz_exec_target fz_target_cpu = {"cpu", FZ_CG_HOST, cpu_alloc, cpu_release,
 
 /* ---- the runner ------------------------------------------------------------- */
 
-typedef struct kentry {
-	int key[6];
-	fz_kernel *k;   /* NULL: unsupported as a whole */
-} kentry;
+/* A loaded kernel in the in-memory LRU, by canonical form: the element is
+ * its own key. fn NULL: the skeletons do not take the region. */
+typedef struct lkernel {
+	fz_key key;
+	char *canon;
+	size_t len;
+	fz_host_fn fn;
+	char name[64];
+} lkernel;
+
+/* A kernel resolved at plan time: the region it runs (src, whose arrays
+ * live in the plan or in this record), its canonical form, the region in
+ * canonical order (the kernel's parameter order), and the code. */
+typedef struct pkernel {
+	fz_region src;
+	fz_node *node[1];            /* src's nodes when it is one op */
+	fz_value *ins[FZ_MAX_ARGS];  /* src's inputs when it is one op */
+	fz_canon *cn;
+	fz_region view;              /* arrays borrowed from cn */
+	fz_kernel k;                 /* host set; no module */
+	bool unsupported;
+	bool aligned;                /* the variant chosen: buffers aligned */
+	struct pkernel *alt;         /* the other alignment, resolved late */
+} pkernel;
+
+/* Per region of the plan: its kernel, or one per op when it is split. */
+typedef struct pregion {
+	pkernel *whole;
+	pkernel **ops;
+} pregion;
+
+#define LRU_CAP 4096
 
 struct fz_exec {
 	const fz_trace *t;
@@ -91,8 +146,12 @@ struct fz_exec {
 	fz_compiler *c[4];     /* by variant: idx32 * 2 + vectorize */
 	fz_program *p;
 	int64_t psyms[FZ_MAX_SYMS];
-	kentry *kc;
-	int n_kc, cap_kc;
+	bool idx32;            /* the plan's index width */
+	pregion *pr;           /* per region id of p */
+	pkernel **copy;        /* per value id: the copy of a non-view reshape */
+	fz_lru *lru;
+	fz_disk *disk;         /* NULL: no disk cache */
+	char target[160];      /* the key's target, "" until first needed */
 	fz_exec_stats st;
 };
 
@@ -101,31 +160,93 @@ typedef struct run {
 	const int64_t *syms;
 	void **data;
 	bool *owned;
-	bool idx32;
 	char **err;
 } run;
+
+static uint64_t lk_hash(const void *k) { return ((const lkernel *)k)->key.lo; }
+
+static bool lk_eq(const void *a, const void *b)
+{
+	const lkernel *x = a, *y = b;
+	return fz_key_eq(x->key, y->key) && x->len == y->len &&
+	       !memcmp(x->canon, y->canon, x->len);
+}
+
+static void lk_free(void *k, void *v, void *ctx)
+{
+	(void)v;
+	(void)ctx;
+	lkernel *l = k;
+	free(l->canon);
+	free(l);
+}
 
 fz_status fz_exec_new(const fz_trace *t, const fz_exec_target *tg, fz_exec **out,
 		      char **err)
 {
 	if (err)
 		*err = NULL;
+	*out = NULL;
 	fz_exec *x = calloc(1, sizeof *x);
-	if (!x)
+	static const fz_lru_ops ops = {lk_hash, lk_eq, lk_free};
+	if (!x || fz_lru_new(LRU_CAP, &ops, NULL, &x->lru) != FZ_OK) {
+		free(x);
+		set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
+	}
 	x->t = t;
 	x->tg = tg;
 	*out = x;
 	return FZ_OK;
 }
 
+fz_status fz_exec_set_cache(fz_exec *x, const fz_exec_cache *o, char **err)
+{
+	if (err)
+		*err = NULL;
+	fz_disk_close(x->disk);
+	x->disk = NULL;
+	if (!o || !o->disk)
+		return FZ_OK;
+	fz_disk_options dopt = {o->dir, 0, o->warn, o->warn_ctx};
+	return fz_disk_open(&dopt, &x->disk, err);
+}
+
+static void pkernel_free(pkernel *pk)
+{
+	if (!pk)
+		return;
+	pkernel_free(pk->alt);
+	fz_canon_free(pk->cn);
+	free(pk);
+}
+
+/* Drops what was prepared for the current plan. */
+static void unprepare(fz_exec *x)
+{
+	for (int i = 0; x->pr && x->p && i < x->p->n_regions; i++) {
+		pregion *pr = &x->pr[i];
+		if (pr->ops)
+			for (int j = 0; j < x->p->regions[i]->n_nodes; j++)
+				pkernel_free(pr->ops[j]);
+		free(pr->ops);
+		pkernel_free(pr->whole);
+	}
+	free(x->pr);
+	x->pr = NULL;
+	for (int v = 0; x->copy && v < x->t->n_values; v++)
+		pkernel_free(x->copy[v]);
+	free(x->copy);
+	x->copy = NULL;
+}
+
 void fz_exec_free(fz_exec *x)
 {
 	if (!x)
 		return;
-	for (int i = 0; i < x->n_kc; i++)
-		fz_kernel_free(x->kc[i].k);
-	free(x->kc);
+	unprepare(x);
+	fz_lru_free(x->lru);
+	fz_disk_close(x->disk);
 	for (int i = 0; i < 4; i++)
 		fz_compiler_free(x->c[i]);
 	fz_program_free(x->p);
@@ -175,7 +296,7 @@ static bool contiguous(int rank, const int64_t *shape, const int64_t *st)
 	return true;
 }
 
-static fz_status run_kernel(run *R, const fz_region *reg);
+static fz_status run_kernel(run *R, pkernel *pk);
 
 /* A contiguous pointer to value v's elements: computed, or a view. */
 static void *get_value(run *R, const fz_value *v)
@@ -191,12 +312,14 @@ static void *get_value(run *R, const fz_value *v)
 	fz_layout lay;
 	if (fz_view_eval(p, v, R->syms, &lay) != FZ_OK) {
 		/* Not a view at these sizes (a reshape of a strided tensor):
-		 * the meta op runs as a copy kernel instead. */
-		fz_node *n = p->view_of[v->id]->node;
-		fz_node *nodes[1] = {n};
-		fz_value *ins[1] = {n->in[0]};
-		fz_region sub = {-1, FZ_REGION_POINTWISE, 1, nodes, 1, ins, 1, n->out};
-		if (run_kernel(R, &sub) != FZ_OK)
+		 * the meta op runs as the copy kernel prepared for it. */
+		pkernel *pk = R->x->copy ? R->x->copy[v->id] : NULL;
+		if (!pk) {
+			set_err(R->err, fz_strdup_printf("value #%d: no copy kernel "
+							 "was prepared", v->id));
+			return NULL;
+		}
+		if (run_kernel(R, pk) != FZ_OK)
 			return NULL;
 		return R->data[v->id];
 	}
@@ -235,63 +358,236 @@ static void *alloc_value(run *R, const fz_value *v)
 	return d;
 }
 
-static fz_kernel *kernel_for(run *R, const fz_region *reg, int variant,
-			     fz_status *st)
+/* ---- kernels: resolved at plan time ------------------------------------------ */
+
+/* Finds or makes the code of pk (whose src is set) for variant: its key,
+ * then the in-memory LRU, the disk cache, or the compiler. */
+static fz_status resolve(fz_exec *x, pkernel *pk, int variant, char **err)
 {
-	fz_exec *x = R->x;
-	int key[6] = {reg->nodes[0]->id, reg->nodes[reg->n_nodes - 1]->id,
-		      reg->n_nodes, reg->n_in, reg->n_out, variant};
-	for (int i = 0; i < x->n_kc; i++)
-		if (!memcmp(x->kc[i].key, key, sizeof key)) {
-			*st = x->kc[i].k ? FZ_OK : FZ_EUNSUPPORTED;
-			return x->kc[i].k;
-		}
+	const fz_region *r = &pk->src;
+	pk->aligned = variant & 1;
 	if (!x->c[variant]) {
 		fz_cg_options o = {x->tg->codegen, 90, variant >= 2, variant & 1};
-		if ((*st = fz_compiler_new(&o, &x->c[variant], R->err)) != FZ_OK)
-			return NULL;
+		fz_status st = fz_compiler_new(&o, &x->c[variant], err);
+		if (st != FZ_OK)
+			return st;
 	}
+	fz_compiler *c = x->c[variant];
+	const fz_cg_options *o = fz_compiler_options(c);
+	if (!x->target[0])
+		fz_cache_target(o, x->target, sizeof x->target);
+	uint8_t spec[2 + 256];
+	fz_key_params kp;
+	fz_key_params_init(&kp, x->target, FZ_CODEGEN_VERSION);
+	kp.spec = spec;
+	kp.n_spec = fz_cache_spec(o, r, spec, sizeof spec);
+	fz_status st = fz_canon_region(x->t, r, &kp, &pk->cn, err);
+	if (st != FZ_OK)
+		return st;
+	fz_canon_region_view(pk->cn, r, &pk->view);
+	fz_kernel *k = &pk->k;
+	k->region = r->id;
+	k->n_in = r->n_in;
+	k->n_out = r->n_out;
+	k->n_entries = 1;
+
+	lkernel probe = {pk->cn->key, pk->cn->text, pk->cn->len, NULL, ""};
+	lkernel *lk = fz_lru_get(x->lru, &probe);
+	if (lk) {
+		x->st.mem_hits++;
+		goto found;
+	}
+	x->st.unique++;
 	double t0 = now();
-	fz_kernel *k = NULL;
-	char *msg = NULL;
-	*st = fz_compiler_build(x->c[variant], x->t, reg, &k, &msg);
-	if (*st == FZ_OK)
-		*st = fz_compiler_optimize(x->c[variant], k, &msg);
-	if (*st == FZ_OK)
-		*st = fz_kernel_jit(x->c[variant], k, &msg);
-	x->st.compile_seconds += now() - t0;
-	if (*st != FZ_OK && *st != FZ_EUNSUPPORTED) {
-		fz_kernel_free(k);
-		set_err(R->err, msg);
-		return NULL;
+	lk = calloc(1, sizeof *lk);
+	if (!lk || !(lk->canon = malloc(pk->cn->len + 1))) {
+		free(lk);
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
 	}
-	free(msg);
-	if (*st != FZ_OK) {
-		fz_kernel_free(k);
-		k = NULL;
-	} else {
-		x->st.compiled++;
+	lk->key = pk->cn->key;
+	lk->len = pk->cn->len;
+	memcpy(lk->canon, pk->cn->text, pk->cn->len + 1);
+	fz_cache_entry_name(lk->key, lk->name, sizeof lk->name);
+	fz_entry *e = NULL;
+	if (x->disk && (st = fz_disk_lookup(x->disk, lk->key, lk->canon, lk->len,
+					    &e)) != FZ_OK)
+		goto fail;
+	if (e && fz_cache_usable(e, o)) {
+		char *msg = NULL;
+		/* an object that does not link is a miss, compiled again */
+		if (fz_cache_load_host(c, e, r->n_in, r->n_out, &lk->fn, &msg) == FZ_OK)
+			x->st.cache_hits++;
+		free(msg);
 	}
-	if (x->n_kc == x->cap_kc) {
-		int cap = x->cap_kc ? 2 * x->cap_kc : 32;
-		kentry *kc = realloc(x->kc, sizeof *kc * (size_t)cap);
-		if (!kc) {
-			fz_kernel_free(k);
-			*st = FZ_ENOMEM;
-			return NULL;
+	fz_entry_free(e);
+	if (!lk->fn) {
+		fz_build_info info = {.want_object = true};
+		char *msg = NULL;
+		st = fz_cache_build(c, x->disk && fz_disk_writable(x->disk) ? x->disk : NULL,
+				    x->t, r, pk->cn, false, &info, &msg);
+		if (st == FZ_OK)
+			st = fz_host_load(c, info.object, info.object_len, lk->name,
+					  &lk->fn, &msg);
+		free(info.object);
+		free(info.cubin_error);
+		if (st == FZ_OK) {
+			x->st.compiled++;
+		} else if (st == FZ_EUNSUPPORTED) {
+			free(msg);
+			msg = NULL;
+			st = FZ_OK; /* remembered: lk->fn stays NULL */
+		} else {
+			set_err(err, msg);
+			goto fail;
 		}
-		x->kc = kc;
-		x->cap_kc = cap;
 	}
-	memcpy(x->kc[x->n_kc].key, key, sizeof key);
-	x->kc[x->n_kc++].k = k;
-	return k;
+	x->st.compile_seconds += now() - t0;
+	if ((st = fz_lru_put(x->lru, lk, lk)) != FZ_OK)
+		return st; /* lk was freed */
+found:
+	pk->unsupported = !lk->fn;
+	k->host = lk->fn;
+	memcpy(k->names[0], lk->name, sizeof k->names[0]);
+	return FZ_OK;
+fail:
+	x->st.compile_seconds += now() - t0;
+	lk_free(lk, lk, NULL);
+	return st;
 }
 
-static fz_status run_kernel(run *R, const fz_region *reg)
+/* A prepared kernel for region r (copied: its arrays must outlive the
+ * plan's use of it) at variant. */
+static pkernel *prepare_kernel(fz_exec *x, const fz_region *r, int variant,
+			       fz_status *st, char **err)
 {
+	pkernel *pk = calloc(1, sizeof *pk);
+	if (!pk) {
+		*st = FZ_ENOMEM;
+		set_err(err, fz_strdup("out of memory"));
+		return NULL;
+	}
+	pk->src = *r;
+	if ((*st = resolve(x, pk, variant, err)) != FZ_OK) {
+		pkernel_free(pk);
+		return NULL;
+	}
+	return pk;
+}
+
+static int variant_of(const fz_exec *x, const fz_region *r, const int64_t *syms);
+
+/* Op n as a region of its own (its distinct operands the inputs), for a
+ * region the skeletons do not take whole or a reshape run as a copy. */
+static pkernel *prepare_op(fz_exec *x, int id, fz_node *n, const int64_t *syms,
+			   fz_status *st, char **err)
+{
+	pkernel *pk = calloc(1, sizeof *pk);
+	if (!pk) {
+		*st = FZ_ENOMEM;
+		set_err(err, fz_strdup("out of memory"));
+		return NULL;
+	}
+	int ni = 0;
+	for (int a = 0; a < n->n_in; a++) {
+		bool dup = false;
+		for (int b = 0; b < ni; b++)
+			dup |= pk->ins[b] == n->in[a];
+		if (!dup)
+			pk->ins[ni++] = n->in[a];
+	}
+	pk->node[0] = n;
+	pk->src = (fz_region){id, FZ_REGION_POINTWISE, 1, pk->node, ni, pk->ins,
+			      n->n_out, n->out};
+	if ((*st = resolve(x, pk, variant_of(x, &pk->src, syms), err)) != FZ_OK) {
+		pkernel_free(pk);
+		return NULL;
+	}
+	return pk;
+}
+
+/* Will the buffer of v handed to a kernel be 16-byte aligned? Values own
+ * 64-byte-aligned buffers, a strided view is gathered into one, a reshape
+ * that is not a view is copied into one; a contiguous view points into its
+ * root at its offset. (get_value does what this predicts.) */
+static bool value_aligned(const fz_program *p, const fz_value *v,
+			  const int64_t *syms)
+{
+	if (!p->view_of || !p->view_of[v->id])
+		return true;
+	fz_layout lay;
+	if (fz_view_eval(p, v, syms, &lay) != FZ_OK ||
+	    !contiguous(lay.rank, lay.shape, lay.strides))
+		return true;
+	return lay.offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
+}
+
+static int variant_of(const fz_exec *x, const fz_region *r, const int64_t *syms)
+{
+	bool aligned = true;
+	for (int i = 0; i < r->n_in && aligned; i++)
+		aligned = value_aligned(x->p, r->in[i], syms);
+	return (x->idx32 ? 2 : 0) + (aligned ? 1 : 0);
+}
+
+/* Plan time: every kernel the plan launches, resolved. */
+static fz_status prepare(fz_exec *x, const int64_t *syms, char **err)
+{
+	const fz_trace *t = x->t;
+	fz_program *p = x->p;
+	x->idx32 = true;
+	for (int v = 0; v < t->n_values; v++) {
+		int64_t n = numel_of(t->values[v], syms);
+		if (n < 0 || n >= (INT64_C(1) << 31) / 8)
+			x->idx32 = false;
+	}
+	x->pr = calloc((size_t)p->n_regions + 1, sizeof *x->pr);
+	x->copy = calloc((size_t)t->n_values + 1, sizeof *x->copy);
+	if (!x->pr || !x->copy) {
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	fz_status st = FZ_OK;
+	for (int i = 0; i < p->n_regions && st == FZ_OK; i++) {
+		const fz_region *r = p->regions[p->order[i]];
+		if (!fz_region_is_kernel(r->kind))
+			continue;
+		pregion *pr = &x->pr[r->id];
+		pr->whole = prepare_kernel(x, r, variant_of(x, r, syms), &st, err);
+		if (!pr->whole || !pr->whole->unsupported)
+			continue;
+		x->st.split++;
+		pr->ops = calloc((size_t)r->n_nodes + 1, sizeof *pr->ops);
+		if (!pr->ops) {
+			st = FZ_ENOMEM;
+			break;
+		}
+		for (int j = 0; j < r->n_nodes && st == FZ_OK; j++) {
+			pr->ops[j] = prepare_op(x, r->id, r->nodes[j], syms, &st, err);
+			if (st == FZ_OK && pr->ops[j]->unsupported) {
+				set_err(err, fz_strdup_printf("region %d: the code generator "
+					"does not take %s", r->id, fz_ops[r->nodes[j]->op].name));
+				st = FZ_EUNSUPPORTED;
+			}
+		}
+	}
+	/* reshapes that are not views at these sizes run as copies */
+	for (int v = 0; v < t->n_values && st == FZ_OK; v++) {
+		fz_layout lay;
+		if (!p->view_of || !p->view_of[v] ||
+		    fz_view_eval(p, t->values[v], syms, &lay) == FZ_OK)
+			continue;
+		x->copy[v] = prepare_op(x, -1, p->view_of[v]->node, syms, &st, err);
+	}
+	return st;
+}
+
+static fz_status run_kernel(run *R, pkernel *pk)
+{
+	const fz_region *reg = &pk->view;
 	int nb = reg->n_in + reg->n_out;
-	void **bufs = calloc((size_t)nb + 1, sizeof *bufs);
+	void *stack[16];
+	void **bufs = nb <= 16 ? stack : calloc((size_t)nb, sizeof *bufs);
 	if (!bufs)
 		return FZ_ENOMEM;
 	fz_status st = FZ_OK;
@@ -306,12 +602,39 @@ static fz_status run_kernel(run *R, const fz_region *reg)
 	for (int i = 0; i < reg->n_out && st == FZ_OK; i++)
 		if (!(bufs[reg->n_in + i] = alloc_value(R, reg->out[i])))
 			st = FZ_ENOMEM;
-	fz_kernel *k = NULL;
-	if (st == FZ_OK)
-		k = kernel_for(R, reg, (R->idx32 ? 2 : 0) + (aligned ? 1 : 0), &st);
+	if (st == FZ_OK && aligned != pk->aligned) {
+		/* not what the plan predicted: the other variant, once */
+		fz_exec *x = R->x;
+		if (!pk->alt) {
+			pkernel *alt = calloc(1, sizeof *alt);
+			if (!alt) {
+				st = FZ_ENOMEM;
+			} else {
+				*alt = *pk;
+				alt->cn = NULL;
+				alt->alt = NULL;
+				alt->src.nodes = pk->src.nodes == pk->node ? alt->node : pk->src.nodes;
+				alt->src.in = pk->src.in == pk->ins ? alt->ins : pk->src.in;
+				x->st.late++;
+				st = resolve(x, alt, (x->idx32 ? 2 : 0) + (aligned ? 1 : 0), R->err);
+				if (st == FZ_OK && alt->unsupported)
+					st = FZ_EUNSUPPORTED;
+				if (st == FZ_OK)
+					pk->alt = alt;
+				else
+					pkernel_free(alt);
+			}
+		}
+		if (st == FZ_OK) {
+			/* its buffers in its own canonical order */
+			if (bufs != stack)
+				free(bufs);
+			return run_kernel(R, pk->alt);
+		}
+	}
 	if (st == FZ_OK) {
 		int32_t bad = 0;
-		st = R->x->tg->launch(k, 0, bufs, R->syms, &bad, R->err);
+		st = R->x->tg->launch(&pk->k, 0, bufs, R->syms, &bad, R->err);
 		R->x->st.kernels++;
 		if (st == FZ_OK && bad > 0 && bad <= R->x->t->n_nodes) {
 			const fz_node *n = R->x->t->nodes[bad - 1];
@@ -324,33 +647,9 @@ static fz_status run_kernel(run *R, const fz_region *reg)
 			st = FZ_ERANGE;
 		}
 	}
-	free(bufs);
+	if (bufs != stack)
+		free(bufs);
 	return st;
-}
-
-/* The region as one kernel per op. */
-static fz_status run_split(run *R, const fz_region *reg)
-{
-	R->x->st.split++;
-	for (int i = 0; i < reg->n_nodes; i++) {
-		fz_node *n = reg->nodes[i];
-		fz_value *ins[FZ_MAX_ARGS];
-		int ni = 0;
-		for (int a = 0; a < n->n_in; a++) {
-			bool dup = false;
-			for (int b = 0; b < ni; b++)
-				dup |= ins[b] == n->in[a];
-			if (!dup)
-				ins[ni++] = n->in[a];
-		}
-		fz_node *nodes[1] = {n};
-		fz_region sub = {reg->id, FZ_REGION_POINTWISE, 1, nodes, ni, ins,
-				 n->n_out, n->out};
-		fz_status st = run_kernel(R, &sub);
-		if (st != FZ_OK)
-			return st;
-	}
-	return FZ_OK;
 }
 
 /* ---- library calls: blocked matmul with f64 accumulation -------------------- */
@@ -504,9 +803,17 @@ static fz_status run_region(run *R, const fz_region *reg)
 		return FZ_OK;
 	}
 	default: {
-		fz_status st = run_kernel(R, reg);
-		if (st == FZ_EUNSUPPORTED)
-			st = run_split(R, reg);
+		const pregion *pr = &R->x->pr[reg->id];
+		if (!pr->whole) {
+			set_err(R->err, fz_strdup_printf("region %d: no kernel was "
+							 "prepared", reg->id));
+			return FZ_EINVAL;
+		}
+		if (!pr->whole->unsupported)
+			return run_kernel(R, pr->whole);
+		fz_status st = FZ_OK;
+		for (int i = 0; i < reg->n_nodes && st == FZ_OK; i++)
+			st = run_kernel(R, pr->ops[i]);
 		return st;
 	}
 	}
@@ -534,7 +841,9 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	fz_status st = fz_trace_bind(t, in, n_in, syms, err);
 	if (st != FZ_OK)
 		return st;
-	if (!x->p || memcmp(x->psyms, syms, sizeof(int64_t) * (size_t)t->n_syms)) {
+	if (!x->p || !x->pr ||
+	    memcmp(x->psyms, syms, sizeof(int64_t) * (size_t)t->n_syms)) {
+		unprepare(x);
 		fz_program_free(x->p);
 		x->p = NULL;
 		fz_plan_options po;
@@ -542,18 +851,17 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 		po.sym_sizes = syms;
 		if ((st = fz_plan(t, &po, &x->p, err)) != FZ_OK)
 			return st;
+		if ((st = prepare(x, syms, err)) != FZ_OK) {
+			unprepare(x);
+			return st;
+		}
 		memcpy(x->psyms, syms, sizeof(int64_t) * (size_t)t->n_syms);
 	}
 	run R = {x, syms, calloc((size_t)t->n_values + 1, sizeof(void *)),
-		 calloc((size_t)t->n_values + 1, sizeof(bool)), true, err};
+		 calloc((size_t)t->n_values + 1, sizeof(bool)), err};
 	if (!R.data || !R.owned) {
 		st = FZ_ENOMEM;
 		goto done;
-	}
-	for (int v = 0; v < t->n_values; v++) {
-		int64_t n = numel_of(t->values[v], syms);
-		if (n < 0 || n >= (INT64_C(1) << 31) / 8)
-			R.idx32 = false;
 	}
 	for (int i = 0; i < t->n_params; i++) {
 		const fz_value *p = t->params[i];

@@ -9,10 +9,10 @@
  *                  fz_exec_run(x, sym_sizes, in, n_in, out, n_out, &err);
  *                  fz_exec_free(x);
  *
- * fz_exec_run plans the trace at the bound sizes (ir/plan.h), walks the
- * regions in scheduled order, compiles each kernel region on first use
- * (kept for later runs, one variant per index width and vectorization),
- * launches it through the target, runs library calls as a blocked matmul,
+ * fz_exec_run plans the trace at the bound sizes (ir/plan.h), resolves
+ * every kernel of the plan through the structural cache (one variant per
+ * index width and vectorization; see runtime/cpu.c), walks the regions in
+ * scheduled order, launches each kernel through the target, runs library calls as a blocked matmul,
  * collectives at world 1 as the identity, and takes bookended views as
  * strides over their base's buffer (copied to contiguous only when a kernel
  * reads a view that is not). A kernel region the skeletons cannot take
@@ -41,13 +41,35 @@ extern const fz_exec_target fz_target_cpu;
 
 typedef struct fz_exec fz_exec;
 
+/* Counters since fz_exec_new. Kernels are resolved when a plan is made:
+ * unique distinct keys, each either a cache hit (linked from the disk
+ * cache), compiled (LLVM IR built, compiled and stored), or unsupported;
+ * mem_hits are kernels found among those this runner already holds (the
+ * other 31 layers). late: kernels resolved while running because a
+ * buffer's alignment was not the plan's (expected 0). */
 typedef struct fz_exec_stats {
 	int regions, kernels, compiled, split; /* split: regions run per op */
-	double compile_seconds;
+	int unique, cache_hits, mem_hits, late;
+	double compile_seconds;   /* resolving kernels: compiling or loading */
 } fz_exec_stats;
 
+/* Where a runner finds and keeps compiled kernels besides its memory. */
+typedef struct fz_exec_cache {
+	bool disk;             /* use the disk cache (cache/disk.c) */
+	const char *dir;       /* NULL: $FUSEC_CACHE_DIR, $XDG_CACHE_HOME/fusec,
+	                          ~/.cache/fusec */
+	void (*warn)(void *ctx, const char *msg); /* damaged entries, ... */
+	void *warn_ctx;
+} fz_exec_cache;
+
+/* A runner keeps the kernels it loads in an in-memory LRU; with no
+ * fz_exec_set_cache it uses no disk cache. */
 fz_status fz_exec_new(const fz_trace *t, const fz_exec_target *tg, fz_exec **out,
                       char **err);
+/* Opens the disk cache o names (o NULL or !o->disk: none), before the first
+ * run. A cache directory that cannot be used leaves it disabled with one
+ * warning; only running out of memory (or no directory to name) fails. */
+fz_status fz_exec_set_cache(fz_exec *x, const fz_exec_cache *o, char **err);
 void fz_exec_free(fz_exec *x);
 fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
                       int n_in, fz_tensor *out, int n_out, char **err);

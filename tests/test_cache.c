@@ -12,10 +12,17 @@
  * one model into an empty cache at once all succeed and leave a cache
  * that verifies clean; the size cap and prune evict least recently used
  * first; a cache that cannot be written degrades with one warning.
+ * Host objects: an entry compiled for the host holds an ELF object that
+ * links into another compiler's JIT and computes the region; an older
+ * host entry (IR text, no object) is not usable. The runner: identical
+ * layers compile once, a second runner on the same cache compiles
+ * nothing and computes the same bits, a runner without a disk cache
+ * compiles again. (tests/cache_run.sh does the same through the tools.)
  */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +34,8 @@
 #include <unistd.h>
 
 #include "../cache/cache.h"
+#include "codegen.h"
+#include "exec.h"
 
 /* ---- helpers ---- */
 
@@ -1232,6 +1241,197 @@ START_TEST(jitlink_optional)
 }
 END_TEST
 
+/* ---- host objects and the runner ---- */
+
+START_TEST(host_object_entry)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fz_module *m = parse("trace p(x: f32[N, 4], y: f32[4]) {\n"
+			     "  z = add(mul(x, y), exp(y))\n  return z\n}\n");
+	const fz_trace *t = fz_module_trace(m, 0);
+	whole w;
+	whole_region(t, &w);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	fz_compiler *c1, *c2;
+	ck_assert_int_eq(fz_compiler_new(&o, &c1, NULL), FZ_OK);
+	ck_assert_int_eq(fz_compiler_new(&o, &c2, NULL), FZ_OK);
+	char target[160];
+	fz_cache_target(&o, target, sizeof target);
+	uint8_t spec[64];
+	fz_key_params kp;
+	fz_key_params_init(&kp, target, FZ_CODEGEN_VERSION);
+	kp.spec = spec;
+	kp.n_spec = fz_cache_spec(&o, &w.r, spec, sizeof spec);
+	fz_canon *cn;
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &kp, &cn, NULL), FZ_OK);
+	fz_build_info info = {.want_object = true};
+	char *err = NULL;
+	ck_assert_msg(fz_cache_build(c1, d, t, &w.r, cn, false, &info, &err) == FZ_OK,
+		      "build: %s", err ? err : "?");
+	ck_assert_ptr_nonnull(info.object);
+	ck_assert(memcmp(info.object, "\177ELF", 4) == 0);
+	free(info.object);
+
+	fz_entry *e;
+	ck_assert_int_eq(fz_disk_lookup(d, cn->key, cn->text, cn->len, &e), FZ_OK);
+	ck_assert_ptr_nonnull(e);
+	ck_assert(fz_cache_usable(e, &o));
+	ck_assert_ptr_null(fz_entry_section(e, "llvm"));
+	fz_cg_options gpu;
+	ck_assert_int_eq(fz_cg_options_parse("sm_90", &gpu, NULL), FZ_OK);
+	ck_assert(!fz_cache_usable(e, &gpu));
+
+	/* linked into another compiler: computes the region, buffers in the
+	 * canonical order */
+	fz_host_fn fn = NULL, again = NULL;
+	ck_assert_msg(fz_cache_load_host(c2, e, w.r.n_in, w.r.n_out, &fn, &err) == FZ_OK,
+		      "load: %s", err ? err : "?");
+	float x[8], y[4], z[8];
+	for (int i = 0; i < 8; i++)
+		x[i] = (float)i * 0.25f - 1.0f;
+	for (int i = 0; i < 4; i++)
+		y[i] = (float)i * 0.5f;
+	void *bufs[3];
+	for (int i = 0; i < cn->n_in; i++)
+		bufs[i] = cn->in[i] == t->params[0] ? (void *)x : (void *)y;
+	bufs[2] = z;
+	int64_t syms[FZ_MAX_SYMS] = {2};
+	int32_t bad = 0;
+	fn(bufs, syms, &bad);
+	ck_assert_int_eq(bad, 0);
+	for (int i = 0; i < 8; i++)
+		ck_assert_float_eq_tol(z[i], x[i] * y[i % 4] + expf(y[i % 4]), 1e-5);
+	/* the same name again: the code already there */
+	ck_assert_int_eq(fz_cache_load_host(c2, e, w.r.n_in, w.r.n_out, &again, NULL),
+			 FZ_OK);
+	ck_assert_ptr_eq((void *)again, (void *)fn);
+	/* metadata that does not fit the region, and bytes that are no object */
+	ck_assert_int_eq(fz_cache_load_host(c2, e, w.r.n_in + 1, w.r.n_out, &again, &err),
+			 FZ_EINVAL);
+	ck_assert_ptr_null((void *)again);
+	fz_free(err);
+	err = NULL;
+	ck_assert_int_ne(fz_host_load(c2, "not an object", 13, "fz_x", &again, &err),
+			 FZ_OK);
+	fz_free(err);
+	fz_entry_free(e);
+
+	/* an older host entry (optimized IR text) is not usable */
+	fz_section old[2];
+	memset(old, 0, sizeof old);
+	strcpy(old[0].tag, "llvm");
+	old[0].data = "; ModuleID\n";
+	old[0].len = 11;
+	strcpy(old[1].tag, "meta");
+	old[1].data = "fusec-kernel 1\n";
+	old[1].len = 15;
+	ck_assert_int_eq(fz_disk_store(d, cn->key, cn->text, cn->len, old, 2), FZ_OK);
+	ck_assert_int_eq(fz_disk_lookup(d, cn->key, cn->text, cn->len, &e), FZ_OK);
+	ck_assert_ptr_nonnull(e);
+	ck_assert(!fz_cache_usable(e, &o));
+	fz_entry_free(e);
+
+	fz_canon_free(cn);
+	fz_compiler_free(c1);
+	fz_compiler_free(c2);
+	fz_module_free(m);
+	fz_disk_close(d);
+	teardown_dir();
+}
+END_TEST
+
+/* Two layers with one normalization between library calls. */
+static const char *layers_src =
+	"trace t(x: f32[N, 16], w1: f32[16], w2: f32[16], m: f32[16, 16]) {\n"
+	"  h1 = rms_norm(x, w1, dims=[1], eps=1e-5)\n"
+	"  y1 = linear(h1, m)\n"
+	"  h2 = rms_norm(y1, w2, dims=[1], eps=1e-5)\n"
+	"  y2 = linear(h2, m)\n"
+	"  return y2\n"
+	"}\n";
+
+/* Runs layers_src at N = n through x; the output's data (fz_free it). */
+static float *run_layers(fz_exec *x, const fz_trace *t, int64_t n)
+{
+	static float data[4][16 * 16];
+	fz_tensor in[4];
+	memset(in, 0, sizeof in);
+	int64_t shapes[4][2] = {{n, 16}, {16, 0}, {16, 0}, {16, 16}};
+	for (int i = 0; i < 4; i++) {
+		in[i].data = data[i];
+		in[i].dtype = FZ_F32;
+		in[i].rank = i == 1 || i == 2 ? 1 : 2;
+		in[i].shape[0] = shapes[i][0];
+		in[i].shape[1] = shapes[i][1];
+		in[i].strides[0] = in[i].rank == 2 ? 16 : 1;
+		in[i].strides[1] = 1;
+		for (int k = 0; k < 16 * 16; k++)
+			data[i][k] = (float)((k * 7 + i * 3) % 11) * 0.1f - 0.5f;
+	}
+	fz_tensor out;
+	char *err = NULL;
+	fz_status st = fz_exec_run(x, NULL, in, 4, &out, 1, &err);
+	ck_assert_msg(st == FZ_OK, "run: %s", err ? err : "?");
+	return out.data;
+}
+
+static fz_exec *layers_exec(const fz_trace *t, bool disk)
+{
+	char dir[300];
+	snprintf(dir, sizeof dir, "%s/c", tmpdir);
+	fz_exec *x;
+	ck_assert_int_eq(fz_exec_new(t, &fz_target_cpu, &x, NULL), FZ_OK);
+	fz_exec_cache xc = {disk, dir, on_warn, NULL};
+	ck_assert_int_eq(fz_exec_set_cache(x, &xc, NULL), FZ_OK);
+	return x;
+}
+
+START_TEST(exec_cache)
+{
+	setup_dir();
+	fz_module *m = parse(layers_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+
+	fz_exec *x = layers_exec(t, true);
+	float *cold = run_layers(x, t, 4);
+	const fz_exec_stats *s = fz_exec_stats_of(x);
+	ck_assert_int_eq(s->unique, 1);       /* two layers, one key */
+	ck_assert_int_eq(s->compiled, 1);
+	ck_assert_int_eq(s->cache_hits, 0);
+	ck_assert_int_eq(s->mem_hits, 1);
+	ck_assert_int_eq(s->late, 0);
+	fz_exec_free(x);
+
+	x = layers_exec(t, true);            /* a warm start */
+	float *warm = run_layers(x, t, 4);
+	s = fz_exec_stats_of(x);
+	ck_assert_int_eq(s->compiled, 0);
+	ck_assert_int_eq(s->cache_hits, 1);
+	ck_assert(memcmp(cold, warm, sizeof(float) * 4 * 16) == 0);
+	fz_free(warm);
+	/* other sizes: planned again, the same key, held in memory */
+	fz_free(run_layers(x, t, 3));
+	ck_assert_int_eq(s->compiled, 0);
+	ck_assert_int_eq(s->cache_hits, 1);
+	ck_assert_int_eq(s->unique, 1);
+	ck_assert_int_eq(s->mem_hits, 3);
+	fz_exec_free(x);
+
+	x = layers_exec(t, false);           /* no disk cache */
+	warm = run_layers(x, t, 4);
+	ck_assert_int_eq(fz_exec_stats_of(x)->compiled, 1);
+	ck_assert(memcmp(cold, warm, sizeof(float) * 4 * 16) == 0);
+	fz_exec_free(x);
+	fz_free(warm);
+	fz_free(cold);
+	ck_assert_int_eq(warnings, 0);
+	fz_module_free(m);
+	teardown_dir();
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1269,6 +1469,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, disk_unwritable_degrades);
 	tcase_add_test(tc, disk_env_dir);
 	tcase_add_test(tc, jitlink_optional);
+	tcase_add_test(tc, host_object_entry);
+	tcase_add_test(tc, exec_cache);
 	tcase_add_checked_fixture(tc, NULL, release_modules);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);

@@ -11,7 +11,13 @@
  * by zero) both ways.
  *
  * NVPTX: PTX comes out, is a kernel, uses no local memory, and the layer
- * norm at 16x128x1600 bf16 reads with 16-byte vector loads.
+ * norm at 16x128x1600 bf16 reads with 16-byte vector loads. A row that fits
+ * a thread's registers is read from global memory once for all passes (the
+ * bytes of x each thread loads, counted in the optimized IR), a row that
+ * does not (long or symbolic) once per pass. fz_kernel_launch_dims, at odd
+ * and large sizes: whole warps, grids within their caps that cover the
+ * work with no idle block, and FZ_ROW_BLOCK threads where a kernel's
+ * register-held row depends on it.
  */
 #include <check.h>
 #include <math.h>
@@ -364,6 +370,236 @@ START_TEST(ptx_targets_and_errors)
 }
 END_TEST
 
+/* ---- the row in registers ------------------------------------------------------ */
+
+/* The base of a pointer: through GEPs and casts to an argument, or NULL. */
+static LLVMValueRef ptr_base(LLVMValueRef p)
+{
+	while (p && !LLVMIsAArgument(p)) {
+		if (LLVMIsAGetElementPtrInst(p) || LLVMIsACastInst(p) ||
+		    (LLVMIsAConstantExpr(p) && LLVMGetNumOperands(p) > 0))
+			p = LLVMGetOperand(p, 0);
+		else
+			return NULL;
+	}
+	return p;
+}
+
+/* Bytes of a scalar or vector type (ints, half, float, double). */
+static int type_bytes(LLVMTypeRef t)
+{
+	int n = 1;
+	if (LLVMGetTypeKind(t) == LLVMVectorTypeKind) {
+		n = (int)LLVMGetVectorSize(t);
+		t = LLVMGetElementType(t);
+	}
+	switch (LLVMGetTypeKind(t)) {
+	case LLVMIntegerTypeKind: return n * (int)LLVMGetIntTypeWidth(t) / 8;
+	case LLVMHalfTypeKind: return n * 2;
+	case LLVMFloatTypeKind: return n * 4;
+	default: return n * 8;
+	}
+}
+
+/* The optimizer may split a vector load into scalars that the NVPTX
+ * backend joins again, so loads are counted in bytes: bytes of x loaded
+ * per thread per row, counting each load instruction once. */
+typedef struct reg_acc {
+	fz_compiler *c;
+	int kernels, x_bytes, loads, local;
+	fz_rowpar par;
+	char *ptx;
+} reg_acc;
+
+/* Counts the loads of the first kernel parameter (x) in the optimized IR,
+ * every global load in the PTX, and .local. */
+static fz_status count_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	reg_acc *a = ud;
+	a->kernels++;
+	a->par = k->par;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		if (LLVMCountBasicBlocks(f) == 0)
+			continue;
+		LLVMValueRef x = LLVMGetParam(f, 0);
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb))
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i))
+				if (LLVMIsALoadInst(i) && ptr_base(LLVMGetOperand(i, 0)) == x)
+					a->x_bytes += type_bytes(LLVMTypeOf(i));
+	}
+	char *p = NULL;
+	fz_status st = fz_kernel_ptx(a->c, k, &p, err);
+	if (st != FZ_OK)
+		return st;
+	for (const char *q = p; (q = strstr(q, "ld.global")); q++)
+		a->loads++;
+	a->local += strstr(p, ".local") != NULL;
+	free(a->ptx);
+	a->ptx = p;
+	return FZ_OK;
+}
+
+static reg_acc regs_of(const char *src)
+{
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	char *err = NULL;
+	ck_assert_int_eq(fz_cg_options_parse("sm_90", &o, &err), FZ_OK);
+	reg_acc a = {0};
+	ck_assert_int_eq(fz_compiler_new(&o, &a.c, &err), FZ_OK);
+	fz_status st = fz_compile_trace(a.c, fz_module_trace(m, 0), NULL, -1,
+					count_loads, &a, &err);
+	ck_assert_msg(st == FZ_OK, "ptx: %s", err ? err : "?");
+	fz_compiler_free(a.c);
+	fz_module_free(m);
+	return a;
+}
+
+START_TEST(ptx_row_in_registers)
+{
+	/* GPT-2 XL's layer norm: 1600 bf16 = 200 lane groups, a block of 256
+	 * per row, one step per thread: a thread's 8 elements of x (16 bytes)
+	 * are loaded once, by one 16-byte load, for both passes and the tail;
+	 * w and b once each */
+	reg_acc a = regs_of("trace f(x: bf16[B, T, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+			    "  r0 = layer_norm(x, w, b, dims=[2], eps=1e-5)\n"
+			    "  return r0\n}\n");
+	ck_assert_int_eq(a.kernels, 1);
+	ck_assert_int_eq(a.par, FZ_PAR_BLOCK);
+	ck_assert_int_eq(a.x_bytes, 16);
+	ck_assert_int_eq(a.loads, 3);
+	ck_assert_int_eq(a.local, 0);
+	ck_assert_ptr_nonnull(strstr(a.ptx, "ld.global.nc.v4"));
+	free(a.ptx);
+	/* Llama's rms_norm, 4096 bf16: two steps of 8 per thread, each
+	 * element loaded once, not once per pass */
+	a = regs_of("trace f(x: bf16[B, T, 4096], w: bf16[4096]) {\n"
+		    "  r0 = rms_norm(x, w, dims=[2], eps=1e-5)\n"
+		    "  return r0\n}\n");
+	ck_assert_int_eq(a.x_bytes, 32);
+	ck_assert_int_eq(a.local, 0);
+	free(a.ptx);
+	/* short odd rows: a warp per row, lanes past 17 masked; softmax's
+	 * three passes read x once */
+	a = regs_of("trace f(x: f32[B, 17]) {\n"
+		    "  r0 = softmax(x, dim=1)\n"
+		    "  return r0\n}\n");
+	ck_assert_int_eq(a.par, FZ_PAR_WARP);
+	ck_assert_int_eq(a.x_bytes, 4);
+	ck_assert_int_eq(a.local, 0);
+	free(a.ptx);
+	/* too long for registers (50257 / 256 threads) or symbolic: each pass
+	 * (amax, sum, tail) re-reads the row in a loop */
+	a = regs_of("trace f(x: f32[B, 50257]) {\n"
+		    "  r0 = softmax(x, dim=1)\n"
+		    "  return r0\n}\n");
+	ck_assert_int_eq(a.par, FZ_PAR_BLOCK);
+	ck_assert_int_eq(a.x_bytes, 12); /* one 4-byte load in each of three loops */
+	free(a.ptx);
+	a = regs_of("trace f(x: f32[B, T]) {\n"
+		    "  r0 = softmax(x, dim=1)\n"
+		    "  return r0\n}\n");
+	ck_assert_int_eq(a.x_bytes, 12); /* one 4-byte load in each of three loops */
+	free(a.ptx);
+}
+END_TEST
+
+/* ---- launch dimensions ------------------------------------------------------------ */
+
+typedef struct dims_acc {
+	fz_compiler *c;
+	int kernels, checked;
+	const int64_t (*binds)[2];
+	int n_binds;
+} dims_acc;
+
+/* At every binding: the block is whole warps within CUDA's limits, the
+ * grid is within its cap, covers the work (a row per block, rows per
+ * block for warps, one item per thread else) unless capped, where the
+ * kernel strides over the rest, and has no block with nothing to do. */
+static fz_status check_dims(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	dims_acc *a = ud;
+	a->kernels++;
+	for (int b = 0; b < a->n_binds; b++) {
+		int64_t syms[FZ_MAX_SYMS] = {a->binds[b][0], a->binds[b][1]};
+		for (int e = 0; e < k->n_entries; e++) {
+			int64_t work = 0;
+			for (int w = 0; w < k->n_work[e]; w++) {
+				int64_t x = fz_ext_eval(k->work[e][w], syms);
+				work = x > work ? x : work;
+			}
+			int64_t grid = 0;
+			int block = 0;
+			fz_kernel_launch_dims(k, e, syms, &grid, &block);
+			ck_assert_int_eq(block % 32, 0);
+			ck_assert(block >= 32 && block <= 1024);
+			ck_assert(grid >= 1 && grid <= 65535);
+			int64_t per = block;
+			if (k->sk == FZ_SK_ROW && k->par == FZ_PAR_BLOCK) {
+				per = 1;
+				ck_assert_int_eq(block, FZ_ROW_BLOCK); /* the registers' stride */
+			} else if (k->sk == FZ_SK_ROW && k->par == FZ_PAR_WARP) {
+				per = block / 32;
+			}
+			ck_assert_msg(grid * per >= work || grid == 65535 ||
+				      (k->sk != FZ_SK_ROW && grid == 132 * 32),
+				      "grid %lld x %lld does not cover %lld", (long long)grid,
+				      (long long)per, (long long)work);
+			ck_assert_msg(work == 0 || (grid - 1) * per < work,
+				      "grid %lld has idle blocks for %lld", (long long)grid,
+				      (long long)work);
+			a->checked++;
+		}
+	}
+	return FZ_OK;
+}
+
+START_TEST(launch_dims_properties)
+{
+	static const int64_t binds[][2] = {{1, 1}, {3, 17}, {17, 3}, {1, 1000},
+					   {1000, 1000}, {4096, 4096}};
+	static const char *srcs[] = {
+		/* pointwise with lanes, pointwise without */
+		"trace f(x: f32[B, T, 64]) {\n  r = exp(x)\n  return r\n}\n",
+		"trace f(x: f32[B, T]) {\n  r = neg(x)\n  return r\n}\n",
+		/* rows: block per row (1600 bf16, symbolic T), warp per row,
+		 * thread per column */
+		"trace f(x: bf16[B, T, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+		"  r = layer_norm(x, w, b, dims=[2], eps=1e-5)\n  return r\n}\n",
+		"trace f(x: f32[B, T, T]) {\n  r = softmax(x, dim=2)\n  return r\n}\n",
+		"trace f(x: f32[B, T, 17]) {\n  r = softmax(x, dim=2)\n  return r\n}\n",
+		"trace f(x: f32[B, T]) {\n  r = sum(x, dims=[0])\n  return r\n}\n",
+		/* index_add: two entries */
+		"trace f(ids: i64[T], g: f32[T, 8]) {\n"
+		"  z = full(shape=[50, 8], value=0, dtype=f32)\n"
+		"  d = index_add(z, ids, g, dim=0)\n  return d\n}\n",
+	};
+	fz_cg_options o;
+	char *err = NULL;
+	ck_assert_int_eq(fz_cg_options_parse("sm_90", &o, &err), FZ_OK);
+	for (size_t i = 0; i < sizeof srcs / sizeof *srcs; i++) {
+		fz_module *m = parse(srcs[i]);
+		dims_acc a = {NULL, 0, 0, binds, (int)(sizeof binds / sizeof *binds)};
+		ck_assert_int_eq(fz_compiler_new(&o, &a.c, &err), FZ_OK);
+		fz_status st = fz_compile_trace(a.c, fz_module_trace(m, 0), NULL, -1,
+						check_dims, &a, &err);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+		ck_assert_int_ge(a.kernels, 1);
+		ck_assert_int_ge(a.checked, a.n_binds);
+		fz_compiler_free(a.c);
+		fz_module_free(m);
+	}
+}
+END_TEST
+
 static Suite *codegen_suite(void)
 {
 	Suite *s = suite_create("codegen");
@@ -386,6 +622,8 @@ static Suite *codegen_suite(void)
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
 	tcase_add_test(px, ptx_targets_and_errors);
+	tcase_add_test(px, ptx_row_in_registers);
+	tcase_add_test(px, launch_dims_properties);
 	suite_add_tcase(s, px);
 	return s;
 }

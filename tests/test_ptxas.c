@@ -8,7 +8,7 @@
  * written out, and handed to `ptxas -arch=sm_90`. Also checked: no kernel
  * uses local memory (.local: spills or stack arrays), and the layer norm
  * at 16x128x1600 bf16 (gpt2_layernorm.trace) reads with 16-byte vector
- * loads. Exits 77 (skipped) where ptxas is absent.
+ * loads, each of x, w and b once (the row held in registers). Exits 77 (skipped) where ptxas is absent.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -27,7 +27,7 @@
 typedef struct acc {
 	fz_compiler *c;
 	const char *dir, *name;
-	int kernels, rejected, local, v4;
+	int kernels, rejected, local, v4, max_ld;
 	char last_error[512];
 } acc;
 
@@ -52,6 +52,11 @@ static fz_status check_one(const fz_region *r, int op, fz_kernel *k, void *ud, c
 		a->local++;
 	if (strstr(ptx, "ld.global.nc.v4") || strstr(ptx, "ld.global.v4"))
 		a->v4++;
+	int ld = 0;
+	for (const char *q = ptx; (q = strstr(q, "ld.global")); q++)
+		ld++;
+	if (ld > a->max_ld)
+		a->max_ld = ld;
 	snprintf(cmd, sizeof cmd, "%s -arch=sm_90 %s -o %s/k.cubin 2>%s/err.txt",
 		 PTXAS, path, a->dir, a->dir);
 	if (system(cmd) != 0) {
@@ -65,7 +70,8 @@ static fz_status check_one(const fz_region *r, int op, fz_kernel *k, void *ud, c
 	return FZ_OK;
 }
 
-static int check_file(const char *path, const char *dir, int *kernels, int *v4_out)
+static int check_file(const char *path, const char *dir, int *kernels, int *v4_out,
+		      int *ld_out)
 {
 	fz_module *m = NULL;
 	char *err = NULL;
@@ -79,7 +85,7 @@ static int check_file(const char *path, const char *dir, int *kernels, int *v4_o
 	int bad = 0;
 	for (int i = 0; i < fz_module_count(m); i++) {
 		fz_trace *t = fz_module_trace(m, i);
-		acc a = {NULL, dir, fz_trace_name(t), 0, 0, 0, 0, ""};
+		acc a = {NULL, dir, fz_trace_name(t), 0, 0, 0, 0, 0, ""};
 		if (fz_compiler_new(&o, &a.c, &err) != FZ_OK) {
 			printf("FAIL: %s\n", err ? err : "compiler");
 			return 1;
@@ -100,6 +106,8 @@ static int check_file(const char *path, const char *dir, int *kernels, int *v4_o
 		*kernels += a.kernels;
 		if (v4_out && !strcmp(fz_trace_name(t), "gpt2_layernorm"))
 			*v4_out = a.v4;
+		if (ld_out && !strcmp(fz_trace_name(t), "gpt2_layernorm"))
+			*ld_out = a.max_ld;
 		fz_free(err);
 		err = NULL;
 		fz_compiler_free(a.c);
@@ -124,7 +132,7 @@ int main(void)
 	if (!d)
 		return 1;
 	struct dirent *e;
-	int bad = 0, kernels = 0, ln_v4 = -1;
+	int bad = 0, kernels = 0, ln_v4 = -1, ln_ld = -1;
 	char *names[256];
 	int n = 0;
 	while ((e = readdir(d)) && n < 256)
@@ -134,11 +142,18 @@ int main(void)
 	for (int i = 0; i < n; i++) {
 		char path[1024];
 		snprintf(path, sizeof path, "%s/%s", tdir, names[i]);
-		bad += check_file(path, dir, &kernels, &ln_v4);
+		bad += check_file(path, dir, &kernels, &ln_v4, &ln_ld);
 		free(names[i]);
 	}
 	if (ln_v4 <= 0) {
 		printf("FAIL: the gpt2 layer norm has no 16-byte vector loads\n");
+		bad++;
+	}
+	/* its row (1600 bf16) is held in registers: one load of x per thread
+	 * for both passes and the tail, one of w, one of b */
+	if (ln_ld != 3) {
+		printf("FAIL: the gpt2 layer norm has %d global loads, not 3 (x, w, b "
+		       "once each: the row held in registers)\n", ln_ld);
 		bad++;
 	}
 	char cmd[2400], llama[1100];
@@ -146,7 +161,7 @@ int main(void)
 	snprintf(cmd, sizeof cmd, "python3 %s/tools/gen/llama.py --layers 1 -o %s "
 		 "2>/dev/null", FZ_SOURCE_DIR, llama);
 	if (system(cmd) == 0)
-		bad += check_file(llama, dir, &kernels, NULL);
+		bad += check_file(llama, dir, &kernels, NULL, NULL);
 	else
 		printf("note: python3 missing; the generated Llama layer was not checked\n");
 	printf("%d kernels assembled; %s\n", kernels, bad ? "FAILED" : "all accepted");

@@ -14,6 +14,12 @@
  * also linked into a cubin where nvJitLink is installed, so a GPU machine
  * sharing the cache loads machine code with no JIT. No GPU is needed.
  *
+ * For the host target the entry is a relocatable object for this CPU, the
+ * very code `fusec run --device cpu` links, and each region is compiled at
+ * both index widths: the runner picks 32-bit indexing when the bound sizes
+ * allow it, which only the run knows, so both are made and a warm run
+ * compiles nothing whatever it binds.
+ *
  * A progress bar goes to stderr when it is a terminal. The report: kernel
  * regions, unique keys, compiled, cache hits, seconds (the whole command,
  * parsing and planning included); --json prints them as one object.
@@ -46,8 +52,9 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "run compiles nothing. Needs no GPU.\n"
 	 "\n"
 	 "  --target T       sm_70 ... sm_90 (PTX, plus a cubin where nvJitLink\n"
-	 "                   is installed), or host (optimized LLVM IR for this\n"
-	 "                   CPU). Default sm_90\n"
+	 "                   is installed), or host (an object file for this\n"
+	 "                   CPU, at both index widths, what `fusec run --device\n"
+	 "                   cpu` links). Default sm_90\n"
 	 "  --cache-dir DIR  the cache (default $FUSEC_CACHE_DIR, else\n"
 	 "                   $XDG_CACHE_HOME/fusec, else ~/.cache/fusec)\n"
 	 "  --jobs N         compile N regions at once (default: the CPUs)\n"
@@ -63,6 +70,7 @@ typedef struct job {
 	const fz_trace *t;
 	const fz_region *r;
 	fz_canon *cn;
+	bool idx32;      /* compiled with 32-bit indexing */
 } job;
 
 typedef struct pool {
@@ -90,9 +98,8 @@ static void progress_draw(pool *p)
 static void *worker(void *arg)
 {
 	pool *p = arg;
-	fz_compiler *c = NULL;
+	fz_compiler *cs[2] = {NULL, NULL}; /* by index width, made when needed */
 	char *err = NULL;
-	fz_status cst = fz_compiler_new(&p->o, &c, &err);
 	for (;;) {
 		pthread_mutex_lock(&p->mu);
 		int i = p->next < p->n ? p->next++ : -1;
@@ -102,7 +109,15 @@ static void *worker(void *arg)
 		job *j = &p->jobs[i];
 		fz_build_info info = {0};
 		char *jerr = NULL;
-		fz_status st = cst;
+		fz_status st = FZ_OK;
+		if (!cs[j->idx32]) {
+			fz_cg_options o = p->o;
+			o.idx32 = j->idx32;
+			free(err);
+			err = NULL;
+			st = fz_compiler_new(&o, &cs[j->idx32], &err);
+		}
+		fz_compiler *c = cs[j->idx32];
 		if (st == FZ_OK)
 			st = fz_cache_build(c, p->disk, j->t, j->r, j->cn, p->want_cubins,
 					    &info, &jerr);
@@ -136,7 +151,8 @@ static void *worker(void *arg)
 		free(info.cubin_error);
 		free(jerr);
 	}
-	fz_compiler_free(c);
+	fz_compiler_free(cs[0]);
+	fz_compiler_free(cs[1]);
 	free(err);
 	return NULL;
 }
@@ -241,7 +257,7 @@ static int cmd_compile(int argc, char **argv)
 	int rc = 0, regions = 0, hits = 0, n_mods = 0, n_progs = 0, cap_progs = 0;
 	fz_module **mods = calloc((size_t)n_files, sizeof *mods);
 	fz_program **progs = NULL;
-	fz_canon **canons = NULL;
+	job *canons = NULL;            /* every kernel region's form, per width */
 	int n_canons = 0, cap_canons = 0;
 	fz_lru *unique = NULL;
 	fz_disk *disk = NULL;
@@ -286,29 +302,35 @@ static int cmd_compile(int argc, char **argv)
 				const fz_region *R = prog->regions[r];
 				if (!fz_region_is_kernel(R->kind))
 					continue;
-				uint8_t spec[2 + 256];
-				fz_key_params kp;
-				fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
-				kp.spec = spec;
-				kp.n_spec = fz_cache_spec(&p.o, R, spec, sizeof spec);
-				fz_canon *cn = NULL;
-				if (n_canons == cap_canons) {
-					cap_canons = cap_canons ? 2 * cap_canons : 64;
-					fz_canon **nc = realloc(canons, sizeof *nc * (size_t)cap_canons);
-					if (!nc) {
+				regions++;
+				/* the host: both index widths (the run picks one) */
+				int widths = p.o.target == FZ_CG_HOST ? 2 : 1;
+				for (int w = 0; w < widths && !rc; w++) {
+					fz_cg_options o = p.o;
+					o.idx32 = w == 1;
+					uint8_t spec[2 + 256];
+					fz_key_params kp;
+					fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+					kp.spec = spec;
+					kp.n_spec = fz_cache_spec(&o, R, spec, sizeof spec);
+					fz_canon *cn = NULL;
+					if (n_canons == cap_canons) {
+						cap_canons = cap_canons ? 2 * cap_canons : 64;
+						job *nc = realloc(canons, sizeof *nc * (size_t)cap_canons);
+						if (!nc) {
+							rc = EXIT_BAD;
+							break;
+						}
+						canons = nc;
+					}
+					if (fz_canon_region(t, R, &kp, &cn, &err) != FZ_OK) {
+						fprintf(stderr, "fusec compile: %s: region %d: %s\n",
+							files[f], R->id, err ? err : "?");
 						rc = EXIT_BAD;
 						break;
 					}
-					canons = nc;
+					canons[n_canons++] = (job){t, R, cn, o.idx32};
 				}
-				if (fz_canon_region(t, R, &kp, &cn, &err) != FZ_OK) {
-					fprintf(stderr, "fusec compile: %s: region %d: %s\n",
-						files[f], R->id, err ? err : "?");
-					rc = EXIT_BAD;
-					break;
-				}
-				canons[n_canons++] = cn;
-				regions++;
 			}
 		}
 	}
@@ -322,27 +344,24 @@ static int cmd_compile(int argc, char **argv)
 		rc = EXIT_BAD;
 		goto done;
 	}
-	int n_unique = 0, k = 0;
-	for (int f = 0; f < n_progs; f++) {
-		const fz_program *prog = progs[f];
-		for (int r = 0; r < prog->n_regions; r++) {
-			const fz_region *R = prog->regions[r];
-			if (!fz_region_is_kernel(R->kind))
-				continue;
-			fz_canon *cn = canons[k++];
-			if (fz_lru_get(unique, cn))
-				continue;
-			fz_lru_put(unique, cn, cn);
-			n_unique++;
-			fz_entry *e = NULL;
-			fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
-			if (e) {
-				hits++;
-				fz_entry_free(e);
-				continue;
-			}
-			p.jobs[p.n++] = (job){prog->trace, R, cn};
+	int n_unique = 0;
+	for (int k = 0; k < n_canons; k++) {
+		fz_canon *cn = canons[k].cn;
+		if (fz_lru_get(unique, cn))
+			continue;
+		fz_lru_put(unique, cn, cn);
+		n_unique++;
+		fz_entry *e = NULL;
+		fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
+		/* an entry without this target's payload (an older host entry)
+		 * is compiled again and replaced */
+		bool usable = e && fz_cache_usable(e, &p.o);
+		fz_entry_free(e);
+		if (usable) {
+			hits++;
+			continue;
 		}
+		p.jobs[p.n++] = canons[k];
 	}
 
 	/* compile what is missing */
@@ -400,7 +419,7 @@ done:
 	fz_lru_free(unique);
 	fz_disk_close(disk);
 	for (int i = 0; i < n_canons; i++)
-		fz_canon_free(canons[i]);
+		fz_canon_free(canons[i].cn);
 	free(canons);
 	for (int i = 0; i < n_progs; i++)
 		fz_program_free(progs[i]);

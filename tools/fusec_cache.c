@@ -9,7 +9,7 @@
  * recently used first: key, size, last use, target and a short description
  * of the region (its ops and first input's type). `stat` sums them up with
  * the cap and the hit and miss counters. `show` prints one entry: header,
- * canonical form, PTX or LLVM IR, launch metadata, cubin sizes. `verify`
+ * canonical form, PTX, launch metadata, cubin and object sizes. `verify`
  * checks every file and exits 1 when one is bad (`--fix` removes them).
  * `prune` evicts least recently used entries down to a size; `clear`
  * removes every entry. Sizes take k, M, G, T suffixes (powers of 1024).
@@ -33,7 +33,7 @@ static const char usage[] =
 	"                           last use, target, the region's ops and shape\n"
 	"  stat                     entries, bytes, cap, hit and miss counters\n"
 	"  show KEY                 one entry (KEY or a unique prefix of it):\n"
-	"                           header, canonical form, PTX or LLVM IR\n"
+	"                           header, canonical form, PTX, metadata\n"
 	"  verify [--fix]           check every file; exit 1 if one is bad;\n"
 	"                           --fix removes the bad ones\n"
 	"  prune --max-size SIZE    evict least recently used entries down to SIZE\n"
@@ -182,7 +182,7 @@ static int cmd_show(fz_disk *d, const char *arg)
 	printf("\n--- canonical form\n%.*s", (int)e->canon_len, e->canon);
 	for (int i = 0; i < e->n_sections; i++) {
 		const fz_section *s = &e->sections[i];
-		if (!strncmp(s->tag, "cubin", 5))
+		if (!strncmp(s->tag, "cubin", 5) || !strcmp(s->tag, "obj"))
 			continue; /* machine code: its size is above */
 		printf("\n--- %s\n%.*s", s->tag, (int)s->len, (const char *)s->data);
 		if (s->len && ((const char *)s->data)[s->len - 1] != '\n')

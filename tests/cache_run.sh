@@ -1,0 +1,119 @@
+#!/bin/sh
+# cache_run.sh: the structural cache through the tools, end to end.
+#
+#     sh tests/cache_run.sh FUSEC FUSEC_CACHE SOURCE_DIR WORK_DIR
+#
+# Each case starts from an empty cache directory and reads the counters of
+# the --json output:
+#   - `fusec compile --target host`, then `fusec run --device cpu` on the
+#     same trace compiles 0 kernels (it links the cached objects);
+#   - a 2-layer and a 32-layer Llama share their keys: after the 2-layer
+#     run, the 32-layer run compiles 0;
+#   - a renamed and reordered copy (tools/gen/shuffle.py) compiles 0 after
+#     the original, with `compile` and with `run`;
+#   - a flipped byte in a cached object is a miss: the entry is removed
+#     with a warning, compiled again, the run passes --check, and
+#     `fusec-cache verify` is clean afterwards;
+#   - --no-cache compiles every key and leaves the cache alone.
+# Timings are not asserted here; tools/bench and the README report them.
+set -eu
+fusec=$1
+fcache=$2
+src=$3
+work=$4
+rm -rf "$work"
+mkdir -p "$work"
+bind="--bind B=2,T=16"
+fails=0
+
+gen() {
+	python3 "$src/tools/gen/llama.py" --layers "$1" --hidden 256 --heads 4 \
+		--intermediate 688 --vocab 512 -o "$work/l$1.trace"
+}
+# field NAME JSON: the integer value of "NAME" in a one-line JSON object
+field() {
+	printf '%s\n' "$2" | sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p"
+}
+expect() { # what got want context
+	if [ "$2" != "$3" ]; then
+		echo "FAIL: $4: $1 is '$2', want '$3'"
+		fails=$((fails + 1))
+	else
+		echo "ok: $4: $1 = $2"
+	fi
+}
+fresh() {
+	FUSEC_CACHE_DIR="$work/cache-$1"
+	export FUSEC_CACHE_DIR
+}
+
+gen 2
+gen 32
+python3 "$src/tools/gen/shuffle.py" "$work/l2.trace" --seed 7 -o "$work/l2s.trace"
+"$fusec" check "$work/l2s.trace"
+
+# compile, then run: nothing compiled by the run
+fresh compile-run
+j=$("$fusec" compile --target host "$work/l2.trace" --json)
+expect compiled "$(field compiled "$j")" "$(field unique "$j")" "compile --target host"
+j=$("$fusec" run "$work/l2.trace" --device cpu $bind --check --json)
+expect compiled "$(field compiled "$j")" 0 "run after compile"
+expect cache_hits "$(field cache_hits "$j")" "$(field unique "$j")" "run after compile"
+case $j in *'"ok": true'*) ;; *) echo "FAIL: run after compile: $j"; fails=$((fails + 1));; esac
+
+# 2 layers, then 32: the same keys
+fresh layers
+j=$("$fusec" run "$work/l2.trace" --device cpu $bind --json)
+u2=$(field unique "$j")
+expect compiled "$(field compiled "$j")" "$u2" "2-layer cold run"
+j=$("$fusec" run "$work/l32.trace" --device cpu $bind --json)
+expect unique "$(field unique "$j")" "$u2" "32-layer run"
+expect compiled "$(field compiled "$j")" 0 "32-layer run after 2-layer"
+
+# renamed and reordered: compile, and run
+fresh shuffle-compile
+"$fusec" compile --target host "$work/l2.trace" --json >/dev/null
+j=$("$fusec" compile --target host "$work/l2s.trace" --json)
+expect compiled "$(field compiled "$j")" 0 "compile of the shuffled copy"
+fresh shuffle-run
+"$fusec" run "$work/l2.trace" --device cpu $bind --json >/dev/null
+j=$("$fusec" run "$work/l2s.trace" --device cpu $bind --check --json)
+expect compiled "$(field compiled "$j")" 0 "run of the shuffled copy"
+case $j in *'"ok": true'*) ;; *) echo "FAIL: shuffled run: $j"; fails=$((fails + 1));; esac
+
+# a damaged object: a miss, removed, compiled again, still correct
+fresh damage
+"$fusec" run "$work/l2.trace" --device cpu $bind --json >/dev/null
+entry=$(find "$FUSEC_CACHE_DIR" -name '*.fzc' | sort | head -n 1)
+python3 - "$entry" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+at = b.index(b"obj\0") + 24 + 100     # inside the object's bytes
+b[at] ^= 0x5a
+open(p, "wb").write(bytes(b))
+PY
+j=$("$fusec" run "$work/l2.trace" --device cpu $bind --check --json 2>"$work/damage.err")
+expect compiled "$(field compiled "$j")" 1 "run after a flipped byte"
+case $j in *'"ok": true'*) ;; *) echo "FAIL: damaged run: $j"; fails=$((fails + 1));; esac
+if grep -q "damaged and was removed" "$work/damage.err"; then
+	echo "ok: the damaged entry was reported"
+else
+	echo "FAIL: no warning about the damaged entry:"; cat "$work/damage.err"
+	fails=$((fails + 1))
+fi
+if "$fcache" verify >"$work/verify.out"; then
+	echo "ok: fusec-cache verify is clean"
+else
+	echo "FAIL: verify:"; cat "$work/verify.out"; fails=$((fails + 1))
+fi
+
+# --no-cache: compiles every key, writes nothing
+fresh none
+j=$("$fusec" run "$work/l2.trace" --device cpu $bind --no-cache --json)
+expect compiled "$(field compiled "$j")" "$(field unique "$j")" "--no-cache"
+n=$(find "$FUSEC_CACHE_DIR" -name '*.fzc' 2>/dev/null | wc -l)
+expect entries "$n" 0 "--no-cache"
+
+[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+echo "all cache_run cases passed"
