@@ -121,24 +121,6 @@ static bool is_reduction(fz_opcode op)
 	return fz_ops[op].cls == FZ_CLASS_REDUCTION;
 }
 
-static uint32_t red_mask(const fz_node *n)
-{
-	uint32_t m = 0;
-	for (int i = 0; i < n->attrs.n_dims; i++)
-		m |= 1u << n->attrs.dims[i];
-	return m;
-}
-
-static bool same_shape(const fz_type *a, const fz_type *b)
-{
-	if (a->rank != b->rank)
-		return false;
-	for (int i = 0; i < a->rank; i++)
-		if (!fz_ext_eq(a->dims[i], b->dims[i]))
-			return false;
-	return true;
-}
-
 static void classify(hz *h, int r)
 {
 	const fz_region *R = h->p->regions[r];
@@ -171,7 +153,7 @@ static bool fits_rows(hz *h, int x, int y)
 {
 	const fz_region *X = h->cur[x];
 	for (int k = 0; k < X->n_out; k++)
-		if (!same_shape(&X->out[k]->type, &h->red[y]->in[0]->type))
+		if (!fz_same_shape(&X->out[k]->type, &h->red[y]->in[0]->type))
 			return false;
 	return true;
 }
@@ -190,8 +172,8 @@ static bool compatible(hz *h, int x, int y)
 		return fits_rows(h, x, y);
 	if (h->cls[y] == C_POINTWISE)
 		return fits_rows(h, y, x);
-	return same_shape(&h->red[x]->in[0]->type, &h->red[y]->in[0]->type) &&
-	       red_mask(h->red[x]) == red_mask(h->red[y]);
+	return fz_same_shape(&h->red[x]->in[0]->type, &h->red[y]->in[0]->type) &&
+	       fz_reduced_dims(h->red[x]) == fz_reduced_dims(h->red[y]);
 }
 
 /* Do roots x and y read one buffer (a parameter or an intermediate)? */

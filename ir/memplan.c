@@ -130,12 +130,7 @@ fz_status fz_memplan(fz_program *p)
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) != o)
 				continue;
-			int donor = -1;
-			for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
-				int b = p->donors[o->id][d];
-				if (readers[b] == 1 && !pinned[b] && !donated[b])
-					donor = b;
-			}
+			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0) {
 				donated[donor] = true;
 				p->buffer[o->id] = p->buffer[donor];

@@ -77,24 +77,6 @@ static int find(part *s, int x)
 	return x;
 }
 
-static uint32_t red_mask(const fz_node *n)
-{
-	uint32_t m = 0;
-	for (int i = 0; i < n->attrs.n_dims; i++)
-		m |= 1u << n->attrs.dims[i];
-	return m;
-}
-
-static bool same_shape(const fz_type *a, const fz_type *b)
-{
-	if (a->rank != b->rank)
-		return false;
-	for (int i = 0; i < a->rank; i++)
-		if (!fz_ext_eq(a->dims[i], b->dims[i]))
-			return false;
-	return true;
-}
-
 static bool in_pair(part *s, int node, int ra, int rb)
 {
 	int r = find(s, node);
@@ -249,8 +231,8 @@ static bool can_merge(part *s, int ra, int rb)
 		return false;
 	if (s->red[ra] >= 0 && s->red[rb] >= 0) {
 		const fz_node *x = t->nodes[s->red[ra]], *y = t->nodes[s->red[rb]];
-		if (!same_shape(&x->in[0]->type, &y->in[0]->type) ||
-		    red_mask(x) != red_mask(y))
+		if (!fz_same_shape(&x->in[0]->type, &y->in[0]->type) ||
+		    fz_reduced_dims(x) != fz_reduced_dims(y))
 			return false;
 	}
 	const fz_node *rn = red >= 0 ? t->nodes[red] : NULL;
@@ -262,8 +244,8 @@ static bool can_merge(part *s, int ra, int rb)
 			const fz_node *nd = t->nodes[n];
 			if (nd->op == FZ_OP_TAKE_ALONG && rn) {
 				/* only as a row gather along the reduced dim */
-				if (!same_shape(&nd->in[0]->type, &rn->in[0]->type) ||
-				    !(red_mask(rn) >> nd->attrs.dim & 1) ||
+				if (!fz_same_shape(&nd->in[0]->type, &rn->in[0]->type) ||
+				    !(fz_reduced_dims(rn) >> nd->attrs.dim & 1) ||
 				    s->numel[nd->out[0]->id] != dr)
 					return false;
 			}
@@ -274,7 +256,7 @@ static bool can_merge(part *s, int ra, int rb)
 					return false;
 				if (rn && e == din && din != dr &&
 				    fz_op_is_elementwise(nd->op) &&
-				    !same_shape(&v->type, &rn->in[0]->type))
+				    !fz_same_shape(&v->type, &rn->in[0]->type))
 					return false;
 				if (!used_outside(s, v, ra, rb))
 					continue;

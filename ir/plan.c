@@ -194,12 +194,7 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) != o)
 				continue;
-			int donor = -1;
-			for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
-				int b = p->donors[o->id][d];
-				if (readers[b] == 1 && !pinned[b] && !donated[b])
-					donor = b;
-			}
+			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0)
 				donated[donor] = true;
 			else
@@ -244,6 +239,17 @@ fz_status fz_view_eval(const fz_program *p, const fz_value *v,
 	if (st != FZ_OK)
 		return st;
 	return fz_meta_layout(w->node, sym_sizes, &in, out) ? FZ_OK : FZ_EINVAL;
+}
+
+int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+		  const bool *pinned, const bool *donated)
+{
+	for (int d = 0; d < p->n_donors[o->id]; d++) {
+		int b = p->donors[o->id][d];
+		if (readers[b] == 1 && !pinned[b] && !donated[b])
+			return b;
+	}
+	return -1;
 }
 
 void fz_program_count_readers(const fz_program *p, int *readers, int *seen,

@@ -38,6 +38,26 @@ static inline bool fz_region_is_kernel(fz_region_kind k)
 	       k == FZ_REGION_NORMALIZATION || k == FZ_REGION_INDEXING;
 }
 
+/* The dims a reduction node reduces, as a bit mask. */
+static inline uint32_t fz_reduced_dims(const fz_node *n)
+{
+	uint32_t m = 0;
+	for (int i = 0; i < n->attrs.n_dims; i++)
+		m |= 1u << n->attrs.dims[i];
+	return m;
+}
+
+/* Same extents (dtype aside). */
+static inline bool fz_same_shape(const fz_type *a, const fz_type *b)
+{
+	if (a->rank != b->rank)
+		return false;
+	for (int i = 0; i < a->rank; i++)
+		if (!fz_ext_eq(a->dims[i], b->dims[i]))
+			return false;
+	return true;
+}
+
 typedef struct fz_region {
 	int id;
 	fz_region_kind kind;
@@ -187,6 +207,11 @@ int64_t fz_order_peak(const fz_program *p, const int *order);
  * n_values ints, zeroed. The rule fz_order_peak and memplan share. */
 void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 			      bool *pinned);
+/* The dying input buffer o may overwrite in place: one of its donors that
+ * this region reads last (readers == 1), not an output's, not already
+ * given away; -1 if none. */
+int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+		  const bool *pinned, const bool *donated);
 /* The in-place rule for one region (schedule.c): count[k] inputs that
  * output k may take over, listed at list[k * R->n_in ...]. reach: n_values
  * bools, false on entry and on return; cand: R->n_in ints of scratch. */
