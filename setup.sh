@@ -25,7 +25,7 @@ done
 say() { printf '== %s\n' "$*"; }
 
 # ---- packages ----
-pkgs="build-essential cmake pkg-config llvm-19-dev check libxxhash-dev python3"
+pkgs="build-essential cmake pkg-config llvm-19-dev libzstd-dev zlib1g-dev libxml2-dev check libxxhash-dev python3"
 [ "$test_suite" = 1 ] && pkgs="$pkgs python3-venv"
 missing=""
 for p in $pkgs; do

@@ -383,7 +383,11 @@ static int cmd_compile(int argc, char **argv)
 	if (p.progress)
 		fprintf(stderr, "\n");
 	double secs = tool_now() - t0;
-	bool cubins = p.want_cubins && fz_jitlink_available();
+	/* whether this run built cubins for what it compiled; asked only when
+	 * it compiled something, since opening nvJitLink costs more than a
+	 * whole warm run */
+	const char *cubins = !p.want_cubins || !p.compiled ? "null"
+			     : p.cubins ? "true" : "false";
 	if (p.failed) {
 		fprintf(stderr, "fusec compile: %d region%s failed: %s\n", p.failed,
 			p.failed == 1 ? "" : "s", p.first_error ? p.first_error : "?");
@@ -403,7 +407,7 @@ static int cmd_compile(int argc, char **argv)
 		       hits, p.unsupported, p.failed, secs);
 		json_str(tname);
 		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
-		       cubins ? "true" : "false", jobs);
+		       cubins, jobs);
 		json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
 		printf("}\n");
 	} else {
@@ -412,7 +416,8 @@ static int cmd_compile(int argc, char **argv)
 		if (p.unsupported)
 			printf(", %d unsupported", p.unsupported);
 		printf(" (%s%s) in %.3f s\n", tname,
-		       p.want_cubins ? (cubins ? ", cubins" : ", PTX only") : "", secs);
+		       cubins[0] == 't' ? ", cubins" : cubins[0] == 'f' ? ", PTX only"
+		       : "", secs);
 	}
 done:
 	free(err);
