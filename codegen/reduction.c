@@ -489,6 +489,10 @@ void cg_rows(cg *g)
 			}
 			reds[nr++] = r->nodes[i];
 		}
+	if (nr == 0) {
+		cg_fail(g, FZ_EUNSUPPORTED, r->nodes[0], "a rows region with no reduction");
+		return;
+	}
 	rows R;
 	memset(&R, 0, sizeof R);
 	R.D = &reds[0]->in[0]->type;
