@@ -4,7 +4,7 @@
  *     bench_codegen [--target sm_90|host] [--each] FILE...
  *
  * Every kernel region of every trace in the files is built as LLVM IR,
- * optimized at O3 and emitted (PTX through NVPTX, or host code through ORC
+ * optimized (the pipeline of codegen.c) and emitted (PTX through NVPTX, or host code through ORC
  * with --target host), with symbolic extents left as kernel parameters, as
  * `fusec compile` would do for a cache. Reports, per file and over all,
  * the number of kernels and the median and 90th percentile of each stage
