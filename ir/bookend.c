@@ -272,8 +272,7 @@ static bool written(bk *s, const fz_value *v, int r)
 
 static int64_t numel_probe(bk *s, const fz_value *v)
 {
-	int64_t e;
-	return fz_program_numel_at(s->p, v, s->p->probe_sizes, &e) ? e : -1;
+	return fz_type_numel_at(&v->type, s->p->probe_sizes);
 }
 
 /* After peeling n off the output edge, r would write n's operand: does the

@@ -128,9 +128,8 @@ static void classify(hz *h, int r)
 	if (R->kind == FZ_REGION_POINTWISE && R->n_out > 0) {
 		int64_t d = -1;
 		for (int k = 0; k < R->n_out; k++) {
-			int64_t e;
-			if (!fz_program_numel_at(h->p, R->out[k], h->p->probe_sizes, &e) ||
-			    (d >= 0 && e != d))
+			int64_t e = fz_type_numel_at(&R->out[k]->type, h->p->probe_sizes);
+			if (e < 0 || (d >= 0 && e != d))
 				return;
 			d = e;
 		}

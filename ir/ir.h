@@ -115,6 +115,8 @@ typedef struct fz_type {
 
 bool fz_type_eq(const fz_type *a, const fz_type *b);
 bool fz_type_numel(const fz_type *t, fz_ext *out); /* false on overflow */
+/* The element count at sizes; -1 if a symbol is unbound or it overflows. */
+int64_t fz_type_numel_at(const fz_type *t, const int64_t *sizes);
 /* "bf16[B, T, 4096]" into buf. */
 const char *fz_type_str(const fz_trace *t, const fz_type *ty, char *buf, size_t n);
 

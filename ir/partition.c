@@ -434,8 +434,7 @@ fz_status fz_partition(fz_program *p)
 	for (int i = 0; i < t->n_outputs; i++)
 		s.is_output[t->outputs[i]->id] = true;
 	for (int v = 0; v < nv; v++)
-		if (!fz_program_numel_at(p, t->values[v], p->probe_sizes, &s.numel[v]))
-			s.numel[v] = -1;
+		s.numel[v] = fz_type_numel_at(&t->values[v]->type, p->probe_sizes);
 
 	/* the canonical order */
 	for (int i = 0; i < n; i++) {

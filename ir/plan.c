@@ -59,20 +59,6 @@ void fz_plan_defaults(fz_plan_options *o)
 	o->horizontal = true;
 }
 
-int fz_program_numel_at(const fz_program *p, const fz_value *v,
-			const int64_t *sizes, int64_t *out)
-{
-	(void)p;
-	int64_t n = 1;
-	for (int i = 0; i < v->type.rank; i++) {
-		int64_t e = fz_ext_eval(v->type.dims[i], sizes);
-		if (e < 0 || __builtin_mul_overflow(n, e, &n))
-			return 0;
-	}
-	*out = n;
-	return 1;
-}
-
 fz_value *fz_view_root(const fz_program *p, fz_value *v)
 {
 	while (p->view_of && p->view_of[v->id])

@@ -193,8 +193,6 @@ fz_status fz_horizontal(fz_program *p);
 fz_status fz_memplan(fz_program *p);
 
 /* Shared by the passes (plan.c). */
-int fz_program_numel_at(const fz_program *p, const fz_value *v,
-                        const int64_t *sizes, int64_t *out); /* 0 on overflow */
 /* Rebuilds every region's in and out from its nodes and the views. */
 fz_status fz_regions_link(fz_program *p);
 /* The value whose buffer v occupies when v is a view (else v itself). */

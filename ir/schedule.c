@@ -137,9 +137,8 @@ static fz_status prepare_values(fz_program *p)
 		goto done;
 	for (int v = 0; v < nv; v++) {
 		const fz_value *x = t->values[v];
-		int64_t e;
-		if (x->def && p->region_of && !p->view_of[v] &&
-		    fz_program_numel_at(p, x, p->sym_sizes, &e) &&
+		int64_t e = fz_type_numel_at(&x->type, p->sym_sizes);
+		if (x->def && p->region_of && !p->view_of[v] && e >= 0 &&
 		    !__builtin_mul_overflow(e, (int64_t)fz_dtype_size(x->type.dtype), &e))
 			p->bytes[v] = e;
 	}

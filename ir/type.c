@@ -98,6 +98,17 @@ bool fz_type_numel(const fz_type *t, fz_ext *out)
 	return true;
 }
 
+int64_t fz_type_numel_at(const fz_type *t, const int64_t *sizes)
+{
+	int64_t n = 1;
+	for (int i = 0; i < t->rank; i++) {
+		int64_t e = fz_ext_eval(t->dims[i], sizes);
+		if (e < 0 || __builtin_mul_overflow(n, e, &n))
+			return -1;
+	}
+	return n;
+}
+
 const char *fz_type_str(const fz_trace *t, const fz_type *ty, char *buf, size_t n)
 {
 	size_t len = (size_t)snprintf(buf, n, "%s%s[", ty->future ? "future " : "",

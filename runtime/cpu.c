@@ -255,17 +255,6 @@ void fz_exec_free(fz_exec *x)
 
 const fz_exec_stats *fz_exec_stats_of(const fz_exec *x) { return &x->st; }
 
-static int64_t numel_of(const fz_value *v, const int64_t *syms)
-{
-	int64_t n = 1;
-	for (int d = 0; d < v->type.rank; d++) {
-		int64_t e = fz_ext_eval(v->type.dims[d], syms);
-		if (e < 0 || __builtin_mul_overflow(n, e, &n))
-			return -1;
-	}
-	return n;
-}
-
 /* Copies a strided tensor into contiguous dst. */
 static void gather(void *dst, const void *src, size_t es, int rank,
 		   const int64_t *shape, const int64_t *st, int64_t off)
@@ -332,7 +321,7 @@ static void *get_value(run *R, const fz_value *v)
 		R->data[v->id] = base + lay.offset * (int64_t)es;
 		return R->data[v->id];
 	}
-	int64_t n = numel_of(v, R->syms);
+	int64_t n = fz_type_numel_at(&v->type, R->syms);
 	void *d = R->x->tg->alloc((size_t)(n > 0 ? n : 1) * es);
 	if (!d) {
 		set_err(R->err, fz_strdup("out of memory"));
@@ -349,7 +338,7 @@ static void *alloc_value(run *R, const fz_value *v)
 {
 	if (R->data[v->id])
 		return R->data[v->id];
-	int64_t n = numel_of(v, R->syms);
+	int64_t n = fz_type_numel_at(&v->type, R->syms);
 	void *d = R->x->tg->alloc((size_t)(n > 0 ? n : 1) * fz_dtype_size(v->type.dtype));
 	if (!d)
 		set_err(R->err, fz_strdup("out of memory"));
@@ -537,7 +526,7 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, char **err)
 	fz_program *p = x->p;
 	x->idx32 = true;
 	for (int v = 0; v < t->n_values; v++) {
-		int64_t n = numel_of(t->values[v], syms);
+		int64_t n = fz_type_numel_at(&t->values[v]->type, syms);
 		if (n < 0 || n >= (INT64_C(1) << 31) / 8)
 			x->idx32 = false;
 	}
@@ -705,7 +694,8 @@ static fz_status run_library(run *R, const fz_region *reg)
 	void *py = alloc_value(R, y);
 	if (!pa || !pb || !py || (n->n_in == 3 && !pc))
 		return FZ_EINVAL;
-	int64_t na = numel_of(a, R->syms), nbn = numel_of(b, R->syms);
+	int64_t na = fz_type_numel_at(&a->type, R->syms);
+	int64_t nbn = fz_type_numel_at(&b->type, R->syms);
 	double *A = as_f64(pa, a->type.dtype, na), *B = as_f64(pb, b->type.dtype, nbn);
 	double *C = NULL;
 	fz_status st = FZ_OK;
@@ -715,7 +705,7 @@ static fz_status run_library(run *R, const fz_region *reg)
 	}
 	if (n->op == FZ_OP_LINEAR) {
 		int64_t K = sa[a->type.rank - 1], O = sb[0];
-		int64_t M = K ? na / K : numel_of(y, R->syms) / (O ? O : 1);
+		int64_t M = K ? na / K : fz_type_numel_at(&y->type, R->syms) / (O ? O : 1);
 		/* x wT: transpose w once into [K, O] */
 		double *WT = malloc(sizeof *WT * (size_t)(K * O > 0 ? K * O : 1));
 		C = malloc(sizeof *C * (size_t)(M * O > 0 ? M * O : 1));
@@ -798,7 +788,7 @@ static fz_status run_region(run *R, const fz_region *reg)
 		void *px = get_value(R, x), *py = alloc_value(R, y);
 		if (!px || !py)
 			return FZ_EINVAL;
-		int64_t n = numel_of(y, R->syms);
+		int64_t n = fz_type_numel_at(&y->type, R->syms);
 		memcpy(py, px, (size_t)(n > 0 ? n : 0) * fz_dtype_size(y->type.dtype));
 		return FZ_OK;
 	}
@@ -865,7 +855,7 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	}
 	for (int i = 0; i < t->n_params; i++) {
 		const fz_value *p = t->params[i];
-		int64_t n = numel_of(p, syms);
+		int64_t n = fz_type_numel_at(&p->type, syms);
 		size_t es = fz_dtype_size(p->type.dtype);
 		void *d = x->tg->alloc((size_t)(n > 0 ? n : 1) * es);
 		if (!d) {
@@ -892,7 +882,7 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	for (int k = 0; k < n_out && st == FZ_OK; k++) {
 		const fz_value *v = t->outputs[k];
 		void *src = get_value(&R, v);
-		int64_t n = numel_of(v, syms);
+		int64_t n = fz_type_numel_at(&v->type, syms);
 		size_t bytes = (size_t)(n > 0 ? n : 0) * fz_dtype_size(v->type.dtype);
 		void *d = malloc(bytes ? bytes : 1);
 		if (!src || !d) {

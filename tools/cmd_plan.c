@@ -59,11 +59,12 @@ typedef struct plan_opts {
 
 static int64_t read_bytes(const fz_program *p, const fz_value *v)
 {
-	int64_t e = 0, eb = 0;
 	fz_value *b = fz_view_root(p, (fz_value *)v);
-	if (!fz_program_numel_at(p, v, p->sym_sizes, &e))
+	int64_t e = fz_type_numel_at(&v->type, p->sym_sizes);
+	if (e < 0)
 		return 0;
-	if (b != v && fz_program_numel_at(p, b, p->sym_sizes, &eb) && eb < e)
+	int64_t eb = b != v ? fz_type_numel_at(&b->type, p->sym_sizes) : -1;
+	if (eb >= 0 && eb < e)
 		e = eb; /* a broadcast view reads its base once */
 	return e * (int64_t)fz_dtype_size(v->type.dtype);
 }
