@@ -51,16 +51,6 @@ int cg_lanes_for(cg *g)
 	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
 }
 
-static bool same_shape(const fz_type *a, const fz_type *b)
-{
-	if (a->rank != b->rank)
-		return false;
-	for (int d = 0; d < a->rank; d++)
-		if (!fz_ext_eq(a->dims[d], b->dims[d]))
-			return false;
-	return true;
-}
-
 static void add_work(cg *g, int e, fz_ext w)
 {
 	fz_kernel *k = g->k;
@@ -123,7 +113,7 @@ static void all_groups(cg *g, const fz_node *ia)
 			continue;
 		int n = 0;
 		for (int j = i; j < r->n_out; j++) {
-			if (done[j] || !same_shape(&r->out[i]->type, &r->out[j]->type))
+			if (done[j] || !fz_same_shape(&r->out[i]->type, &r->out[j]->type))
 				continue;
 			done[j] = true;
 			outs[n] = r->out[j];
