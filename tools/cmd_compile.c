@@ -176,20 +176,6 @@ static void on_warn(void *ctx, const char *msg)
 	fprintf(stderr, "%s\n", msg);
 }
 
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			printf("\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			printf("\\u%04x", *s);
-		else
-			putchar(*s);
-	}
-	putchar('"');
-}
-
 static int cmd_compile(int argc, char **argv)
 {
 	const fz_command *cmd = &fz_cmd_compile;
@@ -405,10 +391,10 @@ static int cmd_compile(int argc, char **argv)
 		       "\"cache_hits\": %d, \"unsupported\": %d, \"failed\": %d, "
 		       "\"seconds\": %.4f, \"target\": ", regions, n_unique, p.compiled,
 		       hits, p.unsupported, p.failed, secs);
-		json_str(tname);
+		tool_json_str(tname);
 		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
 		       cubins, jobs);
-		json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
+		tool_json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
 		printf("}\n");
 	} else {
 		printf("%d kernel regions, %d unique keys: %d compiled, %d cache hits",

@@ -301,8 +301,11 @@ static int cmd_plan(int argc, char **argv)
 	int n = fz_module_count(m), rc = 0;
 	int tot[5] = {0};
 	int64_t peak = 0, peak_trace = 0, arena = 0;
-	if (o.json)
-		printf("{\"file\": \"%s\", \"traces\": [", file);
+	if (o.json) {
+		printf("{\"file\": ");
+		tool_json_str(file);
+		printf(", \"traces\": [");
+	}
 	for (int i = 0; i < n && !rc; i++) {
 		const fz_trace *t = fz_module_trace(m, i);
 		int64_t syms[FZ_MAX_SYMS];

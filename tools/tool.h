@@ -51,4 +51,7 @@ void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
 
 double tool_now(void);
 
+/* Prints s on stdout as a JSON string, quoted and escaped. */
+void tool_json_str(const char *s);
+
 #endif
