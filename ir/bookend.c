@@ -196,6 +196,7 @@ static bool contiguous_ok(const fz_layout *l)
 /* Do the regions outside r that read value v accept it laid out as l? */
 static bool readers_accept(bk *s, const fz_value *v, int r, const fz_layout *l)
 {
+	s->p->work += 1 + s->cons_start[v->id + 1] - s->cons_start[v->id];
 	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++) {
 		const fz_node *u = s->t->nodes[s->cons[c]];
 		if (s->p->region_of[u->id] == r && !s->peeled[u->id])
@@ -250,6 +251,7 @@ static bool defined_in(bk *s, const fz_value *v, int r)
 
 static bool read_in(bk *s, const fz_value *v, int r)
 {
+	s->p->work += 1 + s->cons_start[v->id + 1] - s->cons_start[v->id];
 	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++) {
 		int u = s->cons[c];
 		if (s->p->region_of[u] == r && !s->peeled[u])
@@ -262,6 +264,7 @@ static bool written(bk *s, const fz_value *v, int r)
 {
 	if (s->is_output[v->id])
 		return true;
+	s->p->work += 1 + s->cons_start[v->id + 1] - s->cons_start[v->id];
 	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++) {
 		int u = s->cons[c];
 		if (s->p->region_of[u] != r || s->peeled[u])
@@ -281,6 +284,7 @@ static bool output_peel_keeps_domain(bk *s, const fz_region *R, const fz_node *n
 {
 	int64_t e = numel_probe(s, n->in[0]);
 	const fz_node *red = NULL;
+	s->p->work += 2 * R->n_nodes;
 	for (int j = 0; j < R->n_nodes && !red; j++)
 		if (fz_ops[R->nodes[j]->op].cls == FZ_CLASS_REDUCTION)
 			red = R->nodes[j];
@@ -301,6 +305,7 @@ static bool output_peel_keeps_domain(bk *s, const fz_region *R, const fz_node *n
 static void peel_region(bk *s, const fz_region *R)
 {
 	int r = R->id;
+	s->p->work += 2 * R->n_nodes;
 	/* input edge, in topological order, so chains peel link by link */
 	for (int j = 0; j < R->n_nodes; j++) {
 		const fz_node *n = R->nodes[j];
@@ -569,6 +574,9 @@ fz_status fz_bookend(fz_program *p)
 		regs[r]->id = key;
 	}
 	qsort(regs, (size_t)new_n, sizeof *regs, cmp_region_key);
+	/* the consumer lists, the chains, the rebuild, the renumbering, the
+	 * sort and the links: each a pass over nodes, values and edges */
+	p->work += 6 * ((int64_t)n + edges) + nv + old_n + fz_nlogn(new_n);
 	for (int r = 0; r < new_n; r++) {
 		fz_region *R = regs[r];
 		R->id = r;
@@ -589,6 +597,7 @@ fz_status fz_bookend(fz_program *p)
 		if (!fz_region_is_kernel(p->regions[r]->kind))
 			continue;
 		int w[2];
+		p->work += 1 + p->regions[r]->n_nodes + p->regions[r]->n_in;
 		vectorize(&s, p->regions[r], w, wv);
 		p->vec_width[r] = w[0];
 		p->vec_bytes[r] = w[1];

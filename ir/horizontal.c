@@ -266,6 +266,7 @@ static int *left_of(hz *h, int b, int first, bool tent)
 		h->donated[b] = false;
 		int c = 0;
 		h->rcur++;
+		h->p->work += 1 + h->rd_start[b + 1] - h->rd_start[b];
 		for (int i = h->rd_start[b]; i < h->rd_start[b + 1]; i++) {
 			int g = find(h, h->rd[i]);
 			if (tent && g == h->ty)
@@ -296,6 +297,7 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 		const fz_region *R = win[s] == -2 ? &h->tent : h->cur[win[s]];
 		int64_t alloc = 0;
 		before[s] = live;
+		h->p->work += 1 + 2 * R->n_out + R->n_in;
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) != o)
@@ -354,6 +356,7 @@ static bool walk(hz *h, int from, int to, int i, int j, bool forward)
 		for (int r = g; r >= 0; r = h->next[r]) {
 			const int *e = forward ? h->succs : h->preds;
 			const int *st = forward ? h->succ_start : h->pred_start;
+			h->p->work += 1 + st[r + 1] - st[r];
 			for (int q = st[r]; q < st[r + 1]; q++) {
 				int u = find(h, e[q]);
 				if (u == g)
@@ -669,6 +672,7 @@ fz_status fz_horizontal(fz_program *p)
 	if ((st = build_edges(&h)) != FZ_OK)
 		goto done;
 	st = FZ_ENOMEM;
+	p->work += (int64_t)n + nv + h.pred_start[n] + h.rd_start[nv];
 	for (int r = 0; r < n; r++) {
 		h.parent[r] = r;
 		h.next[r] = -1;
@@ -697,6 +701,7 @@ fz_status fz_horizontal(fz_program *p)
 		for (int i = 0; i < h.m; i++) {
 			for (int j = i + 1; j < h.m && j <= i + WINDOW; j++) {
 				int x = h.at[i], y = h.at[j];
+				p->work++;
 				if (x < 0 || y < 0 || !compatible(&h, x, y) ||
 				    (pass == 0 && !share_input(&h, x, y)))
 					continue;

@@ -40,9 +40,10 @@ static int64_t round_up(int64_t x)
 	return (x + ALIGN - 1) / ALIGN * ALIGN;
 }
 
-static int64_t take(heap_arena *h, int64_t size)
+static int64_t take(heap_arena *h, int64_t size, int64_t *work)
 {
 	int best = -1;
+	*work += 1 + h->n;
 	for (int i = 0; i < h->n; i++)
 		if (h->free[i].size >= size &&
 		    (best < 0 || h->free[i].size < h->free[best].size))
@@ -70,10 +71,11 @@ static int64_t take(heap_arena *h, int64_t size)
 	return off;
 }
 
-static bool give(heap_arena *h, int64_t off, int64_t size)
+static bool give(heap_arena *h, int64_t off, int64_t size, int64_t *work)
 {
 	if (size == 0)
 		return true;
+	*work += 1 + h->n;
 	if (h->n == h->cap) {
 		int nc = h->cap ? h->cap * 2 : 16;
 		block *b = realloc(h->free, sizeof(block) * (size_t)nc);
@@ -126,6 +128,7 @@ fz_status fz_memplan(fz_program *p)
 	for (int s = 0; s < p->n_regions; s++) {
 		const fz_region *R = p->regions[p->order[s]];
 		int stamp = s + 1;
+		p->work += 1 + 2 * R->n_out + 2 * R->n_in; /* and in count_readers */
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) != o)
@@ -136,7 +139,7 @@ fz_status fz_memplan(fz_program *p)
 				p->buffer[o->id] = p->buffer[donor];
 				p->offset[o->id] = p->offset[donor];
 			} else {
-				p->offset[o->id] = take(&h, round_up(p->bytes[o->id]));
+				p->offset[o->id] = take(&h, round_up(p->bytes[o->id]), &p->work);
 			}
 		}
 		for (int k = 0; k < R->n_in; k++) {
@@ -145,18 +148,19 @@ fz_status fz_memplan(fz_program *p)
 				continue;
 			seen[b->id] = stamp;
 			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id] &&
-			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id])))
+			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id]), &p->work))
 				goto done;
 		}
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
 			    !pinned[o->id] && p->offset[o->id] >= 0 &&
-			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id])))
+			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id]), &p->work))
 				goto done;
 		}
 	}
 	/* views take their base's place */
+	p->work += 2 * (int64_t)nv;
 	for (int v = 0; v < nv; v++) {
 		fz_value *b = fz_view_root(p, t->values[v]);
 		if (b != t->values[v]) {

@@ -21,8 +21,9 @@
  *     normalization only as a row gather (one element of the row, along the
  *     reduced dim), which is what cross_entropy needs;
  *   - the cycle test walks forward from the producer group's consumers,
- *     only over nodes written before the consumer group's last node (node
- *     ids are a topological order), looking for the consumer group.
+ *     only over groups ordered before the consumer group in a topological
+ *     order of the groups kept across merges, looking for the consumer
+ *     group; a merge then mends that order locally (Pearce and Kelly).
  *
  *     xf = cast(x)  var,mu = var_mean(xf)  r = rsqrt(add(var, eps))
  *     y = cast(add(mul(mul(sub(xf, mu), r), w), b))
@@ -34,6 +35,23 @@
  * hashes; parameters by position), then by node id. Neither the written
  * order of independent statements nor value names enter it, so a reordered
  * or renamed trace forms the same regions, numbered the same way.
+ *
+ * Cost: linear in the trace. Setting up (consumer lists, depths, hashes)
+ * is O(nodes + edges), the canonical sort O(n log n). A sweep tries each
+ * edge once, and every attempt (can_merge: the checks over both groups and
+ * the two walks) takes at most WALK_BUDGET steps, a node visited or an edge
+ * scanned, or is refused: so a sweep is O(edges x WALK_BUDGET) and the
+ * mending sort after a merge O(WALK_BUDGET log WALK_BUDGET). At most
+ * MAX_SWEEPS sweeps run (a later sweep only lets a shared constant join
+ * the readers the sweep before united; Llama steps take 4). The budget also
+ * bounds a group's size (its checks scan it whole), which keeps the later
+ * passes' per-region work constant. What the budget refuses is the fusion of
+ * groups far apart in the order, which checkpointed steps are full of, and
+ * which is not wanted anyway (see walk_forward). On the Llama-2-7B
+ * checkpointed step this took planning from 0.54 s to about 50 ms at 32
+ * layers, with the same regions and kernels and a lower planned peak; the
+ * counted work (fz_program.pass_work) is about 145 steps per op at 8, 32
+ * and 64 layers alike.
  *
  * A region's kind follows from what it holds: a group with reductions is a
  * normalization when elementwise work over the full domain (or another
@@ -58,7 +76,10 @@ typedef struct part {
 	int *stack;
 	int *ord;          /* per root: a topological order of the groups */
 	int *fwd, n_fwd;   /* groups the last forward walk reached */
-	int *bwd, *pool;   /* scratch for reordering after a merge */
+	int *bwd, n_bwd;   /* groups the last backward walk reached */
+	int *pool;         /* scratch for reordering after a merge */
+	int64_t work;      /* steps taken: nodes visited, edges scanned */
+	int64_t spent;     /* steps taken by the merge attempt under way */
 	uint64_t *hash;
 	int *depth, *rank; /* rank: position in the canonical order */
 } part;
@@ -83,20 +104,38 @@ static bool in_pair(part *s, int node, int ra, int rb)
 	return r == ra || r == rb;
 }
 
-/* Is there a path from group ra to group rb through some other group?
+/* The two walks a merge of ra (producer) into rb (consumer) needs, each
+ * over groups, not nodes: groups run as units, so a group entered through
+ * one of its nodes passes on the results of all of them. (A node-level walk
+ * misses the cycle that a group of two independent nodes closes: ra feeds
+ * its node x, its other node y feeds rb, and one kernel cannot run both
+ * after ra and before rb.)
  *
- * Groups run as units, so the walk is between groups, not nodes: a group
- * entered through one of its nodes passes on the results of all of them.
- * (A node-level walk misses the cycle that a group of two independent nodes
- * closes: ra feeds its node x, its other node y feeds rb, and one kernel
- * cannot run both after ra and before rb.)
+ * Both are bounded by ord, a topological order of the groups kept up to
+ * date across merges (see reorder): a path from ra into rb only passes
+ * through groups ordered between them. The forward walk (walk_forward)
+ * looks for rb from ra's consumers, never past ord[rb], and leaves the
+ * groups it reached in s->fwd: if it finds rb, the merge would close a
+ * cycle. The backward walk (walk_backward) collects in s->bwd the groups
+ * after ra that reach rb, which reorder moves before the merged group.
  *
- * The walk is bounded by ord, a topological order of the groups kept up to
- * date across merges (see reorder): a path into rb only passes through
- * groups ordered before rb, so the walk visits the groups between ra and rb
- * and no more, which keeps partitioning near linear in the trace. The groups
- * it reached are left in s->fwd for reorder. */
-static bool closes_cycle(part *s, int ra, int rb)
+ * And both are bounded by WALK_BUDGET steps (a node visited or an edge
+ * scanned, counted in s->work). A walk that would take more refuses the
+ * merge. What only a long walk can settle is the fusion of two groups far
+ * apart in the order: on a checkpointed step, a forward kernel and the
+ * backward's recomputation of it, or one layer's rotary views and the next
+ * layer's. Such a fusion is not worth having anyway: the merged kernel must
+ * run before everything ra feeds and after everything rb needs, so what it
+ * makes for the far side stays alive across the whole distance, which is
+ * what checkpointing is there to avoid. With the bound, one merge attempt
+ * costs O(WALK_BUDGET) and the pass stays linear in the trace (see the
+ * essay at the top). */
+#define WALK_BUDGET 512
+#define MAX_SWEEPS 8
+
+enum { WALK_OK, WALK_PATH, WALK_FAR };
+
+static int walk_forward(part *s, int ra, int rb)
 {
 	const fz_trace *t = s->t;
 	int sp = 0, bound = s->ord[rb];
@@ -108,13 +147,15 @@ static bool closes_cycle(part *s, int ra, int rb)
 		int g = s->stack[--sp];
 		for (int n = g; n >= 0; n = s->next[n]) {
 			const fz_node *nd = t->nodes[n];
+			s->spent++;
 			for (int k = 0; k < nd->n_out; k++) {
 				int v = nd->out[k]->id;
+				s->spent += s->cons_start[v + 1] - s->cons_start[v];
 				for (int c = s->cons_start[v]; c < s->cons_start[v + 1]; c++) {
 					int h = find(s, s->cons[c]);
 					if (h == rb) {
 						if (g != ra)
-							return true;
+							return WALK_PATH;
 						continue;
 					}
 					if (h == ra || s->stamp[h] == s->cur || s->ord[h] > bound)
@@ -124,9 +165,44 @@ static bool closes_cycle(part *s, int ra, int rb)
 					s->fwd[s->n_fwd++] = h;
 				}
 			}
+			if (s->spent > WALK_BUDGET)
+				return WALK_FAR;
 		}
 	}
-	return false;
+	return WALK_OK;
+}
+
+/* Call after walk_forward(s, ra, rb) found no path: the groups it reached
+ * are not in B, so the two sets are disjoint. */
+static int walk_backward(part *s, int ra, int rb)
+{
+	const fz_trace *t = s->t;
+	int sp = 0, bound = s->ord[ra];
+	s->cur++;
+	s->n_bwd = 0;
+	s->stamp[rb] = s->cur;
+	s->stack[sp++] = rb;
+	while (sp > 0) {
+		int g = s->stack[--sp];
+		for (int n = g; n >= 0; n = s->next[n]) {
+			const fz_node *nd = t->nodes[n];
+			s->spent += 1 + nd->n_in;
+			for (int k = 0; k < nd->n_in; k++) {
+				if (!nd->in[k]->def)
+					continue;
+				int h = find(s, nd->in[k]->def->id);
+				if (h == ra || h == rb || s->stamp[h] == s->cur ||
+				    s->ord[h] < bound)
+					continue;
+				s->stamp[h] = s->cur;
+				s->stack[sp++] = h;
+				s->bwd[s->n_bwd++] = h;
+			}
+			if (s->spent > WALK_BUDGET)
+				return WALK_FAR;
+		}
+	}
+	return WALK_OK;
 }
 
 static int cmp_int(const void *a, const void *b)
@@ -141,36 +217,15 @@ static int cmp_by_ord(const void *a, const void *b)
 }
 
 /* Keeps ord topological when ra merges into rb (Pearce and Kelly's local
- * reordering): F, the groups after ra that ra reaches (s->fwd, from the
- * cycle walk), must follow the merged group; B, the groups before rb that
- * reach rb, must precede it. Their ord values, with ra's and rb's, are
- * dealt out again: B first, then the merged group, then F, each in its old
- * order. No other group moves, and every edge stays forward. */
+ * reordering): F, the groups after ra that ra reaches (s->fwd), must follow
+ * the merged group; B, the groups before rb that reach rb (s->bwd), must
+ * precede it. Their ord values, with ra's and rb's, are dealt out again: B
+ * first, then the merged group, then F, each in its old order. No other
+ * group moves, and every edge stays forward. Both sets came from bounded
+ * walks, so this sorts O(WALK_BUDGET) numbers. */
 static void reorder(part *s, int ra, int rb)
 {
-	const fz_trace *t = s->t;
-	int nb = 0, sp = 0, bound = s->ord[ra];
-	s->cur++;
-	s->stamp[rb] = s->cur;
-	s->stack[sp++] = rb;
-	while (sp > 0) {
-		int g = s->stack[--sp];
-		for (int n = g; n >= 0; n = s->next[n]) {
-			const fz_node *nd = t->nodes[n];
-			for (int k = 0; k < nd->n_in; k++) {
-				if (!nd->in[k]->def)
-					continue;
-				int h = find(s, nd->in[k]->def->id);
-				if (h == ra || h == rb || s->stamp[h] == s->cur ||
-				    s->ord[h] < bound)
-					continue;
-				s->stamp[h] = s->cur;
-				s->stack[sp++] = h;
-				s->bwd[nb++] = h;
-			}
-		}
-	}
-	int np = 0;
+	int nb = s->n_bwd, np = 0;
 	for (int i = 0; i < nb; i++)
 		s->pool[np++] = s->ord[s->bwd[i]];
 	for (int i = 0; i < s->n_fwd; i++)
@@ -178,6 +233,7 @@ static void reorder(part *s, int ra, int rb)
 	s->pool[np++] = s->ord[ra];
 	s->pool[np++] = s->ord[rb];
 	qsort(s->pool, (size_t)np, sizeof(int), cmp_int);
+	s->work += 2 * fz_nlogn(np);
 	sort_ord = s->ord;
 	qsort(s->bwd, (size_t)nb, sizeof(int), cmp_by_ord);
 	qsort(s->fwd, (size_t)s->n_fwd, sizeof(int), cmp_by_ord);
@@ -194,14 +250,27 @@ static bool used_outside(part *s, const fz_value *v, int ra, int rb)
 {
 	if (s->is_output[v->id])
 		return true;
+	s->spent += s->cons_start[v->id + 1] - s->cons_start[v->id];
 	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++)
 		if (!in_pair(s, s->cons[c], ra, rb))
 			return true;
 	return false;
 }
 
-/* May groups ra (a producer) and rb (its consumer) become one? */
+static bool can_merge_within(part *s, int ra, int rb);
+
+/* May groups ra (a producer) and rb (its consumer) become one? Every step
+ * it takes counts against the attempt's budget (WALK_BUDGET): past it, the
+ * answer is no. */
 static bool can_merge(part *s, int ra, int rb)
+{
+	bool ok = can_merge_within(s, ra, rb);
+	s->work += s->spent;
+	s->spent = 0;
+	return ok;
+}
+
+static bool can_merge_within(part *s, int ra, int rb)
 {
 	const fz_trace *t = s->t;
 	int fa = s->flags[ra], fb = s->flags[rb];
@@ -217,8 +286,10 @@ static bool can_merge(part *s, int ra, int rb)
 		for (int n = ra; n >= 0 && plain; n = s->next[n]) {
 			fz_opclass c = fz_ops[t->nodes[n]->op].cls;
 			plain = c == FZ_CLASS_META || c == FZ_CLASS_CREATION;
+			s->spent++;
 			for (int k = 0; plain && k < t->nodes[n]->n_out; k++) {
 				const fz_value *v = t->nodes[n]->out[k];
+				s->spent += s->cons_start[v->id + 1] - s->cons_start[v->id];
 				for (int c2 = s->cons_start[v->id]; c2 < s->cons_start[v->id + 1]; c2++)
 					shared |= !in_pair(s, s->cons[c2], ra, rb);
 			}
@@ -242,6 +313,8 @@ static bool can_merge(part *s, int ra, int rb)
 	for (int half = 0; half < 2; half++) {
 		for (int n = half ? rb : ra; n >= 0; n = s->next[n]) {
 			const fz_node *nd = t->nodes[n];
+			if (++s->spent > WALK_BUDGET)
+				return false;
 			if (nd->op == FZ_OP_TAKE_ALONG && rn) {
 				/* only as a row gather along the reduced dim */
 				if (!fz_same_shape(&nd->in[0]->type, &rn->in[0]->type) ||
@@ -273,10 +346,11 @@ static bool can_merge(part *s, int ra, int rb)
 	}
 	/* the edge ra -> rb exists and ord is topological, so only a path from
 	 * ra to rb through other groups can close a cycle */
-	return !closes_cycle(s, ra, rb);
+	return walk_forward(s, ra, rb) == WALK_OK &&
+	       walk_backward(s, ra, rb) == WALK_OK;
 }
 
-/* Call right after can_merge(s, ra, rb) said yes: reorder reads the walk
+/* Call right after can_merge(s, ra, rb) said yes: reorder reads the walks
  * it left behind. */
 static void merge(part *s, int ra, int rb)
 {
@@ -449,6 +523,7 @@ fz_status fz_partition(fz_program *p)
 	}
 	sort_ctx = &s;
 	qsort(order, (size_t)n, sizeof *order, cmp_canon);
+	s.work += (int64_t)nv + n_edges + fz_nlogn(n);
 	for (int i = 0; i < n; i++)
 		s.rank[order[i]] = i;
 	p->canon_rank = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
@@ -476,8 +551,9 @@ fz_status fz_partition(fz_program *p)
 	/* producer-consumer fusion in the canonical order, swept again while
 	 * a sweep merges something (a shared constant joins once all its
 	 * readers have) */
-	for (bool changed = true; changed;) {
-		changed = false;
+	for (int sweep = 0, changed = 1; changed && sweep < MAX_SWEEPS; sweep++) {
+		changed = 0;
+		s.work += n + n_edges;
 		for (int j = 0; j < n; j++) {
 			const fz_node *nd = t->nodes[order[j]];
 			for (int k = 0; k < nd->n_in; k++) {
@@ -487,7 +563,7 @@ fz_status fz_partition(fz_program *p)
 				int ra = find(&s, v->def->id), rb = find(&s, nd->id);
 				if (ra != rb && can_merge(&s, ra, rb)) {
 					merge(&s, ra, rb);
-					changed = true;
+					changed = 1;
 				}
 			}
 		}
@@ -572,6 +648,7 @@ fz_status fz_partition(fz_program *p)
 		R->kind = norm ? FZ_REGION_NORMALIZATION : FZ_REGION_REDUCTION;
 	}
 	free(dep);
+	s.work += 2 * ((int64_t)n + n_edges); /* numbering, kinds */
 	st = fz_regions_link(p);
 done:
 	free(s.parent);
@@ -595,5 +672,6 @@ done:
 	free(s.numel);
 	free(order);
 	free(rid);
+	p->work += s.work;
 	return st;
 }

@@ -377,7 +377,9 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 	for (int i = 0; i < FZ_PASS_COUNT && st == FZ_OK; i++) {
 		struct timespec t0, t1;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int64_t w0 = p->work;
 		st = passes[i](p);
+		p->pass_work[i] = p->work - w0;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		p->pass_seconds[i] = (double)(t1.tv_sec - t0.tv_sec) +
 				     (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;

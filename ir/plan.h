@@ -177,7 +177,23 @@ typedef struct fz_program {
 
 	char *dump;                  /* text of --dump-after, or NULL */
 	double pass_seconds[FZ_PASS_COUNT]; /* wall time of each pass */
+	/* Work of each pass, counted: nodes, regions and edges visited, heap
+	 * and sort steps. A count per op that stays flat as the trace grows is
+	 * the linearity each pass's essay argues (tests/test_plan.c checks it
+	 * on generated Llama steps of 2 and 16 layers). */
+	int64_t pass_work[FZ_PASS_COUNT];
+	int64_t work;                /* the running count the passes add to */
 } fz_program;
+
+/* What sorting (or a heap of) n items costs, as pass_work counts it:
+ * n ceil(log2 n). */
+static inline int64_t fz_nlogn(int64_t n)
+{
+	int64_t l = 1;
+	while (l < 62 && ((int64_t)1 << l) < n)
+		l++;
+	return n * l;
+}
 
 /* Plans trace t (verified): partition, bookend, schedule, horizontal,
  * memplan. */

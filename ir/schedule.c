@@ -26,6 +26,13 @@
  *     downsets of the region graph, level by level. Past the bound it gives
  *     up and the greedy order stands.
  *
+ * Cost: building the region graph and the written order is O((regions +
+ * edges) log regions) (a heap); the greedy order keeps the ready regions
+ * in a heap whose keys are mended only when an input buffer gets down to
+ * its last reader (see ready_heap), so it is O((regions + edges) log
+ * regions) too; the exact search only runs on 64 regions or fewer, under
+ * its bound of states. The replays of fz_order_peak are linear.
+ *
  * A lower bound is also computed: every region must hold its inputs and
  * its outputs at once (less what it may take over in place), and at the end
  * every program output is live. A greedy order that meets it is optimal.
@@ -43,6 +50,7 @@ typedef struct sched {
 	/* per region: distinct input buffers (roots, no params) */
 	int *in_start, *ins;
 	int *readers;        /* per value: regions reading its buffer */
+	int *rd_start, *rd;  /* CSR: buffer id -> the regions reading it */
 	bool *pinned, *owned;
 } sched;
 
@@ -228,6 +236,20 @@ static fz_status build_graph(sched *s)
 	}
 	s->pred_start[n] = np;
 	s->in_start[n] = ni;
+	s->rd_start = calloc((size_t)nv + 2, sizeof(int));
+	s->rd = calloc((size_t)ni + 1, sizeof(int));
+	if (!s->rd_start || !s->rd)
+		return FZ_ENOMEM;
+	for (int v = 0; v < nv; v++)
+		s->rd_start[v + 1] = s->rd_start[v] + s->readers[v];
+	for (int r = 0; r < n; r++)
+		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
+			int b = s->ins[i];
+			s->rd[s->rd_start[b + 1] - s->readers[b]--] = r;
+		}
+	for (int r = 0; r < n; r++)
+		for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
+			s->readers[s->ins[i]]++;
 	for (int i = 0; i < np; i++)
 		s->succ_start[s->preds[i] + 1]++;
 	for (int r = 0; r < n; r++)
@@ -352,6 +374,7 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 	const fz_region *R = p->regions[r];
 	int64_t a = 0, f = 0;
 	int donated[8], nd = 0;
+	s->p->work += 1 + R->n_out + s->in_start[r + 1] - s->in_start[r];
 	for (int k = 0; k < R->n_out; k++) {
 		const fz_value *o = R->out[k];
 		if (!s->owned[o->id])
@@ -393,84 +416,173 @@ static bool owns_nothing(const sched *s, int r)
 	return true;
 }
 
-static void push_ready(sched *s, int r, int *ready, int *nr, int *queue,
-		       int *qt)
+/*
+ * The ready regions that own an output wait in a heap ordered as the
+ * greedy choice is: smaller net (bytes allocated less bytes freed), then
+ * greater height, then lower id. A region's net changes only when one of
+ * its input buffers gets down to one reader left (from then on running it
+ * frees that buffer, or lets an output take it over in place): the other
+ * counts step_effect reads (pinned, owned, an output's readers) never
+ * change. The one reader left is then found on the buffer's reader list
+ * (once per buffer) and, if it is waiting, its place in the heap is mended.
+ * So each region enters the heap once, each buffer mends at most one
+ * place, and the greedy order costs O((regions + edges) log regions),
+ * not a scan of every ready region at every step.
+ */
+typedef struct ready_heap {
+	int *h, n;      /* region ids */
+	int *pos;       /* per region: its index in h, or -1 */
+	int64_t *net;   /* per region: its key while it waits */
+	const int *height;
+	int64_t *work;
+} ready_heap;
+
+static bool ready_before(const ready_heap *q, int a, int b)
+{
+	if (q->net[a] != q->net[b])
+		return q->net[a] < q->net[b];
+	if (q->height[a] != q->height[b])
+		return q->height[a] > q->height[b];
+	return a < b;
+}
+
+static void ready_set(ready_heap *q, int i, int r)
+{
+	q->h[i] = r;
+	q->pos[r] = i;
+}
+
+static void ready_fix(ready_heap *q, int i)
+{
+	int r = q->h[i];
+	while (i > 0 && ready_before(q, r, q->h[(i - 1) / 2])) {
+		ready_set(q, i, q->h[(i - 1) / 2]);
+		i = (i - 1) / 2;
+		++*q->work;
+	}
+	for (;;) {
+		int c = 2 * i + 1;
+		if (c >= q->n)
+			break;
+		if (c + 1 < q->n && ready_before(q, q->h[c + 1], q->h[c]))
+			c++;
+		if (!ready_before(q, q->h[c], r))
+			break;
+		ready_set(q, i, q->h[c]);
+		i = c;
+		++*q->work;
+	}
+	ready_set(q, i, r);
+}
+
+static void ready_push(ready_heap *q, int r, int64_t net)
+{
+	q->net[r] = net;
+	ready_set(q, q->n++, r);
+	ready_fix(q, q->n - 1);
+}
+
+static int ready_pop(ready_heap *q)
+{
+	int r = q->h[0];
+	q->pos[r] = -1;
+	if (--q->n > 0) {
+		ready_set(q, 0, q->h[q->n]);
+		ready_fix(q, 0);
+	}
+	return r;
+}
+
+static int64_t net_of(sched *s, int r, const int *left)
+{
+	int64_t a, f;
+	step_effect(s, r, left, &a, &f);
+	return a - f;
+}
+
+static void push_ready(sched *s, int r, ready_heap *q, const int *left,
+		       int *queue, int *qt)
 {
 	if (owns_nothing(s, r))
 		queue[(*qt)++] = r;
 	else
-		ready[(*nr)++] = r;
+		ready_push(q, r, net_of(s, r, left));
 }
 
-/* r runs: its reads are done, its successors may become ready. */
-static void take_region(sched *s, int r, int *left, int *indeg, int *ready,
-			int *nr, int *queue, int *qt)
+/* r runs: its reads are done, its successors may become ready, and the
+ * last reader of a buffer that r's run leaves with one has a new net. */
+static void take_region(sched *s, int r, int *left, int *indeg,
+			ready_heap *q, const bool *taken, int *queue, int *qt)
 {
-	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++)
-		left[s->ins[i]]--;
+	s->p->work += 1 + s->in_start[r + 1] - s->in_start[r] +
+		      s->succ_start[r + 1] - s->succ_start[r];
+	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
+		int b = s->ins[i];
+		if (--left[b] != 1)
+			continue;
+		s->p->work += s->rd_start[b + 1] - s->rd_start[b];
+		for (int j = s->rd_start[b]; j < s->rd_start[b + 1]; j++) {
+			int u = s->rd[j];
+			if (taken[u])
+				continue;
+			if (q->pos[u] >= 0) {
+				q->net[u] = net_of(s, u, left);
+				ready_fix(q, q->pos[u]);
+			}
+			break;
+		}
+	}
 	for (int i = s->succ_start[r]; i < s->succ_start[r + 1]; i++)
 		if (--indeg[s->succs[i]] == 0)
-			push_ready(s, s->succs[i], ready, nr, queue, qt);
+			push_ready(s, s->succs[i], q, left, queue, qt);
 }
 
 static fz_status greedy_order(sched *s, int *order)
 {
 	int n = s->n, nv = s->p->trace->n_values;
 	int *indeg = calloc((size_t)n + 1, sizeof(int));
-	int *ready = calloc((size_t)n + 1, sizeof(int));
 	int *queue = calloc((size_t)n + 1, sizeof(int));
 	int *left = calloc((size_t)nv + 1, sizeof(int));
-	if (!indeg || !ready || !queue || !left) {
-		free(indeg);
-		free(ready);
-		free(queue);
-		free(left);
-		return FZ_ENOMEM;
-	}
+	bool *taken = calloc((size_t)n + 1, sizeof(bool));
+	ready_heap q = {
+		.h = calloc((size_t)n + 1, sizeof(int)),
+		.pos = malloc(sizeof(int) * ((size_t)n + 1)),
+		.net = calloc((size_t)n + 1, sizeof(int64_t)),
+		.height = s->height,
+		.work = &s->p->work,
+	};
+	fz_status st = FZ_ENOMEM;
+	if (!indeg || !queue || !left || !taken || !q.h || !q.pos || !q.net)
+		goto done;
+	for (int r = 0; r < n; r++)
+		q.pos[r] = -1;
 	memcpy(left, s->readers, sizeof(int) * (size_t)nv);
 	/* a region that owns no output (a view) allocates nothing: taking it
 	 * at once never raises the live total, and only brings frees and
 	 * in-place takeovers earlier, so it waits in a queue of its own
-	 * (first ready, first taken) instead of being scanned at every step.
-	 * The weights' views of a 128-layer model are all ready at the start:
-	 * scanning them step after step made the greedy order quadratic. */
-	int nr = 0, qh = 0, qt = 0;
+	 * (first ready, first taken) and is taken before any in the heap.
+	 * The weights' views of a 128-layer model are all ready at the start. */
+	int qh = 0, qt = 0;
 	for (int r = 0; r < n; r++)
 		if ((indeg[r] = s->pred_start[r + 1] - s->pred_start[r]) == 0)
-			push_ready(s, r, ready, &nr, queue, &qt);
+			push_ready(s, r, &q, left, queue, &qt);
 	for (int k = 0; k < n; k++) {
-		if (qh < qt) {
-			int r = queue[qh++];
-			order[k] = r;
-			take_region(s, r, left, indeg, ready, &nr, queue, &qt);
-			continue;
-		}
-		int best = -1;
-		int64_t best_net = 0;
-		for (int i = 0; i < nr; i++) {
-			int r = ready[i];
-			int64_t a, f;
-			step_effect(s, r, left, &a, &f);
-			int64_t net = a - f;
-			if (best < 0 || net < best_net ||
-			    (net == best_net && (s->height[r] > s->height[ready[best]] ||
-						 (s->height[r] == s->height[ready[best]] &&
-						  r < ready[best])))) {
-				best = i;
-				best_net = net;
-			}
-		}
-		FZ_ASSERT(best >= 0);
-		int r = ready[best];
-		ready[best] = ready[--nr];
+		FZ_ASSERT(qh < qt || q.n > 0);
+		int r = qh < qt ? queue[qh++] : ready_pop(&q);
 		order[k] = r;
-		take_region(s, r, left, indeg, ready, &nr, queue, &qt);
+		taken[r] = true;
+		take_region(s, r, left, indeg, &q, taken, queue, &qt);
 	}
+	st = FZ_OK;
+done:
 	free(indeg);
-	free(ready);
 	free(queue);
 	free(left);
-	return FZ_OK;
+	free(taken);
+	free(q.h);
+	free(q.pos);
+	free(q.net);
+	return st;
 }
 
 /* ---- exact: dynamic programming over downsets ---- */
@@ -631,6 +743,10 @@ fz_status fz_schedule(fz_program *p)
 	    (st = greedy_order(&s, p->order)) != FZ_OK)
 		goto done;
 	st = FZ_ENOMEM;
+	/* the graph, the written order's heap, two replays */
+	p->work += (int64_t)p->trace->n_values + 4 * ((int64_t)n + s.pred_start[n]) +
+		   2 * fz_nlogn(n);
+	p->work += (int64_t)n + s.pred_start[n]; /* the lower bound */
 	p->peak_bytes_trace_order = fz_order_peak(p, p->trace_order);
 	p->peak_bytes = fz_order_peak(p, p->order);
 	p->method = FZ_SCHED_GREEDY;
@@ -672,6 +788,8 @@ done:
 	free(s.ins);
 	free(s.height);
 	free(s.readers);
+	free(s.rd_start);
+	free(s.rd);
 	free(s.pinned);
 	free(s.owned);
 	return st;

@@ -84,6 +84,7 @@ int main(int argc, char **argv)
 		o.sym_sizes = sizes;
 		double *ms = calloc((size_t)reps, sizeof *ms);
 		double pass_best[FZ_PASS_COUNT];
+		int64_t pass_work[FZ_PASS_COUNT] = {0};
 		int regions = 0, kernels = 0;
 		for (int r = 0; r < reps && ms; r++) {
 			fz_program *p = NULL;
@@ -99,6 +100,7 @@ int main(int argc, char **argv)
 			for (int k = 0; k < FZ_PASS_COUNT; k++)
 				if (!r || p->pass_seconds[k] < pass_best[k])
 					pass_best[k] = p->pass_seconds[k];
+			memcpy(pass_work, p->pass_work, sizeof pass_work);
 			regions = p->n_regions;
 			kernels = fz_program_kernels(p);
 			fz_program_free(p);
@@ -114,6 +116,10 @@ int main(int argc, char **argv)
 			for (int k = 0; k < FZ_PASS_COUNT; k++)
 				printf(" %s %.3f", fz_pass_names[k],
 				       pass_best[k] * 1e6 / (ops ? ops : 1));
+			printf("\n  work per op (nodes, edges, steps counted):");
+			for (int k = 0; k < FZ_PASS_COUNT; k++)
+				printf(" %s %.1f", fz_pass_names[k],
+				       (double)pass_work[k] / (ops ? ops : 1));
 			printf("\n");
 		}
 		free(ms);
