@@ -28,11 +28,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <llvm-c/TargetMachine.h>
 
 #include "cache.h"
 #include "codegen.h"
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 {
@@ -136,9 +144,12 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	fz_buf meta = {0};
 	const fz_cg_options *o = fz_compiler_options(c);
 	bool host = o->target != FZ_CG_NVPTX;
+	double t0 = now();
 	fz_status st = fz_compiler_build(c, t, &view, &k, err);
 	if (st == FZ_OK)
 		st = fz_compiler_optimize(c, k, err);
+	double t1 = now();
+	info->llvm_seconds = t1 - t0;
 	if (st == FZ_OK && host) {
 		char name[64];
 		fz_cache_entry_name(cn->key, name, sizeof name);
@@ -156,6 +167,7 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 			code_len = code ? strlen(code) : 0;
 		}
 	}
+	info->code_seconds = now() - t1;
 	if (st != FZ_OK)
 		goto done;
 	fz_section sec[3];
@@ -173,8 +185,11 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	sec[n++].len = meta.len;
 	if (!host && cubins && fz_jitlink_available()) {
 		char *jerr = NULL;
-		if (fz_jitlink_cubin(code, code_len, o->sm, &cubin, &cubin_len,
-				     &jerr) == FZ_OK) {
+		double t2 = now();
+		fz_status cst = fz_jitlink_cubin(code, code_len, o->sm, &cubin,
+						 &cubin_len, &jerr);
+		info->cubin_seconds = now() - t2;
+		if (cst == FZ_OK) {
 			snprintf(sec[n].tag, FZ_SECTION_TAG, "cubin.sm_%d", o->sm);
 			sec[n].data = cubin;
 			sec[n++].len = cubin_len;
@@ -188,8 +203,10 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	}
 	info->code_bytes = code_len;
 	info->cubin_bytes = cubin_len;
+	double t3 = now();
 	if (d)
 		st = fz_disk_store(d, cn->key, cn->text, cn->len, sec, n);
+	info->store_seconds = now() - t3;
 	if (st == FZ_OK && host && info->want_object) {
 		info->object = obj;
 		info->object_len = code_len;

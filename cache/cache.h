@@ -246,6 +246,36 @@ fz_status fz_disk_prune(fz_disk *d, int64_t max_bytes, int *removed,
                         int64_t *freed);
 fz_status fz_disk_clear(fz_disk *d, int *removed);
 
+/* ---- Programs (plan_cache.c) -------------------------------------------- */
+
+/* The program fz_plan makes of t under o, from the cache when an entry for
+ * (t, o's sizes, o's options) is there, else planned and stored: the warm
+ * start of `fusec compile` and of a prepared program.
+ *
+ *     fz_disk *d;      fz_disk_open(NULL, &d, &err);
+ *     fz_program *p;   bool hit;
+ *     fz_plan_cached(d, trace, &opts, &p, &hit, &err);  ... fz_program_free(p);
+ *
+ * d NULL or disabled, or o asking for a dump (dump_after >= 0): plans,
+ * stores nothing. The key is the hash of the form fz_plan_form writes (the
+ * trace's image, without value names, the sizes and the options); the
+ * entry keeps that form and is compared on lookup. An entry that is
+ * damaged, or whose payload does not read back as a program of t, is a
+ * miss: the program is planned again and the entry replaced. The program
+ * returned is the one fz_plan would make (same regions, nodes, order,
+ * offsets); its trace is t, which must outlive it. Errors are fz_plan's. */
+fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
+                         const fz_plan_options *o, fz_program **out,
+                         bool *hit, char **err);
+/* The compared form and the payload, for tests and tools. *form and *data
+ * are freed with free. */
+fz_status fz_plan_form(const fz_trace *t, const fz_plan_options *o,
+                       void **form, size_t *len);
+fz_status fz_plan_serialize(const fz_program *p, void **data, size_t *len);
+/* FZ_EINVAL when data is not a program of t (every id checked). */
+fz_status fz_plan_deserialize(const fz_trace *t, const fz_plan_options *o,
+                              const void *data, size_t len, fz_program **out);
+
 /* ---- Cubins through nvJitLink -------------------------------------------- */
 
 /* True when libnvJitLink could be opened (dlopen, once). */
@@ -276,6 +306,9 @@ typedef struct fz_build_info {
 	size_t code_bytes, cubin_bytes;
 	void *object;          /* host, when want_object: the object (free it) */
 	size_t object_len;
+	/* Where the time went: LLVM IR built and optimized, PTX or the host
+	 * object emitted, the cubin linked, the entry stored. */
+	double llvm_seconds, code_seconds, cubin_seconds, store_seconds;
 } fz_build_info;
 
 /* Compiles region r of t (whose canonical form is cn) with compiler c and

@@ -1432,6 +1432,199 @@ START_TEST(exec_cache)
 }
 END_TEST
 
+/* ---- programs in the cache (plan_cache.c) ---- */
+
+static const char *const plan_traces[] = {
+	"llama_tiny_2layer.trace", "torch_gpt2_ckpt.trace", "rotary.trace",
+	"seed004_chain_efficient.trace",
+};
+
+static fz_module *load_corpus(const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/tests/traces/%s", FZ_SOURCE_DIR, name);
+	fz_module *m = NULL;
+	char *diag = NULL;
+	ck_assert_msg(fz_module_parse_file(path, &m, &diag) == FZ_OK, "%s: %s",
+		      path, diag ? diag : "?");
+	return m;
+}
+
+static void ids_eq(fz_value **a, int na, fz_value **b, int nb)
+{
+	ck_assert_int_eq(na, nb);
+	for (int i = 0; i < na; i++)
+		ck_assert_int_eq(a[i]->id, b[i]->id);
+}
+
+/* Everything a runner or a code generator reads is the same. */
+static void programs_eq(const fz_program *a, const fz_program *b)
+{
+	const fz_trace *t = a->trace;
+	int nv = t->n_values;
+	ck_assert_int_eq(a->n_regions, b->n_regions);
+	for (int r = 0; r < a->n_regions; r++) {
+		const fz_region *x = a->regions[r], *y = b->regions[r];
+		ck_assert_int_eq(x->id, y->id);
+		ck_assert_int_eq(x->kind, y->kind);
+		ck_assert_int_eq(x->n_nodes, y->n_nodes);
+		for (int j = 0; j < x->n_nodes; j++)
+			ck_assert_ptr_eq(x->nodes[j], y->nodes[j]);
+		ids_eq(x->in, x->n_in, y->in, y->n_in);
+		ids_eq(x->out, x->n_out, y->out, y->n_out);
+		ck_assert_int_eq(a->order[r], b->order[r]);
+		ck_assert_int_eq(a->trace_order[r], b->trace_order[r]);
+		ck_assert_int_eq(a->vec_width[r], b->vec_width[r]);
+		ck_assert_int_eq(a->vec_bytes[r], b->vec_bytes[r]);
+	}
+	for (int i = 0; i < t->n_nodes; i++) {
+		ck_assert_int_eq(a->region_of[i], b->region_of[i]);
+		ck_assert_int_eq(a->canon_rank[i], b->canon_rank[i]);
+	}
+	ck_assert_int_eq(a->n_views, b->n_views);
+	for (int v = 0; v < nv; v++) {
+		ck_assert(!a->view_of[v] == !b->view_of[v]);
+		if (a->view_of[v]) {
+			ck_assert_ptr_eq(a->view_of[v]->base, b->view_of[v]->base);
+			ck_assert_ptr_eq(a->view_of[v]->node, b->view_of[v]->node);
+			ck_assert(!memcmp(&a->view_of[v]->lay, &b->view_of[v]->lay,
+					  sizeof(fz_layout)));
+		}
+		ck_assert_int_eq(a->bytes[v], b->bytes[v]);
+		ck_assert_int_eq(a->buffer[v], b->buffer[v]);
+		ck_assert_int_eq(a->offset[v], b->offset[v]);
+		ck_assert_int_eq(a->n_donors[v], b->n_donors[v]);
+		for (int d = 0; d < a->n_donors[v]; d++)
+			ck_assert_int_eq(a->donors[v][d], b->donors[v][d]);
+	}
+	ck_assert(!memcmp(a->sym_sizes, b->sym_sizes, sizeof a->sym_sizes));
+	ck_assert_uint_eq(a->unbound_syms, b->unbound_syms);
+	ck_assert_int_eq(a->peak_bytes, b->peak_bytes);
+	ck_assert_int_eq(a->peak_bytes_trace_order, b->peak_bytes_trace_order);
+	ck_assert_int_eq(a->arena_bytes, b->arena_bytes);
+	ck_assert_int_eq(a->method, b->method);
+}
+
+static fz_key plan_key(const fz_trace *t, const fz_plan_options *o)
+{
+	void *form = NULL;
+	size_t len = 0;
+	ck_assert_int_eq(fz_plan_form(t, o, &form, &len), FZ_OK);
+	fz_key k = fz_key_of(form, len);
+	free(form);
+	return k;
+}
+
+START_TEST(plan_cache_roundtrip)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fz_module *m = load_corpus(plan_traces[_i]);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int64_t sizes[FZ_MAX_SYMS];
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		sizes[s] = s < t->n_syms ? 4 + s : -1;
+	fz_plan_options o;
+	fz_plan_defaults(&o);
+	o.sym_sizes = sizes;
+	fz_program *p0 = NULL, *p1 = NULL, *p2 = NULL, *p3 = NULL;
+	char *err = NULL;
+	bool hit = true;
+	ck_assert_int_eq(fz_plan(t, &o, &p0, &err), FZ_OK);
+	/* a miss plans and stores; then a hit loads the same program */
+	ck_assert_int_eq(fz_plan_cached(d, t, &o, &p1, &hit, &err), FZ_OK);
+	ck_assert(!hit);
+	programs_eq(p0, p1);
+	ck_assert_int_eq(fz_plan_cached(d, t, &o, &p2, &hit, &err), FZ_OK);
+	ck_assert(hit);
+	programs_eq(p0, p2);
+	/* other options are another entry */
+	fz_plan_options o2 = o;
+	o2.horizontal = false;
+	ck_assert(!fz_key_eq(plan_key(t, &o), plan_key(t, &o2)));
+	ck_assert_int_eq(fz_plan_cached(d, t, &o2, &p3, &hit, &err), FZ_OK);
+	ck_assert(!hit);
+	fz_program_free(p3);
+	p3 = NULL;
+	if (t->n_syms) { /* and so are other sizes */
+		sizes[0] = 1000;
+		ck_assert_int_eq(fz_plan_cached(d, t, &o, &p3, &hit, &err), FZ_OK);
+		ck_assert(!hit);
+		ck_assert_int_ne(p3->sym_sizes[0], p0->sym_sizes[0]);
+		fz_program_free(p3);
+		p3 = NULL;
+		sizes[0] = 4;
+	}
+	/* a damaged entry is a miss, removed, planned and stored again */
+	char path[600];
+	entry_file(d, plan_key(t, &o), path, sizeof path);
+	ck_assert(exists(path));
+	damage(path, 3);
+	ck_assert_int_eq(fz_plan_cached(d, t, &o, &p3, &hit, &err), FZ_OK);
+	ck_assert(!hit);
+	programs_eq(p0, p3);
+	fz_program_free(p3);
+	p3 = NULL;
+	ck_assert_int_eq(fz_plan_cached(d, t, &o, &p3, &hit, &err), FZ_OK);
+	ck_assert(hit);
+	/* no cache: plans */
+	fz_program_free(p3);
+	ck_assert_int_eq(fz_plan_cached(NULL, t, &o, &p3, &hit, &err), FZ_OK);
+	ck_assert(!hit);
+	programs_eq(p0, p3);
+	fz_program_free(p0);
+	fz_program_free(p1);
+	fz_program_free(p2);
+	fz_program_free(p3);
+	fz_disk_close(d);
+	fz_module_free(m);
+	teardown_dir();
+}
+END_TEST
+
+/* A payload that is not a program of the trace never reads back. */
+START_TEST(plan_cache_payload_checked)
+{
+	fz_module *m = load_corpus("llama_tiny_2layer.trace");
+	fz_module *other = load_corpus("rotary.trace");
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_program *p = NULL, *q = NULL;
+	ck_assert_int_eq(fz_plan(t, NULL, &p, NULL), FZ_OK);
+	void *data = NULL;
+	size_t len = 0;
+	ck_assert_int_eq(fz_plan_serialize(p, &data, &len), FZ_OK);
+	ck_assert_int_eq(fz_plan_deserialize(t, NULL, data, len, &q), FZ_OK);
+	programs_eq(p, q);
+	fz_program_free(q);
+	/* every truncation, a byte too many */
+	for (size_t cut = 0; cut < len; cut += 1 + cut / 8) {
+		ck_assert_int_eq(fz_plan_deserialize(t, NULL, data, cut, &q), FZ_EINVAL);
+		ck_assert_ptr_null(q);
+	}
+	unsigned char *more = malloc(len + 1);
+	memcpy(more, data, len);
+	more[len] = 0;
+	ck_assert_int_eq(fz_plan_deserialize(t, NULL, more, len + 1, &q), FZ_EINVAL);
+	/* ids out of range: the region count, then each region's first node */
+	int32_t big = 1 << 30;
+	size_t at = 2 * sizeof p->sym_sizes + 8;
+	memcpy(more, data, len);
+	memcpy(more + at, &big, 4);
+	ck_assert_int_eq(fz_plan_deserialize(t, NULL, more, len, &q), FZ_EINVAL);
+	memcpy(more, data, len);
+	memcpy(more + at + 12, &big, 4);
+	ck_assert_int_eq(fz_plan_deserialize(t, NULL, more, len, &q), FZ_EINVAL);
+	/* another trace's program */
+	ck_assert_int_eq(fz_plan_deserialize(fz_module_trace(other, 0), NULL, data,
+					     len, &q), FZ_EINVAL);
+	free(more);
+	free(data);
+	fz_program_free(p);
+	fz_module_free(m);
+	fz_module_free(other);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1471,6 +1664,9 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, jitlink_optional);
 	tcase_add_test(tc, host_object_entry);
 	tcase_add_test(tc, exec_cache);
+	tcase_add_loop_test(tc, plan_cache_roundtrip, 0,
+			    (int)(sizeof plan_traces / sizeof *plan_traces));
+	tcase_add_test(tc, plan_cache_payload_checked);
 	tcase_add_checked_fixture(tc, NULL, release_modules);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);

@@ -5,7 +5,9 @@
  *     fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]
  *                           [--jobs N] [--no-cubin] [--json]
  *
- * Every trace of every file is planned; each kernel region gets its
+ * Every trace of every file is planned (or its program loaded from the
+ * cache, cache/plan_cache.c, when it was planned before at these sizes);
+ * each kernel region gets its
  * canonical form and key (cache/canon.c); regions with one key are
  * compiled once (the 32 layers of a Llama make a handful of keys, not
  * hundreds of kernels); keys already in the cache are hits; the rest are
@@ -22,7 +24,9 @@
  *
  * A progress bar goes to stderr when it is a terminal. The report: kernel
  * regions, unique keys, compiled, cache hits, seconds (the whole command,
- * parsing and planning included); --json prints them as one object.
+ * parsing and planning included); --json prints them as one object, with
+ * the seconds of each phase (parse, plan, keys, lookup, compile, and the
+ * compile's llvm, ptx, cubin and store summed over its threads).
  * Regions the code generator does not take (FZ_EUNSUPPORTED) are counted
  * and do not fail the command; any other failure does (exit 1).
  */
@@ -43,7 +47,8 @@ static int cmd_compile(int argc, char **argv);
 const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into the cache",
 	cmd_compile,
 	 "usage: fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]\n"
-	 "                             [--jobs N] [--no-cubin] [--json]\n"
+	 "                             [--jobs N] [--no-cubin] [--no-plan-cache]\n"
+	 "                             [--json]\n"
 	 "\n"
 	 "Plan every trace of the files and compile each distinct kernel region\n"
 	 "(one per structural key) that the cache does not hold yet. Regions\n"
@@ -59,9 +64,16 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "                   $XDG_CACHE_HOME/fusec, else ~/.cache/fusec)\n"
 	 "  --jobs N         compile N regions at once (default: the CPUs)\n"
 	 "  --no-cubin       store PTX only, even where nvJitLink is installed\n"
+	 "  --no-plan-cache  plan every trace afresh (by default a program\n"
+	 "                   planned before at these sizes is loaded from the\n"
+	 "                   cache, and a new one stored there)\n"
 	 "  --json           one JSON object: regions, unique, compiled,\n"
 	 "                   cache_hits, unsupported, failed, seconds, target,\n"
-	 "                   cubins, jobs, cache_dir\n"
+	 "                   cubins, jobs, cache_dir, plan_cache_hits, and\n"
+	 "                   phases: seconds of parse, plan, keys (canonical\n"
+	 "                   forms), lookup, compile (wall), and, summed over\n"
+	 "                   the threads, llvm (IR and optimization), ptx (or\n"
+	 "                   the host object), cubin, store\n"
 	 "\n"
 	 "The size cap is $FUSEC_CACHE_MAX_SIZE (default 2G). Exit status: 0 when\n"
 	 "every region compiled or was found, 1 when one failed, 2 usage.\n"};
@@ -77,6 +89,7 @@ typedef struct pool {
 	job *jobs;
 	int n, next, done;
 	int compiled, unsupported, failed, cubins;
+	double llvm_s, code_s, cubin_s, store_s; /* summed over the workers */
 	char *first_unsupported, *first_error, *cubin_error;
 	pthread_mutex_t mu;
 	fz_cg_options o;
@@ -125,6 +138,10 @@ static void *worker(void *arg)
 			jerr = fz_strdup(err ? err : "cannot create a compiler");
 		pthread_mutex_lock(&p->mu);
 		p->done++;
+		p->llvm_s += info.llvm_seconds;
+		p->code_s += info.code_seconds;
+		p->cubin_s += info.cubin_seconds;
+		p->store_s += info.store_seconds;
 		if (st == FZ_OK) {
 			p->compiled++;
 			p->cubins += info.cubin;
@@ -182,7 +199,9 @@ static int cmd_compile(int argc, char **argv)
 	double t0 = tool_now();
 	const char *target = "sm_90", *cache_dir = NULL;
 	long jobs = sysconf(_SC_NPROCESSORS_ONLN);
-	bool json = false, no_cubin = false;
+	bool json = false, no_cubin = false, plan_cache = true;
+	double parse_s = 0, plan_s = 0, keys_s = 0, lookup_s = 0, compile_s = 0;
+	int plan_hits = 0;
 	const char **files = calloc((size_t)argc, sizeof *files);
 	int n_files = 0;
 	if (!files)
@@ -193,6 +212,8 @@ static int cmd_compile(int argc, char **argv)
 			json = true;
 		} else if (!strcmp(a, "--no-cubin")) {
 			no_cubin = true;
+		} else if (!strcmp(a, "--no-plan-cache")) {
+			plan_cache = false;
 		} else if (!strcmp(a, "--target") || !strcmp(a, "--cache-dir") ||
 			   !strcmp(a, "--jobs") || !strcmp(a, "-j")) {
 			if (i + 1 >= argc) {
@@ -256,7 +277,9 @@ static int cmd_compile(int argc, char **argv)
 
 	/* plan every trace; a canonical form per kernel region */
 	for (int f = 0; f < n_files && !rc; f++) {
+		double tp = tool_now();
 		fz_module *m = tool_load(files[f]);
+		parse_s += tool_now() - tp;
 		if (!m) {
 			rc = EXIT_BAD;
 			break;
@@ -267,7 +290,13 @@ static int cmd_compile(int argc, char **argv)
 			fz_plan_options po;
 			fz_plan_defaults(&po);
 			fz_program *prog = NULL;
-			if (fz_plan(t, &po, &prog, &err) != FZ_OK) {
+			bool hit = false;
+			double tq = tool_now();
+			fz_status pst = fz_plan_cached(plan_cache ? disk : NULL, t, &po,
+						       &prog, &hit, &err);
+			plan_s += tool_now() - tq;
+			plan_hits += hit;
+			if (pst != FZ_OK) {
 				fprintf(stderr, "fusec compile: %s: trace %s: %s\n", files[f],
 					fz_trace_name(t), err ? err : "planning failed");
 				rc = EXIT_BAD;
@@ -284,6 +313,7 @@ static int cmd_compile(int argc, char **argv)
 				progs = np;
 			}
 			progs[n_progs++] = prog;
+			double tk = tool_now();
 			for (int r = 0; r < prog->n_regions && !rc; r++) {
 				const fz_region *R = prog->regions[r];
 				if (!fz_region_is_kernel(R->kind))
@@ -318,6 +348,7 @@ static int cmd_compile(int argc, char **argv)
 					canons[n_canons++] = (job){t, R, cn, o.idx32};
 				}
 			}
+			keys_s += tool_now() - tk;
 		}
 	}
 	if (rc)
@@ -331,6 +362,7 @@ static int cmd_compile(int argc, char **argv)
 		goto done;
 	}
 	int n_unique = 0;
+	double tl = tool_now();
 	for (int k = 0; k < n_canons; k++) {
 		fz_canon *cn = canons[k].cn;
 		if (fz_lru_get(unique, cn))
@@ -349,6 +381,7 @@ static int cmd_compile(int argc, char **argv)
 		}
 		p.jobs[p.n++] = canons[k];
 	}
+	lookup_s = tool_now() - tl;
 
 	/* compile what is missing */
 	p.disk = disk;
@@ -358,6 +391,7 @@ static int cmd_compile(int argc, char **argv)
 		jobs = p.n > 0 ? p.n : 1;
 	pthread_t th[1024];
 	int started = 0;
+	double tc = tool_now();
 	if (p.n > 0) {
 		for (long i = 1; i < jobs; i++)
 			if (pthread_create(&th[started], NULL, worker, &p) == 0)
@@ -366,6 +400,7 @@ static int cmd_compile(int argc, char **argv)
 		for (int i = 0; i < started; i++)
 			pthread_join(th[i], NULL);
 	}
+	compile_s = tool_now() - tc;
 	if (p.progress)
 		fprintf(stderr, "\n");
 	double secs = tool_now() - t0;
@@ -395,7 +430,12 @@ static int cmd_compile(int argc, char **argv)
 		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
 		       cubins, jobs);
 		tool_json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
-		printf("}\n");
+		printf(", \"plan_cache_hits\": %d, \"phases\": {\"parse\": %.4f, "
+		       "\"plan\": %.4f, \"keys\": %.4f, \"lookup\": %.4f, "
+		       "\"compile\": %.4f, \"llvm\": %.4f, \"ptx\": %.4f, "
+		       "\"cubin\": %.4f, \"store\": %.4f}}\n", plan_hits, parse_s,
+		       plan_s, keys_s, lookup_s, compile_s, p.llvm_s, p.code_s,
+		       p.cubin_s, p.store_s);
 	} else {
 		printf("%d kernel regions, %d unique keys: %d compiled, %d cache hits",
 		       regions, n_unique, p.compiled, hits);
