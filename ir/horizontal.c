@@ -55,6 +55,10 @@
  * calls, collectives, waits, indexing or views. Candidates lie at
  * most WINDOW steps apart in σ, and a fused kernel holds at most
  * MAX_MEMBERS of the regions before: the search is linear in the program.
+ * Within it, a candidate's replay covers at most WINDOW + 1 steps, and the
+ * readers each buffer has left are kept as the sweep goes (left_of), not
+ * counted on its whole reader list, which for a buffer every layer reads
+ * made the pass quadratic.
  * Pairs that share an input are tried first, over the whole order; then
  * pairs that only share a domain. A path between the two (the walk from A
  * forward over steps before j finds B) refuses the pair: one kernel cannot
@@ -96,9 +100,12 @@ typedef struct hz {
 
 	/* scratch */
 	int eval, *left, *left_mark; /* readers left, valid where marked */
+	/* per buffer: the roots reading it whose step is base_first or later
+	 * (see left_of); both[b] == both_stamp where both candidates read b */
+	int *base, base_first, *both, both_stamp;
 	bool *donated;
 	int step, *seen;            /* per value: dedup of one step's reads */
-	int gcur, *gmark, rcur, *rmark;
+	int gcur, *gmark;
 	int *stack, *walk, n_walk;
 	int win[2][WINDOW + 2], n_win[2];
 	int64_t win_live[2][WINDOW + 2];
@@ -257,28 +264,90 @@ static bool build_tent(hz *h, int x, int y)
 
 /* ---- the replay of a window ---- */
 
-/* Readers of buffer b not run before step `first`, the candidate's two
- * roots counted as one. */
+/*
+ * Readers of buffer b not run before step `first`, the candidate's two
+ * roots counted as one.
+ *
+ * Counting them on b's reader list at every replay made the pass
+ * quadratic: rotary's cos and sin are read by every layer, and each of the
+ * candidates near one of their readers counted all of them. Instead the
+ * count is kept as the sweep goes (base): it starts as the number of roots
+ * reading b (base_reset), drops by one when the sweep steps past a root
+ * reading b (base_pass), and by one when a merge unites two roots that
+ * both read b. A window starts at the sweep's step, so the count at
+ * `first` is base[b], less one when the candidate's two roots both read b.
+ * Each region's reads are thus counted O(1) times per sweep.
+ */
 static int *left_of(hz *h, int b, int first, bool tent)
 {
 	if (h->left_mark[b] != h->eval) {
+		FZ_ASSERT(first == h->base_first);
 		h->left_mark[b] = h->eval;
 		h->donated[b] = false;
-		int c = 0;
-		h->rcur++;
-		h->p->work += 1 + h->rd_start[b + 1] - h->rd_start[b];
-		for (int i = h->rd_start[b]; i < h->rd_start[b + 1]; i++) {
-			int g = find(h, h->rd[i]);
-			if (tent && g == h->ty)
-				g = h->tx;
-			if (h->slot[g] >= first && h->rmark[g] != h->rcur) {
-				h->rmark[g] = h->rcur;
-				c++;
-			}
-		}
-		h->left[b] = c;
+		h->left[b] = h->base[b] -
+			     (tent && h->both[b] == h->both_stamp ? 1 : 0);
+		h->p->work++;
 	}
 	return &h->left[b];
+}
+
+/* Calls fn(h, b) once for each buffer root g's regions read. */
+static void group_reads(hz *h, int g, void (*fn)(hz *, int))
+{
+	const fz_program *p = h->p;
+	h->step++;
+	for (int r = g; r >= 0; r = h->next[r]) {
+		const fz_region *R = p->regions[r];
+		h->p->work += 1 + R->n_in;
+		for (int k = 0; k < R->n_in; k++) {
+			int b = fz_view_root(p, R->in[k])->id;
+			if (h->seen[b] != h->step) {
+				h->seen[b] = h->step;
+				fn(h, b);
+			}
+		}
+	}
+}
+
+static void base_dec(hz *h, int b) { h->base[b]--; }
+static void base_inc(hz *h, int b) { h->base[b]++; }
+static void mark_x(hz *h, int b) { h->both[b] = h->both_stamp - 1; }
+static void mark_y(hz *h, int b)
+{
+	if (h->both[b] == h->both_stamp - 1)
+		h->both[b] = h->both_stamp;
+}
+
+static void both_dec(hz *h, int b)
+{
+	if (h->both[b] == h->both_stamp)
+		h->base[b]--;
+}
+
+/* The counts at step 0: every root, for every buffer it reads. */
+static void base_reset(hz *h)
+{
+	memset(h->base, 0, sizeof(int) * (size_t)h->t->n_values);
+	for (int s = 0; s < h->m; s++)
+		if (h->at[s] >= 0)
+			group_reads(h, h->at[s], base_inc);
+	h->base_first = 0;
+}
+
+/* The sweep steps past step s. */
+static void base_pass(hz *h, int s)
+{
+	if (h->at[s] >= 0)
+		group_reads(h, h->at[s], base_dec);
+	h->base_first = s + 1;
+}
+
+/* Marks the buffers both x and y read (both[b] == both_stamp). */
+static void mark_both(hz *h, int x, int y)
+{
+	h->both_stamp += 2;
+	group_reads(h, x, mark_x);
+	group_reads(h, y, mark_y);
 }
 
 /*
@@ -417,6 +486,7 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 
 	if (!build_tent(h, x, y))
 		return FZ_ENOMEM;
+	mark_both(h, x, y);
 	int64_t pk[2];
 	for (int v = 0; v < 2; v++)
 		pk[v] = replay(h, h->win[v], h->n_win[v], i, h->live_before[i],
@@ -456,6 +526,7 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 		h->cls[x] = C_ROWS;
 		h->red[x] = h->red[y];
 	}
+	group_reads(h, y, both_dec); /* two readers of these become one */
 	h->parent[y] = x;
 	h->next[h->tail[x]] = y;
 	h->tail[x] = h->tail[y];
@@ -653,7 +724,6 @@ fz_status fz_horizontal(fz_program *p)
 	h.slot = calloc((size_t)n + 1, sizeof(int));
 	h.live_before = calloc((size_t)n + 2, sizeof(int64_t));
 	h.gmark = calloc((size_t)n + 1, sizeof(int));
-	h.rmark = calloc((size_t)n + 1, sizeof(int));
 	h.stack = calloc((size_t)n + 1, sizeof(int));
 	h.n_don = calloc((size_t)nv + 1, sizeof(int));
 	h.don = calloc((size_t)nv + 1, sizeof(int *));
@@ -663,11 +733,14 @@ fz_status fz_horizontal(fz_program *p)
 	h.donated = calloc((size_t)nv + 1, sizeof(bool));
 	h.seen = calloc((size_t)nv + 1, sizeof(int));
 	h.reach = calloc((size_t)nv + 1, sizeof(bool));
+	h.base = calloc((size_t)nv + 1, sizeof(int));
+	h.both = calloc((size_t)nv + 1, sizeof(int));
 	int64_t *before = malloc(sizeof(int64_t) * ((size_t)n + 2));
 	if (!h.parent || !h.next || !h.tail || !h.members || !h.cur || !h.cls ||
 	    !h.dom || !h.red || !h.at || !h.slot || !h.live_before || !h.gmark ||
-	    !h.rmark || !h.stack || !h.n_don || !h.don || !h.pinned || !h.left ||
-	    !h.left_mark || !h.donated || !h.seen || !h.reach || !before)
+	    !h.stack || !h.n_don || !h.don || !h.pinned || !h.left ||
+	    !h.left_mark || !h.donated || !h.seen || !h.reach || !h.base ||
+	    !h.both || !before)
 		goto done;
 	if ((st = build_edges(&h)) != FZ_OK)
 		goto done;
@@ -693,11 +766,13 @@ fz_status fz_horizontal(fz_program *p)
 	}
 	/* the live bytes before every step of the planned order, by the same
 	 * replay that judges the candidates: it must find the planned peak */
+	base_reset(&h);
 	int64_t pk = replay(&h, h.at, n, 0, 0, before, false);
 	FZ_ASSERT(pk == p->peak_bytes);
 	memcpy(h.live_before, before, sizeof(int64_t) * ((size_t)n + 1));
 
 	for (int pass = 0; pass < 2; pass++) {
+		base_reset(&h);
 		for (int i = 0; i < h.m; i++) {
 			for (int j = i + 1; j < h.m && j <= i + WINDOW; j++) {
 				int x = h.at[i], y = h.at[j];
@@ -710,6 +785,7 @@ fz_status fz_horizontal(fz_program *p)
 					goto done;
 				st = FZ_ENOMEM;
 			}
+			base_pass(&h, i);
 		}
 	}
 	st = p->horizontal_merged ? rebuild(&h) : FZ_OK;
@@ -726,7 +802,6 @@ done:
 	free(h.slot);
 	free(h.live_before);
 	free(h.gmark);
-	free(h.rmark);
 	free(h.stack);
 	free(h.n_don);
 	free(h.don);
@@ -736,6 +811,8 @@ done:
 	free(h.donated);
 	free(h.seen);
 	free(h.reach);
+	free(h.base);
+	free(h.both);
 	free(h.pred_start);
 	free(h.preds);
 	free(h.succ_start);
