@@ -942,6 +942,242 @@ START_TEST(dump_after_each_pass)
 }
 END_TEST
 
+/* ---- scaling: counted work per op stays flat as the trace grows ---------- */
+
+/*
+ * A checkpointed training step of a small Llama (hidden 64, 4 heads of 16,
+ * MLP 128, vocabulary 100, bf16, batch 1, sequence 16), written here so
+ * that the test needs nothing but itself: the forward keeps only each
+ * layer's input; the backward, layer by layer from the last, recomputes
+ * the layer from its saved input and takes the gradient through it
+ * (SwiGLU, rms_norm, attention with softmax, rotary, the projections), with
+ * every weight's gradient returned. The loss gradient is a stand-in
+ * (softmax(logits) - 0.01). What matters for planning is the shape a real
+ * checkpointed step has: edges from each forward layer to its
+ * recomputation far later, rotary tables and a mask read by every layer,
+ * a gradient chain through all of them.
+ */
+static void ckpt_layer(fz_buf *b, const char *P, const char *X, int i)
+{
+	const char *split = "shape=[1, 16, 4, 16]", *perm = "dims=[0, 2, 1, 3]";
+	const char *lo = "start=[0, 0, 0, 0], end=[1, 4, 16, 8], step=[1, 1, 1, 1]";
+	const char *hi = "start=[0, 0, 0, 8], end=[1, 4, 16, 16], step=[1, 1, 1, 1]";
+	fz_buf_printf(b, "  %s_n1 = rms_norm(%s, l%d_attn_norm, dims=[2], eps=1e-5)\n",
+		      P, X, i);
+	for (const char *t = "qkv"; *t; t++)
+		fz_buf_printf(b, "  %s_%c = permute(reshape(linear(%s_n1, l%d_w%c), %s), %s)\n",
+			      P, *t, P, i, *t, split, perm);
+	for (const char *t = "qk"; *t; t++) {
+		fz_buf_printf(b, "  %s_%c1 = slice(%s_%c, %s)\n", P, *t, P, *t, lo);
+		fz_buf_printf(b, "  %s_%c2 = slice(%s_%c, %s)\n", P, *t, P, *t, hi);
+		fz_buf_printf(b, "  %s_%cr = add(mul(%s_%c, cos), mul(cat(neg(%s_%c2), "
+			      "%s_%c1, dim=3), sin))\n", P, *t, P, *t, P, *t, P, *t);
+	}
+	fz_buf_printf(b, "  %s_sc = mul(matmul(%s_qr, transpose(%s_kr, 2, 3)), 0.25)\n",
+		      P, P, P);
+	fz_buf_printf(b, "  %s_pr = softmax(where(mask, %s_sc, -1e9), dim=3)\n", P, P);
+	fz_buf_printf(b, "  %s_ctx = reshape(permute(matmul(%s_pr, %s_v), %s), "
+		      "shape=[1, 16, 64])\n", P, P, P, perm);
+	fz_buf_printf(b, "  %s_h = add(%s, linear(%s_ctx, l%d_wo))\n", P, X, P, i);
+	fz_buf_printf(b, "  %s_n2 = rms_norm(%s_h, l%d_mlp_norm, dims=[2], eps=1e-5)\n",
+		      P, P, i);
+	fz_buf_printf(b, "  %s_gl = linear(%s_n2, l%d_w_gate)\n", P, P, i);
+	fz_buf_printf(b, "  %s_g = silu(%s_gl)\n", P, P);
+	fz_buf_printf(b, "  %s_u = linear(%s_n2, l%d_w_up)\n", P, P, i);
+	fz_buf_printf(b, "  %s_m = mul(%s_g, %s_u)\n", P, P, P);
+	fz_buf_printf(b, "  %s_y = add(%s_h, linear(%s_m, l%d_w_down))\n", P, P, P, i);
+}
+
+/* dW = Gᵀ A over the 16 rows */
+static void ckpt_wgrad(fz_buf *b, const char *name, const char *g, int gk,
+		       const char *a, int ak)
+{
+	fz_buf_printf(b, "  %s = matmul(transpose(reshape(%s, shape=[16, %d]), 0, 1), "
+		      "reshape(%s, shape=[16, %d]))\n", name, g, gk, a, ak);
+}
+
+/* The gradient through rms_norm(x, w) of gn into gout (added to gadd). */
+static void ckpt_rms_grad(fz_buf *b, const char *B, const char *x,
+			  const char *w, const char *gn, const char *gadd,
+			  const char *gout, const char *dw)
+{
+	fz_buf_printf(b, "  %s_r = rsqrt(add(mean(mul(%s, %s), dims=[2], keepdim=true), "
+		      "1e-5))\n", B, x, x);
+	fz_buf_printf(b, "  %s_gw = mul(%s, %s)\n", B, gn, w);
+	fz_buf_printf(b, "  %s_dx = mul(%s_r, sub(%s_gw, mul(mul(%s, mean(mul(%s_gw, "
+		      "%s), dims=[2], keepdim=true)), mul(%s_r, %s_r))))\n", B, B, B, x,
+		      B, x, B, B);
+	if (gadd)
+		fz_buf_printf(b, "  %s = add(%s, %s_dx)\n", gout, gadd, B);
+	else
+		fz_buf_printf(b, "  %s = mul(%s_dx, 1.0)\n", gout, B);
+	fz_buf_printf(b, "  %s = sum(reshape(mul(%s, mul(%s, %s_r)), shape=[16, 64]), "
+		      "dims=[0])\n", dw, gn, x, B);
+}
+
+static void ckpt_backward(fz_buf *b, int i, const char *X, const char *G,
+			  const char *gout)
+{
+	char P[16], B[16], n[64], n2[64];
+	snprintf(P, sizeof P, "r%d", i);
+	snprintf(B, sizeof B, "b%d", i);
+	const char *perm = "dims=[0, 2, 1, 3]";
+	const char *lo = "start=[0, 0, 0, 0], end=[1, 4, 16, 8], step=[1, 1, 1, 1]";
+	const char *hi = "start=[0, 0, 0, 8], end=[1, 4, 16, 16], step=[1, 1, 1, 1]";
+	ckpt_layer(b, P, X, i);
+	fz_buf_printf(b, "  %s_gm = matmul(%s, l%d_w_down)\n", B, G, i);
+	snprintf(n, sizeof n, "d%d_w_down", i);
+	snprintf(n2, sizeof n2, "%s_m", P);
+	ckpt_wgrad(b, n, G, 64, n2, 128);
+	fz_buf_printf(b, "  %s_gg = mul(%s_gm, %s_u)\n", B, B, P);
+	fz_buf_printf(b, "  %s_gu = mul(%s_gm, %s_g)\n", B, B, P);
+	fz_buf_printf(b, "  %s_sg = sigmoid(%s_gl)\n", B, P);
+	fz_buf_printf(b, "  %s_ggl = mul(%s_gg, mul(%s_sg, add(1.0, mul(%s_gl, "
+		      "sub(1.0, %s_sg)))))\n", B, B, B, P, B);
+	snprintf(n, sizeof n, "d%d_w_gate", i);
+	snprintf(n2, sizeof n2, "%s_ggl", B);
+	char a[64];
+	snprintf(a, sizeof a, "%s_n2", P);
+	ckpt_wgrad(b, n, n2, 128, a, 64);
+	snprintf(n, sizeof n, "d%d_w_up", i);
+	snprintf(n2, sizeof n2, "%s_gu", B);
+	ckpt_wgrad(b, n, n2, 128, a, 64);
+	fz_buf_printf(b, "  %s_gn2 = add(matmul(%s_ggl, l%d_w_gate), matmul(%s_gu, "
+		      "l%d_w_up))\n", B, B, i, B, i);
+	char B2[24], x[64], w[64], gn[64], go[64], dw[64];
+	snprintf(B2, sizeof B2, "%s_m2", B);
+	snprintf(x, sizeof x, "%s_h", P);
+	snprintf(w, sizeof w, "l%d_mlp_norm", i);
+	snprintf(gn, sizeof gn, "%s_gn2", B);
+	snprintf(go, sizeof go, "%s_gh", B);
+	snprintf(dw, sizeof dw, "d%d_mlp_norm", i);
+	ckpt_rms_grad(b, B2, x, w, gn, G, go, dw);
+	snprintf(n, sizeof n, "d%d_wo", i);
+	snprintf(a, sizeof a, "%s_ctx", P);
+	ckpt_wgrad(b, n, go, 64, a, 64);
+	fz_buf_printf(b, "  %s_gctx = permute(reshape(matmul(%s_gh, l%d_wo), "
+		      "shape=[1, 16, 4, 16]), %s)\n", B, B, i, perm);
+	fz_buf_printf(b, "  %s_gpr = matmul(%s_gctx, transpose(%s_v, 2, 3))\n", B, B, P);
+	fz_buf_printf(b, "  %s_gv = matmul(transpose(%s_pr, 2, 3), %s_gctx)\n", B, P, B);
+	fz_buf_printf(b, "  %s_gsc = mul(mul(%s_pr, sub(%s_gpr, sum(mul(%s_gpr, %s_pr), "
+		      "dims=[3], keepdim=true))), 0.25)\n", B, P, B, B, P);
+	fz_buf_printf(b, "  %s_gq = matmul(%s_gsc, %s_kr)\n", B, B, P);
+	fz_buf_printf(b, "  %s_gk = matmul(transpose(%s_gsc, 2, 3), %s_qr)\n", B, B, P);
+	for (const char *t = "qk"; *t; t++) {
+		fz_buf_printf(b, "  %s_g%cs = mul(%s_g%c, sin)\n", B, *t, B, *t);
+		fz_buf_printf(b, "  %s_g%c0 = add(mul(%s_g%c, cos), cat(slice(%s_g%cs, %s), "
+			      "neg(slice(%s_g%cs, %s)), dim=3))\n", B, *t, B, *t, B, *t,
+			      hi, B, *t, lo);
+	}
+	for (const char *t = "qkv"; *t; t++) {
+		fz_buf_printf(b, "  %s_g%cm = reshape(permute(%s_g%c%s, %s), "
+			      "shape=[1, 16, 64])\n", B, *t, B, *t, *t == 'v' ? "" : "0",
+			      perm);
+		snprintf(n, sizeof n, "d%d_w%c", i, *t);
+		snprintf(n2, sizeof n2, "%s_g%cm", B, *t);
+		snprintf(a, sizeof a, "%s_n1", P);
+		ckpt_wgrad(b, n, n2, 64, a, 64);
+	}
+	fz_buf_printf(b, "  %s_gn1 = add(add(matmul(%s_gqm, l%d_wq), matmul(%s_gkm, "
+		      "l%d_wk)), matmul(%s_gvm, l%d_wv))\n", B, B, i, B, i, B, i);
+	snprintf(B2, sizeof B2, "%s_m1", B);
+	snprintf(w, sizeof w, "l%d_attn_norm", i);
+	snprintf(gn, sizeof gn, "%s_gn1", B);
+	snprintf(dw, sizeof dw, "d%d_attn_norm", i);
+	ckpt_rms_grad(b, B2, X, w, gn, go, gout, dw);
+}
+
+static char *ckpt_step(int layers)
+{
+	static const char *const wn[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up",
+					 "w_down", "attn_norm", "mlp_norm"};
+	static const char *const wt[] = {"[64, 64]", "[64, 64]", "[64, 64]",
+					 "[64, 64]", "[128, 64]", "[128, 64]",
+					 "[64, 128]", "[64]", "[64]"};
+	fz_buf b = {0};
+	fz_buf_printf(&b, "trace step(ids: i64[1, 16], cos: bf16[16, 16], "
+		      "sin: bf16[16, 16], mask: bool[16, 16], embed: bf16[100, 64]");
+	for (int i = 0; i < layers; i++)
+		for (int k = 0; k < 9; k++)
+			fz_buf_printf(&b, ", l%d_%s: bf16%s", i, wn[k], wt[k]);
+	fz_buf_puts(&b, ", final_norm: bf16[64], lm_head: bf16[100, 64]) {\n");
+	fz_buf_puts(&b, "  x0 = take(embed, ids, dim=0)\n");
+	char X[32], P[16];
+	for (int i = 0; i < layers; i++) {
+		snprintf(X, sizeof X, i ? "f%d_y" : "x0", i - 1);
+		snprintf(P, sizeof P, "f%d", i);
+		ckpt_layer(&b, P, X, i);
+	}
+	fz_buf_printf(&b, "  hn = rms_norm(f%d_y, final_norm, dims=[2], eps=1e-5)\n",
+		      layers - 1);
+	fz_buf_puts(&b, "  logits = linear(hn, lm_head)\n"
+		    "  glog = sub(softmax(logits, dim=2), 0.01)\n"
+		    "  d_lm_head = matmul(transpose(reshape(glog, shape=[16, 100]), 0, 1), "
+		    "reshape(hn, shape=[16, 64]))\n"
+		    "  ghn = matmul(glog, lm_head)\n");
+	char G[32] = "g_top", gout[32];
+	snprintf(X, sizeof X, "f%d_y", layers - 1);
+	ckpt_rms_grad(&b, "bf", X, "final_norm", "ghn", NULL, G, "d_final_norm");
+	for (int i = layers - 1; i >= 0; i--) {
+		snprintf(X, sizeof X, i ? "f%d_y" : "x0", i - 1);
+		snprintf(gout, sizeof gout, "g%d", i);
+		ckpt_backward(&b, i, X, G, gout);
+		snprintf(G, sizeof G, "%s", gout);
+	}
+	fz_buf_printf(&b, "  d_embed = index_add(full(shape=[100, 64], value=0, "
+		      "dtype=bf16), reshape(ids, shape=[16]), reshape(%s, "
+		      "shape=[16, 64]), dim=0)\n", G);
+	fz_buf_puts(&b, "  return d_embed, d_lm_head, d_final_norm");
+	for (int i = 0; i < layers; i++)
+		for (int k = 0; k < 9; k++)
+			fz_buf_printf(&b, ", d%d_%s", i, wn[k]);
+	fz_buf_puts(&b, "\n}\n");
+	char *s = fz_buf_take(&b);
+	ck_assert_ptr_nonnull(s);
+	return s;
+}
+
+/* Counted work (fz_program.pass_work) per op of each pass, and of all of
+ * them, at 64 layers is at most twice that at 8: no pass grows faster than
+ * n log n on the shape of a checkpointed training step. Counted, not timed,
+ * so a busy machine cannot fail it, and a pass that goes quadratic can. */
+static void ckpt_work(int layers, double *per_op, int *ops)
+{
+	char *src = ckpt_step(layers);
+	fz_module *m = parse(src);
+	free(src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_program *p = plan_sized(t, NULL);
+	*ops = fz_trace_op_count(t);
+	double all = 0;
+	for (int k = 0; k < FZ_PASS_COUNT; k++) {
+		per_op[k] = (double)p->pass_work[k] / *ops;
+		all += (double)p->pass_work[k];
+		ck_assert_msg(p->pass_work[k] > 0, "%s counted no work",
+			      fz_pass_names[k]);
+	}
+	per_op[FZ_PASS_COUNT] = all / *ops;
+	fz_program_free(p);
+	fz_module_free(m);
+}
+
+START_TEST(work_per_op_flat)
+{
+	double w8[FZ_PASS_COUNT + 1], w64[FZ_PASS_COUNT + 1];
+	int ops8, ops64;
+	ckpt_work(8, w8, &ops8);
+	ckpt_work(64, w64, &ops64);
+	ck_assert_int_gt(ops64, 7 * ops8);
+	for (int k = 0; k <= FZ_PASS_COUNT; k++) {
+		const char *name = k < FZ_PASS_COUNT ? fz_pass_names[k] : "all passes";
+		fprintf(stderr, "work per op, %s: %.1f at 8 layers (%d ops), %.1f at "
+			"64 (%d ops)\n", name, w8[k], ops8, w64[k], ops64);
+		ck_assert_msg(w64[k] <= 2 * w8[k], "%s: %.1f steps per op at 64 "
+			      "layers, %.1f at 8", name, w64[k], w8[k]);
+	}
+}
+END_TEST
+
 Suite *plan_suite(void)
 {
 	Suite *s = suite_create("plan");
@@ -978,6 +1214,9 @@ Suite *plan_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("random");
 	tcase_add_loop_test(tc, random_dags, 0, 300);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("scaling");
+	tcase_add_test(tc, work_per_op_flat);
 	suite_add_tcase(s, tc);
 	return s;
 }
