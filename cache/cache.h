@@ -276,6 +276,20 @@ fz_status fz_plan_serialize(const fz_program *p, void **data, size_t *len);
 fz_status fz_plan_deserialize(const fz_trace *t, const fz_plan_options *o,
                               const void *data, size_t len, fz_program **out);
 
+struct fz_cg_options;
+
+/* The canonical form of every kernel region of p for compiler options o,
+ * as fz_canon_region makes it with fz_cache_target(o) and FZ_CODEGEN_VERSION
+ * and each region's fz_cache_spec: (*out)[r] for kernel region r, NULL
+ * for the others; free with fz_program_canons_free. From the cache (one
+ * entry per program and options, compared and checked like the program's)
+ * when there, else computed and stored; d NULL or disabled: computed.
+ * *hit says which. p must be the program of a trace that outlives *out. */
+fz_status fz_program_canons(fz_disk *d, const fz_program *p,
+                            const struct fz_cg_options *o, fz_canon ***out,
+                            bool *hit, char **err);
+void fz_program_canons_free(const fz_program *p, fz_canon **cs);
+
 /* ---- Cubins through nvJitLink -------------------------------------------- */
 
 /* True when libnvJitLink could be opened (dlopen, once). */

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "codegen.h"
 
 #define PLAN_FORMAT 1
 
@@ -51,7 +52,7 @@ typedef struct wbuf {
 	bool oom;
 } wbuf;
 
-static void put(wbuf *b, const void *x, size_t n)
+static void grow(wbuf *b, size_t n)
 {
 	if (b->oom)
 		return;
@@ -67,8 +68,39 @@ static void put(wbuf *b, const void *x, size_t n)
 		b->p = q;
 		b->cap = nc;
 	}
+}
+
+static inline void put(wbuf *b, const void *x, size_t n)
+{
+	if (b->len + n > b->cap) {
+		grow(b, n);
+		if (b->oom)
+			return;
+	}
 	memcpy(b->p + b->len, x, n);
 	b->len += n;
+}
+
+/* The image is written in LEB128 varints (zigzag for signed numbers): most
+ * of its numbers are small, and it is hashed and compared on every warm
+ * start. */
+static inline void put_u(wbuf *b, uint64_t x)
+{
+	if (b->len + 10 > b->cap) {
+		grow(b, 10);
+		if (b->oom)
+			return;
+	}
+	while (x >= 0x80) {
+		b->p[b->len++] = (uint8_t)(x | 0x80);
+		x >>= 7;
+	}
+	b->p[b->len++] = (uint8_t)x;
+}
+
+static inline void put_s(wbuf *b, int64_t x)
+{
+	put_u(b, ((uint64_t)x << 1) ^ (uint64_t)(x >> 63));
 }
 
 static void put_i32(wbuf *b, int32_t x) { put(b, &x, sizeof x); }
@@ -77,15 +109,15 @@ static void put_str(wbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 static void put_ext(wbuf *b, fz_ext e)
 {
-	put_i64(b, e.c);
-	put_i64(b, (int64_t)e.syms);
+	put_s(b, e.c);
+	put_u(b, e.syms);
 }
 
 static void put_type(wbuf *b, const fz_type *ty)
 {
-	put_i32(b, (int32_t)ty->dtype);
-	put_i32(b, ty->rank);
-	put_i32(b, ty->future);
+	put_s(b, (int32_t)ty->dtype);
+	put_s(b, ty->rank);
+	put_s(b, ty->future);
 	for (int i = 0; i < ty->rank; i++)
 		put_ext(b, ty->dims[i]);
 }
@@ -94,63 +126,63 @@ static void put_type(wbuf *b, const fz_type *ty)
 
 static void put_attrs(wbuf *b, const fz_attrs *a)
 {
-	put_i32(b, (int32_t)a->present);
-	put_i32(b, (int32_t)a->dtype);
-	put_i32(b, a->n_shape);
+	put_s(b, (int32_t)a->present);
+	put_s(b, (int32_t)a->dtype);
+	put_s(b, a->n_shape);
 	for (int i = 0; i < a->n_shape; i++)
 		put_ext(b, a->shape[i]);
-	put_i32(b, a->n_dims);
+	put_s(b, a->n_dims);
 	for (int i = 0; i < a->n_dims; i++)
-		put_i32(b, a->dims[i]);
-	put_i32(b, a->dim);
-	put_i32(b, a->keepdim);
+		put_s(b, a->dims[i]);
+	put_s(b, a->dim);
+	put_s(b, a->keepdim);
 	put(b, &a->value, sizeof a->value);
-	put_i32(b, a->value_sym);
+	put_s(b, a->value_sym);
 	put_ext(b, a->length);
-	put_i64(b, a->seed);
-	put_i64(b, a->offset);
-	put_i32(b, a->n_slice);
+	put_s(b, a->seed);
+	put_s(b, a->offset);
+	put_s(b, a->n_slice);
 	for (int i = 0; i < a->n_slice; i++) {
-		put_i64(b, a->start[i]);
-		put_i64(b, a->step[i]);
+		put_s(b, a->start[i]);
+		put_s(b, a->step[i]);
 		put_ext(b, a->end[i]);
 	}
-	put_i64(b, a->correction);
-	put_i32(b, a->approximate);
+	put_s(b, a->correction);
+	put_s(b, a->approximate);
 	put(b, &a->eps, sizeof a->eps);
 }
 
 static void put_image(wbuf *b, const fz_trace *t)
 {
-	put_i32(b, t->world);
-	put_i32(b, t->n_syms);
+	put_s(b, t->world);
+	put_s(b, t->n_syms);
 	for (int s = 0; s < t->n_syms; s++) {
 		put_str(b, t->syms[s]);
 		put(b, "", 1);
 	}
-	put_i32(b, t->n_params);
+	put_s(b, t->n_params);
 	for (int i = 0; i < t->n_params; i++) {
-		put_i32(b, t->params[i]->id);
+		put_s(b, t->params[i]->id);
 		put_type(b, &t->params[i]->type);
 	}
-	put_i32(b, t->n_nodes);
-	put_i32(b, t->n_values);
+	put_s(b, t->n_nodes);
+	put_s(b, t->n_values);
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *n = t->nodes[i];
-		put_i32(b, (int32_t)n->op);
-		put_i32(b, n->n_in);
+		put_s(b, (int32_t)n->op);
+		put_s(b, n->n_in);
 		for (int k = 0; k < n->n_in; k++)
-			put_i32(b, n->in[k]->id);
-		put_i32(b, n->n_out);
+			put_s(b, n->in[k]->id);
+		put_s(b, n->n_out);
 		for (int k = 0; k < n->n_out; k++) {
-			put_i32(b, n->out[k]->id);
+			put_s(b, n->out[k]->id);
 			put_type(b, &n->out[k]->type);
 		}
 		put_attrs(b, &n->attrs);
 	}
-	put_i32(b, t->n_outputs);
+	put_s(b, t->n_outputs);
 	for (int i = 0; i < t->n_outputs; i++)
-		put_i32(b, t->outputs[i]->id);
+		put_s(b, t->outputs[i]->id);
 }
 
 fz_status fz_plan_form(const fz_trace *t, const fz_plan_options *o,
@@ -329,6 +361,8 @@ static fz_value **get_ids(rbuf *r, fz_program *p, int *n)
 /* Is a[0..n) a permutation of 0..n-1? seen: n bools of scratch. */
 static bool is_permutation(const int *a, int n, bool *seen)
 {
+	if (n <= 0)
+		return n == 0;
 	memset(seen, 0, (size_t)n);
 	for (int i = 0; i < n; i++) {
 		if (a[i] < 0 || a[i] >= n || seen[a[i]])
@@ -524,4 +558,327 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 	free(data);
 	free(form);
 	return FZ_OK;
+}
+
+/* ---- the kernel keys of a program ---- */
+
+/*
+ * Keying a program's kernels means canonicalizing every kernel region
+ * (canon.c): on a 32-layer Llama-2-7B step, 590 regions, about as long as
+ * loading the program. The forms depend only on the program and on what
+ * the code generator specializes on (the target, its version, LLVM's, the
+ * spec bytes of each region), so they are kept in one more entry: its
+ * compared form is a header naming those, every kernel region's spec
+ * bytes, then the program's own form (fz_plan_form); its payload, for each
+ * kernel region, the key, the canonical order of its nodes, inputs and
+ * outputs and its symbols, and each distinct canonical form once. What is
+ * read back is checked (node ids of the region, each once; positions a
+ * permutation; the key the hash of its form) and builds the same fz_canon
+ * that fz_canon_region makes.
+ */
+#define KEYS_FORMAT 1
+
+static fz_status keys_form(const fz_program *p, const fz_cg_options *o,
+			   const char *tname, void **form, size_t *len)
+{
+	/* the program's form, with the sizes it was planned at */
+	int64_t sizes[FZ_MAX_SYMS];
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		sizes[s] = p->unbound_syms >> s & 1 ? -1 : p->sym_sizes[s];
+	fz_plan_options po = p->opts;
+	po.sym_sizes = sizes;
+	void *pf = NULL;
+	size_t pl = 0;
+	fz_status st = fz_plan_form(p->trace, &po, &pf, &pl);
+	if (st != FZ_OK)
+		return st;
+	wbuf b = {0};
+	char line[256];
+	fz_key_params kp;
+	fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+	snprintf(line, sizeof line, "kernel keys\ntarget keys\nformat %d\n"
+		 "for %s\ncodegen %d\nllvm %u.%u.%u\n", KEYS_FORMAT, tname,
+		 FZ_CODEGEN_VERSION, kp.llvm_major, kp.llvm_minor, kp.llvm_patch);
+	put_str(&b, line);
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		if (!fz_region_is_kernel(R->kind))
+			continue;
+		uint8_t spec[2 + 256];
+		size_t n = fz_cache_spec(o, R, spec, sizeof spec);
+		put_i32(&b, r);
+		put_i32(&b, (int32_t)n);
+		put(&b, spec, n);
+	}
+	put_str(&b, "\nprogram\n");
+	put(&b, pf, pl);
+	free(pf);
+	if (b.oom) {
+		free(b.p);
+		return FZ_ENOMEM;
+	}
+	*form = b.p;
+	*len = b.len;
+	return FZ_OK;
+}
+
+void fz_program_canons_free(const fz_program *p, fz_canon **cs)
+{
+	if (!cs)
+		return;
+	for (int r = 0; r < p->n_regions; r++)
+		fz_canon_free(cs[r]);
+	free(cs);
+}
+
+static fz_status canons_compute(const fz_program *p, const fz_cg_options *o,
+				const char *tname, fz_canon **cs, char **err)
+{
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		if (!fz_region_is_kernel(R->kind))
+			continue;
+		uint8_t spec[2 + 256];
+		fz_key_params kp;
+		fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+		kp.spec = spec;
+		kp.n_spec = fz_cache_spec(o, R, spec, sizeof spec);
+		fz_status st = fz_canon_region(p->trace, R, &kp, &cs[r], err);
+		if (st != FZ_OK)
+			return st;
+	}
+	return FZ_OK;
+}
+
+static fz_status canons_serialize(const fz_program *p, fz_canon **cs,
+				  void **data, size_t *len)
+{
+	wbuf b = {0};
+	int n_texts = 0;
+	/* distinct forms: a region shares the text of an earlier one with
+	 * its key and form (the table is small: a model's distinct kernels) */
+	int *text_of = calloc((size_t)p->n_regions + 1, sizeof(int));
+	int *firsts = calloc((size_t)p->n_regions + 1, sizeof(int));
+	if (!text_of || !firsts) {
+		free(text_of);
+		free(firsts);
+		return FZ_ENOMEM;
+	}
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_canon *c = cs[r];
+		if (!c)
+			continue;
+		int k;
+		for (k = 0; k < n_texts; k++) {
+			const fz_canon *f = cs[firsts[k]];
+			if (fz_key_eq(f->key, c->key) && f->len == c->len &&
+			    !memcmp(f->text, c->text, c->len))
+				break;
+		}
+		if (k == n_texts)
+			firsts[n_texts++] = r;
+		text_of[r] = k;
+	}
+	put_i32(&b, n_texts);
+	for (int k = 0; k < n_texts; k++) {
+		const fz_canon *f = cs[firsts[k]];
+		put_i64(&b, (int64_t)f->len);
+		put(&b, f->text, f->len);
+	}
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_canon *c = cs[r];
+		if (!c)
+			continue;
+		put_i32(&b, r);
+		put_i32(&b, text_of[r]);
+		put_i32(&b, c->n_nodes);
+		for (int j = 0; j < c->n_nodes; j++)
+			put_i32(&b, c->nodes[j]->id);
+		put_i32(&b, c->n_in);
+		put(&b, c->in_pos, sizeof(int) * (size_t)c->n_in);
+		put_i32(&b, c->n_out);
+		put(&b, c->out_pos, sizeof(int) * (size_t)c->n_out);
+		put_i32(&b, c->n_syms);
+		put(&b, c->syms, sizeof(int) * (size_t)c->n_syms);
+	}
+	put_i32(&b, -1);
+	free(text_of);
+	free(firsts);
+	if (b.oom) {
+		free(b.p);
+		return FZ_ENOMEM;
+	}
+	*data = b.p;
+	*len = b.len;
+	return FZ_OK;
+}
+
+/* positions pos[0..n) a permutation of 0..n-1; seen: n ints, stamp fresh */
+static bool perm_ok(const int *pos, int n, int *seen, int stamp)
+{
+	for (int i = 0; i < n; i++) {
+		if (pos[i] < 0 || pos[i] >= n || seen[pos[i]] == stamp)
+			return false;
+		seen[pos[i]] = stamp;
+	}
+	return true;
+}
+
+static fz_status canons_deserialize(const fz_program *p, const void *data,
+				    size_t len, fz_canon **cs)
+{
+	const fz_trace *t = p->trace;
+	rbuf rd = {data, len, 0, false}, *r = &rd;
+	int n_texts = get_in(r, 0, p->n_regions + 1);
+	const char **texts = calloc((size_t)n_texts + 1, sizeof *texts);
+	size_t *lens = calloc((size_t)n_texts + 1, sizeof *lens);
+	fz_key *keys = calloc((size_t)n_texts + 1, sizeof *keys);
+	int nmax = t->n_nodes > t->n_values ? t->n_nodes : t->n_values;
+	int *seen = calloc((size_t)nmax + 1, sizeof(int)), stamp = 0;
+	if (!texts || !lens || !keys || !seen)
+		r->bad = true;
+	for (int k = 0; k < n_texts && !r->bad; k++) {
+		int64_t l = get_i64(r);
+		if (l < 0 || (uint64_t)l > r->len - r->off) {
+			r->bad = true;
+			break;
+		}
+		texts[k] = (const char *)r->p + r->off;
+		lens[k] = (size_t)l;
+		keys[k] = fz_key_of(texts[k], lens[k]);
+		r->off += (size_t)l;
+	}
+	int last = -1;
+	while (!r->bad) {
+		int reg = get_i32(r);
+		if (reg == -1)
+			break;
+		if (reg <= last || reg >= p->n_regions ||
+		    !fz_region_is_kernel(p->regions[reg]->kind)) {
+			r->bad = true;
+			break;
+		}
+		last = reg;
+		const fz_region *R = p->regions[reg];
+		int k = get_in(r, 0, n_texts);
+		fz_canon *c = calloc(1, sizeof *c);
+		if (!c) {
+			r->bad = true;
+			break;
+		}
+		cs[reg] = c;
+		c->key = keys[k];
+		c->text = malloc(lens[k] + 1);
+		if (c->text) {
+			memcpy(c->text, texts[k], lens[k]);
+			c->text[lens[k]] = '\0';
+		}
+		c->len = lens[k];
+		c->n_nodes = get_in(r, R->n_nodes, R->n_nodes + 1);
+		c->nodes = calloc((size_t)c->n_nodes + 1, sizeof *c->nodes);
+		stamp++;
+		for (int j = 0; c->nodes && j < c->n_nodes && !r->bad; j++) {
+			int id = get_in(r, 0, t->n_nodes);
+			if (p->region_of[id] != reg || seen[id] == stamp)
+				r->bad = true;
+			seen[id] = stamp;
+			c->nodes[j] = t->nodes[id];
+		}
+		c->n_in = get_in(r, R->n_in, R->n_in + 1);
+		c->in = calloc((size_t)c->n_in + 1, sizeof *c->in);
+		c->in_pos = calloc((size_t)c->n_in + 1, sizeof *c->in_pos);
+		if (c->in_pos && !r->bad)
+			get(r, c->in_pos, sizeof(int) * (size_t)c->n_in);
+		c->n_out = get_in(r, R->n_out, R->n_out + 1);
+		c->out = calloc((size_t)c->n_out + 1, sizeof *c->out);
+		c->out_pos = calloc((size_t)c->n_out + 1, sizeof *c->out_pos);
+		if (c->out_pos && !r->bad)
+			get(r, c->out_pos, sizeof(int) * (size_t)c->n_out);
+		c->n_syms = get_in(r, 0, t->n_syms + 1);
+		get(r, c->syms, sizeof(int) * (size_t)c->n_syms);
+		if (!c->text || !c->nodes || !c->in || !c->in_pos || !c->out ||
+		    !c->out_pos || r->bad ||
+		    !perm_ok(c->in_pos, c->n_in, seen, ++stamp) ||
+		    !perm_ok(c->out_pos, c->n_out, seen, ++stamp)) {
+			r->bad = true;
+			break;
+		}
+		for (int s = 0; s < c->n_syms; s++)
+			if (c->syms[s] < 0 || c->syms[s] >= t->n_syms)
+				r->bad = true;
+		for (int i = 0; i < c->n_in; i++)
+			c->in[i] = R->in[c->in_pos[i]];
+		for (int i = 0; i < c->n_out; i++)
+			c->out[i] = R->out[c->out_pos[i]];
+	}
+	if (r->off != r->len)
+		r->bad = true;
+	/* every kernel region has its form */
+	for (int reg = 0; reg < p->n_regions && !r->bad; reg++)
+		if (fz_region_is_kernel(p->regions[reg]->kind) && !cs[reg])
+			r->bad = true;
+	free(texts);
+	free(lens);
+	free(keys);
+	free(seen);
+	return r->bad ? FZ_EINVAL : FZ_OK;
+}
+
+fz_status fz_program_canons(fz_disk *d, const fz_program *p,
+			    const fz_cg_options *o, fz_canon ***out, bool *hit,
+			    char **err)
+{
+	*out = NULL;
+	if (hit)
+		*hit = false;
+	char tname[160];
+	fz_cache_target(o, tname, sizeof tname);
+	fz_canon **cs = calloc((size_t)p->n_regions + 1, sizeof *cs);
+	if (!cs)
+		return FZ_ENOMEM;
+	void *form = NULL;
+	size_t form_len = 0;
+	fz_key key = {0, 0};
+	fz_status st;
+	bool cached = d && !fz_disk_disabled(d);
+	if (cached) {
+		if ((st = keys_form(p, o, tname, &form, &form_len)) != FZ_OK)
+			goto fail;
+		key = fz_key_of(form, form_len);
+		fz_entry *e = NULL;
+		fz_disk_lookup(d, key, form, form_len, &e);
+		const fz_section *s = e ? fz_entry_section(e, "keys") : NULL;
+		if (s && canons_deserialize(p, s->data, s->len, cs) == FZ_OK) {
+			fz_entry_free(e);
+			free(form);
+			if (hit)
+				*hit = true;
+			*out = cs;
+			return FZ_OK;
+		}
+		fz_entry_free(e);
+		for (int r = 0; r < p->n_regions; r++) {
+			fz_canon_free(cs[r]);
+			cs[r] = NULL;
+		}
+	}
+	if ((st = canons_compute(p, o, tname, cs, err)) != FZ_OK)
+		goto fail;
+	if (cached) {
+		void *data = NULL;
+		size_t len = 0;
+		if (canons_serialize(p, cs, &data, &len) == FZ_OK) {
+			fz_section sec = {.data = data, .len = len};
+			memcpy(sec.tag, "keys", 5);
+			fz_disk_store(d, key, form, form_len, &sec, 1);
+		}
+		free(data);
+	}
+	free(form);
+	*out = cs;
+	return FZ_OK;
+fail:
+	free(form);
+	fz_program_canons_free(p, cs);
+	return st;
 }

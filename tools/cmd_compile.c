@@ -314,22 +314,23 @@ static int cmd_compile(int argc, char **argv)
 			}
 			progs[n_progs++] = prog;
 			double tk = tool_now();
-			for (int r = 0; r < prog->n_regions && !rc; r++) {
-				const fz_region *R = prog->regions[r];
-				if (!fz_region_is_kernel(R->kind))
-					continue;
-				regions++;
-				/* the host: both index widths (the run picks one) */
-				int widths = p.o.target == FZ_CG_HOST ? 2 : 1;
-				for (int w = 0; w < widths && !rc; w++) {
-					fz_cg_options o = p.o;
-					o.idx32 = w == 1;
-					uint8_t spec[2 + 256];
-					fz_key_params kp;
-					fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
-					kp.spec = spec;
-					kp.n_spec = fz_cache_spec(&o, R, spec, sizeof spec);
-					fz_canon *cn = NULL;
+			/* the host: both index widths (the run picks one) */
+			int widths = p.o.target == FZ_CG_HOST ? 2 : 1;
+			for (int w = 0; w < widths && !rc; w++) {
+				fz_cg_options o = p.o;
+				o.idx32 = w == 1;
+				fz_canon **cs = NULL;
+				if (fz_program_canons(plan_cache ? disk : NULL, prog, &o, &cs,
+						      NULL, &err) != FZ_OK) {
+					fprintf(stderr, "fusec compile: %s: trace %s: %s\n",
+						files[f], fz_trace_name(t),
+						err ? err : "cannot key the kernels");
+					rc = EXIT_BAD;
+					break;
+				}
+				for (int r = 0; r < prog->n_regions; r++) {
+					if (!cs[r])
+						continue;
 					if (n_canons == cap_canons) {
 						cap_canons = cap_canons ? 2 * cap_canons : 64;
 						job *nc = realloc(canons, sizeof *nc * (size_t)cap_canons);
@@ -339,14 +340,13 @@ static int cmd_compile(int argc, char **argv)
 						}
 						canons = nc;
 					}
-					if (fz_canon_region(t, R, &kp, &cn, &err) != FZ_OK) {
-						fprintf(stderr, "fusec compile: %s: region %d: %s\n",
-							files[f], R->id, err ? err : "?");
-						rc = EXIT_BAD;
-						break;
-					}
-					canons[n_canons++] = (job){t, R, cn, o.idx32};
+					if (w == 0)
+						regions++;
+					canons[n_canons++] = (job){t, prog->regions[r], cs[r],
+								   o.idx32};
+					cs[r] = NULL; /* the job owns it now */
 				}
+				fz_program_canons_free(prog, cs);
 			}
 			keys_s += tool_now() - tk;
 		}
