@@ -85,9 +85,20 @@ typedef struct job {
 	bool idx32;      /* compiled with 32-bit indexing */
 } job;
 
+/*
+ * The workers. Jobs arrive while the main thread still parses, plans and
+ * keys the traces after the first (queued as each trace's kernels are
+ * known), so compiling overlaps planning; the workers start with the first
+ * job, and a warm run starts none. A worker takes the largest job waiting
+ * (by the region's ops, a fair proxy for the PTX nvJitLink will chew on),
+ * so the long kernels start first and the run does not end on one of them
+ * alone. closed: no more jobs will come.
+ */
 typedef struct pool {
 	job *jobs;
-	int n, next, done;
+	int n, cap, done, waiting;
+	bool closed;
+	pthread_cond_t more;
 	int compiled, unsupported, failed, cubins;
 	double llvm_s, code_s, cubin_s, store_s; /* summed over the workers */
 	char *first_unsupported, *first_error, *cubin_error;
@@ -108,18 +119,38 @@ static void progress_draw(pool *p)
 	fflush(stderr);
 }
 
+/* Under p->mu: the largest job waiting, removed from the queue (jobs[done
+ * + taken .. n) wait; a taken job moves to the front). -1 if none. */
+static int take_job(pool *p, job *out)
+{
+	int first = p->n - p->waiting, best = -1;
+	for (int i = first; i < p->n; i++)
+		if (best < 0 || p->jobs[i].r->n_nodes > p->jobs[best].r->n_nodes)
+			best = i;
+	if (best < 0)
+		return -1;
+	job tmp = p->jobs[first];
+	p->jobs[first] = p->jobs[best];
+	p->jobs[best] = tmp;
+	p->waiting--;
+	*out = p->jobs[first];
+	return first;
+}
+
 static void *worker(void *arg)
 {
 	pool *p = arg;
 	fz_compiler *cs[2] = {NULL, NULL}; /* by index width, made when needed */
 	char *err = NULL;
 	for (;;) {
+		job jb, *j = &jb;
 		pthread_mutex_lock(&p->mu);
-		int i = p->next < p->n ? p->next++ : -1;
+		while (!p->waiting && !p->closed)
+			pthread_cond_wait(&p->more, &p->mu);
+		int i = take_job(p, &jb);
 		pthread_mutex_unlock(&p->mu);
 		if (i < 0)
 			break;
-		job *j = &p->jobs[i];
 		fz_build_info info = {0};
 		char *jerr = NULL;
 		fz_status st = FZ_OK;
@@ -251,6 +282,7 @@ static int cmd_compile(int argc, char **argv)
 	pool p;
 	memset(&p, 0, sizeof p);
 	pthread_mutex_init(&p.mu, NULL);
+	pthread_cond_init(&p.more, NULL);
 	char *err = NULL;
 	if (fz_cg_options_parse(target, &p.o, &err) != FZ_OK) {
 		int rc = tool_usage_error(cmd, "%s", err ? err : "bad target");
@@ -269,11 +301,19 @@ static int cmd_compile(int argc, char **argv)
 	fz_lru *unique = NULL;
 	fz_disk *disk = NULL;
 	fz_disk_options dopt = {cache_dir, 0, on_warn, NULL};
-	if (!mods || fz_disk_open(&dopt, &disk, &err) != FZ_OK) {
+	fz_lru_ops ops = {canon_hash, canon_eq, NULL};
+	pthread_t th[1024];
+	int started = 0, n_unique = 0;
+	double tc = 0;
+	if (!mods || fz_disk_open(&dopt, &disk, &err) != FZ_OK ||
+	    fz_lru_new((size_t)1 << 16, &ops, NULL, &unique) != FZ_OK) {
 		fprintf(stderr, "fusec compile: %s\n", err ? err : "out of memory");
 		rc = EXIT_BAD;
 		goto done;
 	}
+	p.disk = disk;
+	p.want_cubins = p.o.target == FZ_CG_NVPTX && !no_cubin;
+	p.progress = isatty(2) && !json;
 
 	/* plan every trace; a canonical form per kernel region */
 	for (int f = 0; f < n_files && !rc; f++) {
@@ -291,6 +331,7 @@ static int cmd_compile(int argc, char **argv)
 			fz_plan_defaults(&po);
 			fz_program *prog = NULL;
 			bool hit = false;
+			int first_canon = n_canons;
 			double tq = tool_now();
 			fz_status pst = fz_plan_cached(plan_cache ? disk : NULL, t, &po,
 						       &prog, &hit, &err);
@@ -349,59 +390,70 @@ static int cmd_compile(int argc, char **argv)
 				fz_program_canons_free(prog, cs);
 			}
 			keys_s += tool_now() - tk;
+			/* this trace's distinct forms the cache lacks go to the
+			 * workers at once, while the next trace is planned */
+			double tl = tool_now();
+			for (int k = first_canon; k < n_canons && !rc; k++) {
+				fz_canon *cn = canons[k].cn;
+				if (fz_lru_get(unique, cn))
+					continue;
+				fz_lru_put(unique, cn, cn);
+				n_unique++;
+				fz_entry *e = NULL;
+				fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
+				/* an entry without this target's payload (an older
+				 * host entry) is compiled again and replaced */
+				bool usable = e && fz_cache_usable(e, &p.o);
+				fz_entry_free(e);
+				if (usable) {
+					hits++;
+					continue;
+				}
+				pthread_mutex_lock(&p.mu);
+				if (p.n == p.cap) {
+					int nc = p.cap ? 2 * p.cap : 64;
+					job *nj = realloc(p.jobs, sizeof *nj * (size_t)nc);
+					if (nj) {
+						p.jobs = nj;
+						p.cap = nc;
+					}
+				}
+				if (p.n < p.cap) {
+					p.jobs[p.n++] = canons[k];
+					p.waiting++;
+					pthread_cond_signal(&p.more);
+				} else {
+					rc = EXIT_BAD;
+				}
+				pthread_mutex_unlock(&p.mu);
+				/* the first job starts the workers; this thread
+				 * joins them when it has keyed everything */
+				if (p.n == 1 && !started) {
+					tc = tool_now();
+					for (long w = 1; w < jobs; w++)
+						if (pthread_create(&th[started], NULL, worker,
+								   &p) == 0)
+							started++;
+				}
+			}
+			lookup_s += tool_now() - tl;
 		}
 	}
+	pthread_mutex_lock(&p.mu);
+	p.closed = true;
+	pthread_cond_broadcast(&p.more);
+	pthread_mutex_unlock(&p.mu);
+	if (!rc && p.n > 0)
+		worker(&p);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	if (p.n > 0)
+		compile_s = tool_now() - tc;
 	if (rc)
 		goto done;
-
-	/* distinct forms, then the cache */
-	fz_lru_ops ops = {canon_hash, canon_eq, NULL};
-	p.jobs = calloc((size_t)n_canons + 1, sizeof *p.jobs);
-	if (!p.jobs || fz_lru_new((size_t)n_canons + 1, &ops, NULL, &unique) != FZ_OK) {
-		rc = EXIT_BAD;
-		goto done;
-	}
-	int n_unique = 0;
-	double tl = tool_now();
-	for (int k = 0; k < n_canons; k++) {
-		fz_canon *cn = canons[k].cn;
-		if (fz_lru_get(unique, cn))
-			continue;
-		fz_lru_put(unique, cn, cn);
-		n_unique++;
-		fz_entry *e = NULL;
-		fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
-		/* an entry without this target's payload (an older host entry)
-		 * is compiled again and replaced */
-		bool usable = e && fz_cache_usable(e, &p.o);
-		fz_entry_free(e);
-		if (usable) {
-			hits++;
-			continue;
-		}
-		p.jobs[p.n++] = canons[k];
-	}
-	lookup_s = tool_now() - tl;
-
-	/* compile what is missing */
-	p.disk = disk;
-	p.want_cubins = p.o.target == FZ_CG_NVPTX && !no_cubin;
-	p.progress = p.n > 0 && isatty(2) && !json;
 	if (jobs > p.n)
 		jobs = p.n > 0 ? p.n : 1;
-	pthread_t th[1024];
-	int started = 0;
-	double tc = tool_now();
-	if (p.n > 0) {
-		for (long i = 1; i < jobs; i++)
-			if (pthread_create(&th[started], NULL, worker, &p) == 0)
-				started++;
-		worker(&p);
-		for (int i = 0; i < started; i++)
-			pthread_join(th[i], NULL);
-	}
-	compile_s = tool_now() - tc;
-	if (p.progress)
+	if (p.progress && p.n)
 		fprintf(stderr, "\n");
 	double secs = tool_now() - t0;
 	/* whether this run built cubins for what it compiled; asked only when
@@ -464,5 +516,6 @@ done:
 	free(p.first_unsupported);
 	free(p.cubin_error);
 	pthread_mutex_destroy(&p.mu);
+	pthread_cond_destroy(&p.more);
 	return rc;
 }
