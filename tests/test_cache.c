@@ -1625,6 +1625,104 @@ START_TEST(plan_cache_payload_checked)
 }
 END_TEST
 
+static void canon_same(const fz_canon *a, const fz_canon *b)
+{
+	ck_assert(fz_key_eq(a->key, b->key));
+	ck_assert_uint_eq(a->len, b->len);
+	ck_assert(!memcmp(a->text, b->text, a->len));
+	ck_assert_int_eq(a->n_nodes, b->n_nodes);
+	for (int j = 0; j < a->n_nodes; j++)
+		ck_assert_ptr_eq(a->nodes[j], b->nodes[j]);
+	ck_assert_int_eq(a->n_in, b->n_in);
+	ck_assert_int_eq(a->n_out, b->n_out);
+	for (int i = 0; i < a->n_in; i++) {
+		ck_assert_ptr_eq(a->in[i], b->in[i]);
+		ck_assert_int_eq(a->in_pos[i], b->in_pos[i]);
+	}
+	for (int i = 0; i < a->n_out; i++) {
+		ck_assert_ptr_eq(a->out[i], b->out[i]);
+		ck_assert_int_eq(a->out_pos[i], b->out_pos[i]);
+	}
+	ck_assert_int_eq(a->n_syms, b->n_syms);
+	for (int i = 0; i < a->n_syms; i++)
+		ck_assert_int_eq(a->syms[i], b->syms[i]);
+}
+
+/* The kernel keys of a program from the cache are the forms
+ * fz_canon_region makes, region by region; another target is another
+ * entry; a damaged entry is computed again. */
+START_TEST(program_canons_cached)
+{
+	setup_dir();
+	fz_disk *d = open_cache(0);
+	fz_module *m = load_corpus(plan_traces[_i]);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_program *p = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_plan_cached(d, t, NULL, &p, NULL, &err), FZ_OK);
+	for (int round = 0; round < 4; round++) {
+		fz_cg_options o;
+		ck_assert_int_eq(fz_cg_options_parse(round == 2 ? "sm_80" : "sm_90",
+						     &o, &err), FZ_OK);
+		fz_canon **cs = NULL;
+		bool hit = true;
+		if (round == 3) { /* damage the entries: recomputed */
+			fz_canon **c0 = NULL;
+			ck_assert_int_eq(fz_program_canons(d, p, &o, &c0, &hit, &err),
+					 FZ_OK);
+			ck_assert(hit);
+			fz_program_canons_free(p, c0);
+			fz_disk_info *inf = NULL;
+			int n = 0;
+			ck_assert_int_eq(fz_disk_list(d, &inf, &n), FZ_OK);
+			for (int k = 0; k < n; k++) { /* the program's too: p is loaded */
+				char path[600];
+				entry_file(d, inf[k].key, path, sizeof path);
+				damage(path, 3);
+			}
+			free(inf);
+		}
+		ck_assert_int_eq(fz_program_canons(d, p, &o, &cs, &hit, &err), FZ_OK);
+		ck_assert_msg(hit == (round == 1), "round %d: hit %d", round, hit);
+		char tname[160];
+		fz_cache_target(&o, tname, sizeof tname);
+		int kernels = 0;
+		for (int r = 0; r < p->n_regions; r++) {
+			const fz_region *R = p->regions[r];
+			if (!fz_region_is_kernel(R->kind)) {
+				ck_assert_ptr_null(cs[r]);
+				continue;
+			}
+			kernels++;
+			uint8_t spec[2 + 256];
+			fz_key_params kp;
+			fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+			kp.spec = spec;
+			kp.n_spec = fz_cache_spec(&o, R, spec, sizeof spec);
+			fz_canon *c = NULL;
+			ck_assert_int_eq(fz_canon_region(t, R, &kp, &c, &err), FZ_OK);
+			ck_assert_ptr_nonnull(cs[r]);
+			canon_same(c, cs[r]);
+			fz_canon_free(c);
+		}
+		ck_assert_int_gt(kernels, 0);
+		fz_program_canons_free(p, cs);
+	}
+	/* no cache: computed */
+	fz_canon **cs = NULL;
+	bool hit = true;
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("sm_90", &o, &err), FZ_OK);
+	ck_assert_int_eq(fz_program_canons(NULL, p, &o, &cs, &hit, &err), FZ_OK);
+	ck_assert(!hit);
+	fz_program_canons_free(p, cs);
+	fz_program_free(p);
+	fz_disk_close(d);
+	fz_module_free(m);
+	teardown_dir();
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1667,6 +1765,8 @@ static Suite *cache_suite(void)
 	tcase_add_loop_test(tc, plan_cache_roundtrip, 0,
 			    (int)(sizeof plan_traces / sizeof *plan_traces));
 	tcase_add_test(tc, plan_cache_payload_checked);
+	tcase_add_loop_test(tc, program_canons_cached, 0,
+			    (int)(sizeof plan_traces / sizeof *plan_traces));
 	tcase_add_checked_fixture(tc, NULL, release_modules);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
