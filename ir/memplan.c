@@ -12,8 +12,8 @@
  * Blocks are 256-byte aligned (what cuBLAS and 16-byte vector accesses
  * want). A request takes the smallest free block that fits (best fit), else
  * grows the arena at its end; freed blocks merge with their neighbours.
- * The free list is a plain array sorted by offset, scanned linearly: the
- * number of live buffers at once is small.
+ * The free blocks are kept in two treaps (see heap_arena), so each request
+ * and each release is O(log blocks).
  *
  *     seed-004, planned order:  p0 @0  m0 @262144  r0 in place of m0
  *                               acc0 @0  p1 @524288 ...   arena 786432
@@ -25,44 +25,180 @@
 
 #define ALIGN 256
 
-typedef struct block {
+/*
+ * The free blocks, in two treaps over one pool of nodes: one ordered by
+ * (size, offset), where best fit is the first block at or above the size
+ * asked for (the smallest that fits, the lowest offset among equals), one
+ * by offset, where a freed block finds the neighbours it merges with and
+ * growth finds the last block. Each request and each release is O(log
+ * blocks), so the pass is O((regions + edges) log regions) however many
+ * buffers a checkpointed step keeps alive at once (one per layer: a free
+ * list scanned linearly made it grow as n times the depth).
+ */
+typedef struct fnode {
 	int64_t off, size;
-} block;
+	uint32_t pri;
+	int kid[2][2];   /* [tree][left, right] */
+} fnode;
+
+enum { BY_SIZE, BY_OFF };
 
 typedef struct heap_arena {
-	block *free;
-	int n, cap;
+	fnode *nodes;
+	int n, cap, free_slot; /* free_slot: a list of unused nodes, via kid */
+	int root[2];
 	int64_t top;
+	uint32_t seed;
+	int64_t *work;
 } heap_arena;
+
+static bool node_less(const heap_arena *h, int tree, int a, int64_t off,
+		      int64_t size)
+{
+	const fnode *x = &h->nodes[a];
+	if (tree == BY_SIZE && x->size != size)
+		return x->size < size;
+	return x->off < off;
+}
+
+/* Splits tree t under root into keys < (off, size) and the rest. */
+static void split(heap_arena *h, int tree, int root, int64_t off, int64_t size,
+		  int *lo, int *hi)
+{
+	if (root < 0) {
+		*lo = *hi = -1;
+		return;
+	}
+	++*h->work;
+	fnode *x = &h->nodes[root];
+	if (node_less(h, tree, root, off, size)) {
+		split(h, tree, x->kid[tree][1], off, size, &x->kid[tree][1], hi);
+		*lo = root;
+	} else {
+		split(h, tree, x->kid[tree][0], off, size, lo, &x->kid[tree][0]);
+		*hi = root;
+	}
+}
+
+static int join(heap_arena *h, int tree, int a, int b)
+{
+	if (a < 0)
+		return b;
+	if (b < 0)
+		return a;
+	++*h->work;
+	if (h->nodes[a].pri > h->nodes[b].pri) {
+		h->nodes[a].kid[tree][1] = join(h, tree, h->nodes[a].kid[tree][1], b);
+		return a;
+	}
+	h->nodes[b].kid[tree][0] = join(h, tree, a, h->nodes[b].kid[tree][0]);
+	return b;
+}
+
+static void tree_insert(heap_arena *h, int tree, int x)
+{
+	int lo, hi;
+	split(h, tree, h->root[tree], h->nodes[x].off, h->nodes[x].size, &lo, &hi);
+	h->nodes[x].kid[tree][0] = h->nodes[x].kid[tree][1] = -1;
+	h->root[tree] = join(h, tree, join(h, tree, lo, x), hi);
+}
+
+static void tree_erase(heap_arena *h, int tree, int x)
+{
+	/* offsets are distinct, so x's key is the only one in
+	 * [(size, off), (size, off + 1)) */
+	int lo, mid, hi;
+	int64_t off = h->nodes[x].off, size = h->nodes[x].size;
+	split(h, tree, h->root[tree], off, size, &lo, &mid);
+	split(h, tree, mid, off + 1, size, &mid, &hi);
+	FZ_ASSERT(mid == x);
+	h->root[tree] = join(h, tree, lo, hi);
+}
+
+static int block_new(heap_arena *h, int64_t off, int64_t size)
+{
+	int x = h->free_slot;
+	if (x >= 0) {
+		h->free_slot = h->nodes[x].kid[0][0];
+	} else {
+		if (h->n == h->cap) {
+			int nc = h->cap ? h->cap * 2 : 64;
+			fnode *b = realloc(h->nodes, sizeof *b * (size_t)nc);
+			if (!b)
+				return -1;
+			h->nodes = b;
+			h->cap = nc;
+		}
+		x = h->n++;
+	}
+	h->seed = h->seed * 1664525u + 1013904223u;
+	h->nodes[x] = (fnode){off, size, h->seed, {{-1, -1}, {-1, -1}}};
+	tree_insert(h, BY_SIZE, x);
+	tree_insert(h, BY_OFF, x);
+	return x;
+}
+
+static void block_drop(heap_arena *h, int x)
+{
+	tree_erase(h, BY_SIZE, x);
+	tree_erase(h, BY_OFF, x);
+	h->nodes[x].kid[0][0] = h->free_slot;
+	h->free_slot = x;
+}
+
+/* The first block of tree at or above key (off, size), or -1. */
+static int lower_bound(heap_arena *h, int tree, int64_t off, int64_t size)
+{
+	int best = -1;
+	for (int x = h->root[tree]; x >= 0;) {
+		++*h->work;
+		if (node_less(h, tree, x, off, size)) {
+			x = h->nodes[x].kid[tree][1];
+		} else {
+			best = x;
+			x = h->nodes[x].kid[tree][0];
+		}
+	}
+	return best;
+}
+
+/* The last block of tree below key (off, size), or -1. */
+static int below(heap_arena *h, int tree, int64_t off, int64_t size)
+{
+	int best = -1;
+	for (int x = h->root[tree]; x >= 0;) {
+		++*h->work;
+		if (node_less(h, tree, x, off, size)) {
+			best = x;
+			x = h->nodes[x].kid[tree][1];
+		} else {
+			x = h->nodes[x].kid[tree][0];
+		}
+	}
+	return best;
+}
 
 static int64_t round_up(int64_t x)
 {
 	return (x + ALIGN - 1) / ALIGN * ALIGN;
 }
 
-static int64_t take(heap_arena *h, int64_t size, int64_t *work)
+/* An offset for size bytes; -1 if out of memory. */
+static int64_t take(heap_arena *h, int64_t size)
 {
-	int best = -1;
-	*work += 1 + h->n;
-	for (int i = 0; i < h->n; i++)
-		if (h->free[i].size >= size &&
-		    (best < 0 || h->free[i].size < h->free[best].size))
-			best = i;
+	int best = lower_bound(h, BY_SIZE, INT64_MIN, size);
 	if (best >= 0) {
-		int64_t off = h->free[best].off;
-		h->free[best].off += size;
-		h->free[best].size -= size;
-		if (h->free[best].size == 0) {
-			memmove(&h->free[best], &h->free[best + 1],
-				sizeof(block) * (size_t)(h->n - best - 1));
-			h->n--;
-		}
+		int64_t off = h->nodes[best].off, rest = h->nodes[best].size - size;
+		block_drop(h, best);
+		if (rest > 0 && block_new(h, off + size, rest) < 0)
+			return -1;
 		return off;
 	}
 	/* grow at the end, starting inside a free block that touches it */
-	if (h->n && h->free[h->n - 1].off + h->free[h->n - 1].size == h->top) {
-		int64_t off = h->free[h->n - 1].off;
-		h->n--;
+	int last = below(h, BY_OFF, INT64_MAX, 0);
+	if (last >= 0 && h->nodes[last].off + h->nodes[last].size == h->top) {
+		int64_t off = h->nodes[last].off;
+		block_drop(h, last);
 		h->top = off + size;
 		return off;
 	}
@@ -71,38 +207,22 @@ static int64_t take(heap_arena *h, int64_t size, int64_t *work)
 	return off;
 }
 
-static bool give(heap_arena *h, int64_t off, int64_t size, int64_t *work)
+static bool give(heap_arena *h, int64_t off, int64_t size)
 {
 	if (size == 0)
 		return true;
-	*work += 1 + h->n;
-	if (h->n == h->cap) {
-		int nc = h->cap ? h->cap * 2 : 16;
-		block *b = realloc(h->free, sizeof(block) * (size_t)nc);
-		if (!b)
-			return false;
-		h->free = b;
-		h->cap = nc;
+	int prev = below(h, BY_OFF, off, 0);
+	if (prev >= 0 && h->nodes[prev].off + h->nodes[prev].size == off) {
+		off = h->nodes[prev].off;
+		size += h->nodes[prev].size;
+		block_drop(h, prev);
 	}
-	int i = 0;
-	while (i < h->n && h->free[i].off < off)
-		i++;
-	memmove(&h->free[i + 1], &h->free[i], sizeof(block) * (size_t)(h->n - i));
-	h->free[i] = (block){off, size};
-	h->n++;
-	if (i + 1 < h->n && h->free[i].off + h->free[i].size == h->free[i + 1].off) {
-		h->free[i].size += h->free[i + 1].size;
-		memmove(&h->free[i + 1], &h->free[i + 2],
-			sizeof(block) * (size_t)(h->n - i - 2));
-		h->n--;
+	int next = lower_bound(h, BY_OFF, off + size, 0);
+	if (next >= 0 && h->nodes[next].off == off + size) {
+		size += h->nodes[next].size;
+		block_drop(h, next);
 	}
-	if (i > 0 && h->free[i - 1].off + h->free[i - 1].size == h->free[i].off) {
-		h->free[i - 1].size += h->free[i].size;
-		memmove(&h->free[i], &h->free[i + 1],
-			sizeof(block) * (size_t)(h->n - i - 1));
-		h->n--;
-	}
-	return true;
+	return block_new(h, off, size) >= 0;
 }
 
 fz_status fz_memplan(fz_program *p)
@@ -115,7 +235,8 @@ fz_status fz_memplan(fz_program *p)
 	int *seen = calloc((size_t)nv + 1, sizeof(int));
 	bool *pinned = calloc((size_t)nv + 1, sizeof(bool));
 	bool *donated = calloc((size_t)nv + 1, sizeof(bool));
-	heap_arena h = {0};
+	heap_arena h = {.free_slot = -1, .root = {-1, -1}, .seed = 12345,
+			.work = &p->work};
 	fz_status st = FZ_ENOMEM;
 	if (!p->buffer || !p->offset || !readers || !seen || !pinned || !donated)
 		goto done;
@@ -139,7 +260,9 @@ fz_status fz_memplan(fz_program *p)
 				p->buffer[o->id] = p->buffer[donor];
 				p->offset[o->id] = p->offset[donor];
 			} else {
-				p->offset[o->id] = take(&h, round_up(p->bytes[o->id]), &p->work);
+				p->offset[o->id] = take(&h, round_up(p->bytes[o->id]));
+				if (p->offset[o->id] < 0)
+					goto done;
 			}
 		}
 		for (int k = 0; k < R->n_in; k++) {
@@ -148,14 +271,14 @@ fz_status fz_memplan(fz_program *p)
 				continue;
 			seen[b->id] = stamp;
 			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id] &&
-			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id]), &p->work))
+			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id])))
 				goto done;
 		}
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
 			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
 			    !pinned[o->id] && p->offset[o->id] >= 0 &&
-			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id]), &p->work))
+			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id])))
 				goto done;
 		}
 	}
@@ -171,7 +294,7 @@ fz_status fz_memplan(fz_program *p)
 	p->arena_bytes = h.top;
 	st = FZ_OK;
 done:
-	free(h.free);
+	free(h.nodes);
 	free(readers);
 	free(seen);
 	free(pinned);
