@@ -456,6 +456,8 @@ fz_status fz_plan_deserialize(const fz_trace *t, const fz_plan_options *o,
 			x = p->view_of[x->id]->base;
 		}
 	}
+	if (!r.bad && fz_program_index_views(p) != FZ_OK)
+		r.bad = true;
 	p->vec_width = arena_array(p, (size_t)nr + 1, sizeof(int), &r);
 	p->vec_bytes = arena_array(p, (size_t)nr + 1, sizeof(int), &r);
 	p->order = arena_array(p, (size_t)nr + 1, sizeof(int), &r);

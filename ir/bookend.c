@@ -602,7 +602,7 @@ fz_status fz_bookend(fz_program *p)
 		p->vec_width[r] = w[0];
 		p->vec_bytes[r] = w[1];
 	}
-	st = FZ_OK;
+	st = fz_program_index_views(p);
 done:
 	free(s.peeled);
 	free(s.probe);

@@ -61,9 +61,25 @@ void fz_plan_defaults(fz_plan_options *o)
 
 fz_value *fz_view_root(const fz_program *p, fz_value *v)
 {
+	if (p->view_root)
+		return p->trace->values[p->view_root[v->id]];
 	while (p->view_of && p->view_of[v->id])
 		v = p->view_of[v->id]->base;
 	return v;
+}
+
+fz_status fz_program_index_views(fz_program *p)
+{
+	int nv = p->trace->n_values;
+	int *root = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
+	if (!root)
+		return FZ_ENOMEM;
+	p->view_root = NULL;
+	for (int v = 0; v < nv; v++)
+		root[v] = fz_view_root(p, p->trace->values[v])->id;
+	p->view_root = root;
+	p->work += nv;
+	return FZ_OK;
 }
 
 int fz_program_count(const fz_program *p, fz_region_kind k)

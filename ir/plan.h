@@ -148,6 +148,8 @@ typedef struct fz_program {
 
 	int n_views;
 	fz_view **view_of;           /* per value id: its view, or NULL */
+	int *view_root;              /* per value id: fz_view_root's answer,
+	                              * once the views are final (NULL before) */
 	int *vec_width;              /* per region: elements per vector access */
 	int *vec_bytes;              /* per region: bytes per vector access */
 
@@ -213,6 +215,9 @@ fz_status fz_memplan(fz_program *p);
 fz_status fz_regions_link(fz_program *p);
 /* The value whose buffer v occupies when v is a view (else v itself). */
 fz_value *fz_view_root(const fz_program *p, fz_value *v);
+/* Fills view_root once the views are final (the end of bookend, a program
+ * read back from the cache): fz_view_root is then one load, not a walk. */
+fz_status fz_program_index_views(fz_program *p);
 /* Peak live bytes of running the regions in `order` (with in-place reuse),
  * the rule memplan follows; one replay, O(regions + edges). */
 int64_t fz_order_peak(const fz_program *p, const int *order);
