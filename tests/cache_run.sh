@@ -14,7 +14,11 @@
 #   - a flipped byte in a cached object is a miss: the entry is removed
 #     with a warning, compiled again, the run passes --check, and
 #     `fusec-cache verify` is clean afterwards;
-#   - --no-cache compiles every key and leaves the cache alone.
+#   - --no-cache compiles every key and leaves the cache alone;
+#   - a second `fusec compile` loads the program from the cache
+#     (plan_cache_hits 1), its phases are reported; a damaged program
+#     entry is a miss, removed with a warning, planned and stored again;
+#     --no-plan-cache plans afresh.
 # Timings are not asserted here; tools/bench and the README report them.
 set -eu
 fusec=$1
@@ -114,6 +118,44 @@ j=$("$fusec" run "$work/l2.trace" --device cpu $bind --no-cache --json)
 expect compiled "$(field compiled "$j")" "$(field unique "$j")" "--no-cache"
 n=$(find "$FUSEC_CACHE_DIR" -name '*.fzc' 2>/dev/null | wc -l)
 expect entries "$n" 0 "--no-cache"
+
+# programs in the cache
+fresh plan
+j=$("$fusec" compile --target host "$work/l32.trace" --json)
+expect plan_cache_hits "$(field plan_cache_hits "$j")" 0 "first compile"
+j=$("$fusec" compile --target host "$work/l32.trace" --json)
+expect plan_cache_hits "$(field plan_cache_hits "$j")" 1 "second compile"
+expect compiled "$(field compiled "$j")" 0 "second compile"
+for ph in parse plan keys lookup compile llvm ptx cubin store; do
+	case $j in *"\"$ph\": "[0-9]*) ;;
+	*) echo "FAIL: no phase $ph in $j"; fails=$((fails + 1));; esac
+done
+python3 - $(find "$FUSEC_CACHE_DIR" -name '*.fzc') <<'PY'
+import sys
+# the program's entry (its form starts "plan"; the kernel keys' entry holds
+# the program's form too, after its own header)
+for p in sys.argv[1:]:
+    b = bytearray(open(p, "rb").read())
+    if b[64:80] == b"plan\ntarget plan":
+        b[len(b) // 2] ^= 0x5a         # inside the program's payload
+        open(p, "wb").write(bytes(b))
+        break
+else:
+    sys.exit("no program entry in the cache")
+PY
+j=$("$fusec" compile --target host "$work/l32.trace" --json 2>"$work/plan.err")
+expect plan_cache_hits "$(field plan_cache_hits "$j")" 0 "compile after a flipped byte"
+expect compiled "$(field compiled "$j")" 0 "compile after a flipped byte"
+if grep -q "damaged and was removed" "$work/plan.err"; then
+	echo "ok: the damaged program entry was reported"
+else
+	echo "FAIL: no warning about the damaged program:"; cat "$work/plan.err"
+	fails=$((fails + 1))
+fi
+j=$("$fusec" compile --target host "$work/l32.trace" --json)
+expect plan_cache_hits "$(field plan_cache_hits "$j")" 1 "compile after the repair"
+j=$("$fusec" compile --target host "$work/l32.trace" --no-plan-cache --json)
+expect plan_cache_hits "$(field plan_cache_hits "$j")" 0 "--no-plan-cache"
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all cache_run cases passed"
