@@ -8,7 +8,7 @@
  * other 31 hit. A second run, or a run on another machine sharing the
  * cache directory, compiles nothing.
  *
- * Three parts, one file each:
+ * The parts, one file each:
  *
  *   canon.c  the canonical form of a region: a text that says what the
  *            kernel computes and nothing else (no names, no node ids, no
@@ -19,7 +19,13 @@
  *   disk.c   the cache directory: one file per entry (header, canonical
  *            form, payload sections, checksum), written to a temporary
  *            file and renamed, checked on every read, evicted by last use
- *            under a size cap.
+ *            under a size cap;
+ *   plan_cache.c  whole programs in the same directory: a trace planned
+ *            before at these sizes is loaded, not planned (fz_plan_cached),
+ *            and so are its kernel keys (fz_program_canons), so a warm
+ *            start goes parse -> hash -> load;
+ *   build.c  a region compiled into an entry (PTX or a host object, the
+ *            launch metadata, a cubin), with the time of each phase.
  *
  *     fz_key_params kp;  fz_key_params_init(&kp, "sm_90", FZ_CODEGEN_VERSION);
  *     fz_canon *c;       fz_canon_region(trace, region, &kp, &c, &err);
