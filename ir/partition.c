@@ -216,6 +216,23 @@ static int cmp_by_ord(const void *a, const void *b)
 	return cmp_int(&sort_ord[*(const int *)a], &sort_ord[*(const int *)b]);
 }
 
+/* Sorts a[0..n) by key[a[i]] (by a[i] itself when key is NULL): insertion
+ * for the few a merge usually moves, qsort past that. */
+static void sort_by(int *a, int n, const int *key)
+{
+	if (n > 24) {
+		sort_ord = key;
+		qsort(a, (size_t)n, sizeof(int), key ? cmp_by_ord : cmp_int);
+		return;
+	}
+	for (int i = 1; i < n; i++) {
+		int x = a[i], kx = key ? key[x] : x, j = i;
+		for (; j > 0 && (key ? key[a[j - 1]] : a[j - 1]) > kx; j--)
+			a[j] = a[j - 1];
+		a[j] = x;
+	}
+}
+
 /* Keeps ord topological when ra merges into rb (Pearce and Kelly's local
  * reordering): F, the groups after ra that ra reaches (s->fwd), must follow
  * the merged group; B, the groups before rb that reach rb (s->bwd), must
@@ -232,11 +249,10 @@ static void reorder(part *s, int ra, int rb)
 		s->pool[np++] = s->ord[s->fwd[i]];
 	s->pool[np++] = s->ord[ra];
 	s->pool[np++] = s->ord[rb];
-	qsort(s->pool, (size_t)np, sizeof(int), cmp_int);
-	s->work += 2 * fz_nlogn(np);
-	sort_ord = s->ord;
-	qsort(s->bwd, (size_t)nb, sizeof(int), cmp_by_ord);
-	qsort(s->fwd, (size_t)s->n_fwd, sizeof(int), cmp_by_ord);
+	sort_by(s->pool, np, NULL);
+	sort_by(s->bwd, nb, s->ord);
+	sort_by(s->fwd, s->n_fwd, s->ord);
+	s->work += fz_nlogn(np) + fz_nlogn(nb) + fz_nlogn(s->n_fwd);
 	int w = 0;
 	for (int i = 0; i < nb; i++)
 		s->ord[s->bwd[i]] = s->pool[w++];

@@ -52,7 +52,11 @@ bool fz_ext_div(fz_ext a, fz_ext b, fz_ext *out)
 int64_t fz_ext_eval(fz_ext e, const int64_t *sym_sizes)
 {
 	int64_t v = e.c;
-	for (int i = 0; i < FZ_MAX_SYMS; i++) {
+	/* only the symbols present: most extents have none (the passes
+	 * evaluate hundreds of thousands of them) */
+	for (uint64_t m = e.syms; m;) {
+		int i = __builtin_ctzll(m) / FZ_SYM_BITS;
+		m &= ~((uint64_t)15 << (FZ_SYM_BITS * i));
 		for (int p = fz_ext_power(e, i); p > 0; p--) {
 			if (!sym_sizes || sym_sizes[i] < 0)
 				return -1;
