@@ -606,6 +606,11 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 	if (!device)
 		device = "auto";
 	const fz_target *tg = fz_target_find(strcmp(device, "auto") ? device : "cpu");
+	if (!tg && !strcmp(device, "cuda")) {
+		set_err(err, fz_strdup("no CUDA device: this build of fusec has no "
+				       "CUDA target"));
+		return FZ_EUNSUPPORTED;
+	}
 	if (!tg) {
 		set_err(err, fz_strdup_printf("unknown device '%s' (devices: auto, %s)",
 					      device, fz_target_names()));
