@@ -1,4 +1,4 @@
-"""_lib: the ctypes view of libfusec (frontend/fusec.h).
+"""_lib: the ctypes view of libfusec (include/fusec.h).
 
 This module only finds the shared library and declares the C signatures that
 the binding uses; everything with behaviour lives in fusec/__init__.py.
@@ -40,6 +40,22 @@ class Tensor(ctypes.Structure):
         ("rank", ctypes.c_int),
         ("shape", ctypes.c_int64 * FZ_MAX_RANK),
         ("strides", ctypes.c_int64 * FZ_MAX_RANK),
+    ]
+
+
+class ExecOptions(ctypes.Structure):
+    """fz_exec_options (include/fusec.h)."""
+    _fields_ = [
+        ("disk_cache", ctypes.c_int),
+        ("cache_dir", ctypes.c_char_p),
+        ("max_plans", ctypes.c_int),
+        ("threads", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("alloc", ctypes.c_void_p),
+        ("release", ctypes.c_void_p),
+        ("alloc_ctx", ctypes.c_void_p),
+        ("warn", ctypes.c_void_p),
+        ("warn_ctx", ctypes.c_void_p),
     ]
 
 
@@ -88,6 +104,14 @@ def _declare(lib):
                                    ctypes.c_int, P]),
         "fz_trace_run": (S, [P, ctypes.c_char_p, i64p, tens, ctypes.c_int,
                              tens, ctypes.c_int, P]),
+        "fz_exec_options_init": (None, [ctypes.POINTER(ExecOptions)]),
+        "fz_exec_new": (S, [P, ctypes.c_char_p, ctypes.POINTER(ExecOptions),
+                            ctypes.POINTER(P), P]),
+        "fz_exec_run": (S, [P, i64p, tens, ctypes.c_int, tens, ctypes.c_int,
+                            P, P]),
+        "fz_exec_sync": (S, [P, P, P]),
+        "fz_exec_free": (None, [P]),
+        "fz_exec_device": (ctypes.c_char_p, [P]),
     }
     missing = []
     for name, (res, args) in sigs.items():
@@ -131,6 +155,19 @@ def load():
         "cannot load libfusec; tried:\n  " + "\n  ".join(tried) +
         "\nbuild it with `cmake -S . -B build && cmake --build build` "
         "or point $FUSEC_LIBRARY at libfusec.so")
+
+
+_RUN = {}
+
+
+def run_fn(lib):
+    """fz_exec_run without argtypes, for the call path (its callers pass
+    ctypes objects and ints, which need no conversion)."""
+    fn = _RUN.get(id(lib))
+    if fn is None:
+        fn = _RUN[id(lib)] = ctypes.CDLL(lib._name).fz_exec_run
+        fn.restype = ctypes.c_int
+    return fn
 
 
 def take_string(lib, p):
