@@ -126,7 +126,7 @@ expect plan_cache_hits "$(field plan_cache_hits "$j")" 0 "first compile"
 j=$("$fusec" compile --target host "$work/l32.trace" --json)
 expect plan_cache_hits "$(field plan_cache_hits "$j")" 1 "second compile"
 expect compiled "$(field compiled "$j")" 0 "second compile"
-for ph in parse plan keys lookup compile llvm ptx cubin store; do
+for ph in parse plan kernels llvm ptx cubin store; do
 	case $j in *"\"$ph\": "[0-9]*) ;;
 	*) echo "FAIL: no phase $ph in $j"; fails=$((fails + 1));; esac
 done
