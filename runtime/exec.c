@@ -477,7 +477,9 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 	fz_plan_options po;
 	fz_plan_defaults(&po);
 	po.sym_sizes = syms;
-	fz_status st = fz_plan(t, &po, &pp->p, err);
+	/* a program planned before at these sizes comes from the disk cache
+	 * (cache/plan_cache.c); without one, it is planned */
+	fz_status st = fz_plan_cached(x->disk, t, &po, &pp->p, NULL, err);
 	if (st == FZ_OK)
 		st = fz_kset_build(x->kx, pp->p, syms, &pp->ks, err);
 	if (st != FZ_OK) {
