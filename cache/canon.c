@@ -222,10 +222,8 @@ static void see_node(symnum *s, const fz_node *n)
 
 static void put_sym(fz_buf *b, const symnum *s, int id)
 {
-	if (s)
-		fz_buf_printf(b, "s%d", s->of[id]);
-	else
-		fz_buf_printf(b, "t%d", id);
+	fz_buf_putc(b, s ? 's' : 't');
+	fz_buf_put_int(b, s ? s->of[id] : id);
 }
 
 static void put_ext(fz_buf *b, const symnum *s, fz_ext e)
@@ -242,10 +240,10 @@ static void put_ext(fz_buf *b, const symnum *s, fz_ext e)
 			ids[j - 1] = x;
 		}
 	if (e.c != 1 || n == 0)
-		fz_buf_printf(b, "%lld", (long long)e.c);
+		fz_buf_put_int(b, e.c);
 	for (int i = 0; i < n; i++) {
 		if (i || e.c != 1)
-			fz_buf_puts(b, "*");
+			fz_buf_putc(b, '*');
 		put_sym(b, s, ids[i]);
 		int p = fz_ext_power(e, ids[i]);
 		if (p > 1)
@@ -255,8 +253,10 @@ static void put_ext(fz_buf *b, const symnum *s, fz_ext e)
 
 static void put_type(fz_buf *b, const symnum *s, const fz_type *ty)
 {
-	fz_buf_printf(b, "%s%s[", ty->future ? "future " : "",
-		      fz_dtype_name(ty->dtype));
+	if (ty->future)
+		fz_buf_puts(b, "future ");
+	fz_buf_puts(b, fz_dtype_name(ty->dtype));
+	fz_buf_putc(b, '[');
 	for (int i = 0; i < ty->rank; i++) {
 		if (i)
 			fz_buf_puts(b, ", ");
@@ -267,27 +267,39 @@ static void put_type(fz_buf *b, const symnum *s, const fz_type *ty)
 
 static void put_ints(fz_buf *b, const char *key, const int *v, int n)
 {
-	fz_buf_printf(b, " %s=[", key);
-	for (int i = 0; i < n; i++)
-		fz_buf_printf(b, "%s%d", i ? "," : "", v[i]);
+	fz_buf_putc(b, ' ');
+	fz_buf_puts(b, key);
+	fz_buf_puts(b, "=[");
+	for (int i = 0; i < n; i++) {
+		if (i)
+			fz_buf_putc(b, ',');
+		fz_buf_put_int(b, v[i]);
+	}
 	fz_buf_puts(b, "]");
 }
 
 static void put_i64s(fz_buf *b, const char *key, const int64_t *v, int n)
 {
-	fz_buf_printf(b, " %s=[", key);
-	for (int i = 0; i < n; i++)
-		fz_buf_printf(b, "%s%lld", i ? "," : "", (long long)v[i]);
+	fz_buf_putc(b, ' ');
+	fz_buf_puts(b, key);
+	fz_buf_puts(b, "=[");
+	for (int i = 0; i < n; i++) {
+		if (i)
+			fz_buf_putc(b, ',');
+		fz_buf_put_int(b, v[i]);
+	}
 	fz_buf_puts(b, "]");
 }
 
 static void put_exts(fz_buf *b, const symnum *s, const char *key,
 		     const fz_ext *v, int n)
 {
-	fz_buf_printf(b, " %s=[", key);
+	fz_buf_putc(b, ' ');
+	fz_buf_puts(b, key);
+	fz_buf_puts(b, "=[");
 	for (int i = 0; i < n; i++) {
 		if (i)
-			fz_buf_puts(b, ",");
+			fz_buf_putc(b, ',');
 		put_ext(b, s, v[i]);
 	}
 	fz_buf_puts(b, "]");
@@ -473,11 +485,15 @@ static void put_operand(fz_buf *b, canon_work *w, const fz_value *v)
 {
 	int j = v->def ? idmap_get(&w->node_of, v->def->id) : -1;
 	if (j >= 0) {
-		fz_buf_printf(b, "n%d", w->cn[j].rank);
-		if (w->cn[j].n->n_out > 1)
-			fz_buf_printf(b, ".%d", v->out_index);
+		fz_buf_putc(b, 'n');
+		fz_buf_put_int(b, w->cn[j].rank);
+		if (w->cn[j].n->n_out > 1) {
+			fz_buf_putc(b, '.');
+			fz_buf_put_int(b, v->out_index);
+		}
 	} else {
-		fz_buf_printf(b, "in%d", idmap_get(&w->in_of, v->id));
+		fz_buf_puts(b, "in");
+		fz_buf_put_int(b, idmap_get(&w->in_of, v->id));
 	}
 }
 
@@ -594,13 +610,19 @@ fz_status fz_canon_region(const fz_trace *t, const fz_region *r,
 		fz_buf_printf(&b, " t%d", s.syms[i]);
 	fz_buf_puts(&b, "\n");
 	for (int i = 0; i < r->n_in; i++) {
-		fz_buf_printf(&b, "in%d ", i);
+		fz_buf_puts(&b, "in");
+		fz_buf_put_int(&b, i);
+		fz_buf_putc(&b, ' ');
 		put_type(&b, &s, &c->in[i]->type);
 		fz_buf_puts(&b, "\n");
 	}
 	for (int i = 0; i < n; i++) {
 		const fz_node *nd = c->nodes[i];
-		fz_buf_printf(&b, "n%d = %s(", i, fz_ops[nd->op].name);
+		fz_buf_putc(&b, 'n');
+		fz_buf_put_int(&b, i);
+		fz_buf_puts(&b, " = ");
+		fz_buf_puts(&b, fz_ops[nd->op].name);
+		fz_buf_putc(&b, '(');
 		for (int k = 0; k < nd->n_in; k++) {
 			if (k)
 				fz_buf_puts(&b, ", ");

@@ -339,6 +339,8 @@ typedef struct fz_buf {
 void fz_buf_printf(fz_buf *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 void fz_buf_puts(fz_buf *b, const char *s);
+void fz_buf_putc(fz_buf *b, char c);
+void fz_buf_put_int(fz_buf *b, int64_t v); /* as "%lld" writes it */
 char *fz_buf_take(fz_buf *b); /* NULL if it ran out of memory */
 
 #endif

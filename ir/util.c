@@ -166,16 +166,53 @@ static bool buf_reserve(fz_buf *b, size_t extra)
 
 void fz_buf_printf(fz_buf *b, const char *fmt, ...)
 {
+	/* format straight into the room left (one pass when it fits, which
+	 * is nearly always), measuring only when it does not */
+	if (!buf_reserve(b, 64))
+		return;
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
+	size_t room = b->cap - b->len;
+	int n = vsnprintf(b->data + b->len, room, fmt, ap);
 	va_end(ap);
-	if (n < 0 || !buf_reserve(b, (size_t)n))
+	if (n < 0) {
+		b->data[b->len] = '\0';
 		return;
-	va_start(ap, fmt);
-	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
-	va_end(ap);
+	}
+	if ((size_t)n >= room) {
+		if (!buf_reserve(b, (size_t)n))
+			return;
+		va_start(ap, fmt);
+		vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+		va_end(ap);
+	}
 	b->len += (size_t)n;
+}
+
+void fz_buf_putc(fz_buf *b, char c)
+{
+	if (!buf_reserve(b, 1))
+		return;
+	b->data[b->len++] = c;
+	b->data[b->len] = '\0';
+}
+
+void fz_buf_put_int(fz_buf *b, int64_t v)
+{
+	char tmp[24];
+	int n = 0;
+	uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+	do {
+		tmp[n++] = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	if (v < 0)
+		tmp[n++] = '-';
+	if (!buf_reserve(b, (size_t)n))
+		return;
+	while (n)
+		b->data[b->len++] = tmp[--n];
+	b->data[b->len] = '\0';
 }
 
 void fz_buf_puts(fz_buf *b, const char *s)
