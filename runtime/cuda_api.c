@@ -187,15 +187,18 @@ static const char *const lt_names[] = {
 	"/usr/local/cuda/lib64/libcublasLt.so.12",
 	"/usr/local/cuda/lib64/libcublasLt.so", NULL,
 };
+static const char *lt_path;           /* tests: this library only */
 static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
 static fz_lt_api lt_api;
 static const fz_lt_api *lt_ok;
 static const char *lt_why;
 static char lt_why_buf[256];
 
+void fz_lt_set_library(const char *path) { lt_path = path; }
+
 static void lt_open(void)
 {
-	void *h = open_first(lt_names, NULL, lt_why_buf, sizeof lt_why_buf);
+	void *h = open_first(lt_names, lt_path, lt_why_buf, sizeof lt_why_buf);
 	if (!h) {
 		lt_why = lt_why_buf;
 		return;

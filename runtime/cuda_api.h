@@ -250,11 +250,13 @@ const fz_cu_api *fz_cu_load(const char **why);
  * once per process: the table, or NULL with *why set. */
 const fz_lt_api *fz_lt_load(const char **why);
 
-/* Tests: the names the loader tries, in order (NULL-terminated), and a
- * loader that opens exactly the library at path instead (NULL restores
- * the list); to be called before any fz_cu_load. */
+/* Tests: the names the driver loader tries, in order (NULL-terminated),
+ * and loaders that open exactly the library at path instead (NULL
+ * restores the list); to be called before the first fz_cu_load or
+ * fz_lt_load of the process. */
 const char *const *fz_cu_library_names(void);
 void fz_cu_set_library(const char *path);
+void fz_lt_set_library(const char *path);
 
 /* An error message for a failed driver call: "cuMemAlloc (the arena of
  * a plan, 1048576 bytes): CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
