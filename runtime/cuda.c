@@ -250,8 +250,8 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 		return FZ_EINVAL;
 	}
 	pthread_mutex_lock(&devs_mu);
-	if (devs[ord]) {
-		fz_device_retain(&devs[ord]->hd);
+	/* shared; one whose last release is under way is replaced */
+	if (devs[ord] && fz_device_try_retain(&devs[ord]->hd)) {
 		*out = &devs[ord]->hd;
 		pthread_mutex_unlock(&devs_mu);
 		return FZ_OK;
@@ -311,6 +311,8 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 	d->hd.cg.vectorize = true;
 	d->hd.sm_count = sms;
 	d->hd.threads = 1;
+	snprintf(d->hd.native_tag, sizeof d->hd.native_tag, "cubin.sm_%u",
+	         (unsigned)cc % 1000u);
 	d->tf32 = o ? fz_cuda_options_tf32(o) : false;
 	devs[ord] = d;
 	*out = &d->hd;
@@ -340,6 +342,9 @@ static void cu_close(fz_device *dev)
 		for (int i = 0; d->ev && i < MAX_EVENTS; i++)
 			if (d->ev[i])
 				d->cu->EventDestroy(d->ev[i]);
+		for (int i = 0; i < 2; i++)
+			if (d->timer[i])
+				d->cu->EventDestroy(d->timer[i]);
 		for (int i = 0; i < d->n_mods; i++)
 			d->cu->ModuleUnload(d->mods[i]);
 		if (d->copy_mod)
@@ -608,6 +613,20 @@ void fz_cuda_cubin_tag(fz_device *dev, char *buf, size_t n)
 	snprintf(buf, n, "cubin.sm_%d", d->cc_major * 10 + d->cc_minor);
 }
 
+static fz_status cu_native(fz_device *dev, const fz_kernel *k, const fz_kcode *code,
+                           void **bin, size_t *len, char **err)
+{
+	*bin = NULL;
+	*len = 0;
+	if (!code->ptx || !code->ptx_len) {
+		set_err(err, fz_strdup_printf("region %d: no PTX to compile", k->region));
+		return FZ_EINVAL;
+	}
+	char what[160];
+	snprintf(what, sizeof what, "region %d, kernel %s", k->region, k->names[0]);
+	return fz_cuda_cubin(dev, code->ptx, code->ptx_len, what, bin, len, err);
+}
+
 static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *code,
                          void **fn, char **err)
 {
@@ -834,6 +853,36 @@ static fz_status cu_sync(fz_device *dev, void *stream, char **err)
 
 /* ---- what tools and benchmarks ask ------------------------------------------ */
 
+fz_status fz_cuda_timer(fz_device *dev, void *stream, bool stop, double *ms,
+                        char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "the timing events");
+	CUresult r = FZ_CUDA_SUCCESS;
+	const char *call = "cuEventCreate";
+	for (int i = 0; i < 2 && r == FZ_CUDA_SUCCESS; i++)
+		if (!d->timer[i])
+			r = d->cu->EventCreate(&d->timer[i], FZ_CU_EVENT_DEFAULT);
+	if (r == FZ_CUDA_SUCCESS) {
+		call = "cuEventRecord";
+		r = d->cu->EventRecord(d->timer[stop], (CUstream)stream);
+	}
+	if (r == FZ_CUDA_SUCCESS && stop) {
+		call = "cuEventSynchronize";
+		r = d->cu->EventSynchronize(d->timer[1]);
+		float f = 0;
+		if (r == FZ_CUDA_SUCCESS) {
+			call = "cuEventElapsedTime";
+			r = d->cu->EventElapsedTime(&f, d->timer[0], d->timer[1]);
+		}
+		if (ms)
+			*ms = f;
+	}
+	LEAVE(d);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, call, "the timing events");
+}
+
 void fz_cuda_describe(fz_device *dev, char *name, size_t n, int *cc,
                       int *driver)
 {
@@ -859,6 +908,7 @@ const fz_target fz_target_cuda = {
 	.copy = cu_copy,
 	.load = cu_load,
 	.launch = cu_launch,
+	.native = cu_native,
 	.matmul = cu_matmul,
 	.collective = cu_collective,
 	.event_record = cu_event_record,

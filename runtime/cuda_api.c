@@ -96,14 +96,18 @@ static void *open_first(const char *const *names, const char *only,
 {
 	const char *one[] = {only, NULL};
 	const char *const *list = only ? one : names;
-	const char *last = NULL;
+	/* the first name's error is the one that says what is missing */
+	why[0] = 0;
 	for (int i = 0; list[i]; i++) {
 		void *h = dlopen(list[i], RTLD_NOW | RTLD_LOCAL);
 		if (h)
 			return h;
-		last = dlerror();
+		const char *e = dlerror();
+		if (!why[0])
+			snprintf(why, n, "%s", e ? e : "cannot open the library");
 	}
-	snprintf(why, n, "%s", last ? last : "cannot open the library");
+	if (!why[0])
+		snprintf(why, n, "cannot open the library");
 	return NULL;
 }
 

@@ -29,6 +29,7 @@ typedef struct cu_dev {
 	CUmodule *mods;           /* loaded, unloaded at close */
 	int n_mods, cap_mods;
 	CUevent *ev;              /* by the runner's event index */
+	CUevent timer[2];         /* fz_cuda_timer's, with timing */
 	CUmodule copy_mod;
 	CUfunction copy_fn[4];    /* gather of 1, 2, 4, 8-byte elements */
 	fz_cuda_blas *blas;       /* cuBLASLt, made on the first matmul */
@@ -62,6 +63,12 @@ void fz_cuda_cubin_tag(fz_device *dev, char *buf, size_t n);
 /* The device's name, compute capability (90) and driver version (12080). */
 void fz_cuda_describe(fz_device *dev, char *name, size_t n, int *cc,
                       int *driver);
+
+/* Device time on stream: stop false records the start; stop true records
+ * the end, waits for it and sets *ms to the time between (`fusec run
+ * --iters` on CUDA). */
+fz_status fz_cuda_timer(fz_device *dev, void *stream, bool stop, double *ms,
+                        char **err);
 
 /* The gather kernels' PTX (tests check it with ptxas); free it. */
 char *fz_cuda_copy_ptx(void);

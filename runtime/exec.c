@@ -116,6 +116,7 @@ typedef struct pplan {
 	step *steps;
 	int64_t arena_bytes; /* memplan's, then staging, then the flag */
 	int64_t flag_off;
+	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
 	int launches;
@@ -536,6 +537,15 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		add_output_copies(&B);
 	pp->flag_off = pp->arena_bytes;
 	pp->arena_bytes += BLOCK;
+	/* the library's scratch, shared by the plan's matmuls (one stream) */
+	pp->ws_off = -1;
+	for (int i = 0; i < pp->n_steps && x->dev->tg->matmul_workspace; i++)
+		if (pp->steps[i].kind == S_MATMUL) {
+			pp->ws_off = (pp->arena_bytes + 255) / 256 * 256;
+			pp->arena_bytes = pp->ws_off +
+					  (int64_t)x->dev->tg->matmul_workspace;
+			break;
+		}
 	if (B.st == FZ_OK && !(pp->ptr = calloc((size_t)pp->n_slots + 1, sizeof *pp->ptr)))
 		fail(&B, FZ_ENOMEM, NULL);
 	if (B.st == FZ_OK) {
@@ -676,6 +686,11 @@ void fz_exec_free(fz_exec *x)
 	fz_device_release(x->dev);
 	x->magic = EXEC_DEAD;
 	free(x);
+}
+
+fz_device *fz_exec_dev(const fz_exec *x)
+{
+	return x && x->magic == EXEC_MAGIC ? x->dev : NULL;
 }
 
 const char *fz_exec_device(const fz_exec *x)
@@ -907,6 +922,8 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 			s->mm.b = ptr[s->sb];
 			s->mm.bias = s->sbias >= 0 ? ptr[s->sbias] : NULL;
 			s->mm.y = ptr[s->sy];
+			s->mm.workspace = pp->ws_off >= 0 ? arena + pp->ws_off : NULL;
+			s->mm.workspace_bytes = pp->ws_off >= 0 ? tg->matmul_workspace : 0;
 			st = tg->matmul(dev, &s->mm, stream, err);
 			break;
 		case S_COLL:

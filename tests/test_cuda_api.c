@@ -35,10 +35,10 @@
 #include "ir.h"
 #include "target.h"
 
-static fake_cuda *F;
+static fake_state *F;
 
 /* Points the loaders at the fake and returns its state. */
-static fake_cuda *use_fake(void)
+static fake_state *use_fake(void)
 {
 	void *h = dlopen(FZ_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
 	ck_assert_msg(h != NULL, "%s", dlerror());

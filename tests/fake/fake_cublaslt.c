@@ -13,7 +13,7 @@
 
 #define API __attribute__((visibility("default")))
 
-extern fake_cuda fake_cuda;
+extern fake_state fake_cuda;
 
 typedef struct desc { int compute, scale, transa, transb, epilogue; const void *bias; } desc;
 typedef struct layout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; } layout;

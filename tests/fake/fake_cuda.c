@@ -14,7 +14,7 @@
 typedef int CUresult;
 typedef struct CUctx_st *CUcontext;
 
-API fake_cuda fake_cuda = {.devices = 1, .cc_major = 9, .cc_minor = 0,
+API fake_state fake_cuda = {.devices = 1, .cc_major = 9, .cc_minor = 0,
                            .sms = 132, .max_threads = 1024};
 
 static _Thread_local CUcontext cur;

@@ -37,7 +37,7 @@ typedef struct fake_matmul {
 	uint64_t ws_bytes;
 } fake_matmul;
 
-typedef struct fake_cuda {
+typedef struct fake_state {
 	/* set by the test */
 	int init_result;        /* what cuInit returns */
 	int devices;            /* cuDeviceGetCount */
@@ -57,6 +57,6 @@ typedef struct fake_cuda {
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
 	fake_matmul mm[FAKE_MAX_LAUNCHES];
 	uint32_t align[4];      /* the last preference's alignments */
-} fake_cuda;
+} fake_state;
 
 #endif
