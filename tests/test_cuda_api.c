@@ -29,7 +29,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "cuda_api.h"
+#include "exec.h"
 #include "cuda_target.h"
 #include "fake/fake_cuda.h"
 #include "ir.h"
@@ -706,6 +708,80 @@ START_TEST(matmul_types)
 }
 END_TEST
 
+/* ---- cubins stored back into the cache ------------------------------------ */
+
+/* The entries of the cache at dir holding a section tag. */
+static int entries_with(const char *dir, const char *tag, int *total)
+{
+	fz_disk_options o = {dir, 0, NULL, NULL};
+	fz_disk *d = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_disk_open(&o, &d, &err), FZ_OK);
+	fz_disk_info *info = NULL;
+	int n = 0, with = 0;
+	ck_assert_int_eq(fz_disk_list(d, &info, &n), FZ_OK);
+	for (int i = 0; i < n; i++) {
+		fz_entry *e = NULL;
+		const char *why = NULL;
+		ck_assert_int_eq(fz_disk_read(d, info[i].key, &e, &why), FZ_OK);
+		ck_assert_msg(e != NULL, "%s", why ? why : "?");
+		with += fz_entry_section(e, tag) != NULL;
+		fz_entry_free(e);
+	}
+	free(info);
+	fz_disk_close(d);
+	*total = n;
+	return with;
+}
+
+static void prepare_on_fake(const char *dir)
+{
+	const char *text = "trace pw(x: f32[N, 64]) {\n  y = sigmoid(x)\n  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "pw.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.cache_dir = dir;
+	fz_exec *x = NULL;
+	fz_status st = fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	int64_t syms[FZ_MAX_SYMS] = {8};
+	fz_tensor in = {NULL, FZ_F32, 2, {8, 64}, {64, 1}};
+	st = fz_exec_prepare(x, syms, &in, 1, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	fz_exec_free(x); /* the last holder: the device closes */
+	fz_module_free(m);
+}
+
+START_TEST(cubin_stored_back)
+{
+	/* a GPU newer than the code generator's arch: kernels are compiled
+	 * to sm_90 PTX, the cubin for sm_120 is the driver's, made once */
+	use_fake()->cc_major = 12;
+	F->cc_minor = 0;
+	char dir[] = "/tmp/fusec-cubin-XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	prepare_on_fake(dir);
+	ck_assert_int_eq(F->links, 1);
+	ck_assert_int_eq(F->cubin_loads, 1);
+	ck_assert_int_eq(F->ptx_loads, 0);
+	int total = 0;
+	ck_assert_int_eq(entries_with(dir, "cubin.sm_120", &total), 1);
+	ck_assert_int_eq(total, 1);
+	/* the next "process" (the device was closed) loads the stored cubin:
+	 * nothing linked, nothing JIT-compiled */
+	prepare_on_fake(dir);
+	ck_assert_int_eq(F->links, 1);
+	ck_assert_int_eq(F->cubin_loads, 2);
+	ck_assert_int_eq(F->ptx_loads, 0);
+	ck_assert_int_eq(F->retains, 2);
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* ---- the gather's PTX ------------------------------------------------------ */
 
 START_TEST(gather_ptx_assembles)
@@ -768,6 +844,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(k, launch_failure_names_call_and_region);
 	tcase_add_test(k, events_made_once);
 	tcase_add_test(k, collective_world_one_copies);
+	tcase_add_test(k, cubin_stored_back);
 	suite_add_tcase(s, k);
 	TCase *b = tcase_create("matmul");
 	tcase_add_test(b, matmul_plain_and_linear);
