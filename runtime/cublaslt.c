@@ -68,29 +68,19 @@ struct fz_cuda_blas {
 	int n, cap;
 };
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
-
 fz_status fz_cuda_blas_new(fz_cuda_blas **out, char **err)
 {
 	*out = NULL;
 	const char *why = NULL;
 	const fz_lt_api *lt = fz_lt_load(&why);
 	if (!lt) {
-		set_err(err, fz_strdup_printf("matmul on CUDA needs cuBLASLt: %s",
+		fz_set_err(err, fz_strdup_printf("matmul on CUDA needs cuBLASLt: %s",
 		                              why ? why : "?"));
 		return FZ_EUNSUPPORTED;
 	}
 	fz_cuda_blas *b = calloc(1, sizeof *b);
 	if (!b) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	b->lt = lt;
@@ -180,7 +170,7 @@ static fz_status plan_make(fz_cuda_blas *b, const mm_key *k, mm_plan **out,
 		type = FZ_CUDA_R_64F, compute = FZ_CUBLAS_COMPUTE_64F, scale = FZ_CUDA_R_64F;
 		break;
 	default:
-		set_err(err, fz_strdup_printf("matmul of %s on CUDA: cuBLASLt takes "
+		fz_set_err(err, fz_strdup_printf("matmul of %s on CUDA: cuBLASLt takes "
 		                              "bf16, f16, f32 and f64",
 		                              fz_dtype_name((fz_dtype)k->dtype)));
 		return FZ_EUNSUPPORTED;
@@ -188,7 +178,7 @@ static fz_status plan_make(fz_cuda_blas *b, const mm_key *k, mm_plan **out,
 	mm_plan *p = calloc(1, sizeof *p);
 	cublasLtMatmulPreference_t pref = NULL;
 	if (!p) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	pthread_mutex_init(&p->mu, NULL);
@@ -258,7 +248,7 @@ static fz_status plan_make(fz_cuda_blas *b, const mm_key *k, mm_plan **out,
 		                                  p->ld, pref, 1, &res, &got),
 		       "cublasLtMatmulAlgoGetHeuristic");
 		if (got < 1) {
-			set_err(err, fz_strdup_printf("cublasLtMatmulAlgoGetHeuristic "
+			fz_set_err(err, fz_strdup_printf("cublasLtMatmulAlgoGetHeuristic "
 			                              "(%s): no algorithm", what));
 			st = FZ_EUNSUPPORTED;
 			goto fail;
@@ -292,7 +282,7 @@ static fz_status plan_get(fz_cuda_blas *b, const mm_key *k, mm_plan **out,
 		mm_plan **p = realloc(b->plans, (size_t)cap * sizeof *p);
 		if (!p) {
 			pthread_mutex_unlock(&b->mu);
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			return FZ_ENOMEM;
 		}
 		b->plans = p;
@@ -346,7 +336,7 @@ fz_status fz_cuda_blas_matmul(fz_cuda_blas *b, const fz_matmul *m, bool tf32,
 	if (total == 0)
 		return FZ_OK;
 	if (m->K == 0) {
-		set_err(err, fz_strdup_printf("region %d: a matmul over K = 0 is not "
+		fz_set_err(err, fz_strdup_printf("region %d: a matmul over K = 0 is not "
 		                              "supported on CUDA", m->region));
 		return FZ_EUNSUPPORTED;
 	}
@@ -389,7 +379,7 @@ fz_status fz_cuda_blas_matmul(fz_cuda_blas *b, const fz_matmul *m, bool tf32,
 	fz_status st = plan_get(b, &k, &p, err);
 	if (st != FZ_OK) {
 		if (err && *err)
-			set_err(err, fz_strdup_printf("region %d: %s", m->region, *err));
+			fz_set_err(err, fz_strdup_printf("region %d: %s", m->region, *err));
 		return st;
 	}
 	float f1 = 1.0f, f0 = 0.0f;

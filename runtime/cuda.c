@@ -62,16 +62,6 @@
 static pthread_mutex_t devs_mu = PTHREAD_MUTEX_INITIALIZER;
 static cu_dev *devs[MAX_ORDINALS];
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
-
 static inline cu_dev *cu_of(fz_device *dev) { return (cu_dev *)dev; }
 
 /* ---- contexts ------------------------------------------------------------ */
@@ -190,7 +180,7 @@ static fz_status copy_kernels(cu_dev *d, char **err)
 		return FZ_OK;
 	char *ptx = fz_cuda_copy_ptx();
 	if (!ptx) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	char log[2048] = "";
@@ -205,7 +195,7 @@ static fz_status copy_kernels(cu_dev *d, char **err)
 		                          "the strided-copy kernels");
 		if (err && *err && log[0]) {
 			char *m2 = fz_strdup_printf("%s: %s", *err, log);
-			set_err(err, m2);
+			fz_set_err(err, m2);
 		}
 		return st;
 	}
@@ -234,18 +224,18 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 	const char *why = NULL;
 	const fz_cu_api *cu = fz_cu_load(&why);
 	if (!cu) {
-		set_err(err, fz_strdup_printf("no CUDA device (%s)", why ? why : "?"));
+		fz_set_err(err, fz_strdup_printf("no CUDA device (%s)", why ? why : "?"));
 		return FZ_EUNSUPPORTED;
 	}
 	int n = 0;
 	CUresult r = cu->DeviceGetCount(&n);
 	if (r != FZ_CUDA_SUCCESS || n <= 0) {
-		set_err(err, fz_strdup("no CUDA device (the driver sees none)"));
+		fz_set_err(err, fz_strdup("no CUDA device (the driver sees none)"));
 		return FZ_EUNSUPPORTED;
 	}
 	int ord = o ? o->device : 0;
 	if (ord < 0 || ord >= n || ord >= MAX_ORDINALS) {
-		set_err(err, fz_strdup_printf("CUDA device %d does not exist: this "
+		fz_set_err(err, fz_strdup_printf("CUDA device %d does not exist: this "
 		                              "machine has %d (0 to %d)", ord, n, n - 1));
 		return FZ_EINVAL;
 	}
@@ -260,7 +250,7 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 	cu_dev *d = calloc(1, sizeof *d);
 	if (!d) {
 		pthread_mutex_unlock(&devs_mu);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	d->cu = cu;
@@ -289,7 +279,7 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 		snprintf(d->name, sizeof d->name, "CUDA device %d", ord);
 	int cc = d->cc_major * 10 + d->cc_minor;
 	if (cc < 70) {
-		set_err(err, fz_strdup_printf("%s (%s) has compute capability %d.%d; "
+		fz_set_err(err, fz_strdup_printf("%s (%s) has compute capability %d.%d; "
 		                              "fusec needs 7.0 or newer", what, d->name,
 		                              d->cc_major, d->cc_minor));
 		st = FZ_EUNSUPPORTED;
@@ -481,7 +471,7 @@ static fz_status cu_copy(fz_device *dev, void *dst, const void *src, size_t es,
 	int which = es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : es == 8 ? 3 : -1;
 	if (which < 0 || rank > 8) {
 		LEAVE(d);
-		set_err(err, fz_strdup_printf("a strided copy of %zu-byte elements "
+		fz_set_err(err, fz_strdup_printf("a strided copy of %zu-byte elements "
 		                              "over %d dims is not supported", es, rank));
 		return FZ_EUNSUPPORTED;
 	}
@@ -529,7 +519,7 @@ static fz_status keep_module(cu_dev *d, CUmodule m, char **err)
 		CUmodule *p = realloc(d->mods, (size_t)cap * sizeof *p);
 		if (!p) {
 			pthread_mutex_unlock(&d->mu);
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			return FZ_ENOMEM;
 		}
 		d->mods = p;
@@ -560,7 +550,7 @@ fz_status fz_cuda_cubin(fz_device *dev, const char *ptx, size_t len,
 	*cubin_len = 0;
 	char *text = malloc(len + 1);
 	if (!text) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	memcpy(text, ptx, len);
@@ -592,13 +582,13 @@ fz_status fz_cuda_cubin(fz_device *dev, const char *ptx, size_t len,
 			memcpy(*cubin, out, n);
 			*cubin_len = n;
 		} else {
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			st = FZ_ENOMEM;
 		}
 	} else {
 		st = fz_cu_fail(d->cu, err, r, call, what);
 		if (err && *err && log[0])
-			set_err(err, fz_strdup_printf("%s: %s", *err, log));
+			fz_set_err(err, fz_strdup_printf("%s: %s", *err, log));
 	}
 	if (ls)
 		d->cu->LinkDestroy(ls);
@@ -619,7 +609,7 @@ static fz_status cu_native(fz_device *dev, const fz_kernel *k, const fz_kcode *c
 	*bin = NULL;
 	*len = 0;
 	if (!code->ptx || !code->ptx_len) {
-		set_err(err, fz_strdup_printf("region %d: no PTX to compile", k->region));
+		fz_set_err(err, fz_strdup_printf("region %d: no PTX to compile", k->region));
 		return FZ_EINVAL;
 	}
 	char what[160];
@@ -646,7 +636,7 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 		char *ptx = ptx_text(code), log[4096] = "";
 		if (!ptx) {
 			LEAVE(d);
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			return FZ_ENOMEM;
 		}
 		CUjit_option opt[2] = {FZ_CU_JIT_ERROR_LOG_BUFFER,
@@ -658,14 +648,14 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 			m = NULL;
 			st = fz_cu_fail(d->cu, err, r, "cuModuleLoadDataEx", what);
 			if (err && *err && log[0])
-				set_err(err, fz_strdup_printf("%s: %s", *err, log));
+				fz_set_err(err, fz_strdup_printf("%s: %s", *err, log));
 		}
 	} else if (!m) {
 		st = r != FZ_CUDA_SUCCESS
 		         ? fz_cu_fail(d->cu, err, r, "cuModuleLoadDataEx", what)
 		         : FZ_EINVAL;
 		if (st == FZ_EINVAL)
-			set_err(err, fz_strdup_printf("%s: no PTX or cubin to load", what));
+			fz_set_err(err, fz_strdup_printf("%s: no PTX or cubin to load", what));
 	}
 	for (int e = 0; st == FZ_OK && e < k->n_entries; e++) {
 		CUfunction f = NULL;
@@ -684,7 +674,7 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 			break;
 		}
 		if (maxt < block) {
-			set_err(err, fz_strdup_printf("%s: entry %s takes at most %d threads "
+			fz_set_err(err, fz_strdup_printf("%s: entry %s takes at most %d threads "
 			                              "per block on %s; its launch needs %d",
 			                              what, k->names[e], maxt, d->name, block));
 			st = FZ_EUNSUPPORTED;
@@ -709,7 +699,7 @@ static fz_status cu_launch(fz_device *dev, const fz_kernel *k, void *const *fn,
 	cu_dev *d = cu_of(dev);
 	int nb = k->n_in + k->n_out;
 	if (nb + 1 + k->n_syms > MAX_PARAMS) {
-		set_err(err, fz_strdup_printf("region %d: %d parameters are more than "
+		fz_set_err(err, fz_strdup_printf("region %d: %d parameters are more than "
 		                              "a launch takes", k->region, nb + 1 + k->n_syms));
 		return FZ_EUNSUPPORTED;
 	}
@@ -791,7 +781,7 @@ static fz_status cu_collective(fz_device *dev, const fz_collective *c,
 static fz_status event_of(cu_dev *d, int ev, CUevent *out, char **err)
 {
 	if (ev < 0 || ev >= MAX_EVENTS) {
-		set_err(err, fz_strdup_printf("event %d is out of range (0 to %d)", ev,
+		fz_set_err(err, fz_strdup_printf("event %d is out of range (0 to %d)", ev,
 		                              MAX_EVENTS - 1));
 		return FZ_EINVAL;
 	}
@@ -799,7 +789,7 @@ static fz_status event_of(cu_dev *d, int ev, CUevent *out, char **err)
 	fz_status st = FZ_OK;
 	if (!d->ev && !(d->ev = calloc(MAX_EVENTS, sizeof *d->ev))) {
 		st = FZ_ENOMEM;
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 	} else if (!d->ev[ev]) {
 		CUresult r = d->cu->EventCreate(&d->ev[ev], FZ_CU_EVENT_DISABLE_TIMING);
 		if (r != FZ_CUDA_SUCCESS) {
