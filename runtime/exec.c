@@ -39,7 +39,9 @@
  * call is a slot of the target's table (target.h), so the CPU, CUDA and
  * emulated targets run the very same walk. A kernel that meets an index
  * out of range writes 1 + the op's node id into the flag word; host-memory
- * targets check it after each launch, device targets at fz_exec_sync.
+ * targets check it after each launch, device targets at fz_exec_sync,
+ * which also clears it (so a run on a GPU queues no copy for the flag:
+ * it is cleared once when its arena is new, then only after an error).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,7 @@ typedef struct pplan {
 	step *steps;
 	int64_t arena_bytes; /* memplan's, then staging, then the flag */
 	int64_t flag_off;
+	bool flag_clear;     /* device targets: the flag is known to be 0 */
 	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
@@ -881,9 +884,11 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	char *arena = pp->arena;
 	int32_t *flag = (int32_t *)(arena + pp->flag_off);
 	static const int32_t zero = 0;
-	if (st == FZ_OK)
-		st = tg->host_memory ? (*flag = 0, FZ_OK)
-		     : tg->upload(dev, flag, &zero, sizeof zero, stream, err);
+	if (st == FZ_OK && tg->host_memory)
+		*flag = 0;
+	else if (st == FZ_OK && !pp->flag_clear &&
+		 (st = tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		pp->flag_clear = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
 		char *base = sl->base == B_ARENA ? arena
@@ -954,6 +959,8 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		flag = *f;
 	else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream, err)) != FZ_OK)
 		return st;
+	if (flag && !dev->tg->host_memory)
+		pp->flag_clear = false; /* cleared by the next run */
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
 }
 

@@ -782,6 +782,67 @@ START_TEST(cubin_stored_back)
 }
 END_TEST
 
+/* ---- runs through fz_exec: the device flag ------------------------------- */
+
+START_TEST(device_flag_read_at_sync)
+{
+	/* a take whose kernel "meets" a bad index: the fake runs nothing, so
+	 * the test writes the flag word the launch was given, as the kernel
+	 * would */
+	use_fake()->n_params = 5;
+	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
+	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	static _Alignas(256) float w[100 * 64], y[4 * 64];
+	static _Alignas(256) int64_t idx[4];
+	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
+	                   {idx, FZ_I64, 1, {4}, {1}}};
+	fz_tensor out = {y, FZ_F32, 2, {4, 64}, {64, 1}};
+	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(F->n_launches, 1);
+	int uploads = F->uploads; /* the flag's first clearing */
+	ck_assert_int_ge(uploads, 1);
+	/* a clean run queues no copy for the flag */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->uploads, uploads);
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	/* the kernel's parameters: w, i, y, the flag, N */
+	int32_t *flag;
+	memcpy(&flag, F->launch[1].param[3], sizeof flag);
+	int64_t n;
+	memcpy(&n, F->launch[1].param[4], 8);
+	ck_assert_int_eq(n, 4);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int take = -1;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_TAKE)
+			take = i;
+	ck_assert_int_ge(take, 0);
+	*flag = take + 1;
+	st = fz_exec_sync(x, NULL, &err);
+	ck_assert_int_eq(st, FZ_ERANGE);
+	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
+	free(err);
+	err = NULL;
+	/* the next run clears it, and its sync is clean */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->uploads, uploads + 1);
+	ck_assert_int_eq(*flag, 0);
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 /* ---- the gather's PTX ------------------------------------------------------ */
 
 START_TEST(gather_ptx_assembles)
@@ -845,6 +906,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(k, events_made_once);
 	tcase_add_test(k, collective_world_one_copies);
 	tcase_add_test(k, cubin_stored_back);
+	tcase_add_test(k, device_flag_read_at_sync);
 	suite_add_tcase(s, k);
 	TCase *b = tcase_create("matmul");
 	tcase_add_test(b, matmul_plain_and_linear);

@@ -244,6 +244,7 @@ API CUresult cuMemcpyHtoDAsync_v2(unsigned long long d, const void *s, size_t n,
 {
 	(void)st;
 	memcpy((void *)(uintptr_t)d, s, n);
+	fake_cuda.uploads++;
 	return 0;
 }
 

@@ -51,7 +51,7 @@ typedef struct fake_state {
 	/* counted */
 	int retains, releases, pushes, pops;
 	int cubin_loads, ptx_loads, links, unloads;
-	int allocs, frees, syncs, events, records, waits;
+	int allocs, frees, syncs, events, records, waits, uploads;
 	int n_launches;
 	fake_launch launch[FAKE_MAX_LAUNCHES];
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
