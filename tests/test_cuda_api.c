@@ -843,6 +843,74 @@ START_TEST(device_flag_read_at_sync)
 }
 END_TEST
 
+/* A program of library calls only runs whole on the fake (its cuBLASLt
+ * computes f32 on the host): the runner's fz_matmul, the workspace it
+ * reserves and the target's mapping, against the interpreter. */
+static void library_program(const char *text, int64_t b)
+{
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "lib.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int ni = fz_trace_param_count(t);
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = b;
+	fz_tensor in[4], out, ref;
+	for (int i = 0; i < ni; i++) {
+		fz_value *v = fz_trace_param(t, i);
+		in[i] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = in[i].rank - 1; d >= 0; d--) {
+			in[i].shape[d] = fz_value_extent(v, d, syms);
+			in[i].strides[d] = n;
+			n *= in[i].shape[d];
+		}
+		in[i].data = filled(n);
+	}
+	ck_assert_int_eq(fz_trace_interpret(t, syms, in, ni, &ref, 1, &err), FZ_OK);
+	int64_t n = 1;
+	for (int d = 0; d < ref.rank; d++)
+		n *= ref.shape[d];
+	out = ref;
+	out.data = filled(n);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cuda", &o, &x, &err), FZ_OK);
+	fz_status st = fz_exec_run(x, syms, in, ni, &out, 1, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 0); /* nothing the fake cannot run */
+	ck_assert_int_ge(F->n_matmuls, 1);
+	for (int i = 0; i < F->n_matmuls; i++)
+		ck_assert_uint_eq(F->mm[i].ws_bytes, fz_target_cuda.matmul_workspace);
+	for (int64_t i = 0; i < n; i++) {
+		float g = ((float *)out.data)[i], w = ((float *)ref.data)[i];
+		ck_assert_msg(fabsf(g - w) <= 1e-5f * (1 + fabsf(w)),
+		              "y[%lld] = %g, want %g", (long long)i, g, w);
+	}
+	fz_exec_free(x);
+	for (int i = 0; i < ni; i++)
+		free(in[i].data);
+	free(out.data);
+	fz_free(ref.data);
+	fz_module_free(m);
+}
+
+START_TEST(program_of_matmuls)
+{
+	use_fake();
+	library_program("trace lin(x: f32[B, 3, 16], w: f32[24, 16], b: f32[24]) {\n"
+	                "  y = linear(x, w, b)\n  return y\n}\n", 2);
+	library_program("trace bmm(a: f32[B, 4, 8, 16], c: f32[4, 16, 8]) {\n"
+	                "  y = matmul(a, c)\n  return y\n}\n", 3);
+	library_program("trace mv(a: f32[B, 5, 7], c: f32[7]) {\n"
+	                "  y = matmul(a, c)\n  return y\n}\n", 2);
+}
+END_TEST
+
 /* ---- the gather's PTX ------------------------------------------------------ */
 
 START_TEST(gather_ptx_assembles)
@@ -912,6 +980,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, matmul_plain_and_linear);
 	tcase_add_test(b, matmul_batched_broadcast);
 	tcase_add_test(b, matmul_types);
+	tcase_add_test(b, program_of_matmuls);
 	suite_add_tcase(s, b);
 	return s;
 }
