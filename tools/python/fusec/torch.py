@@ -114,7 +114,7 @@ pow maximum minimum fmod eq ne lt le gt ge logical_and logical_or where full
 iota uniform broadcast_in_dim reshape permute slice squeeze unsqueeze cat sum
 amax amin var_mean take take_along index_add matmul linear all_gather
 reduce_scatter all_reduce wait relu silu gelu softmax log_softmax mean
-layer_norm rms_norm transpose cross_entropy
+layer_norm rms_norm transpose cross_entropy cumsum topk argmax argmin
 """.split())  # elements of a tensor constant written inline
 
 
@@ -1423,7 +1423,7 @@ def _max(w, node, args, kwargs):
     if isinstance(args[1], V):
         return _binary_op("maximum" if name == "max" else "minimum")(
             w, node, args, kwargs)
-    # max.dim: (values, indices); indices have no fusec op
+    # max.dim: (values, indices); the indices, where used, are argmax's
     dim = args[1]
     keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     used = set()
@@ -1432,9 +1432,80 @@ def _max(w, node, args, kwargs):
             used.add(u.args[1])
         else:
             used.add(-1)
+    if x.rank == 0:
+        return [x, w.full((), 0, "i64")]
+    idx = None
     if used - {0}:
-        raise _Refused("%s.dim indices (argmax) have no fusec op" % name)
-    return [w.reduce("a" + name, x, [dim], keep), None]
+        idx = _arg_select(w, "arg" + name, x, dim, keep)
+    xv = w.cast(x, "u8") if x.dtype == "bool" else x
+    vals = w.reduce("a" + name, xv, [dim], keep)
+    return [w.cast(vals, x.dtype), idx]
+
+
+def _arg_select(w, op, x, dim, keep):
+    """argmax/argmin along dim (None: over the flattened tensor)."""
+    if x.dtype == "bool":
+        x = w.cast(x, "u8")
+    if dim is None:
+        shape = x.shape
+        r = _arg_select(w, op, w.reshape(x, (_numel(x.shape),)), 0, False)
+        return w.reshape(r, (1,) * len(shape)) if keep else r
+    if x.rank == 0:
+        return w.full((), 0, "i64")
+    dim %= x.rank
+    if x.shape[dim] == 0:
+        raise _Refused("%s over an empty dim" % op)
+    shape = tuple(1 if i == dim else e for i, e in enumerate(x.shape)) \
+        if keep else tuple(e for i, e in enumerate(x.shape) if i != dim)
+    attrs = [("dim", str(dim))]
+    if keep:
+        attrs.append(("keepdim", "true"))
+    return w.emit(op, [x], attrs, "i64", shape)
+
+
+@_h("argmax", "argmin")
+def _argmax(w, node, args, kwargs):
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    return _arg_select(w, node.target.overloadpacket.__name__, args[0], dim,
+                       keep)
+
+
+@_h("topk")
+def _topk(w, node, args, kwargs):
+    x = args[0]
+    k = args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    # sorted=False lets torch return the k in any order: sorted is one
+    if not largest:
+        raise _Refused("topk(largest=False): fusec's topk takes the largest "
+                       "(negate a float operand to take the smallest)")
+    if x.rank == 0:
+        return [x, w.full((), 0, "i64")]
+    dim %= x.rank
+    if k <= 0:
+        raise _Refused("topk with k=%d" % k)
+    dt = x.dtype
+    xv = w.cast(x, "u8") if dt == "bool" else x
+    shape = tuple(k if i == dim else e for i, e in enumerate(x.shape))
+    v, i = w.emit("topk", [xv], [("k", str(k)), ("dim", str(dim))], xv.dtype,
+                  shape, nres=2)
+    i = V(i.name, "i64", shape)
+    return [w.cast(v, dt), i]
+
+
+@_h("cumsum")
+def _cumsum(w, node, args, kwargs):
+    dt, shape = w.out_meta()
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    x = w.cast(x, dt)
+    if x.rank == 0 or _numel(x.shape) == 0:
+        return x
+    if dt == "bool":
+        raise _Refused("cumsum of bool into bool")
+    return w.emit("cumsum", [x], [("dim", str(dim % x.rank))], dt, x.shape)
 
 
 @_h("any", "all")
@@ -2251,18 +2322,25 @@ def _trace(fn, example_args, fake):
     tensors = [flat[i] for i in tpos]
 
     def wrapper(*ts):
-        leaves = list(flat)
-        for i, t in zip(tpos, ts):
-            leaves[i] = t
-        args = pytree.tree_unflatten(leaves, spec)
-        out = fn(*args)
-        outs, _ = pytree.tree_flatten(out)
+        from torch._subclasses.functional_tensor import (
+            FunctionalTensor, FunctionalTensorMode)
+        with FunctionalTensorMode():
+            leaves = list(flat)
+            for i, t in zip(tpos, ts):
+                leaves[i] = FunctionalTensor.to_functional(t)
+            args = pytree.tree_unflatten(leaves, spec)
+            out = fn(*args)
+            outs, _ = pytree.tree_flatten(out)
+            for o in outs:
+                if not isinstance(o, torch.Tensor):
+                    raise ExportError("fn returned a %s; outputs must be "
+                                      "tensors (a tensor or a tuple/list of "
+                                      "them)" % type(o).__name__)
+        res = []
         for o in outs:
-            if not isinstance(o, torch.Tensor):
-                raise ExportError("fn returned a %s; outputs must be tensors "
-                                  "(a tensor or a tuple/list of them)" %
-                                  type(o).__name__)
-        return tuple(outs)
+            torch._sync(o)
+            res.append(torch._from_functional_tensor(o.elem))
+        return tuple(res)
 
     mode = "fake" if fake else "real"
     opts = {}
