@@ -337,8 +337,26 @@ class TestTorchNumerics(unittest.TestCase):
         go = torch.randn(2, 4, 8, 16).to(bf)
         f = _grads(lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True), 3)
-        # dq: a few rows whose gradient is a cancellation to ~1e-7 differ
-        self.assertLess(differing(f, q, k, v, go), 0.01)
+        # PyTorch 2.15's CPU flash kernel sums p @ v (and the backward's
+        # products) in another order than the one-block f32 sums the trace
+        # writes, so its f32 results differ in the last bit and 1% to 3% of
+        # the bf16 outputs round the other way (under 1% with the torch
+        # this test was first written against). Measured on 20 draws, in every such element of the output
+        # the trace's value is the correctly rounded one and the kernel's
+        # is one bf16 step off. What holds across versions: few elements
+        # differ, and those by one rounding step.
+        self.assertLess(differing(f, q, k, v, go), 0.06)
+        p = fusec.Program(ft.export(f, q, k, v, go))
+        out = p(q.detach(), k.detach(), v.detach(), go)
+        for o, r in zip(out, f(q, k, v, go)):
+            r = r.detach().float()
+            o = o.float()
+            step = torch.maximum(o.abs(), r.abs()) * 2.0 ** -7
+            # one step of bf16 (8 significant bits), or a difference no
+            # larger than the rounding of the largest element (dq: rows
+            # whose gradient is a cancellation to ~1e-7)
+            tol = torch.maximum(step, r.abs().max() * 2.0 ** -8)
+            self.assertTrue(bool(((o - r).abs() <= tol).all()))
 
     def test_products_with_python_numbers(self):
         # x * 0.044715 in f32 then rounded (PyTorch's opmath), x ** 3 as
