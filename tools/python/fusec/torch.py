@@ -1659,16 +1659,17 @@ def _index_linear(w, x, idxs):
         if idxs[i].dtype == "bool" or idxs[i].dtype == "u8":
             raise _Refused("boolean mask indexing (data-dependent shape)")
     d0 = pos[0]
+
+    def wrap(t, n):  # x[-1]: a negative index counts from the end
+        return w.emit("where", [w.ew("lt", [t, 0]), w.ew("add", [t, n]), t],
+                      [], t.dtype, t.shape)
     if len(pos) == 1:
-        return x, idxs[d0], d0
+        return x, wrap(idxs[d0], x.shape[d0]), d0
     # several adjacent index tensors: linearize
     ishape = _bcast(*[idxs[i].shape for i in pos])
     lin = None
     for i in pos:
-        t = w.broadcast(idxs[i], ishape)
-        t = w.emit("where", [w.ew("lt", [t, 0]),
-                             w.ew("add", [t, x.shape[i]]), t], [], t.dtype,
-                   t.shape)
+        t = wrap(w.broadcast(idxs[i], ishape), x.shape[i])
         lin = t if lin is None else w.ew("add", [w.ew("mul",
                                                       [lin, x.shape[i]]), t])
     merged = x.shape[:d0] + (_numel(x.shape[d0:pos[-1] + 1]),) + \
@@ -2350,11 +2351,36 @@ def _trace(fn, example_args, fake):
     except (TypeError, ValueError):
         pass
     with torch.enable_grad(), _MathAttention():
-        gm = make_fx(wrapper, decomposition_table=_decompositions(),
-                     tracing_mode=mode, _allow_non_fake_inputs=fake,
-                     **opts)(*tensors)
+        try:
+            gm = make_fx(wrapper, decomposition_table=_decompositions(),
+                         tracing_mode=mode, _allow_non_fake_inputs=fake,
+                         **opts)(*tensors)
+        except RuntimeError as e:
+            if "_local_scalar_dense" not in str(e) and \
+                    "data-dependent" not in str(e):
+                raise
+            raise ExportError(
+                "cannot export %s: Python control flow depends on a "
+                "tensor's value (.item(), bool(), if tensor:), which a trace "
+                "cannot record; the branch is at %s" % (
+                    getattr(fn, "__name__", "fn"), _user_frame(e))) from None
     gm.graph.eliminate_dead_code()
     return gm, flat, tpos
+
+
+def _user_frame(e):
+    """'file:line in func: source' of the innermost frame of e's traceback
+    outside torch and fusec.torch: the model line that raised."""
+    import traceback
+    pick = None
+    for fr in traceback.extract_tb(e.__traceback__):
+        if "/torch/" not in fr.filename and \
+                "/fusec/torch.py" not in fr.filename:
+            pick = fr
+    if pick is None:
+        return "(no source line recorded)"
+    return "%s:%d in %s: %s" % (pick.filename, pick.lineno, pick.name,
+                                (pick.line or "").strip())
 
 
 def _resolve_symbolic(symbolic, names, tensors):
