@@ -260,6 +260,22 @@ class TestInPlaceAndScans(unittest.TestCase):
         self.both(lambda x: (x.argmax(-1), x.max(1)[1]),
                   torch.randint(0, 3, (3, 9)))
 
+    def test_negative_index_wraps(self):
+        self.both(lambda x: (x[..., [-2], :], x[:, torch.tensor([-1, 0])]),
+                  torch.randn(2, 6, 3))
+
+    def test_branch_on_data_refused_with_its_line(self):
+        def f(x, m):
+            if m.all():
+                return x * 2
+            return x
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(f, torch.randn(3), torch.ones(3, dtype=torch.bool))
+        msg = str(cm.exception)
+        self.assertIn("depends on a tensor's value", msg)
+        self.assertIn("test_export.py", msg)
+        self.assertIn("if m.all():", msg)
+
     def test_topk_smallest_refused_with_its_line(self):
         with self.assertRaises(ft.ExportError) as cm:
             ft.export(lambda x: torch.topk(x, 2, largest=False),

@@ -7,8 +7,13 @@ decomposition table, which lowers almost every op, forward and backward, to a
 small set of "core ATen" ops. Autograd runs during tracing, so an `fn` that
 calls torch.autograd.grad comes out as one graph holding forward and backward;
 torch.utils.checkpoint recomputes its forward inside the backward, and the
-recomputation is traced where it runs. The graph is then walked once, in
-order, and every node is written as one or a few fusec statements.
+recomputation is traced where it runs. Tracing runs under PyTorch's
+functionalization (FunctionalTensorMode, below autograd, as aot_autograd
+does), so the graph is SSA: an in-place op becomes its functional form, and
+one on a view also rebuilds the view's base (`s /= 4` on a matmul's view is
+a div; `y[..., 1:] = x[..., :-1]` a slice_scatter, written as cat; a masked
+fill a where). The graph is then walked once, in order, and every node is
+written as one or a few fusec statements.
 
     def f(x, w):                      trace f(x: f32[4, 8], w: f32[16, 8]) {
         return torch.relu(x @ w.t())    permute = permute(w, dims=[1, 0])
@@ -28,6 +33,11 @@ The rules the writer keeps (DESIGN.md, "The trace format"):
     input is rebuilt from reshape/slice/permute/broadcast; an overlapping one
     (or one that reads outside its input) is refused with the reason.
   - Literals cannot spell inf or nan; those become reciprocal(full(0)).
+  - cumsum, topk, argmax/argmin and max.dim's indices are fusec's cumsum,
+    topk, argmax and argmin (bool operands through u8); a negative index of
+    x[idx] counts from the end, as in torch.
+  - A branch on a tensor's value (.item(), if t.all():) cannot be recorded:
+    ExportError with the model line.
   - An op with no mapping is not guessed at: export collects every unmapped
     op with the model line it came from and raises ExportError listing them.
 
@@ -655,9 +665,10 @@ class _Writer:
         return r
 
     def rebind_mutated(self, node, r):
-        # x.op_(...) in a functional trace: the new value replaces x for every
-        # later use. Refused where x aliases other live tensors (a view or a
-        # base of views), since their values would change too.
+        # x.op_(...) left in the graph (functionalization removes them; this
+        # is the safety net): the new value replaces x for every later use.
+        # Refused where x aliases other live tensors (a view or a base of
+        # views), since their values would change too.
         base = node.args[0]
         if not isinstance(base, torch.fx.Node):
             raise _Refused("in-place op on a non-tensor")
