@@ -174,6 +174,9 @@ class TestInPlaceAndScans(unittest.TestCase):
             s /= 4.0
             return s
         self.both(f, torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5))
+        bf = torch.bfloat16
+        self.both(f, torch.randn(2, 3, 4, 5).to(bf),
+                  torch.randn(2, 3, 4, 5).to(bf), tol=1e-3)
 
     def test_shift_right_of_labels(self):
         def g(x):
@@ -240,6 +243,7 @@ class TestInPlaceAndScans(unittest.TestCase):
             v, i = torch.topk(probs, 2, dim=-1)
             return v / v.sum(-1, keepdim=True), i
         self.both(route, torch.randn(5, 64))
+        self.both(route, torch.randn(5, 64).bfloat16(), tol=1e-3)
         self.both(lambda x: torch.topk(x, 3, dim=0), torch.randn(7, 4))
         # ties: torch's CPU kernel returns them in no set order (2, 4, 1
         # here); fusec's go to the lower index, as DESIGN.md says
