@@ -20,7 +20,9 @@
  * reordered must plan again (the kernels, keyed by canon.c, still hit).
  *
  *     plan
+ *     target plan
  *     format 1
+ *     planner 1                (FZ_PLAN_VERSION: what the passes make)
  *     trace llama_7b_ckpt_bf16
  *     sizes 1 2048 -1 ...      (per symbol; -1 unbound)
  *     horizontal 1
@@ -197,7 +199,8 @@ fz_status fz_plan_form(const fz_trace *t, const fz_plan_options *o,
 	put_image(&img, t);
 	char line[128];
 	put_str(&b, "plan\ntarget plan\n");
-	snprintf(line, sizeof line, "format %d\n", PLAN_FORMAT);
+	snprintf(line, sizeof line, "format %d\nplanner %d\n", PLAN_FORMAT,
+		 FZ_PLAN_VERSION);
 	put_str(&b, line);
 	put_str(&b, "trace ");
 	put_str(&b, t->name ? t->name : "");

@@ -82,6 +82,12 @@ typedef enum fz_pass {
 extern const char *const fz_pass_names[FZ_PASS_COUNT];
 int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
 
+/* The planner's version: it enters the key of every program the disk cache
+ * keeps (cache/plan_cache.c), so a fusec whose passes plan differently never
+ * loads a program an older one made. Bump it with any change to what the
+ * passes produce. */
+#define FZ_PLAN_VERSION 1
+
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
 	 * left unbound: taken as 1 for bytes (and listed in unbound_syms). */
