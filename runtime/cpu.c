@@ -13,7 +13,8 @@
  *         kernel       launch the prepared entry point with the buffers in
  *                      its parameter order, check the error word (an index
  *                      out of range is FZ_ERANGE naming op)
- *         library      matmul / linear as a blocked loop, f64 accumulation
+ *         library      matmul / linear through the BLAS (blas.c), split
+ *                      across the pool
  *         collective,  world 1: the identity
  *         wait
  *     copy the trace's outputs out (fresh buffers the caller fz_frees)
@@ -54,9 +55,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <pthread.h>
+
+#include "blas.h"
 #include "cache.h"
 #include "exec.h"
 #include "numeric.h"
+#include "pool.h"
 
 static double now(void)
 {
@@ -88,6 +93,49 @@ static void *cpu_alloc(size_t n)
 
 static void cpu_release(void *p) { free(p); }
 
+/* The process's pool and BLAS (until the CPU device owns them): threads
+ * from $FUSEC_THREADS, else the CPUs available. */
+static fz_pool *cpu_pool;
+static fz_blas *cpu_blas;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_init(void)
+{
+	const char *t = getenv("FUSEC_THREADS");
+	if (fz_pool_new(t ? atoi(t) : 0, &cpu_pool, NULL) != FZ_OK)
+		cpu_pool = NULL; /* launches run on the calling thread */
+	if (fz_blas_open(&cpu_blas, NULL) != FZ_OK)
+		cpu_blas = NULL;
+}
+
+typedef struct launch_args {
+	fz_host_fn fn;
+	void **bufs;
+	const int64_t *syms;
+	int32_t *bad;
+} launch_args;
+
+static void launch_part(void *arg, int part, int nparts)
+{
+	launch_args *a = arg;
+	a->fn(a->bufs, a->syms, a->bad, part, nparts);
+}
+
+/* Parts for a launch of k: rows of a row kernel (one part may be one
+ * row), lane groups of a pointwise one (16 Ki elements a part at least,
+ * so small launches stay on one thread). */
+static int cpu_parts(const fz_kernel *k, const int64_t *syms)
+{
+	int64_t w = 0;
+	for (int i = 0; i < k->n_work[0]; i++) {
+		int64_t x = fz_ext_eval(k->work[0][i], syms);
+		w = x > w ? x : w;
+	}
+	if (k->sk == FZ_SK_ROW)
+		return fz_pool_parts(cpu_pool, w, 1);
+	return fz_pool_parts(cpu_pool, w * (k->vec > 0 ? k->vec : 1), 16384);
+}
+
 static fz_status cpu_launch(const fz_kernel *k, int e, void **bufs,
 			    const int64_t *syms, int32_t *bad, char **err)
 {
@@ -96,7 +144,9 @@ static fz_status cpu_launch(const fz_kernel *k, int e, void **bufs,
 					      k->region, e));
 		return FZ_EINVAL;
 	}
-	k->host(bufs, syms, bad);
+	pthread_once(&cpu_once, cpu_init);
+	launch_args a = {k->host, bufs, syms, bad};
+	fz_pool_run(cpu_pool, cpu_parts(k, syms), launch_part, &a);
 	return FZ_OK;
 }
 
@@ -622,6 +672,16 @@ static fz_status run_kernel(run *R, pkernel *pk)
 		}
 	}
 	if (st == FZ_OK) {
+		/* the work a launch splits: this runner does not keep the
+		 * kernel's own record, so the largest buffer's elements */
+		pk->k.sk = FZ_SK_POINTWISE;
+		pk->k.vec = 1;
+		pk->k.n_work[0] = 0;
+		for (int i = 0; i < reg->n_in + reg->n_out && pk->k.n_work[0] < 8; i++) {
+			const fz_value *v = i < reg->n_in ? reg->in[i] : reg->out[i - reg->n_in];
+			pk->k.work[0][pk->k.n_work[0]++] =
+				fz_ext_const(fz_type_numel_at(&v->type, R->syms));
+		}
 		int32_t bad = 0;
 		st = R->x->tg->launch(&pk->k, 0, bufs, R->syms, &bad, R->err);
 		R->x->st.kernels++;
@@ -641,44 +701,7 @@ static fz_status run_kernel(run *R, pkernel *pk)
 	return st;
 }
 
-/* ---- library calls: blocked matmul with f64 accumulation -------------------- */
-
-static double *as_f64(const void *p, fz_dtype d, int64_t n)
-{
-	double *o = malloc(sizeof *o * (size_t)(n > 0 ? n : 1));
-	if (o)
-		for (int64_t i = 0; i < n; i++)
-			o[i] = fz_load_f64(p, d, i);
-	return o;
-}
-
-/* C[M,N] (+)= A[M,K] B[K,N], row strides K and N; blocked over k. */
-static void mm(const double *A, const double *B, double *C, int64_t M, int64_t K,
-	       int64_t N)
-{
-	memset(C, 0, sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
-	for (int64_t k0 = 0; k0 < K; k0 += 64) {
-		int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
-		for (int64_t i = 0; i < M; i++)
-			for (int64_t k = k0; k < k1; k++) {
-				double a = A[i * K + k];
-				const double *b = B + k * N;
-				double *c = C + i * N;
-				for (int64_t j = 0; j < N; j++)
-					c[j] += a * b[j];
-			}
-	}
-}
-
-static void store_all(void *y, fz_dtype d, const double *C, int64_t off, int64_t n)
-{
-	for (int64_t i = 0; i < n; i++) {
-		if (fz_dtype_is_float(d))
-			fz_store_f64(y, d, off + i, C[i]);
-		else
-			fz_store_i64(y, d, off + i, (int64_t)C[i]);
-	}
-}
+/* ---- library calls: the BLAS (blas.c) ---------------------------------------- */
 
 static fz_status run_library(run *R, const fz_region *reg)
 {
@@ -689,88 +712,39 @@ static fz_status run_library(run *R, const fz_region *reg)
 		sa[d] = fz_ext_eval(a->type.dims[d], R->syms);
 	for (int d = 0; d < b->type.rank; d++)
 		sb[d] = fz_ext_eval(b->type.dims[d], R->syms);
-	void *pa = get_value(R, a), *pb = get_value(R, b);
-	void *pc = n->n_in == 3 ? get_value(R, n->in[2]) : NULL;
-	void *py = alloc_value(R, y);
-	if (!pa || !pb || !py || (n->n_in == 3 && !pc))
+	fz_matmul m = {.region = reg->id, .dtype = y->type.dtype};
+	m.a = get_value(R, a);
+	m.b = get_value(R, b);
+	m.bias = n->n_in == 3 ? get_value(R, n->in[2]) : NULL;
+	m.y = alloc_value(R, y);
+	if (!m.a || !m.b || !m.y || (n->n_in == 3 && !m.bias))
 		return FZ_EINVAL;
-	int64_t na = fz_type_numel_at(&a->type, R->syms);
-	int64_t nbn = fz_type_numel_at(&b->type, R->syms);
-	double *A = as_f64(pa, a->type.dtype, na), *B = as_f64(pb, b->type.dtype, nbn);
-	double *C = NULL;
-	fz_status st = FZ_OK;
-	if (!A || !B) {
-		st = FZ_ENOMEM;
-		goto out;
-	}
 	if (n->op == FZ_OP_LINEAR) {
-		int64_t K = sa[a->type.rank - 1], O = sb[0];
-		int64_t M = K ? na / K : fz_type_numel_at(&y->type, R->syms) / (O ? O : 1);
-		/* x wT: transpose w once into [K, O] */
-		double *WT = malloc(sizeof *WT * (size_t)(K * O > 0 ? K * O : 1));
-		C = malloc(sizeof *C * (size_t)(M * O > 0 ? M * O : 1));
-		if (!WT || !C) {
-			free(WT);
-			st = FZ_ENOMEM;
-			goto out;
-		}
-		for (int64_t o = 0; o < O; o++)
-			for (int64_t k = 0; k < K; k++)
-				WT[k * O + o] = B[o * K + k];
-		mm(A, WT, C, M, K, O);
-		free(WT);
-		if (pc)
-			for (int64_t i = 0; i < M; i++)
-				for (int64_t o = 0; o < O; o++)
-					C[i * O + o] += fz_load_f64(pc, n->in[2]->type.dtype, o);
-		store_all(py, y->type.dtype, C, 0, M * O);
-		goto out;
-	}
-	/* matmul: torch semantics, batch dims broadcast from the right */
-	int ra = a->type.rank, rb = b->type.rank;
-	int64_t M = ra >= 2 ? sa[ra - 2] : 1, K = sa[ra - 1];
-	int64_t N = rb >= 2 ? sb[rb - 1] : 1;
-	int ab = ra > 2 ? ra - 2 : 0, bb = rb > 2 ? rb - 2 : 0, nbt = ab > bb ? ab : bb;
-	int64_t bs[FZ_MAX_RANK], ast[FZ_MAX_RANK], bst[FZ_MAX_RANK], as = M * K, bsz = K * N;
-	for (int i = nbt - 1; i >= 0; i--) {
-		int ia = i - (nbt - ab), ib = i - (nbt - bb);
-		int64_t ea = ia >= 0 ? sa[ia] : 1, eb = ib >= 0 ? sb[ib] : 1;
-		bs[i] = ea == 1 ? eb : ea;
-		ast[i] = ea == 1 ? 0 : as;
-		bst[i] = eb == 1 ? 0 : bsz;
-		as *= ea;
-		bsz *= eb;
-	}
-	int64_t batches = 1;
-	for (int i = 0; i < nbt; i++)
-		batches *= bs[i];
-	C = malloc(sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
-	if (!C) {
-		st = FZ_ENOMEM;
-		goto out;
-	}
-	int64_t bi[FZ_MAX_RANK] = {0};
-	for (int64_t tb = 0; tb < batches; tb++) {
-		int64_t ao = 0, bo = 0;
-		for (int d = 0; d < nbt; d++) {
-			ao += bi[d] * ast[d];
-			bo += bi[d] * bst[d];
-		}
-		mm(A + ao, B + bo, C, M, K, N);
-		store_all(py, y->type.dtype, C, tb * M * N, M * N);
-		for (int d = nbt - 1; d >= 0; d--) {
-			if (++bi[d] < bs[d])
-				break;
-			bi[d] = 0;
+		m.K = sa[a->type.rank - 1];
+		m.N = sb[0];
+		m.M = fz_type_numel_at(&y->type, R->syms) / (m.N ? m.N : 1);
+		m.b_trans = true;
+	} else {
+		/* matmul: torch semantics, batch dims broadcast from the right */
+		int ra = a->type.rank, rb = b->type.rank;
+		m.M = ra >= 2 ? sa[ra - 2] : 1;
+		m.K = sa[ra - 1];
+		m.N = rb >= 2 ? sb[rb - 1] : 1;
+		int ab = ra > 2 ? ra - 2 : 0, bb = rb > 2 ? rb - 2 : 0;
+		m.nbd = ab > bb ? ab : bb;
+		int64_t as = m.M * m.K, bs = m.K * m.N;
+		for (int i = m.nbd - 1; i >= 0; i--) {
+			int ia = i - (m.nbd - ab), ib = i - (m.nbd - bb);
+			int64_t ea = ia >= 0 ? sa[ia] : 1, eb = ib >= 0 ? sb[ib] : 1;
+			m.bshape[i] = ea == 1 ? eb : ea;
+			m.a_bstride[i] = ea == 1 ? 0 : as;
+			m.b_bstride[i] = eb == 1 ? 0 : bs;
+			as *= ea;
+			bs *= eb;
 		}
 	}
-out:
-	free(A);
-	free(B);
-	free(C);
-	if (st != FZ_OK)
-		set_err(R->err, fz_strdup_printf("region %d: out of memory", reg->id));
-	return st;
+	pthread_once(&cpu_once, cpu_init);
+	return fz_cpu_matmul(cpu_blas, cpu_pool, &m, R->err);
 }
 
 /* ---- the walk ------------------------------------------------------------------ */
