@@ -16,9 +16,9 @@
  *
  * There is one CPU device per process, shared by every program on it (the
  * kernel store then loads each key once); it lives while a program holds
- * it. Its pool has fz_exec_options.threads threads (0: the CPUs this
- * process may run on), as the program that opens it asks; programs that
- * open it while it lives share that pool.
+ * it. Its pool has fz_exec_options.threads threads, else $FUSEC_THREADS,
+ * else as many as the CPUs this process may run on, as the program that
+ * opens it asks; programs that open it while it lives share that pool.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +77,10 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 		return FZ_ENOMEM;
 	}
 	fz_cg_options cg = {FZ_CG_HOST, 0, false, false};
-	int threads = o && o->threads > 0 ? o->threads : fz_cpu_count();
+	int threads = o && o->threads > 0 ? o->threads : 0;
+	const char *env = getenv("FUSEC_THREADS");
+	if (threads == 0 && env && atoi(env) > 0)
+		threads = atoi(env);
 	if ((st = fz_device_init(&c->h, &fz_target_cpu, err)) == FZ_OK)
 		st = fz_compiler_new(&cg, &c->jit, err);
 	if (st == FZ_OK)
