@@ -25,6 +25,14 @@ least; for the Llama block it is only indicative).
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
     tools/bench/cpu_bench.py --threads 1       one thread for all three
 
+Fresh outputs. Every way but `run` returns a fresh output tensor per call
+(torch.empty over glibc malloc). Whether a 13 to 32 MiB block comes back
+from glibc's heap or from a fresh mmap, whose first touch page-faults (tens
+of ms on a busy VM, often more than the kernel), depends on what the process
+freed before: the same allocation costs 1 ms in one round and 13 ms in the
+next. That cost is in eager, compile and fusec alike but does not cancel in
+their ratios; `run` writes into buffers it keeps, so it shows the kernels.
+
 Writes tools/bench/results/cpu_bench-<host>-<utc time>.json (or --out) and
 prints a table. The JSON holds the machine (CPUs, load average before and
 after, torch version, the BLAS fusec opened), every case's medians, and the
