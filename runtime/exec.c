@@ -39,7 +39,9 @@
  * call is a slot of the target's table (target.h), so the CPU, CUDA and
  * emulated targets run the very same walk. A kernel that meets an index
  * out of range writes 1 + the op's node id into the flag word; host-memory
- * targets check it after each launch, device targets at fz_exec_sync.
+ * targets check it after each launch, device targets at fz_exec_sync,
+ * which also clears it (so a run on a GPU queues no copy for the flag:
+ * it is cleared once when its arena is new, then only after an error).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,8 @@ typedef struct pplan {
 	step *steps;
 	int64_t arena_bytes; /* memplan's, then staging, then the flag */
 	int64_t flag_off;
+	bool flag_clear;     /* device targets: the flag is known to be 0 */
+	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
 	int launches;
@@ -520,6 +524,15 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		add_output_copies(&B);
 	pp->flag_off = pp->arena_bytes;
 	pp->arena_bytes += BLOCK;
+	/* the library's scratch, shared by the plan's matmuls (one stream) */
+	pp->ws_off = -1;
+	for (int i = 0; i < pp->n_steps && x->dev->tg->matmul_workspace; i++)
+		if (pp->steps[i].kind == S_MATMUL) {
+			pp->ws_off = (pp->arena_bytes + 255) / 256 * 256;
+			pp->arena_bytes = pp->ws_off +
+					  (int64_t)x->dev->tg->matmul_workspace;
+			break;
+		}
 	if (B.st == FZ_OK && !(pp->ptr = calloc((size_t)pp->n_slots + 1, sizeof *pp->ptr)))
 		fail(&B, FZ_ENOMEM, NULL);
 	if (B.st == FZ_OK) {
@@ -665,6 +678,11 @@ void fz_exec_free(fz_exec *x)
 	fz_device_release(x->dev);
 	x->magic = EXEC_DEAD;
 	free(x);
+}
+
+fz_device *fz_exec_dev(const fz_exec *x)
+{
+	return x && x->magic == EXEC_MAGIC ? x->dev : NULL;
 }
 
 const char *fz_exec_device(const fz_exec *x)
@@ -866,9 +884,11 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	char *arena = pp->arena;
 	int32_t *flag = (int32_t *)(arena + pp->flag_off);
 	static const int32_t zero = 0;
-	if (st == FZ_OK)
-		st = tg->host_memory ? (*flag = 0, FZ_OK)
-		     : tg->upload(dev, flag, &zero, sizeof zero, stream, err);
+	if (st == FZ_OK && tg->host_memory)
+		*flag = 0;
+	else if (st == FZ_OK && !pp->flag_clear &&
+		 (st = tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		pp->flag_clear = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
 		char *base = sl->base == B_ARENA ? arena
@@ -896,6 +916,8 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 			s->mm.b = ptr[s->sb];
 			s->mm.bias = s->sbias >= 0 ? ptr[s->sbias] : NULL;
 			s->mm.y = ptr[s->sy];
+			s->mm.workspace = pp->ws_off >= 0 ? arena + pp->ws_off : NULL;
+			s->mm.workspace_bytes = pp->ws_off >= 0 ? tg->matmul_workspace : 0;
 			st = tg->matmul(dev, &s->mm, stream, err);
 			break;
 		case S_COLL:
@@ -937,6 +959,8 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		flag = *f;
 	else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream, err)) != FZ_OK)
 		return st;
+	if (flag && !dev->tg->host_memory)
+		pp->flag_clear = false; /* cleared by the next run */
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
 }
 
