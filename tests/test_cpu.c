@@ -4,8 +4,8 @@
  * products through the BLAS or the built-in loop (blas.c).
  *
  * Parts: every kernel of a set of traces (pointwise of several shape
- * groups, bf16, inner and outer reductions, normalizations, index_add's
- * serial scatter) is run whole, as (0, 1), and then as n parts for n = 2
+ * groups, bf16, inner and outer reductions, normalizations, scans, top-k,
+ * index_add's serial scatter) is run whole, as (0, 1), and then as n parts for n = 2
  * .. 7, in reverse order and on the pool; the outputs must be the same
  * bytes. Products: fz_cpu_matmul against an f64 loop over the same
  * operands for every float dtype and i64, linear with bias, batch
@@ -161,6 +161,10 @@ static const char *part_traces[] = {
 	"  return y, m\n}\n",
 	/* an outer reduction: rows are columns */
 	"trace f(x: f32[50, 19]) {\n  s = sum(x, dims=[0])\n  return s\n}\n",
+	/* scan and selection: rows of the part */
+	"trace h(x: f32[13, 40]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
+	"trace i(x: bf16[6, 9, 5]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
+	"trace j(x: f32[11, 30]) {\n  v, k = topk(x, k=4, dim=1)\n  return v, k\n}\n",
 	/* index_add: the scatter runs in part 0 only */
 	"trace g(x: f32[6, 8], i: i64[20], s: f32[20, 8]) {\n"
 	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
@@ -238,6 +242,42 @@ static fz_status check_parts(const fz_region *r, int op, fz_kernel *k, void *ud,
 		for (int i = r->n_in; i < nb; i++)
 			ck_assert_msg(!memcmp(bufs[i], ref[i], bytes[i]),
 				      "region %d: %d parts on the pool differ", r->id, n);
+	}
+	/* each output byte is written by exactly one part: part p alone,
+	 * over two fills, changes only its own chunk (no part redoes the
+	 * work of another, which equal results would not show) */
+	for (int n = 2; n <= 5; n++) {
+		for (int i = r->n_in; i < nb; i++) {
+			unsigned char *owner = calloc(bytes[i] + 1, 1);
+			for (int p = 0; p < n; p++) {
+				bool wrote_any = false;
+				unsigned char *w = calloc(bytes[i] + 1, 1);
+				for (int f = 0; f < 2; f++) {
+					int fill = f ? 0x5A : 0xA5;
+					for (int j = r->n_in; j < nb; j++)
+						memset(bufs[j], fill, bytes[j]);
+					k->host(bufs, NULL, &bad, p, n);
+					for (size_t b = 0; b < bytes[i]; b++)
+						if (((unsigned char *)bufs[i])[b] != fill)
+							w[b] = 1;
+				}
+				for (size_t b = 0; b < bytes[i]; b++) {
+					if (!w[b])
+						continue;
+					wrote_any = true;
+					ck_assert_msg(!owner[b], "region %d: parts %d and %d of %d "
+						      "both write byte %zu of output %d", r->id,
+						      owner[b] - 1, p, n, b, i - r->n_in);
+					owner[b] = (unsigned char)(p + 1);
+				}
+				(void)wrote_any;
+				free(w);
+			}
+			for (size_t b = 0; b < bytes[i]; b++)
+				ck_assert_msg(owner[b], "region %d: no part of %d writes byte "
+					      "%zu of output %d", r->id, n, b, i - r->n_in);
+			free(owner);
+		}
 	}
 	ck_assert_int_eq(bad, 0);
 	for (int i = 0; i < nb; i++) {
