@@ -77,6 +77,9 @@ typedef struct cg {
 	struct cg_cse { int op; LLVMValueRef a, b, r; } *cse; /* index arithmetic */
 	int n_cse, cap_cse;
 	LLVMValueRef smem[6]; /* shared scratch for block reductions, by type and part */
+	LLVMValueRef emu;     /* EMU: the thread's context (fz_emu_thread *) */
+	LLVMValueRef *ext;    /* EMU: each buffer's element count, i64 */
+	int emu_site;         /* EMU: numbers barriers and shuffles */
 	const fz_node *cur;   /* the op being emitted, for messages */
 	fz_status st;
 	char msg[FZ_ERRLEN];
@@ -137,6 +140,19 @@ LLVMValueRef cg_ntid(cg *g);   /* blockDim.x */
 LLVMValueRef cg_ctaid(cg *g);  /* blockIdx.x */
 LLVMValueRef cg_nctaid(cg *g); /* gridDim.x */
 void cg_barrier(cg *g);
+/* GPU semantics: the NVPTX flavour and its emulation make the same
+ * skeleton choices (rows per warp or block, atomics, a second entry). */
+static inline bool cg_gpu(const cg *g)
+{
+	return g->o.target == FZ_CG_NVPTX || g->o.target == FZ_CG_EMU;
+}
+/* The address of element off of buffer slot s for an access of n
+ * elements: cg_elem_ptr, and on EMU checked against the buffer's extent. */
+LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, LLVMValueRef off, int n,
+                           bool store);
+/* Shared array arr (32 elements of t): the address of element i, for a
+ * load or a store (EMU: checked for races). */
+LLVMValueRef cg_smem_ptr(cg *g, LLVMTypeRef t, int arr, LLVMValueRef i, bool store);
 LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 
 typedef struct cg_loop {

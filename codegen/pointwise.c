@@ -146,8 +146,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
 		return;
 	}
-	add_work(g, g->o.target == FZ_CG_NVPTX ? 1 : 0, numel);
-	if (g->o.target == FZ_CG_NVPTX && !fz_dtype_is_float(d) && d != FZ_I32 &&
+	add_work(g, cg_gpu(g) ? 1 : 0, numel);
+	if (cg_gpu(g) && !fz_dtype_is_float(d) && d != FZ_I32 &&
 	    d != FZ_I64) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
@@ -172,13 +172,13 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	cg_ix lin;
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
-	V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin));
-	if (g->o.target == FZ_CG_NVPTX && d == FZ_BF16) {
+	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true);
+	if (cg_gpu(g) && d == FZ_BF16) {
 		/* bf16 is i16 in storage; the atomic adds a bfloat (atom.add.bf16
 		 * on sm_90, a compare-and-swap loop that LLVM writes below) */
 		V b = bitcast(g, cg_to_storage(g, v, d), LLVMBFloatTypeInContext(g->ctx));
 		atomic_add(g, LLVMAtomicRMWBinOpFAdd, p, b);
-	} else if (g->o.target == FZ_CG_NVPTX) {
+	} else if (cg_gpu(g)) {
 		atomic_add(g, fz_dtype_is_float(d) ? LLVMAtomicRMWBinOpFAdd :
 			   LLVMAtomicRMWBinOpAdd, p, cg_to_storage(g, v, d));
 	} else {
@@ -206,7 +206,7 @@ void cg_scatter(cg *g, const fz_node *ia)
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
 		all_groups(g, ia);
-	if (g->o.target == FZ_CG_NVPTX) {
+	if (cg_gpu(g)) {
 		cg_function_end(g);
 		cg_memo_pop(g, 0);
 		g->n_cse = 0;
