@@ -101,8 +101,8 @@ typedef enum fz_cg_target { FZ_CG_HOST, FZ_CG_NVPTX, FZ_CG_EMU } fz_cg_target;
 typedef enum fz_emu_fault {
 	FZ_EMU_FAULT_NONE,
 	FZ_EMU_FAULT_BARRIER, /* every barrier dropped */
-	FZ_EMU_FAULT_LOAD,    /* every global load one element further on */
-	FZ_EMU_FAULT_STORE,   /* every global store one element further on */
+	FZ_EMU_FAULT_LOAD,    /* every global load one access further on */
+	FZ_EMU_FAULT_STORE,   /* every global store one access further on */
 	FZ_EMU_FAULT_SHFL,    /* the last lane of a warp skips each shuffle */
 	FZ_EMU_FAULT_COUNT
 } fz_emu_fault;

@@ -461,8 +461,10 @@ LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st)
 	if (g->o.target != FZ_CG_EMU)
 		return cg_elem_ptr(g, s, d, off);
 	fz_emu_fault f = g->o.emu_fault;
+	/* the seeded fault: one access further on (n elements, so that a
+	 * vector access keeps the alignment its instruction assumes) */
 	if ((f == FZ_EMU_FAULT_LOAD && !st) || (f == FZ_EMU_FAULT_STORE && st))
-		off = add(g, off, c_int(type_of(off), 1));
+		off = add(g, off, c_int(type_of(off), n));
 	V p = cg_elem_ptr(g, s, d, off);
 	/* [off, off + n) within the extent, in i64 whatever the index width:
 	 * an i32 offset that wrapped reads as a huge one */

@@ -1,0 +1,660 @@
+/*
+ * emu_sched.c: the threads of a GPU block as fibers on one host thread,
+ * with compute-sanitizer's memcheck and racecheck built in.
+ *
+ * The emulated GPU runs the very kernels the NVPTX target gets (codegen's
+ * EMU flavour: same skeletons, launch geometry, index width and lanes),
+ * compiled for the host. Each kernel is a function of one GPU thread:
+ * it reads threadIdx/blockIdx from its fz_emu_thread and calls back here
+ * for bar.sync, shfl.sync.bfly and shared memory. Two ways to run such
+ * code were on the table:
+ *
+ *   loop fission at barriers: cut the kernel at every barrier and run each
+ *     piece for all threads in a loop. That is a compiler transformation
+ *     on the generated IR (values live across a cut go to per-thread
+ *     arrays, a barrier inside a loop splits the loop) and it is exactly
+ *     the code the checks should check that it would rewrite. Shuffles
+ *     need the same treatment at warp granularity.
+ *   fibers: each thread of the block is a coroutine with its own small
+ *     stack; a barrier or a shuffle is a yield. The kernel runs as
+ *     compiled, with no transformation at all, so what runs is what the
+ *     GPU runs, and a thread that misses a barrier is visible as such.
+ *
+ * Fibers it is. A block of B threads gets B fibers (stacks of 64 KiB, 128
+ * under ASan, with a guard page, made once and reused). The scheduler
+ * runs every ready fiber until it blocks (at a barrier or a shuffle) or
+ * returns; when none is ready, it releases what can be released:
+ *
+ *   a warp whose 32 lanes all wait at the same shuffle: each lane gets
+ *     lane ^ mask's value (computed for all lanes before any resumes);
+ *   else, the block, when every thread waits at a barrier: the barrier
+ *     epoch advances (shared-memory accesses are ordered by it).
+ *
+ * Anything else is a violation: a warp where some lanes wait at a shuffle
+ * and others exited, wait at a barrier or at another shuffle ("every lane
+ * of a warp reaching each shuffle"); a barrier that some thread of the
+ * block exited without reaching, or threads waiting at different barriers
+ * ("a barrier reached by every thread of the block"). Kernels with neither
+ * barriers nor shuffles (pointwise, scatter, a thread per row) need no
+ * fibers: their threads are called one after another on this stack.
+ *
+ * The context switch is eight instructions of x86-64 (callee-saved
+ * registers on the old stack, swap the stack pointer, pop): about 5 ns,
+ * which matters, since a block reduction yields some 20 times per thread
+ * per row. Elsewhere it is ucontext (correct, slower: swapcontext makes a
+ * system call for the signal mask). Under AddressSanitizer every switch
+ * is announced with __sanitizer_start_switch_fiber / _finish_switch_fiber,
+ * so ASan follows the stacks and its fake stacks.
+ *
+ * Checks, on every run:
+ *   global memory: every load and store the kernel makes is compared
+ *     with its buffer's extent by the kernel itself (codegen/emit.c,
+ *     cg_access_ptr); out of bounds it calls oob() here, which reports it
+ *     and hands back scratch memory, so nothing outside the buffer is
+ *     touched.
+ *   shared memory: each element has a shadow: the last writer and the
+ *     epoch of that write, the reader(s) of the current epoch. A read of
+ *     an element another thread wrote in the same epoch (read after write),
+ *     a write of one another thread wrote (write after write) or read
+ *     (write after read) in the same epoch, is a race: no barrier orders
+ *     the two. Whatever order the fibers ran in, a conflicting pair in one
+ *     epoch is caught. A read of an element no thread wrote is reported
+ *     too (uninitialized shared memory), and so is an index past the array.
+ * The first violation stops the launch: the blocked fibers are abandoned
+ * (their stacks are reset before the next launch) and the error names the
+ * kernel, its region, the block and the thread.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "emu.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#define EMU_STACK (128 * 1024)
+#else
+#define EMU_STACK (64 * 1024)
+#endif
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#define SMEM_ARRAYS 6  /* by type and part: codegen/reduction.c smem_slot */
+#define SMEM_ELEMS 32
+#define SMEM_ELEM 8    /* bytes per element, at most */
+#define MAX_BLOCK 1024
+
+/* ---- the context switch ------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* Saves the callee-saved registers on the current stack, stores the stack
+ * pointer in *from, switches to `to`, restores that stack's registers and
+ * returns into it. */
+void fz_emu_switch(void **from, void *to);
+__asm__(".text\n"
+	".globl fz_emu_switch\n"
+	".hidden fz_emu_switch\n"
+	".type fz_emu_switch,@function\n"
+	"fz_emu_switch:\n"
+	"\tpushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n"
+	"\tmovq %rsp, (%rdi)\n"
+	"\tmovq %rsi, %rsp\n"
+	"\tpopq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n"
+	"\tret\n"
+	".size fz_emu_switch,.-fz_emu_switch\n");
+#endif
+
+typedef enum tstate { T_READY, T_BAR, T_SHFL, T_DONE } tstate;
+
+typedef struct fiber {
+	fz_emu_thread ctx;      /* first: the kernel's pointer is the fiber's */
+	struct fz_emu_sched *s;
+	tstate st;
+	int32_t site, mask, val, res;
+	char *map;              /* guard page + stack */
+	size_t map_len;
+#if defined(__x86_64__)
+	void *sp;
+#else
+	ucontext_t uc;
+#endif
+	void *fake;             /* ASan's fake stack while switched away */
+} fiber;
+
+typedef struct shadow {
+	int32_t w, we;          /* last writer and its epoch (-1: none) */
+	int32_t r, re;          /* reader of epoch re; -2: several */
+	int32_t ur;             /* read before any write, by this thread (-1) */
+} shadow;
+
+struct fz_emu_sched {
+	fiber *f;
+	int nf;
+	bool dirty;             /* fibers abandoned mid-kernel: reset them */
+	fiber *cur;             /* running (NULL: the scheduler) */
+	fz_emu_thread plain;    /* the context of fiberless threads */
+#if defined(__x86_64__)
+	void *main_sp;
+#else
+	ucontext_t main_uc;
+#endif
+	void *main_fake;
+	const void *main_bottom;
+	size_t main_size;
+	const fz_emu_launch *L;
+	int64_t block;
+	int nthr;
+	int32_t epoch;
+	_Alignas(64) unsigned char smem[SMEM_ARRAYS * SMEM_ELEMS * SMEM_ELEM];
+	shadow sh[SMEM_ARRAYS * SMEM_ELEMS];
+	_Alignas(64) unsigned char scratch[128];
+	bool bad;
+	char msg[768];
+	fz_emu_stats stats;
+};
+
+static void set_err(char **err, char *m)
+{
+	if (err)
+		*err = m;
+	else
+		free(m);
+}
+
+/* ---- violations ------------------------------------------------------------------ */
+
+static void violate(fz_emu_sched *s, int tid, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void violate(fz_emu_sched *s, int tid, const char *fmt, ...)
+{
+	if (s->bad)
+		return;
+	s->bad = true;
+	char what[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	const fz_emu_launch *L = s->L;
+	if (tid >= 0)
+		snprintf(s->msg, sizeof s->msg, "emu: kernel %s (region %d), block %lld "
+			 "thread %d: %s", L->kernel, L->region, (long long)s->block, tid, what);
+	else
+		snprintf(s->msg, sizeof s->msg, "emu: kernel %s (region %d), block %lld: %s",
+			 L->kernel, L->region, (long long)s->block, what);
+}
+
+static void slot_name(const fz_emu_launch *L, int slot, char *buf, size_t n)
+{
+	if (slot < L->n_in)
+		snprintf(buf, n, "input %d", slot);
+	else
+		snprintf(buf, n, "output %d", slot - L->n_in);
+}
+
+/* ---- fibers ------------------------------------------------------------------------ */
+
+static void to_fiber(fz_emu_sched *s, fiber *f);
+static void to_sched(fiber *f);
+
+/* The scheduler of this host thread's running launch. */
+static _Thread_local fz_emu_sched *fz_emu_current;
+
+/* Every fiber runs this loop: one thread of a block per turn. */
+static void fiber_main(void)
+{
+	/* only ever entered from to_fiber, with s->cur set */
+	fz_emu_sched *s = fz_emu_current;
+	fiber *f = s->cur;
+#ifdef EMU_ASAN
+	__sanitizer_finish_switch_fiber(NULL, &s->main_bottom, &s->main_size);
+#endif
+	for (;;) {
+		const fz_emu_launch *L = s->L;
+		L->fn(L->bufs, L->syms, L->flag, &f->ctx);
+		f->st = T_DONE;
+		to_sched(f);
+	}
+}
+
+static void fiber_reset(fiber *f)
+{
+	char *top = f->map + f->map_len;
+#if defined(__x86_64__)
+	void **sp = (void **)((uintptr_t)top & ~(uintptr_t)15);
+	*--sp = NULL;                      /* fiber_main's return address */
+	*--sp = (void *)(uintptr_t)fiber_main;
+	for (int i = 0; i < 6; i++)
+		*--sp = NULL;              /* rbp rbx r12 r13 r14 r15 */
+	f->sp = sp;
+#else
+	getcontext(&f->uc);
+	f->uc.uc_stack.ss_sp = f->map + (size_t)sysconf(_SC_PAGESIZE);
+	f->uc.uc_stack.ss_size = f->map_len - (size_t)sysconf(_SC_PAGESIZE);
+	f->uc.uc_link = NULL;
+	makecontext(&f->uc, fiber_main, 0);
+#endif
+	f->fake = NULL;
+	f->st = T_DONE;
+}
+
+static fz_status fibers_grow(fz_emu_sched *s, int n)
+{
+	if (n <= s->nf)
+		return FZ_OK;
+	fiber *nfb = realloc(s->f, sizeof *nfb * (size_t)n);
+	if (!nfb)
+		return FZ_ENOMEM;
+	s->f = nfb;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	for (int i = s->nf; i < n; i++) {
+		fiber *f = &s->f[i];
+		memset(f, 0, sizeof *f);
+		f->map_len = EMU_STACK + page;
+		f->map = mmap(NULL, f->map_len, PROT_READ | PROT_WRITE,
+			      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (f->map == MAP_FAILED)
+			return FZ_ENOMEM;
+		mprotect(f->map, page, PROT_NONE); /* the guard page */
+		f->s = s;
+		fiber_reset(f);
+		s->nf = i + 1;
+	}
+	return FZ_OK;
+}
+
+/* The scheduler hands the CPU to fiber f until it blocks or finishes. */
+static void to_fiber(fz_emu_sched *s, fiber *f)
+{
+	s->cur = f;
+	fz_emu_current = s;
+#ifdef EMU_ASAN
+	__sanitizer_start_switch_fiber(&s->main_fake, f->map + (size_t)sysconf(_SC_PAGESIZE),
+				       f->map_len - (size_t)sysconf(_SC_PAGESIZE));
+#endif
+#if defined(__x86_64__)
+	fz_emu_switch(&s->main_sp, f->sp);
+#else
+	swapcontext(&s->main_uc, &f->uc);
+#endif
+#ifdef EMU_ASAN
+	__sanitizer_finish_switch_fiber(s->main_fake, NULL, NULL);
+#endif
+	s->cur = NULL;
+}
+
+/* Fiber f gives the CPU back to the scheduler. */
+static void to_sched(fiber *f)
+{
+	fz_emu_sched *s = f->s;
+#ifdef EMU_ASAN
+	__sanitizer_start_switch_fiber(&f->fake, s->main_bottom, s->main_size);
+#endif
+#if defined(__x86_64__)
+	fz_emu_switch(&f->sp, s->main_sp);
+#else
+	swapcontext(&f->uc, &s->main_uc);
+#endif
+#ifdef EMU_ASAN
+	__sanitizer_finish_switch_fiber(f->fake, NULL, NULL);
+#endif
+}
+
+/* ---- the SIMT primitives (fz_emu_thread's callbacks) ------------------------------ */
+
+static fiber *fiber_of(fz_emu_thread *t) { return (fiber *)t; }
+
+static bool in_fiber(fz_emu_sched *s, fz_emu_thread *t)
+{
+	return t != &s->plain;
+}
+
+static fz_emu_sched *sched_of(fz_emu_thread *t)
+{
+	return fz_emu_current;
+	(void)t;
+}
+
+static void emu_barrier(fz_emu_thread *t, int32_t site)
+{
+	fz_emu_sched *s = sched_of(t);
+	if (!in_fiber(s, t)) {
+		violate(s, t->tid, "a barrier in a kernel launched without fibers "
+			"(the emulator took it for one with neither barriers nor "
+			"shuffles)");
+		return;
+	}
+	fiber *f = fiber_of(t);
+	f->st = T_BAR;
+	f->site = site;
+	to_sched(f);
+}
+
+static int32_t emu_shfl(fz_emu_thread *t, int32_t x, int32_t mask, int32_t site)
+{
+	fz_emu_sched *s = sched_of(t);
+	if (!in_fiber(s, t)) {
+		violate(s, t->tid, "a shuffle in a kernel launched without fibers");
+		return x;
+	}
+	fiber *f = fiber_of(t);
+	f->st = T_SHFL;
+	f->site = site;
+	f->mask = mask;
+	f->val = x;
+	to_sched(f);
+	return f->res;
+}
+
+static void *emu_smem(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
+		      int32_t store, int32_t site)
+{
+	fz_emu_sched *s = sched_of(t);
+	(void)site;
+	s->stats.smem_accesses++;
+	if (arr < 0 || arr >= SMEM_ARRAYS || i < 0 || i >= SMEM_ELEMS ||
+	    bytes <= 0 || bytes > SMEM_ELEM) {
+		violate(s, t->tid, "shared memory out of bounds: %s of element %lld of "
+			"shared array %d (%d elements)", store ? "store" : "load",
+			(long long)i, arr, SMEM_ELEMS);
+		return s->scratch;
+	}
+	int e = arr * SMEM_ELEMS + (int)i;
+	shadow *h = &s->sh[e];
+	int32_t me = t->tid, ep = s->epoch;
+	if (store) {
+		if (h->we == ep && h->w != me)
+			violate(s, me, "shared-memory race (write after write): element %lld "
+				"of shared array %d, written by thread %d with no barrier "
+				"between", (long long)i, arr, h->w);
+		else if (h->re == ep && h->r != me)
+			violate(s, me, "shared-memory race (write after read): element %lld "
+				"of shared array %d, read by thread %s%d with no barrier "
+				"between", (long long)i, arr, h->r == -2 ? "(several, e.g.) " : "",
+				h->r == -2 ? 0 : h->r);
+		h->w = me;
+		h->we = ep;
+	} else {
+		/* a read of an element no thread wrote yet: reported at the
+		 * next barrier, unless a write in this epoch shows it a race */
+		if (h->we < 0 && h->ur < 0)
+			h->ur = me;
+		else if (h->we == ep && h->w != me)
+			violate(s, me, "shared-memory race (read after write): element %lld "
+				"of shared array %d, written by thread %d with no barrier "
+				"between", (long long)i, arr, h->w);
+		if (h->re != ep) {
+			h->r = me;
+			h->re = ep;
+		} else if (h->r != me) {
+			h->r = -2;
+		}
+	}
+	return s->smem + (size_t)e * SMEM_ELEM;
+}
+
+static void *emu_oob(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
+		     int64_t ext, int32_t store)
+{
+	fz_emu_sched *s = sched_of(t);
+	char name[32];
+	slot_name(s->L, slot, name, sizeof name);
+	if (n == 1)
+		violate(s, t->tid, "global %s out of bounds: element %lld of buffer %d "
+			"(%s), which has %lld", store ? "store" : "load", (long long)off,
+			slot, name, (long long)ext);
+	else
+		violate(s, t->tid, "global %s out of bounds: elements [%lld, %lld) of "
+			"buffer %d (%s), which has %lld", store ? "store" : "load",
+			(long long)off, (long long)(off + n), slot, name, (long long)ext);
+	memset(s->scratch, 0, sizeof s->scratch);
+	return s->scratch;
+}
+
+static void ctx_init(fz_emu_thread *c, int tid, const fz_emu_launch *L, int64_t b)
+{
+	c->tid = tid;
+	c->ntid = L->block;
+	c->ctaid = (int32_t)b;
+	c->nctaid = (int32_t)L->grid;
+	c->barrier = emu_barrier;
+	c->shfl = emu_shfl;
+	c->smem = emu_smem;
+	c->oob = emu_oob;
+}
+
+/* ---- one block ------------------------------------------------------------------- */
+
+static const char *state_name(const fiber *f)
+{
+	switch (f->st) {
+	case T_BAR: return "waits at a barrier";
+	case T_SHFL: return "waits at another shuffle";
+	case T_DONE: return "exited";
+	default: return "runs";
+	}
+}
+
+/* Releases the warps whose lanes all wait at one shuffle; a warp where
+ * some lanes wait and others cannot join is a violation. True when some
+ * warp was released. */
+static bool release_shuffles(fz_emu_sched *s)
+{
+	bool any = false;
+	int n = s->nthr;
+	for (int w0 = 0; w0 < n && !s->bad; w0 += 32) {
+		int w1 = w0 + 32 < n ? w0 + 32 : n, lead = -1;
+		for (int i = w0; i < w1; i++)
+			if (s->f[i].st == T_SHFL) {
+				lead = i;
+				break;
+			}
+		if (lead < 0)
+			continue;
+		fiber *a = &s->f[lead];
+		for (int i = w0; i < w1 && !s->bad; i++) {
+			fiber *b = &s->f[i];
+			if (b->st == T_SHFL && b->site == a->site && b->mask == a->mask)
+				continue;
+			violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (xor %d) "
+				"that lane %d never reaches: it %s", w0 / 32, lead - w0,
+				a->mask, i - w0, state_name(b));
+		}
+		if (!s->bad && w1 - w0 < 32)
+			violate(s, a->ctx.tid, "a full-warp shuffle in a warp of %d threads "
+				"(the block has %d)", w1 - w0, n);
+		if (s->bad)
+			return false;
+		for (int i = w0; i < w1; i++) {
+			fiber *b = &s->f[i];
+			b->res = s->f[w0 + ((i - w0) ^ (b->mask & 31))].val;
+		}
+		for (int i = w0; i < w1; i++)
+			s->f[i].st = T_READY;
+		s->stats.shuffles++;
+		any = true;
+	}
+	return any;
+}
+
+/* Reads of shared memory that no thread had written when they read it. */
+static void check_uninit(fz_emu_sched *s)
+{
+	for (int e = 0; e < SMEM_ARRAYS * SMEM_ELEMS && !s->bad; e++)
+		if (s->sh[e].ur >= 0)
+			violate(s, s->sh[e].ur, "a read of shared memory no thread had "
+				"written: element %d of shared array %d", e % SMEM_ELEMS,
+				e / SMEM_ELEMS);
+}
+
+/* Every thread waits at a barrier: the next epoch. Else a violation. */
+static void release_barrier(fz_emu_sched *s)
+{
+	int n = s->nthr, first = -1;
+	for (int i = 0; i < n; i++)
+		if (s->f[i].st == T_BAR) {
+			first = i;
+			break;
+		}
+	if (first < 0)
+		return;
+	for (int i = 0; i < n; i++) {
+		fiber *b = &s->f[i];
+		if (b->st == T_BAR && b->site == s->f[first].site)
+			continue;
+		if (b->st == T_BAR)
+			violate(s, i, "waits at a different barrier than thread %d: the "
+				"threads of a block must reach the same __syncthreads()", first);
+		else
+			violate(s, first, "waits at a barrier that thread %d never "
+				"reaches: it %s", i, state_name(b));
+		return;
+	}
+	check_uninit(s);
+	if (s->bad)
+		return;
+	for (int i = 0; i < n; i++)
+		s->f[i].st = T_READY;
+	s->epoch++;
+	s->stats.barriers++;
+}
+
+static void smem_reset(fz_emu_sched *s)
+{
+	for (int i = 0; i < SMEM_ARRAYS * SMEM_ELEMS; i++)
+		s->sh[i] = (shadow){-1, -1, -1, -1, -1};
+	s->epoch = 0;
+	/* garbage, as a GPU's shared memory is at a block's start */
+	memset(s->smem, 0xa5, sizeof s->smem);
+}
+
+static void block_fibers(fz_emu_sched *s, int64_t b)
+{
+	const fz_emu_launch *L = s->L;
+	int n = L->block;
+	for (int i = 0; i < n; i++) {
+		ctx_init(&s->f[i].ctx, i, L, b);
+		s->f[i].st = T_READY;
+	}
+	for (;;) {
+		bool ran = false;
+		for (int i = 0; i < n && !s->bad; i++)
+			if (s->f[i].st == T_READY) {
+				to_fiber(s, &s->f[i]);
+				ran = true;
+			}
+		if (s->bad)
+			return;
+		if (ran)
+			continue;
+		int done = 0;
+		for (int i = 0; i < n; i++)
+			done += s->f[i].st == T_DONE;
+		if (done == n) {
+			check_uninit(s);
+			return;
+		}
+		if (!release_shuffles(s) && !s->bad)
+			release_barrier(s);
+		if (s->bad)
+			return;
+	}
+}
+
+static void block_plain(fz_emu_sched *s, int64_t b)
+{
+	const fz_emu_launch *L = s->L;
+	for (int i = 0; i < L->block && !s->bad; i++) {
+		ctx_init(&s->plain, i, L, b);
+		L->fn(L->bufs, L->syms, L->flag, &s->plain);
+	}
+}
+
+/* ---- the scheduler ------------------------------------------------------------------ */
+
+fz_status fz_emu_sched_new(fz_emu_sched **out, char **err)
+{
+	*out = NULL;
+	fz_emu_sched *s = aligned_alloc(64, sizeof *s);
+	if (!s) {
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	memset(s, 0, sizeof *s);
+	*out = s;
+	return FZ_OK;
+}
+
+void fz_emu_sched_free(fz_emu_sched *s)
+{
+	if (!s)
+		return;
+	for (int i = 0; i < s->nf; i++)
+		munmap(s->f[i].map, s->f[i].map_len);
+	free(s->f);
+	free(s);
+}
+
+const fz_emu_stats *fz_emu_sched_stats(const fz_emu_sched *s) { return &s->stats; }
+
+fz_status fz_emu_run(fz_emu_sched *s, const fz_emu_launch *L, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (L->block < 1 || L->block > MAX_BLOCK || L->grid < 1 || L->grid > INT32_MAX) {
+		set_err(err, fz_strdup_printf("emu: kernel %s (region %d): launch of %lld "
+					      "blocks of %d threads is outside the GPU's limits",
+					      L->kernel, L->region, (long long)L->grid, L->block));
+		return FZ_EINVAL;
+	}
+	if (L->fibers) {
+		if (fibers_grow(s, L->block) != FZ_OK) {
+			set_err(err, fz_strdup("emu: out of memory for fiber stacks"));
+			return FZ_ENOMEM;
+		}
+		if (s->dirty)
+			for (int i = 0; i < s->nf; i++)
+				fiber_reset(&s->f[i]);
+		s->dirty = false;
+	}
+	fz_emu_sched *saved = fz_emu_current;
+	fz_emu_current = s;
+	s->L = L;
+	s->bad = false;
+	s->msg[0] = 0;
+	s->nthr = L->block;
+	s->stats.launches++;
+	for (int64_t b = 0; b < L->grid && !s->bad; b++) {
+		s->block = b;
+		smem_reset(s);
+		if (L->fibers)
+			block_fibers(s, b);
+		else
+			block_plain(s, b);
+		s->stats.blocks++;
+		s->stats.threads += L->block;
+	}
+	fz_emu_current = saved;
+	s->L = NULL;
+	if (!s->bad)
+		return FZ_OK;
+	/* fibers blocked mid-kernel are abandoned: fresh stacks next time */
+	s->dirty = L->fibers;
+	set_err(err, fz_strdup(s->msg));
+	return FZ_ERUNTIME;
+}
