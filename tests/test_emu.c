@@ -311,9 +311,12 @@ static fz_status on_kernel(const fz_region *r, int op, fz_kernel *k, void *ud,
 
 /* Runs src's trace at syms through EMU (options o) and the interpreter;
  * returns the status; *worst: the worst error relative to tol. */
-static fz_status emu_compare(const char *src, const int64_t *syms, fz_cg_options o,
+static fz_status emu_compare(const char *src, const int64_t *syms2, fz_cg_options o,
 			     double tol, double *worst, char **err, int *fibers)
 {
+	int64_t syms[FZ_MAX_SYMS];
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		syms[s] = s < 2 ? syms2[s] : -1;
 	fz_module *m = parse(src);
 	fz_trace *t = fz_module_trace(m, 0);
 	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
