@@ -188,7 +188,8 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	g.r = r;
 	g.o = c->o;
 	g.k = k;
-	g.ity = c->o.idx32 ? t_i32(&g) : t_i64(&g);
+	bool idx32 = c->o.idx32 && !(c->o.target == FZ_CG_EMU && c->o.emu_idx64);
+	g.ity = idx32 ? t_i32(&g) : t_i64(&g);
 	g.as = c->o.target == FZ_CG_NVPTX ? 1 : 0;
 	k->region = r->id;
 	k->n_in = r->n_in;

@@ -113,6 +113,9 @@ typedef struct fz_cg_options {
 	bool idx32;     /* 32-bit index arithmetic: every extent and offset fits */
 	bool vectorize; /* lanes and 16-byte accesses where the shapes allow */
 	fz_emu_fault emu_fault; /* EMU only; part of the cache key's target */
+	bool emu_idx64; /* EMU only: 64-bit indices even where idx32 is asked
+	                 * for, so tests run the 64-bit variant at small sizes
+	                 * (part of the cache key's target) */
 } fz_cg_options;
 
 /* The options for a target name: "host", "sm_80", "sm_90", ..., or "emu"

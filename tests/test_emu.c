@@ -500,6 +500,44 @@ START_TEST(seeded_faults_caught)
 }
 END_TEST
 
+
+/* The 64-bit index variant on demand: idx32 with emu_idx64 is the IR of
+ * idx32 off, and differs from idx32's. */
+static fz_status keep_ir(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r; (void)op;
+	return fz_kernel_llvm(k, (char **)ud, err);
+}
+
+static char *ir_of(const char *src, fz_cg_options o)
+{
+	fz_module *m = parse(src);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	char *ir = NULL;
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1, keep_ir,
+					  &ir, NULL), FZ_OK);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	return ir;
+}
+
+START_TEST(forced_64bit_indices)
+{
+	for (int i = 2; i <= 4; i++) {
+		fz_cg_options o32 = emu_opts(true, true, 0), o64 = emu_opts(false, true, 0);
+		fz_cg_options forced = o32;
+		forced.emu_idx64 = true;
+		char *a = ir_of(SRCS[i], o32), *b = ir_of(SRCS[i], o64), *c = ir_of(SRCS[i], forced);
+		ck_assert_msg(strcmp(a, b) != 0, "trace %d: idx32 makes no difference", i);
+		ck_assert_msg(strcmp(b, c) == 0, "trace %d: forced 64-bit IR differs", i);
+		fz_free(a);
+		fz_free(b);
+		fz_free(c);
+	}
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -531,6 +569,7 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, generated_kernels_match);
 	tcase_add_test(tc, generated_unvectorized);
 	tcase_add_test(tc, seeded_faults_caught);
+	tcase_add_test(tc, forced_64bit_indices);
 	suite_add_tcase(s, tc);
 	return s;
 }
