@@ -147,9 +147,10 @@ static inline bool cg_gpu(const cg *g)
 	return g->o.target == FZ_CG_NVPTX || g->o.target == FZ_CG_EMU;
 }
 /* The address of element off of buffer slot s for an access of n
- * elements: cg_elem_ptr, and on EMU checked against the buffer's extent. */
+ * elements aligned to `align` bytes: cg_elem_ptr, and on EMU checked
+ * against the buffer's extent and the alignment. */
 LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, LLVMValueRef off, int n,
-                           bool store);
+                           bool store, unsigned align);
 /* Shared array arr (32 elements of t): the address of element i, for a
  * load or a store (EMU: checked for races). */
 LLVMValueRef cg_smem_ptr(cg *g, LLVMTypeRef t, int arr, LLVMValueRef i, bool store);

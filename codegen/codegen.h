@@ -207,10 +207,11 @@ struct fz_emu_thread {
 	 * (32 elements each) for a load or a store, checked for races */
 	void *(*smem)(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
 	              int32_t store, int32_t site);
-	/* A global access [off, off + n) of buffer slot past its extent ext:
-	 * reported; returns scratch memory the access may touch instead */
+	/* A global access [off, off + n) of buffer slot past its extent ext,
+	 * or misaligned (how: 1 store, 2 misaligned): reported; returns
+	 * scratch memory the access may touch instead */
 	void *(*oob)(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
-	             int64_t ext, int32_t store);
+	             int64_t ext, int32_t how);
 };
 typedef void (*fz_emu_fn)(void **bufs, const int64_t *syms, int32_t *err,
                           fz_emu_thread *t);

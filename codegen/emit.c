@@ -456,7 +456,8 @@ static V emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
 	return LLVMBuildCall2(g->b, fty, emu_field(g, i, t_ptr(g, 0)), av, n + 1, "");
 }
 
-LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st)
+LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st,
+			   unsigned align)
 {
 	if (g->o.target != FZ_CG_EMU)
 		return cg_elem_ptr(g, s, d, off);
@@ -470,11 +471,20 @@ LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st)
 	 * an i32 offset that wrapped reads as a huge one */
 	V o = zext_or_trunc(g, off, t_i64(g));
 	V bad = icmp(g, LLVMIntUGT, add(g, o, c_i64(g, n)), g->ext[s]);
+	/* and aligned as the instruction says (a GPU faults on a misaligned
+	 * vector access; the runner picks vectorized variants by alignment) */
+	V mis = c_i1(g, 0);
+	if (align > fz_dtype_size(d)) {
+		V a = and_(g, LLVMBuildPtrToInt(g->b, p, t_i64(g), ""), c_i64(g, align - 1));
+		mis = icmp(g, LLVMIntNE, a, c_i64(g, 0));
+		bad = or_(g, bad, mis);
+	}
 	LLVMBasicBlockRef from = current(g), yes = block(g, "oob"), cont = block(g, "inb");
 	cond_br(g, bad, yes, cont);
 	at_end(g, yes);
 	T ps[5] = {t_i32(g), t_i64(g), t_i64(g), t_i64(g), t_i32(g)};
-	V args[5] = {c_i32(g, s), o, c_i64(g, n), g->ext[s], c_i32(g, st)};
+	V how = or_(g, c_i32(g, st), shl(g, zext(g, mis, t_i32(g)), c_i32(g, 1)));
+	V args[5] = {c_i32(g, s), o, c_i64(g, n), g->ext[s], how};
 	V q = emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
 	br(g, cont);
 	at_end(g, cont);
@@ -533,7 +543,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 		cg_linear(g, &v->type, ix[l], &lin[l]);
 	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
 	if (shape == 0) {
-		V x = load(g, st, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), 1, false), es);
+		V x = load(g, st, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), 1, false, es), es);
 		x = cg_from_storage(g, x, d);
 		for (int l = 0; l < nl; l++)
 			out[l] = x;
@@ -541,7 +551,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 	}
 	if (shape == 1) {
 		unsigned al = lanes_aligned(nl, lin[0]) ? es * (unsigned)nl : es;
-		V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, false);
+		V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, false, al);
 		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 		for (int l = 0; l < nl; l++)
 			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
@@ -549,7 +559,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 	}
 	for (int l = 0; l < nl; l++)
 		out[l] = cg_from_storage(g, load(g, st, cg_access_ptr(g, s, d,
-					 cg_ix_value(g, lin[l]), 1, false), es), d);
+					 cg_ix_value(g, lin[l]), 1, false, es), es), d);
 }
 
 void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *vals)
@@ -568,13 +578,13 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
 			vec = insert(g, vec, cg_to_storage(g, vals[l], d), (unsigned)l);
-		store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true), al);
+		store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
 	for (int l = 0; l < n; l++)
 		store(g, cg_to_storage(g, vals[l], d),
-		      cg_access_ptr(g, s, d, cg_ix_value(g, lin[l]), 1, true), es);
+		      cg_access_ptr(g, s, d, cg_ix_value(g, lin[l]), 1, true, es), es);
 }
 
 /* ---- elementwise ops --------------------------------------------------------------- */

@@ -172,7 +172,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	cg_ix lin;
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
-	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true);
+	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true,
+			     (unsigned)fz_dtype_size(d));
 	if (cg_gpu(g) && d == FZ_BF16) {
 		/* bf16 is i16 in storage; the atomic adds a bfloat (atom.add.bf16
 		 * on sm_90, a compare-and-swap loop that LLVM writes below) */

@@ -51,7 +51,8 @@
  *     with its buffer's extent by the kernel itself (codegen/emit.c,
  *     cg_access_ptr); out of bounds it calls oob() here, which reports it
  *     and hands back scratch memory, so nothing outside the buffer is
- *     touched.
+ *     touched. A vector access must also be aligned as its instruction
+ *     says (a GPU faults on a misaligned ld.global.v4).
  *   shared memory: each element has a shadow: the last writer and the
  *     epoch of that write, the reader(s) of the current epoch. A read of
  *     an element another thread wrote in the same epoch (read after write),
@@ -409,12 +410,18 @@ static void *emu_smem(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
 }
 
 static void *emu_oob(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
-		     int64_t ext, int32_t store)
+		     int64_t ext, int32_t how)
 {
 	fz_emu_sched *s = sched_of(t);
 	char name[32];
+	bool store = how & 1;
 	slot_name(s->L, slot, name, sizeof name);
-	if (n == 1)
+	if ((how & 2) && off >= 0 && off + n <= ext)
+		violate(s, t->tid, "misaligned vector %s: elements [%lld, %lld) of buffer "
+			"%d (%s) at %p, not aligned to %lld elements", store ? "store" : "load",
+			(long long)off, (long long)(off + n), slot, name,
+			(void *)((char **)s->L->bufs)[slot], (long long)n);
+	else if (n == 1)
 		violate(s, t->tid, "global %s out of bounds: element %lld of buffer %d "
 			"(%s), which has %lld", store ? "store" : "load", (long long)off,
 			slot, name, (long long)ext);
