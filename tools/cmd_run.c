@@ -58,8 +58,8 @@
 #include <string.h>
 
 #include "exec.h"
+#include "target.h"
 #include "ir.h"
-#include "numeric.h"
 #include "numeric.h"
 #include "tool.h"
 
@@ -257,13 +257,9 @@ typedef struct run_opts {
 	const char *cache_dir;  /* --cache-dir */
 	bool no_cache;          /* --no-cache */
 	int compiled, cache_hits, unique; /* kernels, summed over the traces */
+	double setup_seconds;   /* preparing: plan, kernels, arena */
+	char ran_on[16];        /* the target that ran */
 } run_opts;
-
-static void on_cache_warning(void *ctx, const char *msg)
-{
-	(void)ctx;
-	fprintf(stderr, "%s\n", msg);
-}
 
 /* What --check found over every output of every trace. */
 typedef struct check_result {
@@ -338,6 +334,34 @@ static void compare(const fz_trace *t, int k, const fz_tensor *got,
 	}
 }
 
+static void on_notice(void *ctx, const char *msg)
+{
+	(void)ctx;
+	fprintf(stderr, "fusec run: %s\n", msg);
+}
+
+/* Contiguous, 64-byte-aligned output buffers at the bound sizes. */
+static int make_outputs(const fz_trace *t, const int64_t *syms, fz_tensor *out)
+{
+	for (int k = 0; k < fz_trace_output_count(t); k++) {
+		const fz_value *v = fz_trace_output(t, k);
+		fz_tensor *o = &out[k];
+		o->dtype = fz_value_dtype(v);
+		o->rank = fz_value_rank(v);
+		int64_t acc = 1;
+		for (int d = o->rank - 1; d >= 0; d--) {
+			o->shape[d] = fz_value_extent(v, d, syms);
+			o->strides[d] = acc;
+			acc *= o->shape[d];
+		}
+		size_t bytes = (size_t)acc * fz_dtype_size(o->dtype);
+		o->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+		if (!o->data)
+			return -1;
+	}
+	return 0;
+}
+
 /* Runs one trace; adds its time per iteration to *spi. */
 static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *cr)
 {
@@ -358,26 +382,31 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	int rc = EXIT_BAD;
 	char *err = NULL;
 	fz_exec *x = NULL;
-	if (!in || !out || !ref || make_inputs(t, syms, o->seed, in) < 0)
+	if (!in || !out || !ref || make_inputs(t, syms, o->seed, in) < 0 ||
+	    make_outputs(t, syms, out) < 0)
 		goto done;
-	if (fz_exec_new(t, &fz_target_cpu, &x, &err) != FZ_OK)
+	fz_exec_options xo;
+	fz_exec_options_init(&xo);
+	xo.disk_cache = !o->no_cache;
+	xo.cache_dir = o->cache_dir;
+	xo.warn = on_notice;
+	xo.max_plans = 1;
+	if (fz_exec_new(t, o->device, &xo, &x, &err) != FZ_OK)
 		goto fail;
-	fz_exec_cache xc = {!o->no_cache, o->cache_dir, on_cache_warning, NULL};
-	if (fz_exec_set_cache(x, &xc, &err) != FZ_OK)
-		goto fail;
+	snprintf(o->ran_on, sizeof o->ran_on, "%s", fz_exec_device(x));
+	/* set-up (plan, kernels, arena) apart from the runs it serves */
 	double t0 = tool_now();
-	for (long it = 0; it < o->iters; it++) {
-		for (int k = 0; k < n_out; k++) {
-			fz_free(out[k].data);
-			out[k].data = NULL;
-		}
-		fz_status st = fz_exec_run(x, syms, in, n_in, out, n_out, &err);
-		if (st != FZ_OK)
+	if (fz_exec_prepare(x, syms, in, n_in, &err) != FZ_OK)
+		goto fail;
+	double setup = tool_now() - t0;
+	t0 = tool_now();
+	for (long it = 0; it < o->iters; it++)
+		if (fz_exec_run(x, syms, in, n_in, out, n_out, NULL, &err) != FZ_OK)
 			goto fail;
-		if (it == 0 && o->iters > 1)
-			t0 = tool_now(); /* the first run compiles */
-	}
-	double per = (tool_now() - t0) / (double)(o->iters > 1 ? o->iters - 1 : 1);
+	/* a device error (an index out of range) is reported by the sync */
+	if (fz_exec_sync(x, NULL, &err) != FZ_OK)
+		goto fail;
+	double per = (tool_now() - t0) / (double)o->iters;
 	*spi += per;
 	if (o->check) {
 		fz_status st = fz_trace_interpret(t, syms, in, n_in, ref, n_out, &err);
@@ -387,17 +416,18 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			compare(t, k, &out[k], &ref[k], cr);
 	}
 	const fz_exec_stats *es = fz_exec_stats_of(x);
-	o->compiled += es->compiled;
-	o->cache_hits += es->cache_hits;
-	o->unique += es->unique;
+	o->compiled += es->k.compiled;
+	o->cache_hits += es->k.cache_hits;
+	o->unique += es->k.unique;
+	o->setup_seconds += setup;
 	if (!o->json) {
-		printf("trace %s: %d output%s, %.3f ms per iteration on the cpu from "
-		       "generated code (%d regions, %d kernel keys: %d compiled, %d "
-		       "cache hits, in %.0f ms%s)\n",
+		printf("trace %s: %d output%s, %.3f ms per iteration on the %s from "
+		       "generated code (%d regions, %d launches, %d kernel keys: %d "
+		       "compiled, %d cache hits; set-up %.1f ms%s)\n",
 		       fz_trace_name(t), n_out, n_out == 1 ? "" : "s", per * 1e3,
-		       es->regions, es->unique, es->compiled, es->cache_hits,
-		       es->compile_seconds * 1e3,
-		       es->split ? ", some run per op" : "");
+		       o->ran_on, es->regions, es->launches, es->k.unique,
+		       es->k.compiled, es->k.cache_hits, setup * 1e3,
+		       es->k.unsupported ? ", some regions run per op" : "");
 		for (int k = 0; k < n_out; k++) {
 			const fz_value *v = fz_trace_output(t, k);
 			char ty[256];
@@ -415,7 +445,7 @@ done:
 	for (int k = 0; in && k < n_in; k++)
 		free(in[k].data);
 	for (int k = 0; out && k < n_out; k++)
-		fz_free(out[k].data);
+		free(out[k].data);
 	for (int k = 0; ref && k < n_out; k++)
 		fz_free(ref[k].data);
 	free(in);
@@ -444,9 +474,13 @@ static int cmd_run(int argc, char **argv)
 		} else if (!strcmp(a, "--device") && has_next) {
 			o.device = argv[++i];
 			if (strcmp(o.device, "auto") && strcmp(o.device, "cuda") &&
-			    strcmp(o.device, "cpu"))
-				return tool_usage_error(c, "--device must be auto, cuda or cpu, "
-						   "not '%s'", o.device);
+			    !fz_target_find(o.device))
+			{
+				char msg[160];
+				snprintf(msg, sizeof msg, "--device must be auto, cuda or "
+					 "one of %s, not '%%s'", fz_target_names());
+				return tool_usage_error(c, msg, o.device);
+			}
 		} else if (!strcmp(a, "--bind") && has_next) {
 			o.n_binds = tool_parse_bindings(argv[++i], o.binds, FZ_MAX_SYMS);
 			if (o.n_binds < 0)
@@ -472,11 +506,6 @@ static int cmd_run(int argc, char **argv)
 	}
 	if (!file)
 		return tool_usage_error(c, "no FILE given%s", "");
-	if (!strcmp(o.device, "cuda")) {
-		fprintf(stderr, "fusec run: --device cuda: the CUDA runtime is not part"
-			" of this build yet\n");
-		return EXIT_BAD;
-	}
 	fz_module *m = tool_load(file);
 	if (!m)
 		return EXIT_BAD;
@@ -494,12 +523,13 @@ static int cmd_run(int argc, char **argv)
 		return rc;
 	bool ok = !o.check || cr.ok;
 	if (o.json) {
-		printf("{\"device\": \"cpu\", \"engine\": \"generated\", \"ok\": %s, "
+		printf("{\"device\": \"%s\", \"engine\": \"generated\", \"ok\": %s, "
 		       "\"max_abs_err\": %.9g, \"max_rel_err\": %.9g, "
-		       "\"seconds_per_iter\": %.9g", ok ? "true" : "false",
+		       "\"seconds_per_iter\": %.9g", o.ran_on, ok ? "true" : "false",
 		       cr.max_abs, cr.max_rel, spi);
-		printf(", \"compiled\": %d, \"cache_hits\": %d, \"unique\": %d",
-		       o.compiled, o.cache_hits, o.unique);
+		printf(", \"compiled\": %d, \"cache_hits\": %d, \"unique\": %d, "
+		       "\"setup_seconds\": %.6f", o.compiled, o.cache_hits, o.unique,
+		       o.setup_seconds);
 		if (o.check && cr.worst_ratio > 0)
 			printf(", \"worst_output\": \"%s\", \"worst_index\": %lld, "
 			       "\"worst_got\": %.9g, \"worst_want\": %.9g",
