@@ -124,6 +124,7 @@ typedef enum tstate { T_READY, T_BAR, T_SHFL, T_DONE } tstate;
 typedef struct fiber {
 	fz_emu_thread ctx;      /* first: the kernel's pointer is the fiber's */
 	struct fz_emu_sched *s;
+	int idx;                /* its thread index in a block */
 	tstate st;
 	int32_t site, mask, val, res;
 	char *map;              /* guard page + stack */
@@ -143,7 +144,7 @@ typedef struct shadow {
 } shadow;
 
 struct fz_emu_sched {
-	fiber *f;
+	fiber **f;              /* each allocated once: a fiber never moves */
 	int nf;
 	bool dirty;             /* fibers abandoned mid-kernel: reset them */
 	fiber *cur;             /* running (NULL: the scheduler) */
@@ -156,6 +157,9 @@ struct fz_emu_sched {
 	void *main_fake;
 	const void *main_bottom;
 	size_t main_size;
+	bool from_main;         /* the last switch left the scheduler */
+	int bar_arr;            /* threads waiting at the barrier */
+	int warp_arr[MAX_BLOCK / 32]; /* lanes waiting at a shuffle, per warp */
 	const fz_emu_launch *L;
 	int64_t block;
 	int nthr;
@@ -210,28 +214,32 @@ static void slot_name(const fz_emu_launch *L, int slot, char *buf, size_t n)
 
 /* ---- fibers ------------------------------------------------------------------------ */
 
-static void to_fiber(fz_emu_sched *s, fiber *f);
-static void to_sched(fiber *f);
-
 /* The scheduler of this host thread's running launch. */
 static _Thread_local fz_emu_sched *fz_emu_current;
+
+static void fiber_yield(fiber *f);
 
 /* Every fiber runs this loop: one thread of a block per turn. */
 static void fiber_main(void)
 {
-	/* only ever entered from to_fiber, with s->cur set */
+	/* entered from fiber_switch, with s->cur set to this fiber */
 	fz_emu_sched *s = fz_emu_current;
 	fiber *f = s->cur;
 #ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(NULL, &s->main_bottom, &s->main_size);
+	if (s->from_main)
+		__sanitizer_finish_switch_fiber(NULL, &s->main_bottom, &s->main_size);
+	else
+		__sanitizer_finish_switch_fiber(NULL, NULL, NULL);
 #endif
 	for (;;) {
 		const fz_emu_launch *L = s->L;
 		L->fn(L->bufs, L->syms, L->flag, &f->ctx);
 		f->st = T_DONE;
-		to_sched(f);
+		fiber_yield(f);
 	}
 }
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
 static void fiber_reset(fiber *f)
 {
@@ -244,9 +252,10 @@ static void fiber_reset(fiber *f)
 		*--sp = NULL;              /* rbp rbx r12 r13 r14 r15 */
 	f->sp = sp;
 #else
+	(void)top;
 	getcontext(&f->uc);
-	f->uc.uc_stack.ss_sp = f->map + (size_t)sysconf(_SC_PAGESIZE);
-	f->uc.uc_stack.ss_size = f->map_len - (size_t)sysconf(_SC_PAGESIZE);
+	f->uc.uc_stack.ss_sp = f->map + page_size();
+	f->uc.uc_stack.ss_size = f->map_len - page_size();
 	f->uc.uc_link = NULL;
 	makecontext(&f->uc, fiber_main, 0);
 #endif
@@ -258,62 +267,79 @@ static fz_status fibers_grow(fz_emu_sched *s, int n)
 {
 	if (n <= s->nf)
 		return FZ_OK;
-	fiber *nfb = realloc(s->f, sizeof *nfb * (size_t)n);
+	fiber **nfb = realloc(s->f, sizeof *nfb * (size_t)n);
 	if (!nfb)
 		return FZ_ENOMEM;
 	s->f = nfb;
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t page = page_size();
 	for (int i = s->nf; i < n; i++) {
-		fiber *f = &s->f[i];
-		memset(f, 0, sizeof *f);
+		fiber *f = calloc(1, sizeof *f);
+		if (!f)
+			return FZ_ENOMEM;
 		f->map_len = EMU_STACK + page;
 		f->map = mmap(NULL, f->map_len, PROT_READ | PROT_WRITE,
 			      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (f->map == MAP_FAILED)
+		if (f->map == MAP_FAILED) {
+			free(f);
 			return FZ_ENOMEM;
+		}
 		mprotect(f->map, page, PROT_NONE); /* the guard page */
 		f->s = s;
+		f->idx = i;
 		fiber_reset(f);
+		s->f[i] = f;
 		s->nf = i + 1;
 	}
 	return FZ_OK;
 }
 
-/* The scheduler hands the CPU to fiber f until it blocks or finishes. */
-static void to_fiber(fz_emu_sched *s, fiber *f)
+/* From fiber `from` (NULL: the scheduler) to fiber `to` (NULL: the
+ * scheduler); returns when someone switches back to `from`. */
+static void fiber_switch(fz_emu_sched *s, fiber *from, fiber *to)
 {
-	s->cur = f;
-	fz_emu_current = s;
+	void **fake = from ? &from->fake : &s->main_fake;
+	s->cur = to;
+	s->from_main = from == NULL;
 #ifdef EMU_ASAN
-	__sanitizer_start_switch_fiber(&s->main_fake, f->map + (size_t)sysconf(_SC_PAGESIZE),
-				       f->map_len - (size_t)sysconf(_SC_PAGESIZE));
+	if (to)
+		__sanitizer_start_switch_fiber(fake, to->map + page_size(),
+					       to->map_len - page_size());
+	else
+		__sanitizer_start_switch_fiber(fake, s->main_bottom, s->main_size);
 #endif
 #if defined(__x86_64__)
-	fz_emu_switch(&s->main_sp, f->sp);
+	fz_emu_switch(from ? &from->sp : &s->main_sp, to ? to->sp : s->main_sp);
 #else
-	swapcontext(&s->main_uc, &f->uc);
+	swapcontext(from ? &from->uc : &s->main_uc, to ? &to->uc : &s->main_uc);
 #endif
 #ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(s->main_fake, NULL, NULL);
+	__sanitizer_finish_switch_fiber(*fake, NULL, NULL);
+#else
+	(void)fake;
 #endif
-	s->cur = NULL;
 }
 
-/* Fiber f gives the CPU back to the scheduler. */
-static void to_sched(fiber *f)
+/* The next ready fiber after thread i, round robin (i itself last). */
+static fiber *next_ready(fz_emu_sched *s, int i)
+{
+	int n = s->nthr;
+	for (int k = 1; k <= n; k++) {
+		int j = i + k < n ? i + k : i + k - n;
+		if (s->f[j]->st == T_READY)
+			return s->f[j];
+	}
+	return NULL;
+}
+
+/* Fiber f has stopped (its state says why): the CPU goes straight to the
+ * next ready fiber, or back to the scheduler when none is (the block is
+ * done, or stuck: a violation) or a violation was found. */
+static void fiber_yield(fiber *f)
 {
 	fz_emu_sched *s = f->s;
-#ifdef EMU_ASAN
-	__sanitizer_start_switch_fiber(&f->fake, s->main_bottom, s->main_size);
-#endif
-#if defined(__x86_64__)
-	fz_emu_switch(&f->sp, s->main_sp);
-#else
-	swapcontext(&f->uc, &s->main_uc);
-#endif
-#ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(f->fake, NULL, NULL);
-#endif
+	fiber *next = s->bad ? NULL : next_ready(s, f->idx);
+	if (next != f)
+		fiber_switch(s, f, next);
 }
 
 /* ---- the SIMT primitives (fz_emu_thread's callbacks) ------------------------------ */
@@ -331,6 +357,9 @@ static fz_emu_sched *sched_of(fz_emu_thread *t)
 	(void)t;
 }
 
+static void barrier_release(fz_emu_sched *s);
+static void warp_release(fz_emu_sched *s, int w0);
+
 static void emu_barrier(fz_emu_thread *t, int32_t site)
 {
 	fz_emu_sched *s = sched_of(t);
@@ -343,7 +372,9 @@ static void emu_barrier(fz_emu_thread *t, int32_t site)
 	fiber *f = fiber_of(t);
 	f->st = T_BAR;
 	f->site = site;
-	to_sched(f);
+	if (++s->bar_arr == s->nthr)
+		barrier_release(s); /* the last to arrive lets all go */
+	fiber_yield(f);
 }
 
 static int32_t emu_shfl(fz_emu_thread *t, int32_t x, int32_t mask, int32_t site)
@@ -358,7 +389,11 @@ static int32_t emu_shfl(fz_emu_thread *t, int32_t x, int32_t mask, int32_t site)
 	f->site = site;
 	f->mask = mask;
 	f->val = x;
-	to_sched(f);
+	int w0 = f->idx & ~31;
+	/* a whole warp waits: release it; a partial warp never is (stuck) */
+	if (w0 + 32 <= s->nthr && ++s->warp_arr[w0 / 32] == 32)
+		warp_release(s, w0);
+	fiber_yield(f);
 	return f->res;
 }
 
@@ -447,56 +482,28 @@ static void ctx_init(fz_emu_thread *c, int tid, const fz_emu_launch *L, int64_t 
 
 /* ---- one block ------------------------------------------------------------------- */
 
-static const char *state_name(const fiber *f)
+/* The 32 lanes of the warp at w0 all wait at a shuffle: each gets lane
+ * (lane ^ mask)'s value, computed for all before any resumes. */
+static void warp_release(fz_emu_sched *s, int w0)
 {
-	switch (f->st) {
-	case T_BAR: return "waits at a barrier";
-	case T_SHFL: return "waits at another shuffle";
-	case T_DONE: return "exited";
-	default: return "runs";
-	}
-}
-
-/* Releases the warps whose lanes all wait at one shuffle; a warp where
- * some lanes wait and others cannot join is a violation. True when some
- * warp was released. */
-static bool release_shuffles(fz_emu_sched *s)
-{
-	bool any = false;
-	int n = s->nthr;
-	for (int w0 = 0; w0 < n && !s->bad; w0 += 32) {
-		int w1 = w0 + 32 < n ? w0 + 32 : n, lead = -1;
-		for (int i = w0; i < w1; i++)
-			if (s->f[i].st == T_SHFL) {
-				lead = i;
-				break;
-			}
-		if (lead < 0)
-			continue;
-		fiber *a = &s->f[lead];
-		for (int i = w0; i < w1 && !s->bad; i++) {
-			fiber *b = &s->f[i];
-			if (b->st == T_SHFL && b->site == a->site && b->mask == a->mask)
-				continue;
-			violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (xor %d) "
-				"that lane %d never reaches: it %s", w0 / 32, lead - w0,
-				a->mask, i - w0, state_name(b));
+	fiber *a = s->f[w0];
+	for (int i = w0 + 1; i < w0 + 32; i++) {
+		fiber *b = s->f[i];
+		if (b->site != a->site || b->mask != a->mask) {
+			violate(s, a->ctx.tid, "warp %d: lane 0 reaches a shuffle (xor %d) "
+				"that lane %d never reaches: it waits at another shuffle",
+				w0 / 32, a->mask, i - w0);
+			return;
 		}
-		if (!s->bad && w1 - w0 < 32)
-			violate(s, a->ctx.tid, "a full-warp shuffle in a warp of %d threads "
-				"(the block has %d)", w1 - w0, n);
-		if (s->bad)
-			return false;
-		for (int i = w0; i < w1; i++) {
-			fiber *b = &s->f[i];
-			b->res = s->f[w0 + ((i - w0) ^ (b->mask & 31))].val;
-		}
-		for (int i = w0; i < w1; i++)
-			s->f[i].st = T_READY;
-		s->stats.shuffles++;
-		any = true;
 	}
-	return any;
+	for (int i = w0; i < w0 + 32; i++) {
+		fiber *b = s->f[i];
+		b->res = s->f[w0 + ((i - w0) ^ (b->mask & 31))]->val;
+	}
+	for (int i = w0; i < w0 + 32; i++)
+		s->f[i]->st = T_READY;
+	s->warp_arr[w0 / 32] = 0;
+	s->stats.shuffles++;
 }
 
 /* Reads of shared memory that no thread had written when they read it. */
@@ -509,36 +516,70 @@ static void check_uninit(fz_emu_sched *s)
 				e / SMEM_ELEMS);
 }
 
-/* Every thread waits at a barrier: the next epoch. Else a violation. */
-static void release_barrier(fz_emu_sched *s)
+/* Every thread waits at a barrier: the same one, or a violation; then
+ * the next epoch. */
+static void barrier_release(fz_emu_sched *s)
 {
-	int n = s->nthr, first = -1;
-	for (int i = 0; i < n; i++)
-		if (s->f[i].st == T_BAR) {
-			first = i;
-			break;
+	int n = s->nthr;
+	for (int i = 1; i < n; i++)
+		if (s->f[i]->site != s->f[0]->site) {
+			violate(s, i, "waits at a different barrier than thread 0: the "
+				"threads of a block must reach the same __syncthreads()");
+			return;
 		}
-	if (first < 0)
-		return;
-	for (int i = 0; i < n; i++) {
-		fiber *b = &s->f[i];
-		if (b->st == T_BAR && b->site == s->f[first].site)
-			continue;
-		if (b->st == T_BAR)
-			violate(s, i, "waits at a different barrier than thread %d: the "
-				"threads of a block must reach the same __syncthreads()", first);
-		else
-			violate(s, first, "waits at a barrier that thread %d never "
-				"reaches: it %s", i, state_name(b));
-		return;
-	}
 	check_uninit(s);
 	if (s->bad)
 		return;
 	for (int i = 0; i < n; i++)
-		s->f[i].st = T_READY;
+		s->f[i]->st = T_READY;
+	s->bar_arr = 0;
 	s->epoch++;
 	s->stats.barriers++;
+}
+
+static const char *state_name(const fiber *f)
+{
+	switch (f->st) {
+	case T_BAR: return "waits at a barrier";
+	case T_SHFL: return "waits at another shuffle";
+	case T_DONE: return "exited";
+	default: return "runs";
+	}
+}
+
+/* No fiber can run and not all are done: say why. */
+static void report_stuck(fz_emu_sched *s)
+{
+	int n = s->nthr;
+	for (int w0 = 0; w0 < n && !s->bad; w0 += 32) {
+		int w1 = w0 + 32 < n ? w0 + 32 : n, lead = -1;
+		for (int i = w0; i < w1 && lead < 0; i++)
+			if (s->f[i]->st == T_SHFL)
+				lead = i;
+		if (lead < 0)
+			continue;
+		fiber *a = s->f[lead];
+		for (int i = w0; i < w1 && !s->bad; i++) {
+			fiber *b = s->f[i];
+			if (b->st != T_SHFL || b->site != a->site || b->mask != a->mask)
+				violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (xor "
+					"%d) that lane %d never reaches: it %s", w0 / 32,
+					lead - w0, a->mask, i - w0, state_name(b));
+		}
+		if (!s->bad)
+			violate(s, a->ctx.tid, "a full-warp shuffle in a warp of %d threads "
+				"(the block has %d)", w1 - w0, n);
+	}
+	int first = -1;
+	for (int i = 0; i < n && first < 0 && !s->bad; i++)
+		if (s->f[i]->st == T_BAR)
+			first = i;
+	for (int i = 0; i < n && first >= 0 && !s->bad; i++)
+		if (s->f[i]->st != T_BAR)
+			violate(s, first, "waits at a barrier that thread %d never reaches: "
+				"it %s", i, state_name(s->f[i]));
+	if (!s->bad)
+		violate(s, -1, "the threads of the block are stuck (an emulator bug)");
 }
 
 static void smem_reset(fz_emu_sched *s)
@@ -555,32 +596,22 @@ static void block_fibers(fz_emu_sched *s, int64_t b)
 	const fz_emu_launch *L = s->L;
 	int n = L->block;
 	for (int i = 0; i < n; i++) {
-		ctx_init(&s->f[i].ctx, i, L, b);
-		s->f[i].st = T_READY;
+		ctx_init(&s->f[i]->ctx, i, L, b);
+		s->f[i]->st = T_READY;
 	}
-	for (;;) {
-		bool ran = false;
-		for (int i = 0; i < n && !s->bad; i++)
-			if (s->f[i].st == T_READY) {
-				to_fiber(s, &s->f[i]);
-				ran = true;
-			}
-		if (s->bad)
-			return;
-		if (ran)
-			continue;
-		int done = 0;
-		for (int i = 0; i < n; i++)
-			done += s->f[i].st == T_DONE;
-		if (done == n) {
-			check_uninit(s);
+	s->bar_arr = 0;
+	memset(s->warp_arr, 0, sizeof s->warp_arr);
+	/* the fibers pass the CPU among themselves; it comes back here when
+	 * none can run */
+	fiber_switch(s, NULL, s->f[0]);
+	if (s->bad)
+		return;
+	for (int i = 0; i < n; i++)
+		if (s->f[i]->st != T_DONE) {
+			report_stuck(s);
 			return;
 		}
-		if (!release_shuffles(s) && !s->bad)
-			release_barrier(s);
-		if (s->bad)
-			return;
-	}
+	check_uninit(s);
 }
 
 static void block_plain(fz_emu_sched *s, int64_t b)
@@ -611,8 +642,10 @@ void fz_emu_sched_free(fz_emu_sched *s)
 {
 	if (!s)
 		return;
-	for (int i = 0; i < s->nf; i++)
-		munmap(s->f[i].map, s->f[i].map_len);
+	for (int i = 0; i < s->nf; i++) {
+		munmap(s->f[i]->map, s->f[i]->map_len);
+		free(s->f[i]);
+	}
 	free(s->f);
 	free(s);
 }
@@ -636,7 +669,7 @@ fz_status fz_emu_run(fz_emu_sched *s, const fz_emu_launch *L, char **err)
 		}
 		if (s->dirty)
 			for (int i = 0; i < s->nf; i++)
-				fiber_reset(&s->f[i]);
+				fiber_reset(s->f[i]);
 		s->dirty = false;
 	}
 	fz_emu_sched *saved = fz_emu_current;
