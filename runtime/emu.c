@@ -308,15 +308,48 @@ static fz_status emu_launch(fz_device *d, const fz_kernel *k, void *const *fn,
 
 /* ---- library calls and collectives (world 1) ------------------------------------------ */
 
+static void to_f64(double *o, const void *p, fz_dtype d, int64_t off, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		o[i] = fz_load_f64(p, d, off + i);
+}
+
+/* One batch: y = a b (b [K, N], or [N, K] when trans), f64 throughout,
+ * i-k-j order so the inner loop runs along rows. */
+static void mm(const double *A, const double *B, double *C, int64_t M, int64_t K,
+	       int64_t N, bool trans)
+{
+	memset(C, 0, sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
+	for (int64_t i = 0; i < M; i++) {
+		double *c = C + i * N;
+		for (int64_t k = 0; k < K; k++) {
+			double a = A[i * K + k];
+			if (trans)
+				for (int64_t j = 0; j < N; j++)
+					c[j] += a * B[j * K + k];
+			else
+				for (int64_t j = 0; j < N; j++)
+					c[j] += a * B[k * N + j];
+		}
+	}
+}
+
 static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char **err)
 {
 	(void)d; (void)stream;
-	int64_t nb = 1;
+	int64_t M = m->M, N = m->N, K = m->K, nb = 1;
 	for (int i = 0; i < m->nbd; i++)
 		nb *= m->bshape[i];
-	double *acc = malloc(sizeof *acc * (size_t)(m->N > 0 ? m->N : 1));
-	if (!acc) {
-		set_err(err, fz_strdup("emu: out of memory"));
+	double *A = malloc(sizeof *A * (size_t)(M * K > 0 ? M * K : 1));
+	double *B = malloc(sizeof *B * (size_t)(K * N > 0 ? K * N : 1));
+	double *Bt = m->b_trans ? malloc(sizeof *Bt * (size_t)(K * N > 0 ? K * N : 1)) : NULL;
+	double *C = malloc(sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
+	if (!A || !B || !C || (m->b_trans && !Bt)) {
+		free(A);
+		free(B);
+		free(Bt);
+		free(C);
+		set_err(err, fz_strdup_printf("region %d: emu: out of memory", m->region));
 		return FZ_ENOMEM;
 	}
 	int64_t bi[FZ_MAX_RANK] = {0};
@@ -326,22 +359,19 @@ static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char
 			ao += bi[i] * m->a_bstride[i];
 			bo += bi[i] * m->b_bstride[i];
 		}
-		for (int64_t r = 0; r < m->M; r++) {
-			for (int64_t j = 0; j < m->N; j++)
-				acc[j] = m->bias ? fz_load_f64(m->bias, m->dtype, j) : 0;
-			for (int64_t q = 0; q < m->K; q++) {
-				double a = fz_load_f64(m->a, m->dtype, ao + r * m->K + q);
-				for (int64_t j = 0; j < m->N; j++)
-					acc[j] += a * fz_load_f64(m->b, m->dtype, bo +
-						(m->b_trans ? j * m->K + q : q * m->N + j));
-			}
-			int64_t yo = (b * m->M + r) * m->N;
-			for (int64_t j = 0; j < m->N; j++) {
-				if (fz_dtype_is_float(m->dtype))
-					fz_store_f64(m->y, m->dtype, yo + j, acc[j]);
-				else
-					fz_store_i64(m->y, m->dtype, yo + j, (int64_t)acc[j]);
-			}
+		to_f64(A, m->a, m->dtype, ao, M * K);
+		to_f64(B, m->b, m->dtype, bo, K * N);
+		if (m->b_trans) /* [N, K] to [K, N]: rows in the inner loop */
+			for (int64_t j = 0; j < N; j++)
+				for (int64_t k = 0; k < K; k++)
+					Bt[k * N + j] = B[j * K + k];
+		mm(A, m->b_trans ? Bt : B, C, M, K, N, false);
+		for (int64_t i = 0; i < M * N; i++) {
+			double v = C[i] + (m->bias ? fz_load_f64(m->bias, m->dtype, i % N) : 0);
+			if (fz_dtype_is_float(m->dtype))
+				fz_store_f64(m->y, m->dtype, b * M * N + i, v);
+			else
+				fz_store_i64(m->y, m->dtype, b * M * N + i, (int64_t)v);
 		}
 		for (int i = m->nbd - 1; i >= 0; i--) {
 			if (++bi[i] < m->bshape[i])
@@ -349,7 +379,10 @@ static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char
 			bi[i] = 0;
 		}
 	}
-	free(acc);
+	free(A);
+	free(B);
+	free(Bt);
+	free(C);
 	return FZ_OK;
 }
 
