@@ -218,6 +218,10 @@ typedef void (*fz_emu_fn)(void **bufs, const int64_t *syms, int32_t *err,
 
 void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
                            int64_t *grid, int *block);
+/* The same for a GPU of sm_count multiprocessors (fz_kernel_launch_dims:
+ * an H100's 132): a grid-stride loop gets 32 blocks per multiprocessor. */
+void fz_kernel_launch_dims_on(const fz_kernel *k, int e, const int64_t *syms,
+                              int sm_count, int64_t *grid, int *block);
 
 /* Every kernel of a trace, planned at sym_sizes (NULL or -1: symbolic):
  * each kernel region as one module, or one module per op where the

@@ -136,6 +136,32 @@ void cg_pointwise(cg *g)
 	cg_function_end(g);
 }
 
+/* EMU: a 16-bit float atomic add as the compare-and-swap loop a GPU
+ * without atom.add.bf16 runs (the host's atomicrmw fadd on bfloat would
+ * call a libgcc routine this process may lack): read, add in f32, round
+ * to the storage type, swap if unchanged, else again. */
+static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
+{
+	T i16 = t_i16(g);
+	LLVMBasicBlockRef pre = current(g), loop = block(g, "cas"), done = block(g, "cas.done");
+	V first = load(g, i16, p, 2);
+	br(g, loop);
+	at_end(g, loop);
+	V old = phi(g, i16);
+	V oldv = cg_from_storage(g, d == FZ_F16 ? bitcast(g, old, t_f16(g)) : old, d);
+	V nv = cg_to_storage(g, fadd(g, oldv, v), d);
+	if (d == FZ_F16)
+		nv = bitcast(g, nv, i16);
+	V pair = LLVMBuildAtomicCmpXchg(g->b, p, old, nv, LLVMAtomicOrderingMonotonic,
+					LLVMAtomicOrderingMonotonic, 0);
+	V seen = LLVMBuildExtractValue(g->b, pair, 0, "");
+	V ok = LLVMBuildExtractValue(g->b, pair, 1, "");
+	phi_add(old, first, pre);
+	phi_add(old, seen, current(g));
+	cond_br(g, ok, done, loop);
+	at_end(g, done);
+}
+
 static void scatter_loop(cg *g, const fz_node *ia)
 {
 	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
@@ -174,7 +200,9 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	int s = g->slot[y->id];
 	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true,
 			     (unsigned)fz_dtype_size(d));
-	if (cg_gpu(g) && d == FZ_BF16) {
+	if (g->o.target == FZ_CG_EMU && (d == FZ_BF16 || d == FZ_F16)) {
+		emu_atomic_add_half(g, p, v, d);
+	} else if (cg_gpu(g) && d == FZ_BF16) {
 		/* bf16 is i16 in storage; the atomic adds a bfloat (atom.add.bf16
 		 * on sm_90, a compare-and-swap loop that LLVM writes below) */
 		V b = bitcast(g, cg_to_storage(g, v, d), LLVMBFloatTypeInContext(g->ctx));
@@ -235,6 +263,12 @@ static int64_t eval_max(const fz_kernel *k, int e, const int64_t *syms)
 void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 			   int64_t *grid, int *block)
 {
+	fz_kernel_launch_dims_on(k, e, syms, 132, grid, block);
+}
+
+void fz_kernel_launch_dims_on(const fz_kernel *k, int e, const int64_t *syms,
+			      int sm_count, int64_t *grid, int *block)
+{
 	int64_t w = eval_max(k, e, syms), gmax = 65535;
 	int b = 256;
 	int64_t per = 256; /* work items per block */
@@ -247,7 +281,8 @@ void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 			per = 4;
 		}
 	} else {
-		gmax = 132 * 32; /* a grid-stride loop: a few waves of blocks */
+		/* a grid-stride loop: a few waves of blocks */
+		gmax = (int64_t)(sm_count > 0 ? sm_count : 132) * 32;
 	}
 	int64_t g = (w + per - 1) / per;
 	*grid = g < 1 ? 1 : g > gmax ? gmax : g;

@@ -34,6 +34,11 @@
  *                              where the runner would pick 32 bits (it
  *                              does below 2^31/8 elements: tests need the
  *                              other variant without huge inputs)
+ *   FUSEC_EMU_MAX_GRID=N       at most N blocks per launch, fewer than
+ *                              the CUDA target would launch: every kernel
+ *                              loops over its rows or elements with a
+ *                              stride, so small tests run those loops'
+ *                              later iterations and tails (tests only)
  *   FUSEC_EMU_FAULT=barrier|load|store|shfl
  *                              a seeded fault in every kernel compiled,
  *                              to prove the checks fire (tests only)
@@ -59,6 +64,7 @@ typedef struct emu_device {
 	fz_emu_sched *s;
 	pthread_mutex_t run_mu; /* one launch at a time on the scheduler */
 	bool poison;
+	int64_t max_grid;       /* FUSEC_EMU_MAX_GRID (0: none) */
 } emu_device;
 
 static void set_err(char **err, char *m)
@@ -187,6 +193,18 @@ static fz_status emu_open(const fz_exec_options *o, fz_device **out, char **err)
 	e->h.cg = cg;
 	e->h.sm_count = sm_count;
 	e->h.threads = 1;
+	const char *mg = getenv("FUSEC_EMU_MAX_GRID");
+	if (mg && mg[0]) {
+		char *end;
+		long long v = strtoll(mg, &end, 10);
+		if (*end || v < 1) {
+			st = FZ_EINVAL;
+			set_err(err, fz_strdup_printf("FUSEC_EMU_MAX_GRID='%s': expected a "
+						      "number of blocks, 1 or more", mg));
+			goto fail;
+		}
+		e->max_grid = v;
+	}
 	const char *p = getenv("FUSEC_EMU_POISON");
 	e->poison = !p || strcmp(p, "0");
 	if ((st = fz_compiler_new(&cg, &e->c, err)) != FZ_OK ||
@@ -291,7 +309,9 @@ static fz_status emu_launch(fz_device *d, const fz_kernel *k, void *const *fn,
 	for (int i = 0; i < k->n_entries && st == FZ_OK; i++) {
 		int64_t grid;
 		int block;
-		fz_kernel_launch_dims(k, i, syms, &grid, &block);
+		fz_kernel_launch_dims_on(k, i, syms, e->h.sm_count, &grid, &block);
+		if (e->max_grid && grid > e->max_grid)
+			grid = e->max_grid; /* tests: every grid-stride loop iterates */
 		fz_emu_launch L = {
 			.kernel = k->names[i], .region = k->region,
 			.fn = (fz_emu_fn)(void (*)(void))fn[i], .bufs = bufs, .syms = syms,

@@ -21,14 +21,20 @@
  *     GPU runs, and a thread that misses a barrier is visible as such.
  *
  * Fibers it is. A block of B threads gets B fibers (stacks of 64 KiB, 128
- * under ASan, with a guard page, made once and reused). The scheduler
- * runs every ready fiber until it blocks (at a barrier or a shuffle) or
- * returns; when none is ready, it releases what can be released:
+ * under ASan, with a guard page, made once and reused). A fiber runs
+ * until it blocks (at a barrier or a shuffle) or returns, then hands the
+ * CPU straight to the next ready fiber in thread order (one switch, not
+ * two through a scheduler). The last to arrive releases:
  *
- *   a warp whose 32 lanes all wait at the same shuffle: each lane gets
- *     lane ^ mask's value (computed for all lanes before any resumes);
- *   else, the block, when every thread waits at a barrier: the barrier
- *     epoch advances (shared-memory accesses are ordered by it).
+ *   the 32nd lane of a warp at a shuffle: each lane gets lane ^ mask's
+ *     value (computed for all lanes before any resumes), all ready again;
+ *   the B-th thread at a barrier: the barrier epoch advances (shared-
+ *     memory accesses are ordered by it), all ready again.
+ *
+ * So a block reduction goes warp by warp through each shuffle and thread
+ * by thread to each barrier, round robin. When no fiber is ready the CPU
+ * returns to the launch: the block is done, or it is stuck, which is a
+ * violation, and the launch says which.
  *
  * Anything else is a violation: a warp where some lanes wait at a shuffle
  * and others exited, wait at a barrier or at another shuffle ("every lane
@@ -38,11 +44,12 @@
  * barriers nor shuffles (pointwise, scatter, a thread per row) need no
  * fibers: their threads are called one after another on this stack.
  *
- * The context switch is eight instructions of x86-64 (callee-saved
- * registers on the old stack, swap the stack pointer, pop): about 5 ns,
- * which matters, since a block reduction yields some 20 times per thread
- * per row. Elsewhere it is ucontext (correct, slower: swapcontext makes a
- * system call for the signal mask). Under AddressSanitizer every switch
+ * The context switch is fourteen instructions of x86-64 (callee-saved
+ * registers pushed on the old stack, swap the stack pointer, pop, ret),
+ * which matters: layer_norm's block reduction yields about 25 times per
+ * thread per row (two passes of ten shuffles, hi and lo of a float pair,
+ * and two barriers). Elsewhere it is ucontext (correct, slower:
+ * swapcontext makes a system call for the signal mask). Under AddressSanitizer every switch
  * is announced with __sanitizer_start_switch_fiber / _finish_switch_fiber,
  * so ASan follows the stacks and its fake stacks.
  *
@@ -60,7 +67,9 @@
  *     (write after read) in the same epoch, is a race: no barrier orders
  *     the two. Whatever order the fibers ran in, a conflicting pair in one
  *     epoch is caught. A read of an element no thread wrote is reported
- *     too (uninitialized shared memory), and so is an index past the array.
+ *     too (uninitialized shared memory: at the next barrier, unless a
+ *     write in the same epoch showed it a race first), and so is an index
+ *     past the array.
  * The first violation stops the launch: the blocked fibers are abandoned
  * (their stacks are reset before the next launch) and the error names the
  * kernel, its region, the block and the thread.

@@ -18,6 +18,9 @@ dtype, extents, strides in elements) and runs the trace on its device:
                dtype at its output); slow, exact, always there.
   "cpu"        generated code: every region compiled from LLVM IR to host
                code, library calls as a blocked matmul.
+  "emu"        the GPU's kernels emulated on the CPU (runtime/emu.c): every
+               access checked for bounds, shared-memory races, shuffles a
+               lane misses and barriers a thread misses; for CI, slow.
   "cuda"       not available yet (it comes with the CUDA runtime) and says so.
   "auto"       the best device that is available; today "cpu".
 
@@ -33,7 +36,7 @@ from ._lib import DTYPES, FusecLibraryError  # noqa: F401
 
 __all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES"]
 
-DEVICES = ("reference", "cpu", "cuda", "auto")
+DEVICES = ("reference", "cpu", "emu", "cuda", "auto")
 
 
 class FusecError(RuntimeError):
@@ -174,7 +177,7 @@ class Program:
     """A parsed and verified trace, ready to run on a device.
 
     text      the trace text (DESIGN.md); a file may hold several traces
-    device    "reference" | "cpu" | "cuda" | "auto"
+    device    "reference" | "cpu" | "emu" | "cuda" | "auto"
     trace     which trace of the file: an index or a name (default: first)
     filename  the name diagnostics use
     """
@@ -280,8 +283,9 @@ class Program:
                                       ctypes.byref(err)), err, "bind")
         outs = (_lib.Tensor * max(1, self.n_outputs))()
         err = ctypes.c_void_p()
-        if self.device == "cpu":
-            st = lib.fz_trace_run(self._t, b"cpu", sizes, arr, len(inputs),
+        if self.device in ("cpu", "emu"):
+            st = lib.fz_trace_run(self._t, self.device.encode(), sizes, arr,
+                                  len(inputs),
                                   outs, self.n_outputs, ctypes.byref(err))
         else:
             st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs),
