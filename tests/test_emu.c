@@ -564,6 +564,30 @@ START_TEST(misaligned_vector_access)
 }
 END_TEST
 
+
+/* index_add of 16-bit floats: the atomic add is a compare-and-swap loop
+ * (no libcall the JIT cannot resolve), rounding at every add. */
+START_TEST(half_atomics)
+{
+	const char *const srcs[] = {
+		"trace f(x: bf16[B, 8], idx: i64[T], src: bf16[T, 8]) {\n"
+		"  y = index_add(x, idx, src, dim=0)\n  return y\n}\n",
+		"trace f(x: f16[B, 8], idx: i64[T], src: f16[T, 8]) {\n"
+		"  y = index_add(x, idx, src, dim=0)\n  return y\n}\n",
+	};
+	for (int i = 0; i < 2; i++) {
+		int64_t syms[2] = {3, 17};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(srcs[i], syms, emu_opts(true, true, 0), 5e-2,
+					   &worst, &err, NULL);
+		ck_assert_msg(st == FZ_OK && worst <= 1, "%s: %s (worst %g)", i ? "f16" : "bf16",
+			      err ? err : "", worst);
+		free(err);
+	}
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -597,6 +621,7 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, seeded_faults_caught);
 	tcase_add_test(tc, forced_64bit_indices);
 	tcase_add_test(tc, misaligned_vector_access);
+	tcase_add_test(tc, half_atomics);
 	suite_add_tcase(s, tc);
 	return s;
 }
