@@ -2,7 +2,7 @@
  * cmd_compile.c: `fusec compile`, a model's kernels into the cache ahead of
  * time.
  *
- *     fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]
+ *     fusec compile FILE... [--target sm_90|host|emu] [--cache-dir DIR]
  *                           [--jobs N] [--no-cubin] [--json]
  *
  * Every trace of every file is planned; each kernel region gets its
@@ -40,7 +40,7 @@ static int cmd_compile(int argc, char **argv);
 
 const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into the cache",
 	cmd_compile,
-	 "usage: fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]\n"
+	 "usage: fusec compile FILE... [--target sm_90|host|emu] [--cache-dir DIR]\n"
 	 "                             [--jobs N] [--no-cubin] [--json]\n"
 	 "\n"
 	 "Plan every trace of the files and compile each distinct kernel region\n"
@@ -52,7 +52,9 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "  --target T       sm_70 ... sm_90 (PTX, plus a cubin where nvJitLink\n"
 	 "                   is installed), or host (an object file for this\n"
 	 "                   CPU, at both index widths, what `fusec run --device\n"
-	 "                   cpu` links). Default sm_90\n"
+	 "                   cpu` links), or emu[-sm_NN] (the GPU's kernels as\n"
+	 "                   objects for this CPU, what `fusec run --device emu`\n"
+	 "                   links). Default sm_90\n"
 	 "  --cache-dir DIR  the cache (default $FUSEC_CACHE_DIR, else\n"
 	 "                   $XDG_CACHE_HOME/fusec, else ~/.cache/fusec)\n"
 	 "  --jobs N         compile N regions at once (default: the CPUs)\n"
