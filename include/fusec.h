@@ -197,6 +197,10 @@ typedef struct fz_tensor {
 	int64_t strides[FZ_MAX_RANK];
 } fz_tensor;
 
+/* *t = a contiguous (row-major) tensor over data. */
+FZ_API void fz_tensor_contiguous(fz_tensor *t, void *data, fz_dtype dtype,
+                                 int rank, const int64_t *shape);
+
 /* Symbol sizes: sym_sizes[i] for fz_trace_symbol(t, i), or -1 if unknown.
  * Unknown symbols are taken from the inputs' shapes. Fills sizes on success;
  * on a conflict or a symbol left unbound it says which. */
@@ -247,6 +251,8 @@ typedef struct fz_exec_options {
 	int max_plans;           /* bindings kept prepared (default 8) */
 	int threads;             /* cpu: threads a kernel may use (0: all) */
 	int device;              /* cuda: device ordinal (default 0) */
+	int tf32;                /* cuda: f32 matmuls may round their inputs
+	                            to TF32 (default 0: full f32) */
 	/* The caller's allocator for arenas (the PyTorch bridge passes the
 	 * caching allocator's); NULL: the target's own. */
 	void *(*alloc)(void *ctx, size_t bytes);

@@ -38,27 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
 
 /* ---- records by canonical form ------------------------------------------- */
 
@@ -125,7 +109,7 @@ fz_status fz_kctx_new(const fz_kctx_options *o, fz_kctx **out, char **err)
 	fz_kctx *cx = calloc(1, sizeof *cx);
 	if (!cx || fz_lru_new(REC_CAP, &rec_ops, NULL, &cx->seen) != FZ_OK) {
 		free(cx);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	cx->o = *o;
@@ -149,7 +133,7 @@ fz_status fz_kctx_new(const fz_kctx_options *o, fz_kctx **out, char **err)
 		pthread_mutex_unlock(&d->mu);
 		if (!ok) {
 			fz_kctx_free(cx);
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			return FZ_ENOMEM;
 		}
 	}
@@ -372,8 +356,10 @@ static fz_status run_jobs(fz_kctx *cx, const fz_trace *t, job *j, int n)
 	return FZ_OK;
 }
 
-/* The code of a disk entry as the target's load wants it. */
-static void code_of_entry(const fz_entry *e, int sm, fz_kcode *c)
+/* The code of a disk entry as the target's load wants it: the machine
+ * code under the device's tag (its own arch), else under the compiler's. */
+static void code_of_entry(const fz_entry *e, const fz_device *dev, int sm,
+			  fz_kcode *c)
 {
 	memset(c, 0, sizeof *c);
 	const fz_section *s;
@@ -386,11 +372,54 @@ static void code_of_entry(const fz_entry *e, int sm, fz_kcode *c)
 		c->ptx_len = s->len;
 	}
 	char tag[FZ_SECTION_TAG];
-	snprintf(tag, sizeof tag, "cubin.sm_%d", sm);
+	if (dev && dev->native_tag[0])
+		snprintf(tag, sizeof tag, "%s", dev->native_tag);
+	else
+		snprintf(tag, sizeof tag, "cubin.sm_%d", sm);
 	if ((s = fz_entry_section(e, tag))) {
 		c->cubin = s->data;
 		c->cubin_len = s->len;
 	}
+}
+
+/* Where the cache has no machine code for the device (PTX only: made
+ * where nvJitLink was absent, or for another arch), the target makes it
+ * once (tg->native: the driver's JIT for this GPU) and it is stored back
+ * into the entry beside the PTX, so the next process loads machine code.
+ * A failure leaves c as it was: the PTX still serves. *bin: the caller's
+ * to free. */
+static void native_store_back(fz_kctx *cx, const fz_kcode_rec *rec,
+			      fz_kcode *c, void **bin)
+{
+	fz_device *dev = cx->o.dev;
+	*bin = NULL;
+	if (!dev || !dev->tg->native || !dev->native_tag[0] || !c->ptx || c->cubin ||
+	    rec->unsupported)
+		return;
+	size_t n = 0;
+	char *msg = NULL;
+	if (dev->tg->native(dev, &rec->k, c, bin, &n, &msg) != FZ_OK) {
+		free(msg);
+		return;
+	}
+	c->cubin = *bin;
+	c->cubin_len = n;
+	fz_disk *d = cx->o.disk;
+	fz_entry *e = NULL;
+	if (!d || !fz_disk_writable(d) ||
+	    fz_disk_lookup(d, rec->key, rec->canon, rec->len, &e) != FZ_OK || !e)
+		return;
+	fz_section s[FZ_ENTRY_MAX_SECTIONS];
+	int k = 0;
+	for (int i = 0; i < e->n_sections && k < FZ_ENTRY_MAX_SECTIONS - 1; i++)
+		if (strncmp(e->sections[i].tag, dev->native_tag, FZ_SECTION_TAG))
+			s[k++] = e->sections[i];
+	memset(&s[k], 0, sizeof s[k]);
+	snprintf(s[k].tag, FZ_SECTION_TAG, "%s", dev->native_tag);
+	s[k].data = *bin;
+	s[k++].len = n;
+	fz_disk_store(d, rec->key, rec->canon, rec->len, s, k);
+	fz_entry_free(e);
 }
 
 /* Loads rec's code on the device and files it in the store (the caller
@@ -425,7 +454,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		free(todo);
 		free(entries);
 		free(entry_rec);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	if (dev)
@@ -498,16 +527,20 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		if (!dev)
 			continue;
 		fz_kcode c;
-		code_of_entry(e, cx->o.cg.sm, &c);
+		void *bin = NULL;
+		code_of_entry(e, dev, cx->o.cg.sm, &c);
+		native_store_back(cx, rec, &c, &bin);
 		fz_kcode_rec *loaded = rec_new(&(fz_canon){.key = rec->key,
 			.text = rec->canon, .len = rec->len});
 		if (!loaded) {
+			free(bin);
 			st = FZ_ENOMEM;
 			break;
 		}
 		loaded->k = rec->k;
 		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
 			memcpy(rec->fn, loaded->fn, sizeof rec->fn);
+		free(bin);
 	}
 	for (int i = 0; i < n_todo && st == FZ_OK; i++) {
 		job *jb = &todo[i];
@@ -520,7 +553,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 			}
 		} else if (jb->st != FZ_OK) {
 			st = jb->st;
-			set_err(err, jb->msg);
+			fz_set_err(err, jb->msg);
 			jb->msg = NULL;
 			break;
 		} else {
@@ -533,8 +566,17 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		fz_kcode c = {jb->info.object, jb->info.object_len, jb->info.ptx,
 			      jb->info.ptx ? strlen(jb->info.ptx) : 0,
 			      jb->info.cubin_data, jb->info.cubin_bytes};
+		void *bin = NULL;
+		/* a cubin built for the compiler's arch serves only a device
+		 * of that arch */
+		char tag[FZ_SECTION_TAG];
+		snprintf(tag, sizeof tag, "cubin.sm_%d", cx->o.cg.sm);
+		if (c.cubin && dev->native_tag[0] && strcmp(tag, dev->native_tag))
+			c.cubin = NULL, c.cubin_len = 0;
+		native_store_back(cx, jb->rec, &c, &bin);
 		fz_kcode_rec *loaded = rec_new(jb->ki->cn);
 		if (!loaded) {
+			free(bin);
 			st = FZ_ENOMEM;
 			break;
 		}
@@ -542,11 +584,12 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		loaded->unsupported = jb->rec->unsupported;
 		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
 			memcpy(jb->rec->fn, loaded->fn, sizeof jb->rec->fn);
+		free(bin);
 	}
 	if (dev)
 		pthread_mutex_unlock(&dev->mu);
 	if (st == FZ_ENOMEM && err && !*err)
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 	for (int i = 0; i < n_entries; i++)
 		fz_entry_free(entries[i]);
 	for (int i = 0; i < n_todo; i++) {
@@ -566,7 +609,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			fz_kset **out, char **err)
 {
 	*out = NULL;
-	double t0 = now();
+	double t0 = fz_now();
 	const fz_trace *t = p->trace;
 	fz_kset *ks = calloc(1, sizeof *ks);
 	if (!ks)
@@ -653,12 +696,12 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			char where[64] = "";
 			if (n->line > 0)
 				snprintf(where, sizeof where, " at %d:%d", n->line, n->col);
-			set_err(err, fz_strdup_printf("region %d: the code generator does "
+			fz_set_err(err, fz_strdup_printf("region %d: the code generator does "
 				"not take %s%s", oi->region, fz_ops[n->op].name, where));
 			st = FZ_EUNSUPPORTED;
 		}
 	}
-	cx->st.seconds += now() - t0;
+	cx->st.seconds += fz_now() - t0;
 	if (st != FZ_OK) {
 		fz_kset_free(ks);
 		return st;
@@ -671,6 +714,6 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	return FZ_OK;
 oom:
 	fz_kset_free(ks);
-	set_err(err, fz_strdup("out of memory"));
+	fz_set_err(err, fz_strdup("out of memory"));
 	return FZ_ENOMEM;
 }

@@ -15,6 +15,7 @@
 
 static const fz_target *const targets[] = {
 	&fz_target_cpu,
+	&fz_target_cuda,
 	&fz_target_emu,
 };
 
