@@ -209,10 +209,12 @@ struct fz_emu_thread {
 	int32_t tid, ntid, ctaid, nctaid;      /* threadIdx.x ... gridDim.x */
 	/* bar.sync 0 */
 	void (*barrier)(fz_emu_thread *t, int32_t site);
-	/* shfl.sync.bfly.b32 with a full mask: x of lane (lane ^ mask) */
-	int32_t (*shfl)(fz_emu_thread *t, int32_t x, int32_t mask, int32_t site);
+	/* shfl.sync with a full mask: x of lane (lane ^ arg), butterfly; or
+	 * with arg 0x100 | d, shfl.up: of lane (lane - d), own x below d */
+	int32_t (*shfl)(fz_emu_thread *t, int32_t x, int32_t arg, int32_t site);
 	/* The address of element i (of `bytes` bytes) of shared array `arr`
-	 * (32 elements each) for a load or a store, checked for races */
+	 * (32 elements of at most 8 bytes each; 0-5 the reductions', 6-15
+	 * named ones) for a load or a store, checked for races */
 	void *(*smem)(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
 	              int32_t store, int32_t site);
 	/* A global access [off, off + n) of buffer slot past its extent ext,

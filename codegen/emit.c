@@ -494,6 +494,21 @@ LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st,
 	return r;
 }
 
+int cg_emu_smem_array(cg *g, const char *name)
+{
+	int i = 0;
+	while (i < g->n_emu_smem && strcmp(g->emu_smem[i], name))
+		i++;
+	if (i == g->n_emu_smem) {
+		if (i == (int)(sizeof g->emu_smem / sizeof *g->emu_smem)) {
+			cg_fail(g, FZ_EUNSUPPORTED, NULL, "more than %d shared arrays", i);
+			return 6;
+		}
+		g->emu_smem[g->n_emu_smem++] = name;
+	}
+	return 6 + i; /* after the reductions' 6 (reduction.c, smem_slot) */
+}
+
 LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 {
 	if (g->o.target == FZ_CG_EMU) {
@@ -1221,7 +1236,7 @@ void cg_barrier(cg *g)
 
 /* EMU: one shuffle through the runtime; the seeded fault has the last
  * lane of each warp skip it (returning its own value). */
-static V emu_shfl32(cg *g, V x, int lane_mask)
+LLVMValueRef cg_emu_shfl(cg *g, V x, int lane_mask)
 {
 	bool isf = type_of(x) == t_f32(g);
 	V xi = isf ? bitcast(g, x, t_i32(g)) : x;
@@ -1250,7 +1265,7 @@ static V emu_shfl32(cg *g, V x, int lane_mask)
 static V shfl32(cg *g, V x, int lane_mask)
 {
 	if (g->o.target == FZ_CG_EMU)
-		return emu_shfl32(g, x, lane_mask);
+		return cg_emu_shfl(g, x, lane_mask);
 	bool isf = type_of(x) == t_f32(g);
 	T ty = isf ? t_f32(g) : t_i32(g);
 	T ps[4] = {t_i32(g), ty, t_i32(g), t_i32(g)};

@@ -103,7 +103,8 @@
 #include <ucontext.h>
 #endif
 
-#define SMEM_ARRAYS 6  /* by type and part: codegen/reduction.c smem_slot */
+#define SMEM_ARRAYS 16 /* reductions' 6 by type and part (codegen/reduction.c),
+                        * then named ones (scan.c, select.c) */
 #define SMEM_ELEMS 32
 #define SMEM_ELEM 8    /* bytes per element, at most */
 #define MAX_BLOCK 1024
@@ -499,15 +500,19 @@ static void warp_release(fz_emu_sched *s, int w0)
 	for (int i = w0 + 1; i < w0 + 32; i++) {
 		fiber *b = s->f[i];
 		if (b->site != a->site || b->mask != a->mask) {
-			violate(s, a->ctx.tid, "warp %d: lane 0 reaches a shuffle (xor %d) "
+			violate(s, a->ctx.tid, "warp %d: lane 0 reaches a shuffle (%s %d) "
 				"that lane %d never reaches: it waits at another shuffle",
-				w0 / 32, a->mask, i - w0);
+				w0 / 32, a->mask & 0x100 ? "up" : "xor", a->mask & 31, i - w0);
 			return;
 		}
 	}
 	for (int i = w0; i < w0 + 32; i++) {
 		fiber *b = s->f[i];
-		b->res = s->f[w0 + ((i - w0) ^ (b->mask & 31))]->val;
+		int lane = i - w0, d = b->mask & 31;
+		if (b->mask & 0x100) /* shfl.up: lanes below d keep their own */
+			b->res = lane >= d ? s->f[i - d]->val : b->val;
+		else
+			b->res = s->f[w0 + (lane ^ d)]->val;
 	}
 	for (int i = w0; i < w0 + 32; i++)
 		s->f[i]->st = T_READY;
@@ -571,9 +576,10 @@ static void report_stuck(fz_emu_sched *s)
 		for (int i = w0; i < w1 && !s->bad; i++) {
 			fiber *b = s->f[i];
 			if (b->st != T_SHFL || b->site != a->site || b->mask != a->mask)
-				violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (xor "
+				violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (%s "
 					"%d) that lane %d never reaches: it %s", w0 / 32,
-					lead - w0, a->mask, i - w0, state_name(b));
+					lead - w0, a->mask & 0x100 ? "up" : "xor", a->mask & 31,
+					i - w0, state_name(b));
 		}
 		if (!s->bad)
 			violate(s, a->ctx.tid, "a full-warp shuffle in a warp of %d threads "

@@ -427,6 +427,12 @@ static const char *const SRCS[] = {
 	/* take: a gather */
 	"trace f(e: f32[B, 16], idx: i64[T]) {\n"
 	"  y = take(e, idx, dim=0)\n  return y\n}\n",
+	/* cumsum: a block per row, shfl.up, warp totals in shared memory */
+	"trace f(x: f32[B, T]) {\n"
+	"  y = cumsum(x, dim=1)\n  return y\n}\n",
+	/* topk: a block per row, butterfly picks, shared memory */
+	"trace f(x: f32[B, T, 40]) {\n"
+	"  v, i = topk(x, k=3, dim=2)\n  return v, i\n}\n",
 };
 
 static const int64_t SIZES[][2] = {{1, 1}, {3, 17}, {17, 3}, {2, 100}};
@@ -482,6 +488,9 @@ START_TEST(seeded_faults_caught)
 		{FZ_EMU_FAULT_STORE, 5, "global store out of bounds"},
 		{FZ_EMU_FAULT_SHFL, 3, "that lane 31 never reaches: it exited"},
 		{FZ_EMU_FAULT_SHFL, 2, "never reaches"},
+		{FZ_EMU_FAULT_BARRIER, 8, "shared-memory race"},
+		{FZ_EMU_FAULT_SHFL, 8, "shuffle (up 1) that lane 31 never reaches"},
+		{FZ_EMU_FAULT_BARRIER, 9, "shared-memory race"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
 		for (int w = 0; w < 2; w++) {

@@ -18,13 +18,14 @@ start=$(date +%s.%N)
 	>"$log" 2>&1
 rc=$?
 end=$(date +%s.%N)
-n=$(grep -c "Test *#" "$log")
+n=$(grep -c "Test *#[0-9]*:" "$log")
 failed=$(grep -c "\*\*\*Failed\|Timeout" "$log")
 read -r user sys <"$log.time"
-awk -v n="$n" -v f="$failed" -v j="$jobs" -v s="$start" -v e="$end" -v u="$user" \
-	-v y="$sys" 'BEGIN { printf "emu suite: %d tests, %d failed; %d jobs: %.1f s ' \
-	'wall, %.1f s user, %.1f s sys, (user+sys)/jobs %.1f s\n", n, f, j, e - s, u, y, \
-	(u + y) / j }'
+awk -v n="$n" -v f="$failed" -v j="$jobs" -v s="$start" -v e="$end" \
+	-v u="$user" -v y="$sys" 'BEGIN {
+	printf "emu suite: %d tests, %d failed; %d jobs: %.1f s wall, ", n, f, j, e - s
+	printf "%.1f s user, %.1f s sys, (user+sys)/jobs %.1f s\n", u, y, (u + y) / j
+}'
 [ "$rc" = 0 ] || grep -B2 -A20 "Failed\|Timeout" "$log" | head -60
 rm -f "$log" "$log.time"
 exit $rc
