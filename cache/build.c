@@ -60,8 +60,16 @@ void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 		snprintf(buf, n, "sm_%d", o->sm);
 		return;
 	}
+	/* EMU: host code for this CPU, of that GPU's kernels, with its faults */
+	static const char *fault[FZ_EMU_FAULT_COUNT] = {"", "+fault-barrier",
+		"+fault-load", "+fault-store", "+fault-shfl"};
+	char emu[64] = "";
+	if (o->target == FZ_CG_EMU)
+		snprintf(emu, sizeof emu, "emu-sm_%d%s%s-", o->sm,
+			 (unsigned)o->emu_fault < FZ_EMU_FAULT_COUNT ? fault[o->emu_fault] : "+?",
+			 o->emu_idx64 ? "+idx64" : "");
 	char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
-	snprintf(buf, n, "host-%s-%s", triple ? triple : "?", cpu ? cpu : "?");
+	snprintf(buf, n, "%shost-%s-%s", emu, triple ? triple : "?", cpu ? cpu : "?");
 	LLVMDisposeMessage(triple);
 	LLVMDisposeMessage(cpu);
 }

@@ -80,6 +80,11 @@ typedef struct cg {
 	struct cg_cse { int op; LLVMValueRef a, b, r; } *cse; /* index arithmetic */
 	int n_cse, cap_cse;
 	LLVMValueRef smem[6]; /* shared scratch for block reductions, by type and part */
+	LLVMValueRef emu;     /* EMU: the thread's context (fz_emu_thread *) */
+	LLVMValueRef *ext;    /* EMU: each buffer's element count, i64 */
+	int emu_site;         /* EMU: numbers barriers and shuffles */
+	const char *emu_smem[10]; /* EMU: named shared arrays (cg_smem32) */
+	int n_emu_smem;
 	const fz_node *cur;   /* the op being emitted, for messages */
 	fz_status st;
 	char msg[FZ_ERRLEN];
@@ -140,6 +145,26 @@ LLVMValueRef cg_ntid(cg *g);   /* blockDim.x */
 LLVMValueRef cg_ctaid(cg *g);  /* blockIdx.x */
 LLVMValueRef cg_nctaid(cg *g); /* gridDim.x */
 void cg_barrier(cg *g);
+/* GPU semantics: the NVPTX flavour and its emulation make the same
+ * skeleton choices (rows per warp or block, atomics, a second entry). */
+static inline bool cg_gpu(const cg *g)
+{
+	return g->o.target == FZ_CG_NVPTX || g->o.target == FZ_CG_EMU;
+}
+/* The address of element off of buffer slot s for an access of n
+ * elements aligned to `align` bytes: cg_elem_ptr, and on EMU checked
+ * against the buffer's extent and the alignment. */
+LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, LLVMValueRef off, int n,
+                           bool store, unsigned align);
+/* Shared array arr (32 elements of t): the address of element i, for a
+ * load or a store (EMU: checked for races). */
+LLVMValueRef cg_smem_ptr(cg *g, LLVMTypeRef t, int arr, LLVMValueRef i, bool store);
+/* EMU: the shared array id (6 ...) of a named array (scan, select). */
+int cg_emu_smem_array(cg *g, const char *name);
+/* EMU: a 32-bit shuffle through the runtime: lane ^ arg (butterfly), or
+ * with CG_SHFL_UP, lane - (arg & 31) (lanes below keep their value). */
+enum { CG_SHFL_UP = 0x100 };
+LLVMValueRef cg_emu_shfl(cg *g, LLVMValueRef x, int arg);
 LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 
 /* Host: the iterations [*begin, *end) of a loop of `total` that this
@@ -185,7 +210,8 @@ LLVMValueRef cg_row_base(cg *g, const cg_rowgeo *G, LLVMValueRef row);
 /* shfl.sync.up by d lanes, any 32- or 64-bit type. */
 LLVMValueRef cg_shfl_up(cg *g, LLVMValueRef x, int d);
 /* Slot w of a 32-entry shared array of type t named `name`. */
-LLVMValueRef cg_smem32(cg *g, LLVMTypeRef t, const char *name, LLVMValueRef w);
+LLVMValueRef cg_smem32(cg *g, LLVMTypeRef t, const char *name, LLVMValueRef w,
+                       bool store);
 
 /* Lanes a region can use: a vector register (16 bytes on the GPU, 32 on
  * an AVX host) over its widest element, at most

@@ -55,16 +55,19 @@ fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err)
 		o->target = FZ_CG_HOST;
 		return FZ_OK;
 	}
+	/* emu, emu-sm_80: that GPU's kernels, emulated on the host */
+	bool emu = !strncmp(target, "emu", 3) && (!target[3] || target[3] == '-');
+	const char *gpu = emu ? (target[3] ? target + 4 : "sm_90") : target;
 	int sm = 0;
 	char tail[8] = "";
-	if (sscanf(target, "sm_%d%7s", &sm, tail) >= 1 && sm >= 70 && sm <= 90 &&
+	if (sscanf(gpu, "sm_%d%7s", &sm, tail) >= 1 && sm >= 70 && sm <= 90 &&
 	    (!tail[0] || !strcmp(tail, "a"))) {
-		o->target = FZ_CG_NVPTX;
+		o->target = emu ? FZ_CG_EMU : FZ_CG_NVPTX;
 		o->sm = sm;
 		return FZ_OK;
 	}
-	set_err(err, fz_strdup_printf("unknown target '%s': expected host or "
-				      "sm_70 ... sm_90", target));
+	set_err(err, fz_strdup_printf("unknown target '%s': expected host, "
+				      "sm_70 ... sm_90, or emu[-sm_NN]", target));
 	return FZ_EINVAL;
 }
 
@@ -127,7 +130,7 @@ void fz_compiler_free(fz_compiler *c)
 {
 	if (!c)
 		return;
-	if (c->o.target == FZ_CG_HOST) {
+	if (c->o.target != FZ_CG_NVPTX) {
 		cg_host_free(c);
 	} else if (c->ctx) {
 		LLVMContextDispose(c->ctx);
@@ -172,7 +175,8 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	g.red = calloc((size_t)t->n_values + 1, sizeof *g.red);
 	g.is_red = calloc((size_t)t->n_values + 1, sizeof *g.is_red);
 	g.buf = calloc((size_t)(r->n_in + r->n_out) + 1, sizeof *g.buf);
-	if (!k || !g.slot || !g.red || !g.is_red || !g.buf) {
+	g.ext = calloc((size_t)(r->n_in + r->n_out) + 1, sizeof *g.ext);
+	if (!k || !g.slot || !g.red || !g.is_red || !g.buf || !g.ext) {
 		free(k);
 		k = NULL;
 		g.st = FZ_ENOMEM;
@@ -185,7 +189,8 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	g.r = r;
 	g.o = c->o;
 	g.k = k;
-	g.ity = c->o.idx32 ? t_i32(&g) : t_i64(&g);
+	bool idx32 = c->o.idx32 && !(c->o.target == FZ_CG_EMU && c->o.emu_idx64);
+	g.ity = idx32 ? t_i32(&g) : t_i64(&g);
 	g.as = c->o.target == FZ_CG_NVPTX ? 1 : 0;
 	k->region = r->id;
 	k->n_in = r->n_in;
@@ -284,6 +289,7 @@ done:
 	free(g.red);
 	free(g.is_red);
 	free(g.buf);
+	free(g.ext);
 	free(g.memo);
 	free(g.cse);
 	if (g.st != FZ_OK) {

@@ -98,16 +98,37 @@
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
-typedef enum fz_cg_target { FZ_CG_HOST, FZ_CG_NVPTX } fz_cg_target;
+/* HOST: the skeletons' parallel loops as plain loops, for the CPU.
+ * NVPTX: PTX for a GPU. EMU: the NVPTX flavour's kernels (same skeleton
+ * choices, launch geometry, index width, lanes), compiled for the host
+ * with the SIMT primitives as calls into runtime/emu_sched.c and every
+ * global and shared access checked (see "The emulated GPU" below). */
+typedef enum fz_cg_target { FZ_CG_HOST, FZ_CG_NVPTX, FZ_CG_EMU } fz_cg_target;
+
+/* Faults the EMU flavour can seed into the kernels it makes, so that a
+ * test proves the emulator's checks fire (FUSEC_EMU_FAULT; runtime/emu.c). */
+typedef enum fz_emu_fault {
+	FZ_EMU_FAULT_NONE,
+	FZ_EMU_FAULT_BARRIER, /* every barrier dropped */
+	FZ_EMU_FAULT_LOAD,    /* every global load one access further on */
+	FZ_EMU_FAULT_STORE,   /* every global store one access further on */
+	FZ_EMU_FAULT_SHFL,    /* the last lane of a warp skips each shuffle */
+	FZ_EMU_FAULT_COUNT
+} fz_emu_fault;
 
 typedef struct fz_cg_options {
 	fz_cg_target target;
-	int sm;         /* NVPTX: compute capability, 90 for sm_90 */
+	int sm;         /* NVPTX and EMU: compute capability, 90 for sm_90 */
 	bool idx32;     /* 32-bit index arithmetic: every extent and offset fits */
 	bool vectorize; /* lanes and 16-byte accesses where the shapes allow */
+	fz_emu_fault emu_fault; /* EMU only; part of the cache key's target */
+	bool emu_idx64; /* EMU only: 64-bit indices even where idx32 is asked
+	                 * for, so tests run the 64-bit variant at small sizes
+	                 * (part of the cache key's target) */
 } fz_cg_options;
 
-/* The options for a target name: "host" or "sm_80", "sm_90", ... */
+/* The options for a target name: "host", "sm_80", "sm_90", ..., or "emu"
+ * ("emu-sm_80": the kernels of that GPU, emulated). */
 fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err);
 
 typedef enum fz_skeleton { FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER } fz_skeleton;
@@ -183,8 +204,41 @@ void fz_kernel_free(fz_kernel *k);
 /* Grid and block for entry e at the bound sizes: a small heuristic per
  * skeleton (see reduction.c and pointwise.c). A block-per-row kernel gets
  * FZ_ROW_BLOCK threads, which its register-held row depends on. */
+/* ---- The emulated GPU (FZ_CG_EMU) -----------------------------------------
+ * An EMU entry point is fz_emu_fn: the host ABI plus the calling thread's
+ * context. The kernel reads its thread and block indices from the context
+ * and calls back through it for the SIMT primitives; the runtime
+ * (runtime/emu_sched.c) runs the threads of a block as fibers. The layout
+ * is an ABI between codegen/emit.c and the runtime: the code generator
+ * addresses the fields by position (EMU_CTX_* in emit.c). */
+typedef struct fz_emu_thread fz_emu_thread;
+struct fz_emu_thread {
+	int32_t tid, ntid, ctaid, nctaid;      /* threadIdx.x ... gridDim.x */
+	/* bar.sync 0 */
+	void (*barrier)(fz_emu_thread *t, int32_t site);
+	/* shfl.sync with a full mask: x of lane (lane ^ arg), butterfly; or
+	 * with arg 0x100 | d, shfl.up: of lane (lane - d), own x below d */
+	int32_t (*shfl)(fz_emu_thread *t, int32_t x, int32_t arg, int32_t site);
+	/* The address of element i (of `bytes` bytes) of shared array `arr`
+	 * (32 elements of at most 8 bytes each; 0-5 the reductions', 6-15
+	 * named ones) for a load or a store, checked for races */
+	void *(*smem)(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
+	              int32_t store, int32_t site);
+	/* A global access [off, off + n) of buffer slot past its extent ext,
+	 * or misaligned (how: 1 store, 2 misaligned): reported; returns
+	 * scratch memory the access may touch instead */
+	void *(*oob)(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
+	             int64_t ext, int32_t how);
+};
+typedef void (*fz_emu_fn)(void **bufs, const int64_t *syms, int32_t *err,
+                          fz_emu_thread *t);
+
 void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
                            int64_t *grid, int *block);
+/* The same for a GPU of sm_count multiprocessors (fz_kernel_launch_dims:
+ * an H100's 132): a grid-stride loop gets 32 blocks per multiprocessor. */
+void fz_kernel_launch_dims_on(const fz_kernel *k, int e, const int64_t *syms,
+                              int sm_count, int64_t *grid, int *block);
 
 /* Every kernel of a trace, planned at sym_sizes (NULL or -1: symbolic):
  * each kernel region as one module, or one module per op where the

@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <llvm-c/Target.h>
+
 #include "cg.h"
 #include "llvm.h"
 #include "numeric.h"
@@ -421,6 +423,113 @@ LLVMValueRef cg_elem_ptr(cg *g, int s, fz_dtype d, V off)
 	return gep(g, cg_stype(g, d), g->buf[s], off);
 }
 
+/* ---- the emulated GPU's side of the ABI ------------------------------------------
+ * fz_emu_thread (codegen.h) as LLVM sees it: four i32, four pointers. */
+enum { EMU_CTX_TID, EMU_CTX_NTID, EMU_CTX_CTAID, EMU_CTX_NCTAID, EMU_CTX_BARRIER,
+       EMU_CTX_SHFL, EMU_CTX_SMEM, EMU_CTX_OOB };
+
+static T emu_ctx_type(cg *g)
+{
+	T f[8] = {t_i32(g), t_i32(g), t_i32(g), t_i32(g), t_ptr(g, 0), t_ptr(g, 0),
+		  t_ptr(g, 0), t_ptr(g, 0)};
+	return LLVMStructTypeInContext(g->ctx, f, 8, 0);
+}
+
+static V emu_field(cg *g, int i, T t)
+{
+	V p = LLVMBuildStructGEP2(g->b, emu_ctx_type(g), g->emu, (unsigned)i, "");
+	return load(g, t, p, 8);
+}
+
+/* ctx->fn(ctx, args...) through the context's function pointer i. */
+static V emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
+{
+	T all[8];
+	V av[8];
+	all[0] = t_ptr(g, 0);
+	av[0] = g->emu;
+	for (unsigned k = 0; k < n; k++) {
+		all[k + 1] = ps[k];
+		av[k + 1] = args[k];
+	}
+	T fty = LLVMFunctionType(ret, all, n + 1, 0);
+	return LLVMBuildCall2(g->b, fty, emu_field(g, i, t_ptr(g, 0)), av, n + 1, "");
+}
+
+LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st,
+			   unsigned align)
+{
+	if (g->o.target != FZ_CG_EMU)
+		return cg_elem_ptr(g, s, d, off);
+	fz_emu_fault f = g->o.emu_fault;
+	/* the seeded fault: one access further on (n elements, so that a
+	 * vector access keeps the alignment its instruction assumes) */
+	if ((f == FZ_EMU_FAULT_LOAD && !st) || (f == FZ_EMU_FAULT_STORE && st))
+		off = add(g, off, c_int(type_of(off), n));
+	V p = cg_elem_ptr(g, s, d, off);
+	/* [off, off + n) within the extent, in i64 whatever the index width:
+	 * an i32 offset that wrapped reads as a huge one */
+	V o = zext_or_trunc(g, off, t_i64(g));
+	V bad = icmp(g, LLVMIntUGT, add(g, o, c_i64(g, n)), g->ext[s]);
+	/* and aligned as the instruction says (a GPU faults on a misaligned
+	 * vector access; the runner picks vectorized variants by alignment) */
+	V mis = c_i1(g, 0);
+	if (align > fz_dtype_size(d)) {
+		V a = and_(g, LLVMBuildPtrToInt(g->b, p, t_i64(g), ""), c_i64(g, align - 1));
+		mis = icmp(g, LLVMIntNE, a, c_i64(g, 0));
+		bad = or_(g, bad, mis);
+	}
+	LLVMBasicBlockRef from = current(g), yes = block(g, "oob"), cont = block(g, "inb");
+	cond_br(g, bad, yes, cont);
+	at_end(g, yes);
+	T ps[5] = {t_i32(g), t_i64(g), t_i64(g), t_i64(g), t_i32(g)};
+	V how = or_(g, c_i32(g, st), shl(g, zext(g, mis, t_i32(g)), c_i32(g, 1)));
+	V args[5] = {c_i32(g, s), o, c_i64(g, n), g->ext[s], how};
+	V q = emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
+	br(g, cont);
+	at_end(g, cont);
+	V r = phi(g, t_ptr(g, 0));
+	phi_add(r, p, from);
+	phi_add(r, q, yes);
+	return r;
+}
+
+int cg_emu_smem_array(cg *g, const char *name)
+{
+	int i = 0;
+	while (i < g->n_emu_smem && strcmp(g->emu_smem[i], name))
+		i++;
+	if (i == g->n_emu_smem) {
+		if (i == (int)(sizeof g->emu_smem / sizeof *g->emu_smem)) {
+			cg_fail(g, FZ_EUNSUPPORTED, NULL, "more than %d shared arrays", i);
+			return 6;
+		}
+		g->emu_smem[g->n_emu_smem++] = name;
+	}
+	return 6 + i; /* after the reductions' 6 (reduction.c, smem_slot) */
+}
+
+LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
+{
+	if (g->o.target == FZ_CG_EMU) {
+		unsigned bytes = (unsigned)LLVMABISizeOfType(
+			LLVMGetModuleDataLayout(g->mod), t);
+		T ps[5] = {t_i32(g), t_i64(g), t_i32(g), t_i32(g), t_i32(g)};
+		V args[5] = {c_i32(g, arr), zext_or_trunc(g, i, t_i64(g)),
+			     c_i32(g, bytes), c_i32(g, st), c_i32(g, g->emu_site++)};
+		return emu_call(g, EMU_CTX_SMEM, t_ptr(g, 0), ps, args, 5);
+	}
+	if (!g->smem[arr]) {
+		T at = t_arr(t, 32);
+		g->smem[arr] = LLVMAddGlobalInAddressSpace(g->mod, at, "fz_smem", 3);
+		LLVMSetInitializer(g->smem[arr], c_undef(at));
+		LLVMSetLinkage(g->smem[arr], LLVMInternalLinkage);
+		LLVMSetAlignment(g->smem[arr], 8);
+	}
+	V idx[2] = {c_i32(g, 0), zext_or_trunc(g, i, t_i32(g))};
+	return LLVMBuildInBoundsGEP2(g->b, t_arr(t, 32), g->smem[arr], idx, 2, "");
+}
+
 /* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), -1 otherwise. */
 static int lane_shape(int nl, const cg_ix *lin)
 {
@@ -458,7 +567,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 		cg_linear(g, &v->type, ix[l], &lin[l]);
 	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
 	if (shape == 0) {
-		V x = load(g, st, cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0])), es);
+		V x = load(g, st, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), 1, false, es), es);
 		x = cg_from_storage(g, x, d);
 		for (int l = 0; l < nl; l++)
 			out[l] = x;
@@ -466,15 +575,15 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 	}
 	if (shape == 1) {
 		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
-		V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0]));
+		V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, false, al);
 		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 		for (int l = 0; l < nl; l++)
 			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
 		return;
 	}
 	for (int l = 0; l < nl; l++)
-		out[l] = cg_from_storage(g, load(g, st, cg_elem_ptr(g, s, d,
-					 cg_ix_value(g, lin[l])), es), d);
+		out[l] = cg_from_storage(g, load(g, st, cg_access_ptr(g, s, d,
+					 cg_ix_value(g, lin[l]), 1, false, es), es), d);
 }
 
 void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *vals)
@@ -493,13 +602,13 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
 			vec = insert(g, vec, cg_to_storage(g, vals[l], d), (unsigned)l);
-		store(g, vec, cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0])), al);
+		store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
 	for (int l = 0; l < n; l++)
 		store(g, cg_to_storage(g, vals[l], d),
-		      cg_elem_ptr(g, s, d, cg_ix_value(g, lin[l])), es);
+		      cg_access_ptr(g, s, d, cg_ix_value(g, lin[l]), 1, true, es), es);
 }
 
 /* ---- elementwise ops --------------------------------------------------------------- */
@@ -1080,49 +1189,92 @@ LLVMValueRef cg_entry_alloca(cg *g, T t)
 	return a;
 }
 
-static V sreg(cg *g, const char *name)
+static V sreg(cg *g, const char *name, int field)
 {
-	if (g->o.target != FZ_CG_NVPTX)
+	if (g->o.target != FZ_CG_NVPTX && g->o.target != FZ_CG_EMU)
 		return NULL;
-	T fty = LLVMFunctionType(t_i32(g), NULL, 0, 0);
 	LLVMBasicBlockRef cur = current(g);
 	at_end(g, g->entry);
-	V v = zext_or_trunc(g, call_named(g, name, fty, NULL, 0), g->ity);
+	V v;
+	if (g->o.target == FZ_CG_EMU) {
+		v = zext_or_trunc(g, emu_field(g, field, t_i32(g)), g->ity);
+	} else {
+		T fty = LLVMFunctionType(t_i32(g), NULL, 0, 0);
+		v = zext_or_trunc(g, call_named(g, name, fty, NULL, 0), g->ity);
+	}
 	at_end(g, cur);
 	return v;
 }
 
 LLVMValueRef cg_tid(cg *g)
 {
-	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.tid.x");
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.tid.x", EMU_CTX_TID);
 	return v ? v : c_int(g->ity, 0);
 }
 LLVMValueRef cg_ntid(cg *g)
 {
-	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ntid.x");
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ntid.x", EMU_CTX_NTID);
 	return v ? v : c_int(g->ity, 1);
 }
 LLVMValueRef cg_ctaid(cg *g)
 {
-	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ctaid.x");
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.ctaid.x", EMU_CTX_CTAID);
 	return v ? v : c_int(g->ity, 0);
 }
 LLVMValueRef cg_nctaid(cg *g)
 {
-	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.nctaid.x");
+	V v = sreg(g, "llvm.nvvm.read.ptx.sreg.nctaid.x", EMU_CTX_NCTAID);
 	return v ? v : c_int(g->ity, 1);
 }
 
 void cg_barrier(cg *g)
 {
+	if (g->o.target == FZ_CG_EMU) {
+		if (g->o.emu_fault == FZ_EMU_FAULT_BARRIER)
+			return; /* the seeded fault: a missing __syncthreads() */
+		T ps[1] = {t_i32(g)};
+		V args[1] = {c_i32(g, g->emu_site++)};
+		emu_call(g, EMU_CTX_BARRIER, t_void(g), ps, args, 1);
+		return;
+	}
 	if (g->o.target != FZ_CG_NVPTX)
 		return;
 	T fty = LLVMFunctionType(t_void(g), NULL, 0, 0);
 	call_named(g, "llvm.nvvm.barrier0", fty, NULL, 0);
 }
 
+/* EMU: one shuffle through the runtime; the seeded fault has the last
+ * lane of each warp skip it (returning its own value). */
+LLVMValueRef cg_emu_shfl(cg *g, V x, int lane_mask)
+{
+	bool isf = type_of(x) == t_f32(g);
+	V xi = isf ? bitcast(g, x, t_i32(g)) : x;
+	T ps[3] = {t_i32(g), t_i32(g), t_i32(g)};
+	V args[3] = {xi, c_i32(g, lane_mask), c_i32(g, g->emu_site++)};
+	V r;
+	if (g->o.emu_fault == FZ_EMU_FAULT_SHFL) {
+		V lane = urem(g, cg_tid(g), c_int(g->ity, 32));
+		V skip = icmp(g, LLVMIntEQ, lane, c_int(g->ity, 31));
+		LLVMBasicBlockRef from = current(g), call = block(g, "shfl"),
+			cont = block(g, "shfl.done");
+		cond_br(g, skip, cont, call);
+		at_end(g, call);
+		V y = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+		br(g, cont);
+		at_end(g, cont);
+		r = phi(g, t_i32(g));
+		phi_add(r, xi, from);
+		phi_add(r, y, call);
+	} else {
+		r = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+	}
+	return isf ? bitcast(g, r, t_f32(g)) : r;
+}
+
 static V shfl32(cg *g, V x, int lane_mask)
 {
+	if (g->o.target == FZ_CG_EMU)
+		return cg_emu_shfl(g, x, lane_mask);
 	bool isf = type_of(x) == t_f32(g);
 	T ty = isf ? t_f32(g) : t_i32(g);
 	T ps[4] = {t_i32(g), ty, t_i32(g), t_i32(g)};
@@ -1200,6 +1352,33 @@ void cg_loop_end(cg *g, cg_loop *L)
 	g->n_cse = L->cse_mark;
 }
 
+/* EMU: the context, and each buffer's element count at the bound sizes
+ * in i64 from the symbols as passed (not from the index arithmetic the
+ * checks are to check). */
+static void emu_extents(cg *g, V syms)
+{
+	const fz_region *r = g->r;
+	g->emu = param(g, 3);
+	V s64[FZ_MAX_SYMS] = {0};
+	for (int i = 0; i < g->k->n_syms; i++) {
+		int s = g->k->syms[i];
+		s64[s] = load(g, t_i64(g), gep(g, t_i64(g), syms, c_i64(g, s)), 8);
+	}
+	for (int i = 0; i < r->n_in + r->n_out; i++) {
+		const fz_type *ty = &(i < r->n_in ? r->in[i] : r->out[i - r->n_in])->type;
+		fz_ext e;
+		if (!fz_type_numel(ty, &e)) {
+			cg_fail(g, FZ_EUNSUPPORTED, NULL, "element count overflows");
+			e = fz_ext_const(0);
+		}
+		V v = c_i64(g, e.c);
+		for (int s = 0; s < FZ_MAX_SYMS; s++)
+			for (int p = fz_ext_power(e, s); p > 0 && s64[s]; p--)
+				v = mul(g, v, s64[s]);
+		g->ext[i] = v;
+	}
+}
+
 void cg_function_begin(cg *g, const char *name)
 {
 	const fz_region *r = g->r;
@@ -1219,8 +1398,12 @@ void cg_function_begin(cg *g, const char *name)
 		fty = LLVMFunctionType(t_void(g), ps, (unsigned)np, 0);
 		free(ps);
 	} else {
+		/* host: (bufs, syms, err, part, nparts); EMU: (bufs, syms, err,
+		 * the thread's context) */
 		T ps[5] = {t_ptr(g, 0), t_ptr(g, 0), t_ptr(g, 0), t_i64(g), t_i64(g)};
-		fty = LLVMFunctionType(t_void(g), ps, 5, 0);
+		if (g->o.target == FZ_CG_EMU)
+			ps[3] = t_ptr(g, 0);
+		fty = LLVMFunctionType(t_void(g), ps, g->o.target == FZ_CG_EMU ? 4 : 5, 0);
 	}
 	g->fn = LLVMAddFunction(g->mod, name, fty);
 	g->entry = block(g, "entry");
@@ -1256,8 +1439,14 @@ void cg_function_begin(cg *g, const char *name)
 	} else {
 		V bufs = param(g, 0), syms = param(g, 1);
 		g->err = param(g, 2);
-		g->part = zext_or_trunc(g, param(g, 3), g->ity);
-		g->nparts = zext_or_trunc(g, param(g, 4), g->ity);
+		if (g->o.target == FZ_CG_EMU) {
+			/* one part: the GPU's grid is the runtime's business */
+			g->part = c_int(g->ity, 0);
+			g->nparts = c_int(g->ity, 1);
+		} else {
+			g->part = zext_or_trunc(g, param(g, 3), g->ity);
+			g->nparts = zext_or_trunc(g, param(g, 4), g->ity);
+		}
 		for (int i = 0; i < nb; i++)
 			g->buf[i] = load(g, t_ptr(g, 0), gep(g, t_ptr(g, 0), bufs, c_i64(g, i)), 8);
 		for (int i = 0; i < g->k->n_syms; i++) {
@@ -1265,6 +1454,8 @@ void cg_function_begin(cg *g, const char *name)
 			V x = load(g, t_i64(g), gep(g, t_i64(g), syms, c_i64(g, s)), 8);
 			g->sym[s] = zext_or_trunc(g, x, g->ity);
 		}
+		if (g->o.target == FZ_CG_EMU)
+			emu_extents(g, syms);
 	}
 	at_end(g, body);
 }

@@ -296,7 +296,7 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 		break;
 	}
 	if (t == t_f64(g)) {
-		if (g->o.target == FZ_CG_NVPTX) {
+		if (cg_gpu(g)) {
 			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 %s has no GPU lowering "
 				"(no libdevice); compute it in f32", fz_ops[op].name);
 			return x;
@@ -341,7 +341,7 @@ LLVMValueRef cg_math_pow(cg *g, V a, V b)
 {
 	T t = type_of(a);
 	if (t == t_f64(g)) {
-		if (g->o.target == FZ_CG_NVPTX) {
+		if (cg_gpu(g)) {
 			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 pow has no GPU lowering");
 			return a;
 		}
@@ -367,7 +367,7 @@ LLVMValueRef cg_math_pow(cg *g, V a, V b)
 LLVMValueRef cg_math_fmod(cg *g, V a, V b)
 {
 	T t = type_of(a);
-	if (t == t_f64(g) && g->o.target != FZ_CG_NVPTX)
+	if (t == t_f64(g) && !cg_gpu(g))
 		return libm2(g, "fmod", a, b);
 	bool f32 = t == t_f32(g);
 	V ad = f32 ? fpext(g, a, t_f64(g)) : a, bd = f32 ? fpext(g, b, t_f64(g)) : b;

@@ -157,6 +157,32 @@ void cg_pointwise(cg *g)
 	cg_function_end(g);
 }
 
+/* EMU: a 16-bit float atomic add as the compare-and-swap loop a GPU
+ * without atom.add.bf16 runs (the host's atomicrmw fadd on bfloat would
+ * call a libgcc routine this process may lack): read, add in f32, round
+ * to the storage type, swap if unchanged, else again. */
+static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
+{
+	T i16 = t_i16(g);
+	LLVMBasicBlockRef pre = current(g), loop = block(g, "cas"), done = block(g, "cas.done");
+	V first = load(g, i16, p, 2);
+	br(g, loop);
+	at_end(g, loop);
+	V old = phi(g, i16);
+	V oldv = cg_from_storage(g, d == FZ_F16 ? bitcast(g, old, t_f16(g)) : old, d);
+	V nv = cg_to_storage(g, fadd(g, oldv, v), d);
+	if (d == FZ_F16)
+		nv = bitcast(g, nv, i16);
+	V pair = LLVMBuildAtomicCmpXchg(g->b, p, old, nv, LLVMAtomicOrderingMonotonic,
+					LLVMAtomicOrderingMonotonic, 0);
+	V seen = LLVMBuildExtractValue(g->b, pair, 0, "");
+	V ok = LLVMBuildExtractValue(g->b, pair, 1, "");
+	phi_add(old, first, pre);
+	phi_add(old, seen, current(g));
+	cond_br(g, ok, done, loop);
+	at_end(g, done);
+}
+
 static void scatter_loop(cg *g, const fz_node *ia)
 {
 	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
@@ -167,8 +193,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
 		return;
 	}
-	add_work(g, g->o.target == FZ_CG_NVPTX ? 1 : 0, numel);
-	if (g->o.target == FZ_CG_NVPTX && !fz_dtype_is_float(d) && d != FZ_I32 &&
+	add_work(g, cg_gpu(g) ? 1 : 0, numel);
+	if (cg_gpu(g) && !fz_dtype_is_float(d) && d != FZ_I32 &&
 	    d != FZ_I64) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
@@ -196,13 +222,16 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	cg_ix lin;
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
-	V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin));
-	if (g->o.target == FZ_CG_NVPTX && d == FZ_BF16) {
+	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true,
+			     (unsigned)fz_dtype_size(d));
+	if (g->o.target == FZ_CG_EMU && (d == FZ_BF16 || d == FZ_F16)) {
+		emu_atomic_add_half(g, p, v, d);
+	} else if (cg_gpu(g) && d == FZ_BF16) {
 		/* bf16 is i16 in storage; the atomic adds a bfloat (atom.add.bf16
 		 * on sm_90, a compare-and-swap loop that LLVM writes below) */
 		V b = bitcast(g, cg_to_storage(g, v, d), LLVMBFloatTypeInContext(g->ctx));
 		atomic_add(g, LLVMAtomicRMWBinOpFAdd, p, b);
-	} else if (g->o.target == FZ_CG_NVPTX) {
+	} else if (cg_gpu(g)) {
 		atomic_add(g, fz_dtype_is_float(d) ? LLVMAtomicRMWBinOpFAdd :
 			   LLVMAtomicRMWBinOpAdd, p, cg_to_storage(g, v, d));
 	} else {
@@ -233,7 +262,7 @@ void cg_scatter(cg *g, const fz_node *ia)
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
 		all_groups(g, ia);
-	if (g->o.target == FZ_CG_NVPTX) {
+	if (cg_gpu(g)) {
 		cg_function_end(g);
 		cg_memo_pop(g, 0);
 		g->n_cse = 0;
@@ -261,6 +290,12 @@ static int64_t eval_max(const fz_kernel *k, int e, const int64_t *syms)
 void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 			   int64_t *grid, int *block)
 {
+	fz_kernel_launch_dims_on(k, e, syms, 132, grid, block);
+}
+
+void fz_kernel_launch_dims_on(const fz_kernel *k, int e, const int64_t *syms,
+			      int sm_count, int64_t *grid, int *block)
+{
 	int64_t w = eval_max(k, e, syms), gmax = 65535;
 	int b = 256;
 	int64_t per = 256; /* work items per block */
@@ -273,7 +308,8 @@ void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 			per = 4;
 		}
 	} else {
-		gmax = 132 * 32; /* a grid-stride loop: a few waves of blocks */
+		/* a grid-stride loop: a few waves of blocks */
+		gmax = (int64_t)(sm_count > 0 ? sm_count : 132) * 32;
 	}
 	int64_t g = (w + per - 1) / per;
 	*grid = g < 1 ? 1 : g > gmax ? gmax : g;

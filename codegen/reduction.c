@@ -148,18 +148,10 @@ static V pair_sum(cg *g, V hi, V lo, T t)
 	return sel(g, fin, fadd_exact(g, hi, lo), hi);
 }
 
-static V smem_slot(cg *g, T t, int role, V i)
+static V smem_slot(cg *g, T t, int role, V i, bool st)
 {
 	int kind = (t == t_f32(g) ? 0 : t == t_f64(g) ? 1 : 2) * 2 + role;
-	if (!g->smem[kind]) {
-		T at = t_arr(t, 32);
-		g->smem[kind] = LLVMAddGlobalInAddressSpace(g->mod, at, "fz_smem", 3);
-		LLVMSetInitializer(g->smem[kind], c_undef(at));
-		LLVMSetLinkage(g->smem[kind], LLVMInternalLinkage);
-		LLVMSetAlignment(g->smem[kind], 8);
-	}
-	V idx[2] = {c_i32(g, 0), zext_or_trunc(g, i, t_i32(g))};
-	return LLVMBuildInBoundsGEP2(g->b, t_arr(t, 32), g->smem[kind], idx, 2, "");
+	return cg_smem_ptr(g, t, kind, i, st);
 }
 
 /* Combines a per-thread value across the threads that share a row: op on
@@ -185,9 +177,9 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
 	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
 	at_end(g, w);
-	store(g, v, smem_slot(g, t, 0, warp), 4);
+	store(g, v, smem_slot(g, t, 0, warp, true), 4);
 	if (lo)
-		store(g, *lo, smem_slot(g, t, 1, warp), 4);
+		store(g, *lo, smem_slot(g, t, 1, warp, true), 4);
 	br(g, cont);
 	at_end(g, cont);
 	cg_barrier(g);
@@ -197,11 +189,11 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 		store(g, c_real(t, 0.0), acc_lo, 8);
 	cg_loop L;
 	cg_loop_begin(g, &L, c_int(g->ity, 0), nw, c_int(g->ity, 1));
-	V a = load(g, t, acc, 8), x = load(g, t, smem_slot(g, t, 0, L.iv), 4);
+	V a = load(g, t, acc, 8), x = load(g, t, smem_slot(g, t, 0, L.iv, false), 4);
 	if (lo) {
 		V l2;
 		V h = pair_add(g, a, load(g, t, acc_lo, 8), x,
-			       load(g, t, smem_slot(g, t, 1, L.iv), 4), &l2);
+			       load(g, t, smem_slot(g, t, 1, L.iv, false), 4), &l2);
 		store(g, h, acc, 8);
 		store(g, l2, acc_lo, 8);
 	} else {
@@ -607,7 +599,7 @@ void cg_rows(cg *g)
 	 * registers when its length is known and a thread's share of it is at
 	 * most FZ_ROW_REGS elements */
 	int64_t nthr = 1;
-	if (g->o.target != FZ_CG_NVPTX || !inner) {
+	if (!cg_gpu(g) || !inner) {
 		R.par = FZ_PAR_THREAD;
 	} else if (fz_ext_is_const(Rn) && Rn.c > 0) {
 		int64_t G = Rn.c / R.L; /* lane groups: L divides the last extent */

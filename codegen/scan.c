@@ -97,8 +97,9 @@ static T acc_type(cg *g, fz_dtype d)
 
 static V load_acc(cg *g, int slot, fz_dtype d, V off)
 {
-	V x = cg_from_storage(g, load(g, cg_stype(g, d), cg_elem_ptr(g, slot, d, off),
-				      (unsigned)fz_dtype_size(d)), d);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	V x = cg_from_storage(g, load(g, cg_stype(g, d),
+				      cg_access_ptr(g, slot, d, off, 1, false, es), es), d);
 	return d == FZ_F32 ? fpext(g, x, t_f64(g)) : x;
 }
 
@@ -106,8 +107,8 @@ static void store_acc(cg *g, int slot, fz_dtype d, V off, V acc)
 {
 	if (d == FZ_F32)
 		acc = fptrunc(g, acc, t_f32(g));
-	store(g, cg_to_storage(g, acc, d), cg_elem_ptr(g, slot, d, off),
-	      (unsigned)fz_dtype_size(d));
+	unsigned es = (unsigned)fz_dtype_size(d);
+	store(g, cg_to_storage(g, acc, d), cg_access_ptr(g, slot, d, off, 1, true, es), es);
 }
 
 static V plus(cg *g, V a, V b)
@@ -123,6 +124,8 @@ static V zero_of(cg *g, T t)
 /* shfl.sync.up by d lanes (lanes below d keep their own value). */
 static V shfl_up32(cg *g, V x, int d)
 {
+	if (g->o.target == FZ_CG_EMU)
+		return cg_emu_shfl(g, x, CG_SHFL_UP | d);
 	bool isf = type_of(x) == t_f32(g);
 	T ty = isf ? t_f32(g) : t_i32(g);
 	T ps[4] = {t_i32(g), ty, t_i32(g), t_i32(g)};
@@ -145,8 +148,10 @@ V cg_shfl_up(cg *g, V x, int d)
 }
 
 /* Shared slot w (of 32) of an array of type t, made on first use. */
-V cg_smem32(cg *g, T t, const char *name, V w)
+V cg_smem32(cg *g, T t, const char *name, V w, bool st)
 {
+	if (g->o.target == FZ_CG_EMU)
+		return cg_smem_ptr(g, t, cg_emu_smem_array(g, name), w, st);
 	T at = t_arr(t, 32);
 	V gv = LLVMGetNamedGlobal(g->mod, name);
 	if (!gv) {
@@ -210,7 +215,7 @@ static void scan_block(cg *g, const cg_rowgeo *G, fz_dtype d, fz_dtype od)
 	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 31)), w, wd);
 	at_end(g, w);
 	store(g, v, cg_smem32(g, at, at == t_i64(g) ? "fz_scan_i" : at == t_f64(g) ?
-			      "fz_scan_d" : "fz_scan_f", warp), 8);
+			      "fz_scan_d" : "fz_scan_f", warp, true), 8);
 	br(g, wd);
 	at_end(g, wd);
 	cg_barrier(g);
@@ -219,7 +224,7 @@ static void scan_block(cg *g, const cg_rowgeo *G, fz_dtype d, fz_dtype od)
 	cg_loop WL;
 	cg_loop_begin(g, &WL, c_int(g->ity, 0), nw, c_int(g->ity, 1));
 	V x = load(g, at, cg_smem32(g, at, at == t_i64(g) ? "fz_scan_i" : at == t_f64(g) ?
-				     "fz_scan_d" : "fz_scan_f", WL.iv), 8);
+				     "fz_scan_d" : "fz_scan_f", WL.iv, false), 8);
 	V below = icmp(g, LLVMIntULT, WL.iv, warp);
 	store(g, sel(g, below, plus(g, load(g, at, pre, 8), x), load(g, at, pre, 8)), pre, 8);
 	store(g, plus(g, load(g, at, tot, 8), x), tot, 8);
@@ -247,7 +252,7 @@ void cg_scan(cg *g)
 	cg_rowgeo G;
 	if (!cg_row_geometry(g, n, &G))
 		return;
-	bool gpu = g->o.target == FZ_CG_NVPTX;
+	bool gpu = cg_gpu(g);
 	g->k->sk = FZ_SK_ROW;
 	g->k->par = gpu ? FZ_PAR_BLOCK : FZ_PAR_THREAD;
 	g->k->vec = 1;

@@ -84,18 +84,18 @@ static void pick_across(cg *g, bool least, pick *P, T t)
 	LLVMBasicBlockRef w = block(g, "sel.wr"), wd = block(g, "sel.wr.done");
 	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, wd);
 	at_end(g, w);
-	store(g, load(g, t, P->v, 8), cg_smem32(g, t, vn, warp), 8);
+	store(g, load(g, t, P->v, 8), cg_smem32(g, t, vn, warp, true), 8);
 	/* no pick: index -1, which no candidate has */
 	V bi = load(g, t_i64(g), P->i, 8);
 	store(g, sel(g, load(g, t_i1(g), P->has, 1), bi, c_i64(g, -1)),
-	      cg_smem32(g, t_i64(g), "fz_sel_i", warp), 8);
+	      cg_smem32(g, t_i64(g), "fz_sel_i", warp, true), 8);
 	br(g, wd);
 	at_end(g, wd);
 	cg_barrier(g);
 	cg_loop L;
 	cg_loop_begin(g, &L, c_int(g->ity, 0), nw, c_int(g->ity, 1));
-	V ov = load(g, t, cg_smem32(g, t, vn, L.iv), 8);
-	V oi = load(g, t_i64(g), cg_smem32(g, t_i64(g), "fz_sel_i", L.iv), 8);
+	V ov = load(g, t, cg_smem32(g, t, vn, L.iv, false), 8);
+	V oi = load(g, t_i64(g), cg_smem32(g, t_i64(g), "fz_sel_i", L.iv, false), 8);
 	pick_offer(g, least, P, t, ov, oi, icmp(g, LLVMIntSGE, oi, c_i64(g, 0)));
 	cg_loop_end(g, &L);
 	cg_barrier(g);
@@ -109,7 +109,7 @@ void cg_select(cg *g)
 	cg_rowgeo G;
 	if (!cg_row_geometry(g, n, &G))
 		return;
-	bool gpu = g->o.target == FZ_CG_NVPTX, topk = n->op == FZ_OP_TOPK;
+	bool gpu = cg_gpu(g), topk = n->op == FZ_OP_TOPK;
 	bool least = n->op == FZ_OP_ARGMIN;
 	int64_t K = topk ? n->attrs.k : 1;
 	fz_dtype d = n->in[0]->type.dtype;
@@ -153,9 +153,10 @@ void cg_select(cg *g)
 	store(g, c_i1(g, 0), P.has, 1);
 	cg_loop EL;
 	cg_loop_begin(g, &EL, tid, N, nthr);
+	unsigned es = (unsigned)fz_dtype_size(d);
 	V x = cg_from_storage(g, load(g, cg_stype(g, d),
-				      cg_elem_ptr(g, 0, d, add(g, base, mul(g, EL.iv, inner))),
-				      (unsigned)fz_dtype_size(d)), d);
+				      cg_access_ptr(g, 0, d, add(g, base, mul(g, EL.iv, inner)),
+						    1, false, es), es), d);
 	V j = zext_or_trunc(g, EL.iv, t_i64(g));
 	/* eligible: after the previous round's pick */
 	V after = or_(g, first, before(g, least, prev_v, prev_i, x, j, c_i1(g, 1)));
@@ -173,11 +174,11 @@ void cg_select(cg *g)
 	V off = add(g, obase, mul(g, KL.iv, inner));
 	int si = g->r->n_in;
 	if (topk) {
-		store(g, cg_to_storage(g, bv, d), cg_elem_ptr(g, si, d, off),
-		      (unsigned)fz_dtype_size(d));
+		store(g, cg_to_storage(g, bv, d), cg_access_ptr(g, si, d, off, 1, true, es),
+		      es);
 		si++;
 	}
-	store(g, bi, cg_elem_ptr(g, si, FZ_I64, off), 8);
+	store(g, bi, cg_access_ptr(g, si, FZ_I64, off, 1, true, 8), 8);
 	br(g, sd);
 	at_end(g, sd);
 	cg_loop_end(g, &KL);

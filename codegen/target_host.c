@@ -33,6 +33,7 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -127,12 +128,20 @@ fz_status fz_kernel_jit(fz_compiler *c, fz_kernel *k, char **err)
 
 fz_status fz_kernel_set_entry(fz_kernel *k, const char *name)
 {
+	/* one entry, or (EMU, index_add) two: the second is NAME_s */
 	size_t n = strlen(name);
 	LLVMValueRef fn = k->mod ? LLVMGetNamedFunction(k->mod, k->names[0]) : NULL;
-	if (!fn || k->n_entries != 1 || n >= sizeof k->names[0])
+	LLVMValueRef fn2 = k->mod && k->n_entries == 2 ?
+			   LLVMGetNamedFunction(k->mod, k->names[1]) : NULL;
+	if (!fn || k->n_entries < 1 || k->n_entries > 2 || (k->n_entries == 2 && !fn2) ||
+	    n + 2 >= sizeof k->names[0])
 		return FZ_EINVAL;
 	LLVMSetValueName2(fn, name, n);
 	memcpy(k->names[0], name, n + 1);
+	if (fn2) {
+		snprintf(k->names[1], sizeof k->names[1], "%s_s", name);
+		LLVMSetValueName2(fn2, k->names[1], n + 2);
+	}
 	return FZ_OK;
 }
 
@@ -141,7 +150,7 @@ fz_status fz_kernel_object(fz_compiler *c, fz_kernel *k, void **obj, size_t *len
 {
 	*obj = NULL;
 	*len = 0;
-	if (c->o.target != FZ_CG_HOST || !k->mod) {
+	if (c->o.target == FZ_CG_NVPTX || !k->mod) {
 		if (err)
 			*err = fz_strdup_printf("region %d: an object needs a host "
 						"compiler and an unemitted module", k->region);
@@ -183,7 +192,7 @@ fz_status fz_host_load(fz_compiler *c, const void *obj, size_t len,
 		       const char *name, fz_host_fn *fn, char **err)
 {
 	*fn = NULL;
-	if (c->o.target != FZ_CG_HOST || !c->jit || !obj || !len) {
+	if (c->o.target == FZ_CG_NVPTX || !c->jit || !obj || !len) {
 		if (err)
 			*err = fz_strdup("fz_host_load: needs a host compiler and an object");
 		return FZ_EINVAL;

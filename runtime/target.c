@@ -16,6 +16,7 @@
 static const fz_target *const targets[] = {
 	&fz_target_cpu,
 	&fz_target_cuda,
+	&fz_target_emu,
 };
 
 const fz_target *fz_target_find(const char *name)

@@ -162,6 +162,7 @@ struct fz_target {
 
 extern const fz_target fz_target_cpu;
 extern const fz_target fz_target_cuda;
+extern const fz_target fz_target_emu;   /* emu.c: the GPU's kernels on the CPU */
 
 /* The target called name ("cpu", "cuda", "emu"), or NULL. */
 const fz_target *fz_target_find(const char *name);

@@ -15,7 +15,8 @@
  * the `fusec run --check` tolerances. A failure prints the trace.
  *
  * FUSEC_DIFFTEST_TRACES sets the number of traces (default 300, so 1200
- * cases); FUSEC_DIFFTEST_SEED the seed.
+ * cases); FUSEC_DIFFTEST_SEED the seed; FUSEC_DIFFTEST_DEVICE the device
+ * (default cpu; ctest also runs it on emu, the GPU's kernels emulated).
  */
 #include <check.h>
 #include <math.h>
@@ -187,7 +188,9 @@ static int run_one(int n, long *cases, long *failed)
 		}
 	}
 	int bad = 0;
-	fz_status st = fz_trace_run(t, "cpu", NULL, in, n_in, got, CASES, &err);
+	const char *dev = getenv("FUSEC_DIFFTEST_DEVICE");
+	fz_status st = fz_trace_run(t, dev && dev[0] ? dev : "cpu", NULL, in, n_in, got,
+				    CASES, &err);
 	if (st != FZ_OK) {
 		fprintf(stderr, "run failed: %s\n%s\n", err ? err : "?", src);
 		fz_free(err);
@@ -246,7 +249,9 @@ START_TEST(random_dags)
 	int bad = 0;
 	for (int i = 0; i < n && bad < 5; i++)
 		bad += run_one(i, &cases, &failed);
-	printf("difftest: %ld cases in %d traces, %ld failed\n", cases, n, failed);
+	const char *dev = getenv("FUSEC_DIFFTEST_DEVICE");
+	printf("difftest: %ld cases in %d traces on %s, %ld failed\n", cases, n,
+	       dev && dev[0] ? dev : "cpu", failed);
 	ck_assert_msg(failed == 0, "%ld of %ld random cases differ", failed, cases);
 }
 END_TEST

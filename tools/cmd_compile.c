@@ -2,8 +2,9 @@
  * cmd_compile.c: `fusec compile`, a model's kernels into the cache ahead of
  * time.
  *
- *     fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]
- *                           [--jobs N] [--no-cubin] [--json]
+ *     fusec compile FILE... [--target sm_90|host|emu] [--bind B=8,T=2048]
+ *                           [--cache-dir DIR] [--jobs N] [--no-cubin]
+ *                           [--no-plan-cache] [--json]
  *
  * Every trace of every file is planned (or its program loaded from the
  * cache, cache/plan_cache.c, when it was planned before at these sizes);
@@ -16,11 +17,14 @@
  * also linked into a cubin where nvJitLink is installed, so a GPU machine
  * sharing the cache loads machine code with no JIT. No GPU is needed.
  *
- * For the host target the entry is a relocatable object for this CPU, the
- * very code `fusec run --device cpu` links, and each region is compiled at
- * both index widths: the runner picks 32-bit indexing when the bound sizes
- * allow it, which only the run knows, so both are made and a warm run
- * compiles nothing whatever it binds.
+ * Which kernels a program launches is decided by runtime/kernels.c, the
+ * module `fusec run` and the library use, so with --bind at a run's sizes
+ * the run compiles nothing: per-op kernels of regions the skeletons do not
+ * take whole and copies of reshapes included. Without --bind the sizes are
+ * unknown, so each kernel is made at both index widths (the run picks
+ * 32-bit indexing when its sizes allow it). For the host target the entry
+ * is a relocatable object for this CPU, the very code `fusec run --device
+ * cpu` links.
  *
  * A progress bar goes to stderr when it is a terminal. The report: kernel
  * regions, unique keys, compiled, cache hits, seconds (the whole command,
@@ -45,9 +49,9 @@ static int cmd_compile(int argc, char **argv);
 
 const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into the cache",
 	cmd_compile,
-	 "usage: fusec compile FILE... [--target sm_90|host] [--cache-dir DIR]\n"
-	 "                             [--jobs N] [--no-cubin] [--no-plan-cache]\n"
-	 "                             [--json]\n"
+	 "usage: fusec compile FILE... [--target sm_90|host|emu] [--bind LIST]\n"
+	 "                             [--cache-dir DIR] [--jobs N] [--no-cubin]\n"
+	 "                             [--no-plan-cache] [--json]\n"
 	 "\n"
 	 "Plan every trace of the files and compile each distinct kernel region\n"
 	 "(one per structural key) that the cache does not hold yet. Regions\n"
@@ -58,7 +62,13 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "  --target T       sm_70 ... sm_90 (PTX, plus a cubin where nvJitLink\n"
 	 "                   is installed), or host (an object file for this\n"
 	 "                   CPU, at both index widths, what `fusec run --device\n"
-	 "                   cpu` links). Default sm_90\n"
+	 "                   cpu` links), or emu[-sm_NN] (the GPU's kernels as\n"
+	 "                   objects for this CPU, what `fusec run --device emu`\n"
+	 "                   links). Default sm_90\n"
+	 "  --bind LIST      sizes of symbolic extents, NAME=SIZE[,NAME=SIZE...]:\n"
+	 "                   the kernels a run at these sizes launches, so that\n"
+	 "                   it compiles none (default: unbound, both index\n"
+	 "                   widths)\n"
 	 "  --cache-dir DIR  the cache (default $FUSEC_CACHE_DIR, else\n"
 	 "                   $XDG_CACHE_HOME/fusec, else ~/.cache/fusec)\n"
 	 "  --jobs N         compile N regions at once (default: the CPUs)\n"

@@ -1,7 +1,7 @@
 /*
  * cmd_emit.c: `fusec emit`, the generated code of every kernel region.
  *
- *     fusec emit FILE [--llvm|--ptx] [--target sm_90|host] [--region N]
+ *     fusec emit FILE [--llvm|--ptx] [--target sm_90|host|emu] [--region N]
  *                     [--bind B=8,T=2048] [--out-dir DIR]
  *
  * Each kernel region of each trace is planned, built as one LLVM module and
@@ -27,15 +27,16 @@
 static int cmd_emit(int argc, char **argv);
 
 const fz_command fz_cmd_emit = {"emit", "print generated LLVM IR or PTX", cmd_emit,
-	"usage: fusec emit FILE [--llvm|--ptx] [--target sm_90|host] [--region N]\n"
+	"usage: fusec emit FILE [--llvm|--ptx] [--target sm_90|host|emu] [--region N]\n"
 	"                       [--bind B=8,T=2048] [--out-dir DIR]\n"
 	"\n"
 	"Print the generated code of every kernel region (LLVM IR, or PTX from\n"
 	"LLVM's NVPTX backend), optimized at O3.\n"
 	"\n"
-	"  --llvm          LLVM IR (the only form for --target host)\n"
+	"  --llvm          LLVM IR (the only form for --target host and emu)\n"
 	"  --ptx           PTX (the default for sm_ targets)\n"
-	"  --target T      sm_70 ... sm_90 (default sm_90), or host\n"
+	"  --target T      sm_70 ... sm_90 (default sm_90), host, or emu[-sm_NN]\n"
+	"                  (the GPU's kernels for the CPU, as --device emu runs)\n"
 	"  --region N      only region N (as numbered by `fusec plan`)\n"
 	"  --bind LIST     sizes of symbolic extents; unbound ones stay kernel\n"
 	"                  parameters\n"
@@ -133,7 +134,7 @@ static int cmd_emit(int argc, char **argv)
 		fz_free(err);
 		return rc;
 	}
-	if (o.target == FZ_CG_HOST && form == 2)
+	if (o.target != FZ_CG_NVPTX && form == 2)
 		return tool_usage_error(cmd, "--ptx needs an sm_ target, not '%s'", target);
 	bool ptx = o.target == FZ_CG_NVPTX && form != 1;
 	if (dir && mkdir(dir, 0777) && errno != EEXIST) {

@@ -3,6 +3,8 @@
  *
  *     fusec check FILE...                   parse and verify
  *     fusec run FILE [--bind B=8,T=2048]    run on random inputs
+ *     fusec run FILE --device emu           the GPU's kernels on the CPU,
+ *                                           checked (runtime/emu.c)
  *
  * `run` makes inputs a trace can actually use: floats from a normal
  * distribution, integers that index something uniform within the extent
@@ -81,7 +83,7 @@ const fz_command fz_cmd_check = {"check", "parse and verify trace files",
 	 "a caret, and exits 1.\n"};
 
 const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
-	 "usage: fusec run FILE [--device auto|cuda|cpu] [--bind B=8,T=2048]\n"
+	 "usage: fusec run FILE [--device auto|cuda|cpu|emu] [--bind B=8,T=2048]\n"
 	 "                      [--seed N] [--iters N] [--check] [--json]\n"
 	 "                      [--cache-dir DIR] [--no-cache]\n"
 	 "\n"
@@ -89,8 +91,11 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "distribution, index inputs within the extent they index, bools both\n"
 	 "ways.\n"
 	 "\n"
-	 "  --device D   auto (default), cuda or cpu: cpu runs generated host\n"
-	 "               code; auto is cpu where there is no CUDA runtime\n"
+	 "  --device D   auto (default), cuda, cpu or emu: cpu runs generated host\n"
+	 "               code; auto is cpu where there is no CUDA runtime; emu\n"
+	 "               runs the GPU's kernels on the CPU, each access checked\n"
+	 "               (bounds, shared-memory races, shuffles, barriers; see\n"
+	 "               FUSEC_EMU_* in runtime/emu.c)\n"
 	 "  --bind LIST  sizes of symbolic extents, NAME=SIZE[,NAME=SIZE...]\n"
 	 "  --seed N     seed of the random inputs (default 0)\n"
 	 "  --iters N    run N times and report the time per iteration (1)\n"

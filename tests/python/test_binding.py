@@ -118,6 +118,14 @@ class TestProgram(unittest.TestCase):
         with self.assertRaises(ValueError):
             fusec.Program(RMS, device="tpu")
 
+    def test_emu_device_runs_the_gpu_kernels(self):
+        ref, emu = fusec.Program(RMS), fusec.Program(RMS, device="emu")
+        self.assertEqual(emu.device, "emu")
+        for b in (1, 3, 17):
+            x, w = torch.randn(b, 8), torch.randn(8)
+            for got, want in zip(emu(x, w), ref(x, w)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
     def test_trace_by_name(self):
         text = RMS + "trace neg1(x: f32[3]) {\n  y = neg(x)\n  return y\n}\n"
         p = fusec.Program(text, trace="neg1")

@@ -11,7 +11,7 @@ traces that round where PyTorch's CPU kernels round (fusec.torch: layer_norm
 and its backward, log_softmax, scaled_dot_product_attention, products with
 a Python number), so bf16 results agree to a few elements that differ by
 one rounding, far inside 1e-2. FUSEC_TEST_VERBOSE=1 prints
-the figures."""
+the figures; FUSEC_TEST_DEVICE picks the device (default "reference")."""
 
 import os
 import sys
@@ -34,6 +34,9 @@ except ImportError:
     HAVE_HF = False
 
 VERBOSE = os.environ.get("FUSEC_TEST_VERBOSE")
+# the device the exported models run on: the interpreter by default; ctest
+# also runs them on "emu", the GPU's kernels emulated on the CPU
+DEVICE = os.environ.get("FUSEC_TEST_DEVICE", "reference")
 
 
 class TestModels(unittest.TestCase):
@@ -46,7 +49,7 @@ class TestModels(unittest.TestCase):
         # per-thread bf16 partial sums (layer_norm's weight/bias gradients)
         text = ft.export(step, *args, stats=stats,
                          cpu_threads=torch.get_num_threads())
-        prog = fusec.Program(text)
+        prog = fusec.Program(text, device=DEVICE)
         params, data = args
         out = prog(*[t.detach() for t in params.values()], data)
         ref = step(*args)

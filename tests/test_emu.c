@@ -1,0 +1,645 @@
+/*
+ * test_emu.c: the emulated GPU (codegen's EMU flavour, runtime/emu_sched.c).
+ *
+ * Scheduler: hand-written kernels (C functions of one GPU thread, the ABI
+ * the code generator emits) prove each check fires and stays quiet when it
+ * should: a thread that exits before a barrier, threads at different
+ * barriers, a shared-memory write-after-read / read-after-write / write-
+ * after-write with no barrier between (and none with one), a shuffle a
+ * lane misses, a global access past its buffer; a correct block reduction
+ * with shuffles and barriers gives the right sum.
+ *
+ * Generated kernels: small traces whose regions are all kernels are
+ * compiled for EMU (the NVPTX skeletons: warp and block rows, the
+ * register-held row and the looping one, grid-stride tails, lanes, both
+ * index widths, index_add's two entries and atomics), launched with the
+ * CUDA target's geometry, and compared with the interpreter; every
+ * seeded fault (a dropped barrier, an offset load or store, a lane that
+ * skips a shuffle) is caught with the violation it should be.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg.h"
+#include "emu.h"
+#include "fusec.h"
+#include "ir.h"
+#include "numeric.h"
+#include "plan.h"
+
+/* ---- hand-written kernels -------------------------------------------------- */
+
+static fz_status launch_c(fz_emu_fn fn, void **bufs, int64_t grid, int block,
+			  bool fibers, char **err)
+{
+	fz_emu_sched *s;
+	ck_assert_int_eq(fz_emu_sched_new(&s, NULL), FZ_OK);
+	int32_t flag = 0;
+	int64_t syms[1] = {0};
+	fz_emu_launch L = {"test_kernel", 7, fn, bufs, syms, &flag, grid, block,
+			   fibers, 1};
+	fz_status st = fz_emu_run(s, &L, err);
+	fz_emu_sched_free(s);
+	return st;
+}
+
+#define EXPECT_VIOLATION(fn, grid, block, fibers, what) do { \
+	char *e_ = NULL; \
+	void *b_[2] = {in_buf, out_buf}; \
+	fz_status s_ = launch_c(fn, b_, grid, block, fibers, &e_); \
+	ck_assert_msg(s_ == FZ_ERUNTIME, "no violation, expected '%s'", what); \
+	ck_assert_msg(e_ && strstr(e_, what), "'%s' lacks '%s'", e_ ? e_ : "", what); \
+	ck_assert_msg(strstr(e_, "test_kernel (region 7)") && strstr(e_, "block "), \
+		      "'%s' does not name kernel, region and block", e_); \
+	free(e_); \
+} while (0)
+
+#define EXPECT_CLEAN(fn, grid, block, fibers) do { \
+	char *e_ = NULL; \
+	void *b_[2] = {in_buf, out_buf}; \
+	fz_status s_ = launch_c(fn, b_, grid, block, fibers, &e_); \
+	ck_assert_msg(s_ == FZ_OK, "violation: %s", e_ ? e_ : "?"); \
+	free(e_); \
+} while (0)
+
+static float in_buf[1024], out_buf[1024];
+
+/* A block sum as reduction.c emits it: butterfly shuffles, one slot per
+ * warp in shared memory, a barrier, every thread reads all slots, a
+ * barrier. out[block] = sum of in[block * ntid + tid]. */
+static void k_block_sum(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)syms;
+	(void)err;
+	const float *x = bufs[0];
+	float *y = bufs[1];
+	float v = x[t->ctaid * t->ntid + t->tid];
+	for (int m = 16; m >= 1; m /= 2) {
+		int32_t bits, o;
+		memcpy(&bits, &v, 4);
+		o = t->shfl(t, bits, m, m);
+		float f;
+		memcpy(&f, &o, 4);
+		v += f;
+	}
+	if (t->tid % 32 == 0)
+		*(float *)t->smem(t, 0, t->tid / 32, 4, 1, 0) = v;
+	t->barrier(t, 0);
+	float acc = 0;
+	for (int w = 0; w < t->ntid / 32; w++)
+		acc += *(float *)t->smem(t, 0, w, 4, 0, 1);
+	t->barrier(t, 1);
+	if (t->tid == 0)
+		y[t->ctaid] = acc;
+}
+
+START_TEST(sched_block_sum)
+{
+	for (int i = 0; i < 1024; i++)
+		in_buf[i] = (float)(i % 7);
+	EXPECT_CLEAN(k_block_sum, 4, 256, true);
+	for (int b = 0; b < 4; b++) {
+		float want = 0;
+		for (int i = 0; i < 256; i++)
+			want += (float)((b * 256 + i) % 7);
+		ck_assert_msg(out_buf[b] == want, "block %d: %g, want %g", b, out_buf[b], want);
+	}
+}
+END_TEST
+
+/* Thread 5 leaves before the barrier the others wait at. */
+static void k_exit_early(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)bufs; (void)syms; (void)err;
+	if (t->tid == 5)
+		return;
+	t->barrier(t, 0);
+}
+
+/* Odd and even threads wait at two different barriers. */
+static void k_two_barriers(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)bufs; (void)syms; (void)err;
+	if (t->tid % 2)
+		t->barrier(t, 1);
+	else
+		t->barrier(t, 2);
+}
+
+START_TEST(sched_barrier_checks)
+{
+	EXPECT_VIOLATION(k_exit_early, 2, 64, true, "thread 5 never reaches: it exited");
+	EXPECT_VIOLATION(k_two_barriers, 1, 64, true, "waits at a different barrier");
+	/* a barrier in a kernel run without fibers is the emulator's own error */
+	EXPECT_VIOLATION(k_two_barriers, 1, 64, false, "without fibers");
+}
+END_TEST
+
+/* Thread 0 writes slot 0, every thread reads it: with or without a
+ * barrier between (mode 1: barrier, 0: none); mode 2: everyone writes
+ * slot 0; mode 3: read, then thread 3 writes it with no barrier; mode 4:
+ * a read of a slot no one wrote; mode 5: index 32 of a 32-element array. */
+static int race_mode;
+static void k_smem(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)syms; (void)err;
+	float *y = bufs[1];
+	switch (race_mode) {
+	case 0:
+	case 1:
+		if (t->tid == 0)
+			*(float *)t->smem(t, 2, 0, 4, 1, 0) = 1.0f;
+		if (race_mode == 1)
+			t->barrier(t, 0);
+		y[t->tid] = *(float *)t->smem(t, 2, 0, 4, 0, 1);
+		break;
+	case 2:
+		*(float *)t->smem(t, 2, 0, 4, 1, 0) = (float)t->tid;
+		break;
+	case 3:
+		if (t->tid == 0)
+			*(float *)t->smem(t, 2, 0, 4, 1, 0) = 1.0f;
+		t->barrier(t, 0);
+		y[t->tid] = *(float *)t->smem(t, 2, 0, 4, 0, 1);
+		if (t->tid == 3)
+			*(float *)t->smem(t, 2, 0, 4, 1, 2) = 2.0f;
+		break;
+	case 4:
+		y[t->tid] = *(float *)t->smem(t, 2, 1, 4, 0, 1);
+		break;
+	default:
+		*(float *)t->smem(t, 2, 32, 4, 1, 0) = 1.0f;
+		break;
+	}
+}
+
+START_TEST(sched_smem_races)
+{
+	race_mode = 1;
+	EXPECT_CLEAN(k_smem, 3, 64, true);
+	race_mode = 0;
+	EXPECT_VIOLATION(k_smem, 3, 64, true, "race (read after write)");
+	race_mode = 2;
+	EXPECT_VIOLATION(k_smem, 3, 64, true, "race (write after write)");
+	race_mode = 3;
+	EXPECT_VIOLATION(k_smem, 3, 64, true, "race (write after read)");
+	race_mode = 4;
+	EXPECT_VIOLATION(k_smem, 3, 64, true, "no thread had written");
+	race_mode = 5;
+	EXPECT_VIOLATION(k_smem, 3, 64, true, "shared memory out of bounds");
+}
+END_TEST
+
+/* Lane 7 of warp 1 skips the shuffle; mode 1: lanes shuffle at two sites. */
+static int shfl_mode;
+static void k_shfl(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)syms; (void)err;
+	float *y = bufs[1];
+	if (shfl_mode == 0 && t->tid == 39)
+		return;
+	int32_t r = t->shfl(t, t->tid, 1, shfl_mode == 1 ? t->tid % 2 : 0);
+	y[t->tid] = (float)r;
+}
+
+START_TEST(sched_shuffle_checks)
+{
+	shfl_mode = 2;
+	EXPECT_CLEAN(k_shfl, 1, 64, true);
+	for (int i = 0; i < 64; i++)
+		ck_assert(out_buf[i] == (float)(i ^ 1));
+	shfl_mode = 0;
+	EXPECT_VIOLATION(k_shfl, 1, 64, true, "warp 1: lane 0 reaches a shuffle (xor 1) "
+			 "that lane 7 never reaches: it exited");
+	shfl_mode = 1;
+	EXPECT_VIOLATION(k_shfl, 1, 64, true, "never reaches: it waits at another shuffle");
+	shfl_mode = 2;
+	EXPECT_VIOLATION(k_shfl, 1, 48, true, "a warp of 16 threads");
+}
+END_TEST
+
+START_TEST(sched_launch_limits)
+{
+	char *e = NULL;
+	void *b[2] = {in_buf, out_buf};
+	ck_assert_int_eq(launch_c(k_block_sum, b, 1, 2048, true, &e), FZ_EINVAL);
+	ck_assert(strstr(e, "outside the GPU's limits"));
+	free(e);
+	e = NULL;
+	ck_assert_int_eq(launch_c(k_block_sum, b, 0, 256, true, &e), FZ_EINVAL);
+	free(e);
+}
+END_TEST
+
+/* ---- generated kernels ---------------------------------------------------- */
+
+static fz_module *parse(const char *src)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse(src, strlen(src), "test.trace", &m, &diag);
+	ck_assert_msg(st == FZ_OK, "parse: %s", diag ? diag : "?");
+	fz_free(diag);
+	return m;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static double urand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (double)(rng >> 11) * 0x1p-53;
+}
+
+/* A run of trace t through EMU kernels only: every region must be a
+ * kernel and no value a view (what the tests below write). */
+typedef struct erun {
+	const fz_trace *t;
+	const int64_t *syms;
+	void **data;            /* per value id */
+	fz_emu_sched *s;
+	fz_compiler *c;
+	int32_t flag;
+	int launches, fibers;
+	fz_status st;
+	char *err;
+} erun;
+
+static fz_status on_kernel(const fz_region *r, int op, fz_kernel *k, void *ud,
+			   char **err)
+{
+	erun *R = ud;
+	ck_assert_msg(op < 0, "region %d was split per op", r->id);
+	int nb = r->n_in + r->n_out;
+	void **bufs = calloc((size_t)nb, sizeof *bufs);
+	for (int i = 0; i < nb; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		if (!R->data[v->id]) {
+			int64_t n = fz_type_numel_at(&v->type, R->syms);
+			R->data[v->id] = calloc((size_t)(n > 0 ? n : 1), fz_dtype_size(v->type.dtype));
+		}
+		bufs[i] = R->data[v->id];
+	}
+	fz_kernel kk = *k;
+	kk.mod = NULL;
+	void *obj = NULL;
+	size_t len = 0;
+	fz_status st = fz_kernel_object(R->c, k, &obj, &len, err);
+	for (int e = 0; st == FZ_OK && e < kk.n_entries; e++) {
+		fz_host_fn fn;
+		st = fz_host_load(R->c, obj, len, kk.names[e], &fn, err);
+		if (st != FZ_OK)
+			break;
+		int64_t grid;
+		int block;
+		fz_kernel_launch_dims(&kk, e, R->syms, &grid, &block);
+		bool fibers = kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD;
+		fz_emu_launch L = {kk.names[e], r->id, (fz_emu_fn)(void (*)(void))fn, bufs,
+				   R->syms, &R->flag, grid, block, fibers, r->n_in};
+		st = fz_emu_run(R->s, &L, err);
+		R->launches++;
+		R->fibers += fibers;
+	}
+	free(obj);
+	free(bufs);
+	return st;
+}
+
+static bool misalign; /* the kernels get inputs one element off 16 bytes */
+
+/* Runs src's trace at syms through EMU (options o) and the interpreter;
+ * returns the status; *worst: the worst error relative to tol. */
+static fz_status emu_compare(const char *src, const int64_t *syms2, fz_cg_options o,
+			     double tol, double *worst, char **err, int *fibers)
+{
+	int64_t syms[FZ_MAX_SYMS];
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		syms[s] = s < 2 ? syms2[s] : -1;
+	fz_module *m = parse(src);
+	fz_trace *t = fz_module_trace(m, 0);
+	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
+	erun R = {0};
+	R.t = t;
+	R.syms = syms;
+	R.data = calloc((size_t)t->n_values + 1, sizeof *R.data);
+	ck_assert_int_eq(fz_emu_sched_new(&R.s, NULL), FZ_OK);
+	ck_assert_int_eq(fz_compiler_new(&o, &R.c, NULL), FZ_OK);
+	fz_tensor *in = calloc((size_t)n_in, sizeof *in);
+	for (int i = 0; i < n_in; i++) {
+		const fz_value *p = fz_trace_param(t, i);
+		fz_tensor *x = &in[i];
+		x->dtype = p->type.dtype;
+		x->rank = p->type.rank;
+		int64_t acc = 1;
+		for (int d = x->rank - 1; d >= 0; d--) {
+			x->shape[d] = fz_ext_eval(p->type.dims[d], syms);
+			x->strides[d] = acc;
+			acc *= x->shape[d];
+		}
+		x->data = calloc((size_t)(acc > 0 ? acc : 1) + 1, fz_dtype_size(x->dtype));
+		for (int64_t k = 0; k < acc; k++)
+			fz_store_f64(x->data, x->dtype, k, fz_dtype_is_float(x->dtype) ?
+				     urand() * 4 - 2 : (double)(int64_t)(urand() * (double)syms[0]));
+		R.data[p->id] = (char *)x->data + (misalign ? fz_dtype_size(x->dtype) : 0);
+	}
+	fz_status st = fz_compile_trace(R.c, t, syms, -1, on_kernel, &R, err);
+	for (int i = 0; i < n_in; i++)
+		in[i].data = R.data[fz_trace_param(t, i)->id];
+	if (st == FZ_OK && R.flag)
+		st = FZ_ERANGE;
+	*worst = 0;
+	if (st == FZ_OK) {
+		fz_tensor *want = calloc((size_t)n_out, sizeof *want);
+		ck_assert_int_eq(fz_trace_interpret(t, syms, in, n_in, want, n_out, NULL), FZ_OK);
+		for (int k = 0; k < n_out; k++) {
+			const fz_value *v = fz_trace_output(t, k);
+			int64_t n = fz_type_numel_at(&v->type, syms);
+			ck_assert_msg(R.data[v->id], "output %d not computed", k);
+			for (int64_t i = 0; i < n; i++) {
+				double g = fz_load_f64(R.data[v->id], v->type.dtype, i);
+				double w = fz_load_f64(want[k].data, want[k].dtype, i);
+				if (g == w || (isnan(g) && isnan(w)))
+					continue;
+				double r = fabs(g - w) / (tol + tol * fabs(w));
+				if (!(r <= *worst))
+					*worst = isnan(r) ? INFINITY : r;
+			}
+			fz_free(want[k].data);
+		}
+		free(want);
+	}
+	if (fibers)
+		*fibers = R.fibers;
+	for (int v = 0; v < t->n_values; v++) {
+		bool param = false;
+		for (int i = 0; i < n_in; i++)
+			param |= v == fz_trace_param(t, i)->id;
+		if (!param)
+			free(R.data[v]);
+	}
+	for (int i = 0; i < n_in; i++)
+		free((char *)in[i].data - (misalign ? fz_dtype_size(in[i].dtype) : 0));
+	free(in);
+	free(R.data);
+	fz_compiler_free(R.c);
+	fz_emu_sched_free(R.s);
+	fz_module_free(m);
+	return st;
+}
+
+static fz_cg_options emu_opts(bool idx32, bool vec, fz_emu_fault f)
+{
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("emu", &o, NULL), FZ_OK);
+	o.idx32 = idx32;
+	o.vectorize = vec;
+	o.emu_fault = f;
+	return o;
+}
+
+/* Traces covering the skeletons: B, T symbolic, so sizes hit tails. */
+static const char *const SRCS[] = {
+	/* pointwise, lanes (inner 12 f32: L = 4) */
+	"trace f(x: f32[B, T, 12], w: f32[B, T, 12]) {\n"
+	"  y = mul(add(x, w), 0.5)\n  return y\n}\n",
+	/* pointwise, odd inner extent (no lanes), bf16 */
+	"trace f(x: bf16[B, T], y: bf16[B, T]) {\n"
+	"  z = sub(mul(x, y), y)\n  return z\n}\n",
+	/* layer norm, f32 rows of 4096: a block per row, row in registers */
+	"trace f(x: f32[B, T, 4096], w: f32[B, T, 4096], b: f32[B, T, 4096]) {\n"
+	"  y = layer_norm(x, w, b, dims=[2], eps=1e-5)\n  return y\n}\n",
+	/* rms norm, bf16 rows of 256: a warp per row */
+	"trace f(x: bf16[B, T, 256], w: bf16[256]) {\n"
+	"  y = rms_norm(x, w, dims=[2], eps=1e-5)\n  return y\n}\n",
+	/* softmax over a symbolic row: a block per row, looping passes */
+	"trace f(x: f32[B, 3, T]) {\n"
+	"  y = softmax(x, dim=2)\n  return y\n}\n",
+	/* an outer reduction: a thread per column */
+	"trace f(x: f32[B, T, 6]) {\n"
+	"  s = sum(x, dims=[0, 1])\n  return s\n}\n",
+	/* index_add: init, then the scatter with atomics */
+	"trace f(x: f32[B, 8], idx: i64[T], src: f32[T, 8]) {\n"
+	"  y = index_add(x, idx, src, dim=0)\n  return y\n}\n",
+	/* take: a gather */
+	"trace f(e: f32[B, 16], idx: i64[T]) {\n"
+	"  y = take(e, idx, dim=0)\n  return y\n}\n",
+	/* cumsum: a block per row, shfl.up, warp totals in shared memory */
+	"trace f(x: f32[B, T]) {\n"
+	"  y = cumsum(x, dim=1)\n  return y\n}\n",
+	/* topk: a block per row, butterfly picks, shared memory */
+	"trace f(x: f32[B, T, 40]) {\n"
+	"  v, i = topk(x, k=3, dim=2)\n  return v, i\n}\n",
+};
+
+static const int64_t SIZES[][2] = {{1, 1}, {3, 17}, {17, 3}, {2, 100}};
+
+START_TEST(generated_kernels_match)
+{
+	int nfib = 0;
+	for (size_t i = 0; i < sizeof SRCS / sizeof *SRCS; i++)
+		for (size_t z = 0; z < sizeof SIZES / sizeof *SIZES; z++)
+			for (int w = 0; w < 2; w++) {
+				int64_t syms[2] = {SIZES[z][0], SIZES[z][1]};
+				double worst;
+				char *err = NULL;
+				int fib = 0;
+				fz_status st = emu_compare(SRCS[i], syms, emu_opts(w, true, 0),
+							   1e-2, &worst, &err, &fib);
+				ck_assert_msg(st == FZ_OK, "trace %zu at %lld,%lld idx%s: %s", i,
+					      (long long)syms[0], (long long)syms[1],
+					      w ? "32" : "64", err ? err : fz_status_name(st));
+				ck_assert_msg(worst <= 1, "trace %zu at %lld,%lld: worst %g", i,
+					      (long long)syms[0], (long long)syms[1], worst);
+				nfib += fib;
+				free(err);
+			}
+	ck_assert_msg(nfib > 0, "no kernel ran its threads as fibers");
+}
+END_TEST
+
+START_TEST(generated_unvectorized)
+{
+	for (size_t i = 0; i < sizeof SRCS / sizeof *SRCS; i++) {
+		int64_t syms[2] = {3, 17};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(SRCS[i], syms, emu_opts(true, false, 0), 1e-2,
+					   &worst, &err, NULL);
+		ck_assert_msg(st == FZ_OK && worst <= 1, "trace %zu: %s (worst %g)", i,
+			      err ? err : "", worst);
+		free(err);
+	}
+}
+END_TEST
+
+/* Each seeded fault on the trace it should trip, with its violation. */
+START_TEST(seeded_faults_caught)
+{
+	struct { fz_emu_fault f; int src; const char *what; } cases[] = {
+		{FZ_EMU_FAULT_BARRIER, 2, "shared-memory race"},
+		{FZ_EMU_FAULT_BARRIER, 4, "shared-memory race"},
+		{FZ_EMU_FAULT_LOAD, 0, "global load out of bounds"},
+		{FZ_EMU_FAULT_LOAD, 2, "global load out of bounds"},
+		{FZ_EMU_FAULT_STORE, 0, "global store out of bounds"},
+		{FZ_EMU_FAULT_STORE, 5, "global store out of bounds"},
+		{FZ_EMU_FAULT_SHFL, 3, "that lane 31 never reaches: it exited"},
+		{FZ_EMU_FAULT_SHFL, 2, "never reaches"},
+		{FZ_EMU_FAULT_BARRIER, 8, "shared-memory race"},
+		{FZ_EMU_FAULT_SHFL, 8, "shuffle (up 1) that lane 31 never reaches"},
+		{FZ_EMU_FAULT_BARRIER, 9, "shared-memory race"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+		for (int w = 0; w < 2; w++) {
+			int64_t syms[2] = {3, 17};
+			double worst;
+			char *err = NULL;
+			if (getenv("EMU_TEST_TRACE"))
+				fprintf(stderr, "case %zu w %d\n", i, w);
+			fz_status st = emu_compare(SRCS[cases[i].src], syms,
+						   emu_opts(w, true, cases[i].f), 1e-2,
+						   &worst, &err, NULL);
+			ck_assert_msg(st == FZ_ERUNTIME && err && strstr(err, cases[i].what),
+				      "fault %d on trace %d: %s, '%s'", cases[i].f, cases[i].src,
+				      fz_status_name(st), err ? err : "");
+			ck_assert_msg(strstr(err, "kernel fz_region_") && strstr(err, "block ") &&
+				      strstr(err, "thread "), "'%s' names no kernel, block, thread",
+				      err);
+			free(err);
+		}
+}
+END_TEST
+
+
+/* The 64-bit index variant on demand: idx32 with emu_idx64 is the IR of
+ * idx32 off, and differs from idx32's. */
+static fz_status keep_ir(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r; (void)op;
+	return fz_kernel_llvm(k, (char **)ud, err);
+}
+
+static char *ir_of(const char *src, fz_cg_options o)
+{
+	fz_module *m = parse(src);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	char *ir = NULL;
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1, keep_ir,
+					  &ir, NULL), FZ_OK);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	return ir;
+}
+
+START_TEST(forced_64bit_indices)
+{
+	for (int i = 2; i <= 4; i++) {
+		fz_cg_options o32 = emu_opts(true, true, 0), o64 = emu_opts(false, true, 0);
+		fz_cg_options forced = o32;
+		forced.emu_idx64 = true;
+		char *a = ir_of(SRCS[i], o32), *b = ir_of(SRCS[i], o64), *c = ir_of(SRCS[i], forced);
+		ck_assert_msg(strcmp(a, b) != 0, "trace %d: idx32 makes no difference", i);
+		ck_assert_msg(strcmp(b, c) == 0, "trace %d: forced 64-bit IR differs", i);
+		fz_free(a);
+		fz_free(b);
+		fz_free(c);
+	}
+}
+END_TEST
+
+
+/* A vectorized kernel handed a buffer that is not 16-byte aligned faults
+ * on a GPU; the emulator says so (the unvectorized variant runs). */
+START_TEST(misaligned_vector_access)
+{
+	int64_t syms[2] = {3, 17};
+	double worst;
+	char *err = NULL;
+	misalign = true;
+	fz_status st = emu_compare(SRCS[0], syms, emu_opts(true, true, 0), 1e-2, &worst,
+				   &err, NULL);
+	ck_assert_msg(st == FZ_ERUNTIME && err && strstr(err, "misaligned vector load"),
+		      "%s", err ? err : "no violation");
+	free(err);
+	err = NULL;
+	st = emu_compare(SRCS[0], syms, emu_opts(true, false, 0), 1e-2, &worst, &err, NULL);
+	misalign = false;
+	ck_assert_msg(st == FZ_OK && worst <= 1, "%s", err ? err : "");
+	free(err);
+}
+END_TEST
+
+
+/* index_add of 16-bit floats: the atomic add is a compare-and-swap loop
+ * (no libcall the JIT cannot resolve), rounding at every add. */
+START_TEST(half_atomics)
+{
+	const char *const srcs[] = {
+		"trace f(x: bf16[B, 8], idx: i64[T], src: bf16[T, 8]) {\n"
+		"  y = index_add(x, idx, src, dim=0)\n  return y\n}\n",
+		"trace f(x: f16[B, 8], idx: i64[T], src: f16[T, 8]) {\n"
+		"  y = index_add(x, idx, src, dim=0)\n  return y\n}\n",
+	};
+	for (int i = 0; i < 2; i++) {
+		int64_t syms[2] = {3, 17};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(srcs[i], syms, emu_opts(true, true, 0), 5e-2,
+					   &worst, &err, NULL);
+		ck_assert_msg(st == FZ_OK && worst <= 1, "%s: %s (worst %g)", i ? "f16" : "bf16",
+			      err ? err : "", worst);
+		free(err);
+	}
+}
+END_TEST
+
+START_TEST(options_parse)
+{
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("emu", &o, NULL), FZ_OK);
+	ck_assert(o.target == FZ_CG_EMU && o.sm == 90);
+	ck_assert_int_eq(fz_cg_options_parse("emu-sm_80", &o, NULL), FZ_OK);
+	ck_assert(o.target == FZ_CG_EMU && o.sm == 80);
+	char *err = NULL;
+	ck_assert_int_eq(fz_cg_options_parse("emu-sm_60", &o, &err), FZ_EINVAL);
+	ck_assert(err && strstr(err, "emu[-sm_NN]"));
+	free(err);
+	ck_assert_int_eq(fz_cg_options_parse("emux", &o, NULL), FZ_EINVAL);
+}
+END_TEST
+
+static Suite *emu_suite(void)
+{
+	Suite *s = suite_create("emu");
+	TCase *tc = tcase_create("scheduler");
+	tcase_add_test(tc, sched_block_sum);
+	tcase_add_test(tc, sched_barrier_checks);
+	tcase_add_test(tc, sched_smem_races);
+	tcase_add_test(tc, sched_shuffle_checks);
+	tcase_add_test(tc, sched_launch_limits);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("generated");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, options_parse);
+	tcase_add_test(tc, generated_kernels_match);
+	tcase_add_test(tc, generated_unvectorized);
+	tcase_add_test(tc, seeded_faults_caught);
+	tcase_add_test(tc, forced_64bit_indices);
+	tcase_add_test(tc, misaligned_vector_access);
+	tcase_add_test(tc, half_atomics);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(emu_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
