@@ -200,13 +200,20 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	k->n_syms = t->n_syms;
 	for (int s = 0; s < t->n_syms; s++)
 		k->syms[s] = s;
+	/* a kernel of no region (the copy of a reshape that is not a view)
+	 * has id -1, and '-' is no character of a PTX name */
+	char base[32];
+	if (r->id >= 0)
+		snprintf(base, sizeof base, "fz_region_%d", r->id);
+	else
+		snprintf(base, sizeof base, "fz_copy");
 	if (c->o.target == FZ_CG_NVPTX) {
-		snprintf(k->names[0], sizeof k->names[0], "fz_region_%d", r->id);
-		snprintf(k->names[1], sizeof k->names[1], "fz_region_%d_scatter", r->id);
+		snprintf(k->names[0], sizeof k->names[0], "%s", base);
+		snprintf(k->names[1], sizeof k->names[1], "%s_scatter", base);
 	} else {
 		int n = c->counter++;
-		snprintf(k->names[0], sizeof k->names[0], "fz_region_%d_%d", r->id, n);
-		snprintf(k->names[1], sizeof k->names[1], "fz_region_%d_%d_s", r->id, n);
+		snprintf(k->names[0], sizeof k->names[0], "%s_%d", base, n);
+		snprintf(k->names[1], sizeof k->names[1], "%s_%d_s", base, n);
 	}
 	for (int v = 0; v < t->n_values; v++)
 		g.slot[v] = -1;
