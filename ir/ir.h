@@ -330,6 +330,11 @@ typedef struct fz_buf {
 	bool oom;
 } fz_buf;
 
+/* The trace as text with its nodes in `order` (a topological order of all
+ * t->n_nodes nodes), so a scheduled order can be written and read back. */
+fz_status fz_trace_print_ordered(const fz_trace *t, const fz_node *const *order,
+				 char **out);
+
 void fz_buf_printf(fz_buf *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 void fz_buf_puts(fz_buf *b, const char *s);

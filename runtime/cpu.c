@@ -783,15 +783,16 @@ static fz_status run_region(run *R, const fz_region *reg)
 	case FZ_REGION_LIBRARY:
 		return run_library(R, reg);
 	case FZ_REGION_COLLECTIVE:
-	case FZ_REGION_WAIT: {
-		const fz_value *x = reg->nodes[0]->in[0], *y = reg->nodes[0]->out[0];
-		void *px = get_value(R, x), *py = alloc_value(R, y);
-		if (!px || !py)
-			return FZ_EINVAL;
-		int64_t n = fz_type_numel_at(&y->type, R->syms);
-		memcpy(py, px, (size_t)(n > 0 ? n : 0) * fz_dtype_size(y->type.dtype));
+	case FZ_REGION_WAIT: /* a bucket holds several */
+		for (int i = 0; i < reg->n_nodes; i++) {
+			const fz_value *x = reg->nodes[i]->in[0], *y = reg->nodes[i]->out[0];
+			void *px = get_value(R, x), *py = alloc_value(R, y);
+			if (!px || !py)
+				return FZ_EINVAL;
+			int64_t n = fz_type_numel_at(&y->type, R->syms);
+			memcpy(py, px, (size_t)(n > 0 ? n : 0) * fz_dtype_size(y->type.dtype));
+		}
 		return FZ_OK;
-	}
 	default: {
 		const pregion *pr = &R->x->pr[reg->id];
 		if (!pr->whole) {
