@@ -63,6 +63,7 @@ void fz_plan_defaults(fz_plan_options *o)
 	o->dump_after = -1;
 	o->horizontal = true;
 	o->comm_waits = o->comm_prefetch = o->comm_scatter = true;
+	o->max_inflight_bytes = (int64_t)1 << 30;
 	o->bucket_bytes = 25 << 20;
 }
 

@@ -96,7 +96,7 @@ typedef struct fz_plan_options {
 	/* Communication scheduling (ir/comm.c), each pass on by default:
 	 * waits right before their first consumer; all-gathers issued in
 	 * order of first use, as early as max_inflight_bytes of gathered,
-	 * not yet released bytes allow (0: no cap); reduce-scatters and
+	 * not yet released bytes allow (default 1 GiB; 0: no cap); reduce-scatters and
 	 * all-reduces issued as soon as their operand is complete; back-to-back
 	 * all-gathers smaller than bucket_bytes coalesced into buckets of at
 	 * most bucket_bytes (0: no buckets; default 25 MiB). */

@@ -59,7 +59,7 @@ const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	 "Communication scheduling (FSDP / ZeRO-3 traces), on by default:\n"
 	 "  --max-inflight-bytes SIZE  cap on all-gathered bytes not yet\n"
 	 "                    released; gathers are issued in order of first use\n"
-	 "                    as early as the cap allows (default 0: no cap)\n"
+	 "                    as early as the cap allows (default 1G; 0: no cap)\n"
 	 "  --bucket-bytes SIZE  coalesce back-to-back all-gathers smaller than\n"
 	 "                    SIZE into buckets of at most SIZE (default 25M; 0:\n"
 	 "                    off)\n"
