@@ -478,7 +478,7 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 
 /* ---- the pass ---- */
 
-static const fz_program *sort_p;
+static _Thread_local const fz_program *sort_p; /* plans may run on threads */
 
 static int region_key(const fz_region *R)
 {
