@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
 
 #include "cache.h"

@@ -29,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "llvm.h"
 
 static double now(void)

@@ -38,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "llvm.h"
 #include "numeric.h"
 

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 
 typedef LLVMValueRef V;
 typedef LLVMTypeRef T;

@@ -36,7 +36,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "llvm.h"
 
 static V fc(cg *g, double x) { return c_f32(g, x); }

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "llvm.h"
 
 int cg_lanes_for(cg *g)

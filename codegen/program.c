@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 
 static fz_status one(fz_compiler *c, const fz_trace *t, const fz_region *r,
 		     int op, fz_kernel_fn fn, void *ud, char **err)

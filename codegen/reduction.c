@@ -57,7 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "llvm.h"
 
 typedef struct rows {

@@ -36,7 +36,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codegen.h"
+#include "cg.h"
 
 fz_status cg_host_init(fz_compiler *c, char **err)
 {

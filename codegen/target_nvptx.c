@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codegen.h"
+#include "cg.h"
 
 static const char *ptx_features(int sm, bool arch_a)
 {

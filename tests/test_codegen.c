@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
+#include "cg.h"
 #include "exec.h"
 #include "fusec.h"
 #include "ir.h"

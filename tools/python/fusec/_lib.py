@@ -1,4 +1,4 @@
-"""_lib: the ctypes view of libfusec (frontend/fusec.h).
+"""_lib: the ctypes view of libfusec (include/fusec.h).
 
 This module only finds the shared library and declares the C signatures that
 the binding uses; everything with behaviour lives in fusec/__init__.py.

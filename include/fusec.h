@@ -34,6 +34,14 @@ extern "C" {
 #define FZ_VERSION_MINOR 1
 #define FZ_MAX_RANK 8
 
+/* The library exports exactly the functions marked FZ_API; everything else
+ * in libfusec.so is hidden (built with -fvisibility=hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FZ_API __attribute__((visibility("default")))
+#else
+#define FZ_API
+#endif
+
 typedef enum fz_status {
 	FZ_OK = 0,
 	FZ_EPARSE,       /* malformed trace text */
@@ -57,25 +65,25 @@ typedef struct fz_module fz_module; /* a parsed file: one or more traces */
 typedef struct fz_trace fz_trace;   /* one trace; owns its arena */
 typedef struct fz_value fz_value;   /* a value of a trace; lives in its arena */
 
-const char *fz_status_name(fz_status s);
-const char *fz_dtype_name(fz_dtype d);
-int fz_dtype_from_name(const char *name, fz_dtype *out); /* 1 if known */
-size_t fz_dtype_size(fz_dtype d);
-void fz_free(void *p); /* releases strings and buffers the library returns */
+FZ_API const char *fz_status_name(fz_status s);
+FZ_API const char *fz_dtype_name(fz_dtype d);
+FZ_API int fz_dtype_from_name(const char *name, fz_dtype *out); /* 1 if known */
+FZ_API size_t fz_dtype_size(fz_dtype d);
+FZ_API void fz_free(void *p); /* releases strings and buffers the library returns */
 
 /* ---- Parsing ------------------------------------------------------------ */
 
 /* Parses the trace text src[0..len) named `filename` in diagnostics. On
  * failure *diag receives every diagnostic, each
  * "FILE:LINE:COL: error: MESSAGE\n<source line>\n<caret>\n". */
-fz_status fz_module_parse(const char *src, size_t len, const char *filename,
+FZ_API fz_status fz_module_parse(const char *src, size_t len, const char *filename,
                           fz_module **out, char **diag);
-fz_status fz_module_parse_file(const char *path, fz_module **out, char **diag);
-void fz_module_free(fz_module *m);
-int fz_module_count(const fz_module *m);
-fz_trace *fz_module_trace(const fz_module *m, int i);
+FZ_API fz_status fz_module_parse_file(const char *path, fz_module **out, char **diag);
+FZ_API void fz_module_free(fz_module *m);
+FZ_API int fz_module_count(const fz_module *m);
+FZ_API fz_trace *fz_module_trace(const fz_module *m, int i);
 /* The whole module in the trace format; parses back to the same graphs. */
-fz_status fz_module_print(const fz_module *m, char **out);
+FZ_API fz_status fz_module_print(const fz_module *m, char **out);
 
 /* ---- Building ----------------------------------------------------------- */
 
@@ -132,51 +140,51 @@ static inline fz_arg fz_arg_int(int64_t x)
 	return a;
 }
 
-fz_trace *fz_trace_new(const char *name); /* NULL only when out of memory */
-void fz_trace_free(fz_trace *t);
-const char *fz_trace_name(const fz_trace *t);
-fz_status fz_trace_set_world(fz_trace *t, int world);
-int fz_trace_world(const fz_trace *t);
+FZ_API fz_trace *fz_trace_new(const char *name); /* NULL only when out of memory */
+FZ_API void fz_trace_free(fz_trace *t);
+FZ_API const char *fz_trace_name(const fz_trace *t);
+FZ_API fz_status fz_trace_set_world(fz_trace *t, int world);
+FZ_API int fz_trace_world(const fz_trace *t);
 
 /* Each builder call returns NULL (or a status) on error and leaves the
  * message in fz_trace_error(t), valid until the next builder call. */
-fz_value *fz_param(fz_trace *t, const char *name, fz_dtype dtype, int rank,
+FZ_API fz_value *fz_param(fz_trace *t, const char *name, fz_dtype dtype, int rank,
                    const fz_dim *dims);
 /* Applies op (primitive or composite) to args with attrs. Returns the number
  * of results written to outs (at most max_outs), or -1 on error. Composite
  * ops are lowered to primitives here; numpy broadcasting is made explicit. */
-int fz_op(fz_trace *t, const char *op, const fz_arg *args, int nargs,
+FZ_API int fz_op(fz_trace *t, const char *op, const fz_arg *args, int nargs,
           const fz_attr *attrs, int nattrs, fz_value **outs, int max_outs);
 /* fz_op for ops with one result. */
-fz_value *fz_op1(fz_trace *t, const char *op, const fz_arg *args, int nargs,
+FZ_API fz_value *fz_op1(fz_trace *t, const char *op, const fz_arg *args, int nargs,
                  const fz_attr *attrs, int nattrs);
 /* Gives v a user-visible name (a statement's left-hand side). */
-fz_status fz_name(fz_trace *t, fz_value *v, const char *name);
-fz_value *fz_lookup(const fz_trace *t, const char *name);
-fz_status fz_return(fz_trace *t, fz_value *const *vals, int n);
-const char *fz_trace_error(const fz_trace *t);
+FZ_API fz_status fz_name(fz_trace *t, fz_value *v, const char *name);
+FZ_API fz_value *fz_lookup(const fz_trace *t, const char *name);
+FZ_API fz_status fz_return(fz_trace *t, fz_value *const *vals, int n);
+FZ_API const char *fz_trace_error(const fz_trace *t);
 
 /* Whole-trace checks the builder cannot make one op at a time (a future
  * never waited on, a missing return), plus a re-inference of every op. */
-fz_status fz_trace_verify(const fz_trace *t, char **err);
-fz_status fz_trace_print(const fz_trace *t, char **out);
+FZ_API fz_status fz_trace_verify(const fz_trace *t, char **err);
+FZ_API fz_status fz_trace_print(const fz_trace *t, char **out);
 
 /* ---- Inspecting --------------------------------------------------------- */
 
-int fz_trace_param_count(const fz_trace *t);
-fz_value *fz_trace_param(const fz_trace *t, int i);
-int fz_trace_output_count(const fz_trace *t);
-fz_value *fz_trace_output(const fz_trace *t, int i);
-int fz_trace_op_count(const fz_trace *t); /* primitive ops after lowering */
-int fz_trace_symbol_count(const fz_trace *t);
-const char *fz_trace_symbol(const fz_trace *t, int i);
+FZ_API int fz_trace_param_count(const fz_trace *t);
+FZ_API fz_value *fz_trace_param(const fz_trace *t, int i);
+FZ_API int fz_trace_output_count(const fz_trace *t);
+FZ_API fz_value *fz_trace_output(const fz_trace *t, int i);
+FZ_API int fz_trace_op_count(const fz_trace *t); /* primitive ops after lowering */
+FZ_API int fz_trace_symbol_count(const fz_trace *t);
+FZ_API const char *fz_trace_symbol(const fz_trace *t, int i);
 
-fz_dtype fz_value_dtype(const fz_value *v);
-int fz_value_rank(const fz_value *v);
-const char *fz_value_name(const fz_value *v); /* NULL if unnamed */
+FZ_API fz_dtype fz_value_dtype(const fz_value *v);
+FZ_API int fz_value_rank(const fz_value *v);
+FZ_API const char *fz_value_name(const fz_value *v); /* NULL if unnamed */
 /* Extent i under the bindings (sizes per symbol index; NULL if none):
  * -1 when it needs a symbol that is unbound. */
-int64_t fz_value_extent(const fz_value *v, int i, const int64_t *sym_sizes);
+FZ_API int64_t fz_value_extent(const fz_value *v, int i, const int64_t *sym_sizes);
 
 /* ---- Running ------------------------------------------------------------ */
 
@@ -192,12 +200,12 @@ typedef struct fz_tensor {
 /* Symbol sizes: sym_sizes[i] for fz_trace_symbol(t, i), or -1 if unknown.
  * Unknown symbols are taken from the inputs' shapes. Fills sizes on success;
  * on a conflict or a symbol left unbound it says which. */
-fz_status fz_trace_bind(const fz_trace *t, const fz_tensor *inputs, int n_in,
+FZ_API fz_status fz_trace_bind(const fz_trace *t, const fz_tensor *inputs, int n_in,
                         int64_t *sym_sizes, char **err);
 /* Runs the reference interpreter: every op in f64, rounded to its dtype at
  * its output. Outputs are contiguous and allocated by the library; release
  * each outputs[i].data with fz_free. */
-fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
+FZ_API fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
                              const fz_tensor *inputs, int n_in,
                              fz_tensor *outputs, int n_out, char **err);
 /* The reference interpreter for a trace declared `world N`: all N ranks
@@ -220,7 +228,7 @@ fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
  * fz_trace_interpret: sym_sizes may be NULL or hold -1 for symbols taken
  * from the inputs; outputs are contiguous, allocated by the library, and
  * released with fz_free. An index out of range is FZ_ERANGE. */
-fz_status fz_trace_run(const fz_trace *t, const char *device,
+FZ_API fz_status fz_trace_run(const fz_trace *t, const char *device,
                        const int64_t *sym_sizes, const fz_tensor *inputs,
                        int n_in, fz_tensor *outputs, int n_out, char **err);
 

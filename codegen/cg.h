@@ -1,0 +1,167 @@
+/*
+ * cg.h: the code generator's private state, for the files of codegen/ only.
+ *
+ * codegen.h is what the rest of fusec sees: options, the compiler as an
+ * opaque handle, kernels and their launch records. This header adds the
+ * LLVM side: the compiler's context, target machine and JIT, and the
+ * emitter's state that emit.c, math.c and the skeletons share while one
+ * region becomes one module. Nothing outside codegen/ includes it, so LLVM
+ * types never leak into the runtime, the cache or the tools.
+ */
+#ifndef FUSEC_CG_H
+#define FUSEC_CG_H
+
+#include <llvm-c/Core.h>
+
+#include "codegen.h"
+
+/* Private to the files of codegen/: one context, one target machine, and for the
+ * host the JIT that owns the code. */
+struct fz_compiler {
+	fz_cg_options o;
+	LLVMContextRef ctx;
+	void *tsc;           /* host: LLVMOrcThreadSafeContextRef */
+	void *jit;           /* host: LLVMOrcLLJITRef */
+	void *tm;            /* LLVMTargetMachineRef */
+	char *triple, *layout;
+	char diag[1024];     /* the last LLVM error diagnostic */
+	int counter;         /* makes host symbol names unique */
+};
+fz_status cg_nvptx_init(fz_compiler *c, char **err);
+fz_status cg_host_init(fz_compiler *c, char **err);
+void cg_host_free(fz_compiler *c);
+fz_status cg_llvm_error(fz_compiler *c, void *llvm_error, const char *what,
+                        int region, char **err);
+
+/* ---- the emitter's state (shared by emit.c, math.c and the skeletons) ---- */
+
+typedef struct cg_ix {
+	LLVMValueRef b; /* NULL: 0 */
+	int64_t o;
+	int64_t m;      /* b is a multiple of m (>= 1) */
+} cg_ix;
+
+typedef struct cg_memo {
+	const fz_value *v;
+	int nl;
+	uint64_t h;
+	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+	LLVMValueRef out[FZ_VW_MAX];
+} cg_memo;
+
+typedef struct cg {
+	fz_compiler *c;
+	LLVMContextRef ctx;
+	LLVMModuleRef mod;
+	LLVMBuilderRef b;
+	LLVMValueRef fn;
+	LLVMBasicBlockRef entry;
+	const fz_trace *t;
+	const fz_region *r;
+	fz_cg_options o;
+	fz_kernel *k;
+	LLVMTypeRef ity;      /* index type: i32 or i64 */
+	unsigned as;          /* address space of buffers: 1 on the GPU */
+	LLVMValueRef *buf;    /* region inputs then outputs */
+	LLVMValueRef sym[FZ_MAX_SYMS]; /* sizes as ity (NULL: unused) */
+	LLVMValueRef err;
+	int *slot;            /* by value id: index in buf, or -1 */
+	LLVMValueRef *red;    /* by value id: a reduction's value for this row */
+	bool *is_red;         /* by value id: made by a row reduction */
+	bool row_valid;
+	int row_rank;
+	cg_ix row[FZ_MAX_RANK]; /* the domain index of the current row's kept dims */
+	bool row_kept[FZ_MAX_RANK];
+	cg_memo *memo;
+	int n_memo, cap_memo;
+	struct cg_cse { int op; LLVMValueRef a, b, r; } *cse; /* index arithmetic */
+	int n_cse, cap_cse;
+	LLVMValueRef smem[6]; /* shared scratch for block reductions, by type and part */
+	const fz_node *cur;   /* the op being emitted, for messages */
+	fz_status st;
+	char msg[FZ_ERRLEN];
+} cg;
+
+typedef cg_ix cg_lanes[FZ_VW_MAX][FZ_MAX_RANK];
+
+/* emit.c */
+void cg_fail(cg *g, fz_status st, const fz_node *n, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+LLVMTypeRef cg_ctype(cg *g, fz_dtype d);   /* compute type */
+LLVMTypeRef cg_stype(cg *g, fz_dtype d);   /* storage type */
+LLVMValueRef cg_ext(cg *g, fz_ext e);      /* an extent as ity */
+LLVMValueRef cg_ix_value(cg *g, cg_ix x);  /* b + o as ity */
+static inline cg_ix cg_ix_of(LLVMValueRef b, int64_t m)
+{
+	cg_ix x = {b, 0, m > 0 ? m : 1};
+	return x;
+}
+static inline cg_ix cg_ix_zero(void)
+{
+	cg_ix x = {NULL, 0, 1};
+	return x;
+}
+/* Lanes of value v at indices ix[0..nl) into out[0..nl). */
+void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], LLVMValueRef *out);
+/* Stores lanes of v (a region output) at indices ix. */
+void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], LLVMValueRef *vals);
+/* Rounds an f32 compute value to f16 or bf16 precision (else x itself):
+ * every op whose result is f16/bf16 rounds, as the interpreter does. */
+LLVMValueRef cg_round_half(cg *g, LLVMValueRef x, fz_dtype d);
+/* Converts a compute value of dtype d to storage, and back. */
+LLVMValueRef cg_to_storage(cg *g, LLVMValueRef x, fz_dtype d);
+LLVMValueRef cg_from_storage(cg *g, LLVMValueRef x, fz_dtype d);
+/* Pointer to element off (ity) of buffer slot s of dtype d. */
+LLVMValueRef cg_elem_ptr(cg *g, int s, fz_dtype d, LLVMValueRef off);
+/* Row-major linear offset of an index in a value's shape: b part, o part. */
+void cg_linear(cg *g, const fz_type *ty, const cg_ix *ix, cg_ix *out);
+/* ix[0..rank) from a linear index lin (ity) over the dims of ty; the
+ * innermost index carries multiple `m` when the caller knows it. */
+void cg_delinearize(cg *g, const fz_type *ty, LLVMValueRef lin, int64_t inner_m,
+                    cg_ix *ix);
+int cg_memo_mark(cg *g);
+void cg_memo_pop(cg *g, int mark);
+/* Index arithmetic (add, mul, udiv, urem on ity) built once per operands
+ * while the block that made it is open, so lanes share their bases. */
+LLVMValueRef cg_iop(cg *g, int op, LLVMValueRef a, LLVMValueRef b);
+enum { CG_ADD, CG_MUL, CG_UDIV, CG_UREM, CG_SUB };
+/* Sets *err to 1 + node id where bad is true (a branch around a store). */
+void cg_flag_error(cg *g, const fz_node *n, LLVMValueRef bad);
+
+/* Function skeleton plumbing: entry point with the target's ABI, thread
+ * indices (0 and 1 on the host), loops, barriers and warp shuffles. */
+void cg_function_begin(cg *g, const char *name);
+void cg_function_end(cg *g);
+LLVMValueRef cg_tid(cg *g);    /* threadIdx.x as ity */
+LLVMValueRef cg_ntid(cg *g);   /* blockDim.x */
+LLVMValueRef cg_ctaid(cg *g);  /* blockIdx.x */
+LLVMValueRef cg_nctaid(cg *g); /* gridDim.x */
+void cg_barrier(cg *g);
+LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
+
+typedef struct cg_loop {
+	LLVMBasicBlockRef pre, head, body, exit;
+	LLVMValueRef iv, start, step;
+	int mark, cse_mark;
+} cg_loop;
+/* for (iv = start; iv < limit; iv += step): unsigned compare, ity. */
+void cg_loop_begin(cg *g, cg_loop *L, LLVMValueRef start, LLVMValueRef limit,
+                   LLVMValueRef step);
+void cg_loop_end(cg *g, cg_loop *L);
+LLVMValueRef cg_entry_alloca(cg *g, LLVMTypeRef t);
+
+/* math.c: f32 and f64 math on compute values. */
+LLVMValueRef cg_math_unary(cg *g, fz_opcode op, LLVMValueRef x);
+LLVMValueRef cg_math_pow(cg *g, LLVMValueRef a, LLVMValueRef b);
+LLVMValueRef cg_math_fmod(cg *g, LLVMValueRef a, LLVMValueRef b);
+
+/* The skeletons. */
+void cg_pointwise(cg *g);
+void cg_scatter(cg *g, const fz_node *ia);
+void cg_rows(cg *g);
+
+/* Lanes a region can use: 16 bytes over its widest element, at most
+ * FZ_VW_MAX; 1 when vectorization is off. */
+int cg_lanes_for(cg *g);
+
+#endif
