@@ -215,7 +215,7 @@ FZ_API fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
  * reduce_scatter sums them (in f64, rank order, one rounding) and gives
  * rank r its r-th slice along dim, all_reduce sums. world must be the
  * trace's; every rank binds the same sizes. */
-fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
+FZ_API fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
                                    int world, const fz_tensor *inputs, int n_in,
                                    fz_tensor *outputs, int n_out, char **err);
 

@@ -446,7 +446,32 @@ fz_status fz_comm_scatter(fz_program *p)
 
 /* ---- bucket: back-to-back small all-gathers become one ---- */
 
+static int cmp_node_id(const void *a, const void *b)
+{
+	int x = (*(fz_node *const *)a)->id, y = (*(fz_node *const *)b)->id;
+	return (x > y) - (x < y);
+}
+
+/* Both peaks again under the asynchrony rules (link_waits), which the
+ * passes before this file did not know. */
+static fz_status remeasure(fz_program *p)
+{
+	if (!fz_program_count(p, FZ_REGION_COLLECTIVE))
+		return FZ_OK;
+	p->peak_bytes = fz_order_peak(p, p->order);
+	p->peak_bytes_trace_order = fz_order_peak(p, p->trace_order);
+	return p->peak_bytes < 0 || p->peak_bytes_trace_order < 0 ? FZ_ENOMEM : FZ_OK;
+}
+
+static fz_status bucket(fz_program *p);
+
 fz_status fz_comm_bucket(fz_program *p)
+{
+	fz_status st = bucket(p);
+	return st == FZ_OK ? remeasure(p) : st;
+}
+
+static fz_status bucket(fz_program *p)
 {
 	int64_t cap = p->opts.bucket_bytes;
 	if (cap <= 0)
@@ -552,6 +577,13 @@ fz_status fz_comm_bucket(fz_program *p)
 		L->nodes = nodes;
 		L->n_nodes += M->n_nodes;
 	}
+	/* members in node order, which is topological */
+	for (int r = 0; r < n; r++) {
+		fz_region *L = p->regions[r];
+		if ((group[r] == r || (wgroup[r] >= 0 && wlead[wgroup[r]] == r)) &&
+		    L->n_nodes > 1)
+			qsort(L->nodes, (size_t)L->n_nodes, sizeof *L->nodes, cmp_node_id);
+	}
 	int k = 0;
 	for (int s = 0; s < n; s++) {
 		int r = p->order[s];
@@ -588,11 +620,6 @@ fz_status fz_comm_bucket(fz_program *p)
 	p->comm_buckets = buckets;
 	if ((st = fz_regions_link(p)) != FZ_OK || (st = link_waits(p)) != FZ_OK)
 		goto fail;
-	/* peak_bytes_trace_order stays what schedule measured on the trace's
-	 * own regions */
-	int64_t pk = fz_order_peak(p, p->order);
-	st = pk < 0 ? FZ_ENOMEM : FZ_OK;
-	p->peak_bytes = pk;
 fail:
 	free(group);
 	free(wgroup);
