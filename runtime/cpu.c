@@ -14,8 +14,8 @@
  *                      its parameter order, check the error word (an index
  *                      out of range is FZ_ERANGE naming op)
  *         library      matmul / linear as a blocked loop, f64 accumulation
- *         collective,  world 1: the identity
- *         wait
+ *         collective   world 1: the identity; world N: the communicator
+ *         wait         (comm.h) computes it across the ranks' threads
  *     copy the trace's outputs out (fresh buffers the caller fz_frees)
  *
  * A region that the skeletons cannot take as a whole (two reductions over
@@ -55,6 +55,7 @@
 #include <time.h>
 
 #include "cache.h"
+#include "comm.h"
 #include "exec.h"
 #include "numeric.h"
 
@@ -153,6 +154,8 @@ struct fz_exec {
 	fz_disk *disk;         /* NULL: no disk cache */
 	char target[160];      /* the key's target, "" until first needed */
 	fz_exec_stats st;
+	fz_comm *comm;         /* NULL: world 1, collectives are the identity */
+	int rank;
 };
 
 typedef struct run {
@@ -785,12 +788,30 @@ static fz_status run_region(run *R, const fz_region *reg)
 	case FZ_REGION_COLLECTIVE:
 	case FZ_REGION_WAIT: /* a bucket holds several */
 		for (int i = 0; i < reg->n_nodes; i++) {
+			const fz_node *n = reg->nodes[i];
+			if (reg->kind == FZ_REGION_COLLECTIVE && R->x->comm) {
+				/* the CPU's collectives complete here; wait copies */
+				const fz_value *x = n->in[0];
+				int64_t shape[FZ_MAX_RANK];
+				for (int d = 0; d < x->type.rank; d++)
+					shape[d] = fz_ext_eval(x->type.dims[d], R->syms);
+				void *px = get_value(R, x), *py = alloc_value(R, n->out[0]);
+				if (!px || !py)
+					return FZ_EINVAL;
+				fz_status st = fz_comm_collective(R->x->comm, R->x->rank, n->op,
+								  x->type.dtype, x->type.rank,
+								  shape, n->attrs.dim, px, py,
+								  R->err);
+				if (st != FZ_OK)
+					return st;
+				continue;
+			}
 			const fz_value *x = reg->nodes[i]->in[0], *y = reg->nodes[i]->out[0];
 			void *px = get_value(R, x), *py = alloc_value(R, y);
 			if (!px || !py)
 				return FZ_EINVAL;
-			int64_t n = fz_type_numel_at(&y->type, R->syms);
-			memcpy(py, px, (size_t)(n > 0 ? n : 0) * fz_dtype_size(y->type.dtype));
+			int64_t ne = fz_type_numel_at(&y->type, R->syms);
+			memcpy(py, px, (size_t)(ne > 0 ? ne : 0) * fz_dtype_size(y->type.dtype));
 		}
 		return FZ_OK;
 	default: {
@@ -810,16 +831,19 @@ static fz_status run_region(run *R, const fz_region *reg)
 	}
 }
 
-fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
+static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 		      int n_in, fz_tensor *out, int n_out, char **err)
 {
 	if (err)
 		*err = NULL;
 	const fz_trace *t = x->t;
-	if (t->world > 1) {
-		set_err(err, fz_strdup_printf("the CPU runs world size 1; trace '%s' "
-					      "declares world %d", t->name, t->world));
-		return FZ_EUNSUPPORTED;
+	int world = x->comm ? fz_comm_world(x->comm) : 1;
+	if (t->world != world) {
+		set_err(err, fz_strdup_printf("trace '%s' is written for world %d; this "
+					      "runner has %d rank%s (fz_exec_set_comm)",
+					      t->name, t->world, world,
+					      world == 1 ? "" : "s"));
+		return FZ_EINVAL;
 	}
 	if (n_out != t->n_outputs || (n_out && !out)) {
 		set_err(err, fz_strdup_printf("trace '%s' returns %d values; %d output "
@@ -915,6 +939,21 @@ done:
 	free(R.data);
 	free(R.owned);
 	return st;
+}
+
+fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
+		      int n_in, fz_tensor *out, int n_out, char **err)
+{
+	fz_status st = exec_run(x, sym_sizes, in, n_in, out, n_out, err);
+	if (st != FZ_OK && x->comm) /* the other ranks must not wait for us */
+		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
+	return st;
+}
+
+void fz_exec_set_comm(fz_exec *x, fz_comm *c, int rank)
+{
+	x->comm = c;
+	x->rank = rank;
 }
 
 /* ---- the public entry point ------------------------------------------------------ */

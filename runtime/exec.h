@@ -75,4 +75,10 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
                       int n_in, fz_tensor *out, int n_out, char **err);
 const fz_exec_stats *fz_exec_stats_of(const fz_exec *x);
 
+/* Makes the runner rank `rank` of communicator c (comm.h), for a trace
+ * declared `world N` with N the communicator's world: its collectives go
+ * through c, one thread per rank. */
+struct fz_comm;
+void fz_exec_set_comm(fz_exec *x, struct fz_comm *c, int rank);
+
 #endif
