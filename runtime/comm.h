@@ -11,7 +11,8 @@
  * shared memory and computes exactly what the reference interpreter does
  * (ir/collective.c: sums in f64 in rank order, one rounding), so N
  * emulated ranks are checked element by element against the interpreter.
- * NCCL is the other engine (the CUDA target's), not part of this build.
+ * NCCL (comm_nccl.c, opened at run time) is the GPU's engine: the CUDA
+ * target enqueues its collectives on a communication stream.
  */
 #ifndef FUSEC_RUNTIME_COMM_H
 #define FUSEC_RUNTIME_COMM_H
@@ -37,5 +38,31 @@ fz_status fz_comm_collective(fz_comm *c, int rank, fz_opcode op, fz_dtype dt,
 /* Rank `rank` gives up (an error of its own); every rank waiting in, or
  * later entering, a collective fails at once with `why`. */
 void fz_comm_abort(fz_comm *c, int rank, const char *why);
+
+/* ---- NCCL (comm_nccl.c): untested on a GPU ---- */
+
+#define FZ_NCCL_ID_BYTES 128
+typedef struct fz_nccl fz_nccl;
+
+/* Rank 0's ncclGetUniqueId (with NCCL_COMM_ID set, every rank's). Loads
+ * libnccl.so.2 on first use: FZ_EUNSUPPORTED, saying so, where absent. */
+FZ_API fz_status fz_nccl_unique_id(unsigned char id[FZ_NCCL_ID_BYTES], char **err);
+/* Shares the id through a file: rank 0 makes and writes it (atomically),
+ * the others read it, waiting up to timeout_s (<= 0: 60 s). */
+fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
+                                 unsigned char id[FZ_NCCL_ID_BYTES], char **err);
+/* Rank `rank` of `world` joins the communicator of id (the CUDA device must
+ * be current); a communicator not formed within timeout_s is aborted and an
+ * error, never a hang. */
+fz_status fz_nccl_new(int world, int rank, const unsigned char id[FZ_NCCL_ID_BYTES],
+                      double timeout_s, fz_nccl **out, char **err);
+void fz_nccl_free(fz_nccl *c);
+/* Enqueues op on `stream` (a cudaStream_t / CUstream) and returns: count is
+ * the operand's elements (outer 1: along dim 0; all_reduce any). */
+fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t outer,
+                             int64_t count, const void *x, void *y, void *stream,
+                             char **err);
+/* ncclGroupStart (start) or ncclGroupEnd around a bucket's members. */
+fz_status fz_nccl_group(bool start, char **err);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "fusec.h"
@@ -429,6 +430,75 @@ START_TEST(comm_abort_frees_the_others)
 }
 END_TEST
 
+/* ---- NCCL: the parts that need no GPU ---- */
+
+START_TEST(nccl_unique_id)
+{
+	unsigned char a[FZ_NCCL_ID_BYTES] = {0}, b[FZ_NCCL_ID_BYTES] = {0};
+	char *err = NULL;
+	fz_status st = fz_nccl_unique_id(a, &err);
+	if (st == FZ_EUNSUPPORTED) { /* no libnccl here: said plainly */
+		ck_assert_ptr_nonnull(strstr(err, "NCCL is not available"));
+		fz_free(err);
+		return;
+	}
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "");
+	ck_assert_int_eq(fz_nccl_unique_id(b, &err), FZ_OK);
+	ck_assert(memcmp(a, b, sizeof a) != 0); /* a fresh id each time */
+}
+END_TEST
+
+typedef struct boot {
+	int rank;
+	const char *path;
+	double timeout;
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	fz_status st;
+	char *err;
+} boot;
+
+static void *boot_main(void *arg)
+{
+	boot *b = arg;
+	b->st = fz_nccl_bootstrap_file(b->rank, b->path, b->timeout, b->id, &b->err);
+	return NULL;
+}
+
+START_TEST(nccl_bootstrap_file)
+{
+	unsigned char probe[FZ_NCCL_ID_BYTES];
+	char *err = NULL;
+	if (fz_nccl_unique_id(probe, &err) != FZ_OK) {
+		fz_free(err);
+		return; /* no libnccl: nothing to share */
+	}
+	char path[] = "/tmp/fusec-nccl-id-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(path);
+	boot b[3] = {{.rank = 1, .path = path, .timeout = 10},
+		     {.rank = 2, .path = path, .timeout = 10},
+		     {.rank = 0, .path = path, .timeout = 10}};
+	pthread_t th[3];
+	for (int i = 0; i < 3; i++) /* the readers start before the writer */
+		ck_assert_int_eq(pthread_create(&th[i], NULL, boot_main, &b[i]), 0);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(b[i].st == FZ_OK, "%s", b[i].err ? b[i].err : "");
+	ck_assert(memcmp(b[0].id, b[2].id, FZ_NCCL_ID_BYTES) == 0);
+	ck_assert(memcmp(b[1].id, b[2].id, FZ_NCCL_ID_BYTES) == 0);
+	unlink(path);
+	/* rank 0 never writes: a timeout naming the file */
+	boot late = {.rank = 1, .path = path, .timeout = 0.1};
+	boot_main(&late);
+	ck_assert_int_ne(late.st, FZ_OK);
+	ck_assert_msg(strstr(late.err, "did not publish the NCCL id"), "%s", late.err);
+	fz_free(late.err);
+}
+END_TEST
+
 static Suite *comm_suite(void)
 {
 	Suite *s = suite_create("comm");
@@ -446,6 +516,10 @@ static Suite *comm_suite(void)
 	tcase_add_test(tc, comm_rank_never_joins);
 	tcase_add_test(tc, comm_ranks_disagree);
 	tcase_add_test(tc, comm_abort_frees_the_others);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("nccl");
+	tcase_add_test(tc, nccl_unique_id);
+	tcase_add_test(tc, nccl_bootstrap_file);
 	suite_add_tcase(s, tc);
 	return s;
 }

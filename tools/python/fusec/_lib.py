@@ -88,6 +88,7 @@ def _declare(lib):
                                    ctypes.c_int, P]),
         "fz_trace_run": (S, [P, ctypes.c_char_p, i64p, tens, ctypes.c_int,
                              tens, ctypes.c_int, P]),
+        "fz_nccl_unique_id": (S, [ctypes.c_char_p, P]),
     }
     missing = []
     for name, (res, args) in sigs.items():
