@@ -82,6 +82,69 @@ static void meta_text(const fz_kernel *k, fz_buf *b)
 	}
 }
 
+fz_status fz_cache_meta_read(const fz_entry *e, fz_kernel *k)
+{
+	memset(k, 0, sizeof *k);
+	const fz_section *m = fz_entry_section(e, "meta");
+	if (!m || m->len < 13 || memcmp(m->data, "fusec-kernel 1\n", 15) ||
+	    m->len > 4096)
+		return FZ_EINVAL;
+	char text[4097];
+	memcpy(text, m->data, m->len);
+	text[m->len] = 0;
+	int ok = 0, n;
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		char *p = line;
+		if (sscanf(p, "entries %d%n", &k->n_entries, &n) == 1) {
+			p += n;
+			if (k->n_entries < 1 || k->n_entries > 2)
+				return FZ_EINVAL;
+			for (int i = 0; i < k->n_entries; i++) {
+				if (sscanf(p, " %63s%n", k->names[i], &n) != 1)
+					return FZ_EINVAL;
+				p += n;
+			}
+			ok |= 1;
+		} else if (sscanf(p, "skeleton %d", &n) == 1) {
+			k->sk = (fz_skeleton)n;
+			ok |= 2;
+		} else if (sscanf(p, "par %d", &n) == 1) {
+			k->par = (fz_rowpar)n;
+		} else if (sscanf(p, "vec %d", &k->vec) == 1) {
+		} else if (sscanf(p, "in %d", &k->n_in) == 1) {
+			ok |= 4;
+		} else if (sscanf(p, "out %d", &k->n_out) == 1) {
+			ok |= 8;
+		} else if (sscanf(p, "syms %d%n", &k->n_syms, &n) == 1) {
+			p += n;
+			if (k->n_syms < 0 || k->n_syms > FZ_MAX_SYMS)
+				return FZ_EINVAL;
+			for (int i = 0; i < k->n_syms; i++) {
+				if (sscanf(p, " %d%n", &k->syms[i], &n) != 1)
+					return FZ_EINVAL;
+				p += n;
+			}
+		} else if (!strncmp(p, "work ", 5)) {
+			int e, nw;
+			if (sscanf(p, "work %d %d%n", &e, &nw, &n) != 2 || e < 0 ||
+			    e > 1 || nw < 0 || nw > 8)
+				return FZ_EINVAL;
+			p += n;
+			k->n_work[e] = nw;
+			for (int w = 0; w < nw; w++) {
+				long long c;
+				unsigned long long sy;
+				if (sscanf(p, " %lld:%llx%n", &c, &sy, &n) != 2)
+					return FZ_EINVAL;
+				k->work[e][w].c = c;
+				k->work[e][w].syms = sy;
+				p += n;
+			}
+		}
+	}
+	return ok == 15 && k->n_in >= 0 && k->n_out >= 0 ? FZ_OK : FZ_EINVAL;
+}
+
 bool fz_cache_usable(const fz_entry *e, const fz_cg_options *o)
 {
 	const fz_section *m = fz_entry_section(e, "meta");
@@ -125,9 +188,9 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 			 const fz_region *r, const fz_canon *cn, bool cubins,
 			 fz_build_info *info, char **err)
 {
-	bool want_object = info->want_object;
+	bool want_code = info->want_code;
 	memset(info, 0, sizeof *info);
-	info->want_object = want_object;
+	info->want_code = want_code;
 	fz_region view;
 	fz_canon_region_view(cn, r, &view);
 	fz_kernel *k = NULL;
@@ -191,10 +254,22 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	info->cubin_bytes = cubin_len;
 	if (d)
 		st = fz_disk_store(d, cn->key, cn->text, cn->len, sec, n);
-	if (st == FZ_OK && host && info->want_object) {
-		info->object = obj;
-		info->object_len = code_len;
-		obj = NULL;
+	if (st == FZ_OK) {
+		info->kernel = *k;
+		info->kernel.mod = NULL;
+		info->kernel.host = NULL;
+	}
+	if (st == FZ_OK && info->want_code) {
+		if (host) {
+			info->object = obj;
+			info->object_len = code_len;
+			obj = NULL;
+		} else {
+			info->ptx = code;
+			info->cubin_data = cubin;
+			code = NULL;
+			cubin = NULL;
+		}
 	}
 done:
 	fz_kernel_free(k);

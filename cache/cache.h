@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codegen.h"
 #include "ir.h"
 #include "plan.h"
 
@@ -270,12 +271,15 @@ size_t fz_cache_spec(const struct fz_cg_options *o, const fz_region *r,
                      uint8_t *buf, size_t cap);
 
 typedef struct fz_build_info {
-	bool want_object;      /* in: hand the host object back (object) */
+	bool want_code;        /* in: hand the code back (object, or ptx and cubin) */
 	bool cubin;            /* a cubin was built and stored */
 	char *cubin_error;     /* why not, when nvJitLink failed (free it) */
 	size_t code_bytes, cubin_bytes;
-	void *object;          /* host, when want_object: the object (free it) */
+	void *object;          /* host, when want_code: the object (free it) */
 	size_t object_len;
+	char *ptx;             /* NVPTX, when want_code: PTX text (free it) */
+	void *cubin_data;      /* NVPTX, when want_code and built (free it) */
+	fz_kernel kernel;      /* the launch record, as "meta" stores it */
 } fz_build_info;
 
 /* Compiles region r of t (whose canonical form is cn) with compiler c and
@@ -283,13 +287,16 @@ typedef struct fz_build_info {
  * object whose entry point is fz_cache_entry_name(key), the kernel's launch
  * metadata, and, when cubins and nvJitLink is present, the cubin for the
  * compiler's arch. FZ_EUNSUPPORTED when the skeletons do not take the
- * region. info is zeroed first, except want_object, which it reads. */
+ * region. info is zeroed first, except want_code, which it reads. */
 fz_status fz_cache_build(struct fz_compiler *c, fz_disk *d, const fz_trace *t,
                          const fz_region *r, const fz_canon *cn, bool cubins,
                          fz_build_info *info, char **err);
 /* Does entry e hold what a kernel for options o needs ("meta", and "ptx" or
  * "obj")? An entry that does not is a miss to its callers. */
 bool fz_cache_usable(const fz_entry *e, const struct fz_cg_options *o);
+/* The launch record of entry e's "meta" section (no module, no code):
+ * FZ_EINVAL when it is missing or malformed. */
+fz_status fz_cache_meta_read(const fz_entry *e, fz_kernel *k);
 /* The host entry point of key's kernel: "fz_" and 32 hex digits. */
 void fz_cache_entry_name(fz_key key, char *buf, size_t n);
 /* Links entry e's host object into compiler c's JIT: *fn, after checking

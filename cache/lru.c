@@ -13,9 +13,10 @@
  *     k = fz_lru_get(lru, &key);            NULL: load or compile, then
  *     fz_lru_put(lru, key_copy, kernel);    evicts past 256, freeing it
  *
- * Buckets chain through the elements; there are at least twice as many
- * buckets as the cap allows elements, fixed at creation, so the chains
- * stay short and nothing is ever rehashed. The recency list is doubly
+ * Buckets chain through the elements; their number doubles whenever the
+ * elements outnumber half of them, so the chains stay short, and a cap far
+ * above what is ever held (a map that never evicts, as the kernel store)
+ * costs nothing up front. The recency list is doubly
  * linked: most recent at the head.
  */
 #include <stdlib.h>
@@ -51,9 +52,7 @@ fz_status fz_lru_new(size_t cap, const fz_lru_ops *ops, void *ctx,
 	l->ops = *ops;
 	l->ctx = ctx;
 	l->cap = cap;
-	l->n_buckets = 8;
-	while (l->n_buckets < 2 * cap)
-		l->n_buckets *= 2;
+	l->n_buckets = 16;
 	l->buckets = calloc(l->n_buckets, sizeof *l->buckets);
 	if (!l->buckets)
 		goto fail;
@@ -138,6 +137,25 @@ void *fz_lru_get(fz_lru *l, const void *key)
 	return e->value;
 }
 
+/* Twice the buckets, each element rechained; false when out of memory
+ * (the table keeps working with longer chains). */
+static bool grow(fz_lru *l)
+{
+	size_t n = l->n_buckets * 2;
+	lru_elem **b = calloc(n, sizeof *b);
+	if (!b)
+		return false;
+	for (lru_elem *e = l->head; e; e = e->next) {
+		lru_elem **slot = &b[e->hash & (n - 1)];
+		e->chain = *slot;
+		*slot = e;
+	}
+	free(l->buckets);
+	l->buckets = b;
+	l->n_buckets = n;
+	return true;
+}
+
 fz_status fz_lru_put(fz_lru *l, void *key, void *value)
 {
 	uint64_t h = l->ops.hash(key);
@@ -156,6 +174,8 @@ fz_status fz_lru_put(fz_lru *l, void *key, void *value)
 	*slot = e;
 	list_push_front(l, e);
 	l->count++;
+	if (l->count > l->n_buckets / 2)
+		grow(l);
 	while (l->count > l->cap) {
 		drop(l, l->tail);
 		l->evictions++;

@@ -220,17 +220,83 @@ FZ_API fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_
                                    fz_tensor *outputs, int n_out, char **err);
 
 
-/* ---- Running generated code -------------------------------------------- */
+/* ---- Prepared programs -------------------------------------------------- */
 
-/* Runs trace t on `device` ("cpu", or "auto", which is the CPU in this
- * build): planned, every kernel region compiled from generated LLVM IR to
- * host code (ORC JIT), library calls as a blocked matmul. Same contract as
- * fz_trace_interpret: sym_sizes may be NULL or hold -1 for symbols taken
- * from the inputs; outputs are contiguous, allocated by the library, and
- * released with fz_free. An index out of range is FZ_ERANGE. */
+/* A framework prepares a trace once and runs it many times:
+ *
+ *     fz_exec_options o;  fz_exec_options_init(&o);
+ *     fz_exec *x;         fz_exec_new(trace, "cpu", &o, &x, &err);
+ *     for (each step)     fz_exec_run(x, NULL, in, 2, out, 1, stream, &err);
+ *     fz_exec_free(x);
+ *
+ * The first run at a binding of the symbolic sizes plans the trace at those
+ * sizes, resolves its kernels through the in-memory and disk caches and
+ * allocates the plan's arena (one allocation); the plan is kept (a small
+ * LRU of bindings), so every later run at those sizes only binds pointers
+ * and launches: no planning, allocation, hashing or string work. Inputs
+ * are read in place (strided ones too; copied only where a kernel cannot
+ * take the layout); outputs are written into the caller's contiguous
+ * buffers.
+ *
+ * Devices: "cpu" (generated host code), "cuda" (an NVIDIA GPU; the trace's
+ * tensors are device pointers), "emu" (the GPU's kernels emulated on the
+ * CPU with bounds and race checks), "auto" (cuda where a device exists,
+ * else cpu, with one warning saying so).
+ *
+ * Threads: fz_exec_new may be called from any thread (kernels are loaded
+ * once per process under a lock). One fz_exec runs on one thread at a
+ * time; different fz_exec objects may run concurrently. The trace must
+ * outlive the fz_exec. A freed or foreign handle is caught in debug builds
+ * (FZ_EINVAL, never a read of freed memory where the allocator allows). */
+typedef struct fz_exec fz_exec;
+
+typedef struct fz_exec_options {
+	int disk_cache;          /* 1 (default): kernels through the disk cache */
+	const char *cache_dir;   /* NULL: $FUSEC_CACHE_DIR, $XDG_CACHE_HOME/fusec,
+	                            ~/.cache/fusec */
+	int max_plans;           /* bindings kept prepared (default 8) */
+	int threads;             /* cpu: threads a kernel may use (0: all) */
+	int device;              /* cuda: device ordinal (default 0) */
+	/* The caller's allocator for arenas (the PyTorch bridge passes the
+	 * caching allocator's); NULL: the target's own. */
+	void *(*alloc)(void *ctx, size_t bytes);
+	void (*release)(void *ctx, void *p);
+	void *alloc_ctx;
+	/* One-line notices (no GPU, a disabled cache, ...); NULL: stderr. */
+	void (*warn)(void *ctx, const char *msg);
+	void *warn_ctx;
+} fz_exec_options;
+
+FZ_API void fz_exec_options_init(fz_exec_options *o);
+/* Prepares t for device (see above); o may be NULL for the defaults. An
+ * unknown device, or one this machine lacks, is an error naming it. */
+FZ_API fz_status fz_exec_new(const fz_trace *t, const char *device,
+                             const fz_exec_options *o, fz_exec **out,
+                             char **err);
+/* Runs once. sym_sizes (NULL, or -1 for symbols taken from the inputs'
+ * shapes) as in fz_trace_bind. outputs[k] must be contiguous, of the
+ * output's dtype and shape at the bound sizes, with data set by the
+ * caller. A wrong dtype, rank, shape or an unbound size is FZ_EINVAL or
+ * FZ_EBIND naming the input; an index out of range is FZ_ERANGE naming the
+ * op (on a GPU target: reported by fz_exec_sync). */
+FZ_API fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes,
+                             const fz_tensor *inputs, int n_in,
+                             fz_tensor *outputs, int n_out, void *stream,
+                             char **err);
+/* Waits for the runs queued on stream and reports a device-side error
+ * (an index out of range) that they met. */
+FZ_API fz_status fz_exec_sync(fz_exec *x, void *stream, char **err);
+FZ_API void fz_exec_free(fz_exec *x);
+/* The target that runs: "cpu", "cuda" or "emu". */
+FZ_API const char *fz_exec_device(const fz_exec *x);
+
+/* One-shot: prepares, runs once and frees. Outputs are contiguous,
+ * allocated by the library, and released with fz_free (the interpreter's
+ * contract). */
 FZ_API fz_status fz_trace_run(const fz_trace *t, const char *device,
-                       const int64_t *sym_sizes, const fz_tensor *inputs,
-                       int n_in, fz_tensor *outputs, int n_out, char **err);
+                              const int64_t *sym_sizes, const fz_tensor *inputs,
+                              int n_in, fz_tensor *outputs, int n_out,
+                              char **err);
 
 #ifdef __cplusplus
 }

@@ -134,7 +134,7 @@ static int cmp_int(const void *a, const void *b)
 	return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
 }
 
-static const int *sort_ord;
+static _Thread_local const int *sort_ord; /* plans may run on threads */
 static int cmp_by_ord(const void *a, const void *b)
 {
 	return cmp_int(&sort_ord[*(const int *)a], &sort_ord[*(const int *)b]);
@@ -340,7 +340,7 @@ static uint64_t hash_node(const part *s, const fz_node *n)
 	return h;
 }
 
-static const part *sort_ctx;
+static _Thread_local const part *sort_ctx;
 
 static int cmp_canon(const void *x, const void *y)
 {

@@ -27,14 +27,12 @@
  * and do not fail the command; any other failure does (exit 1).
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../cache/cache.h"
-#include "codegen.h"
+#include "kernels.h"
 #include "plan.h"
 #include "tool.h"
 
@@ -66,114 +64,22 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "The size cap is $FUSEC_CACHE_MAX_SIZE (default 2G). Exit status: 0 when\n"
 	 "every region compiled or was found, 1 when one failed, 2 usage.\n"};
 
-typedef struct job {
-	const fz_trace *t;
-	const fz_region *r;
-	fz_canon *cn;
-	bool idx32;      /* compiled with 32-bit indexing */
-} job;
-
-typedef struct pool {
-	job *jobs;
-	int n, next, done;
-	int compiled, unsupported, failed, cubins;
-	char *first_unsupported, *first_error, *cubin_error;
-	pthread_mutex_t mu;
-	fz_cg_options o;
-	fz_disk *disk;
-	bool want_cubins, progress;
-} pool;
-
-static void progress_draw(pool *p)
-{
-	enum { W = 40 };
-	int fill = p->n ? p->done * W / p->n : W;
-	fprintf(stderr, "\rcompiling [");
-	for (int i = 0; i < W; i++)
-		fputc(i < fill ? '=' : i == fill ? '>' : ' ', stderr);
-	fprintf(stderr, "] %d/%d", p->done, p->n);
-	fflush(stderr);
-}
-
-static void *worker(void *arg)
-{
-	pool *p = arg;
-	fz_compiler *cs[2] = {NULL, NULL}; /* by index width, made when needed */
-	char *err = NULL;
-	for (;;) {
-		pthread_mutex_lock(&p->mu);
-		int i = p->next < p->n ? p->next++ : -1;
-		pthread_mutex_unlock(&p->mu);
-		if (i < 0)
-			break;
-		job *j = &p->jobs[i];
-		fz_build_info info = {0};
-		char *jerr = NULL;
-		fz_status st = FZ_OK;
-		if (!cs[j->idx32]) {
-			fz_cg_options o = p->o;
-			o.idx32 = j->idx32;
-			free(err);
-			err = NULL;
-			st = fz_compiler_new(&o, &cs[j->idx32], &err);
-		}
-		fz_compiler *c = cs[j->idx32];
-		if (st == FZ_OK)
-			st = fz_cache_build(c, p->disk, j->t, j->r, j->cn, p->want_cubins,
-					    &info, &jerr);
-		else
-			jerr = fz_strdup(err ? err : "cannot create a compiler");
-		pthread_mutex_lock(&p->mu);
-		p->done++;
-		if (st == FZ_OK) {
-			p->compiled++;
-			p->cubins += info.cubin;
-		} else if (st == FZ_EUNSUPPORTED) {
-			p->unsupported++;
-			if (!p->first_unsupported) {
-				p->first_unsupported = jerr;
-				jerr = NULL;
-			}
-		} else {
-			p->failed++;
-			if (!p->first_error) {
-				p->first_error = jerr;
-				jerr = NULL;
-			}
-		}
-		if (info.cubin_error && !p->cubin_error) {
-			p->cubin_error = info.cubin_error;
-			info.cubin_error = NULL;
-		}
-		if (p->progress)
-			progress_draw(p);
-		pthread_mutex_unlock(&p->mu);
-		free(info.cubin_error);
-		free(jerr);
-	}
-	fz_compiler_free(cs[0]);
-	fz_compiler_free(cs[1]);
-	free(err);
-	return NULL;
-}
-
-/* The LRU as a set of canonical forms: one job per distinct form. */
-static uint64_t canon_hash(const void *k)
-{
-	return ((const fz_canon *)k)->key.lo;
-}
-
-static bool canon_eq(const void *a, const void *b)
-{
-	const fz_canon *x = a, *y = b;
-	return fz_key_eq(x->key, y->key) && x->len == y->len &&
-	       !memcmp(x->text, y->text, x->len);
-}
-
 static void on_warn(void *ctx, const char *msg)
 {
 	(void)ctx;
 	fprintf(stderr, "%s\n", msg);
+}
+
+static void progress_draw(void *ctx, int done, int total)
+{
+	(void)ctx;
+	enum { W = 40 };
+	int fill = total ? done * W / total : W;
+	fprintf(stderr, "\rcompiling [");
+	for (int i = 0; i < W; i++)
+		fputc(i < fill ? '=' : i == fill ? '>' : ' ', stderr);
+	fprintf(stderr, "] %d/%d", done, total);
+	fflush(stderr);
 }
 
 static int cmd_compile(int argc, char **argv)
@@ -183,6 +89,8 @@ static int cmd_compile(int argc, char **argv)
 	const char *target = "sm_90", *cache_dir = NULL;
 	long jobs = sysconf(_SC_NPROCESSORS_ONLN);
 	bool json = false, no_cubin = false;
+	tool_binding binds[FZ_MAX_SYMS];
+	int n_binds = 0;
 	const char **files = calloc((size_t)argc, sizeof *files);
 	int n_files = 0;
 	if (!files)
@@ -194,7 +102,8 @@ static int cmd_compile(int argc, char **argv)
 		} else if (!strcmp(a, "--no-cubin")) {
 			no_cubin = true;
 		} else if (!strcmp(a, "--target") || !strcmp(a, "--cache-dir") ||
-			   !strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+			   !strcmp(a, "--jobs") || !strcmp(a, "-j") ||
+			   !strcmp(a, "--bind")) {
 			if (i + 1 >= argc) {
 				free(files);
 				return tool_usage_error(cmd, "%s needs a value", a);
@@ -204,6 +113,13 @@ static int cmd_compile(int argc, char **argv)
 				target = v;
 			} else if (!strcmp(a, "--cache-dir")) {
 				cache_dir = v;
+			} else if (!strcmp(a, "--bind")) {
+				n_binds = tool_parse_bindings(v, binds, FZ_MAX_SYMS);
+				if (n_binds < 0) {
+					free(files);
+					return tool_usage_error(cmd, "--bind takes NAME=SIZE"
+						"[,NAME=SIZE...], not '%s'", v);
+				}
 			} else {
 				char *end;
 				errno = 0;
@@ -227,202 +143,110 @@ static int cmd_compile(int argc, char **argv)
 	if (jobs < 1)
 		jobs = 1;
 
-	pool p;
-	memset(&p, 0, sizeof p);
-	pthread_mutex_init(&p.mu, NULL);
 	char *err = NULL;
-	if (fz_cg_options_parse(target, &p.o, &err) != FZ_OK) {
+	fz_cg_options cg;
+	if (fz_cg_options_parse(target, &cg, &err) != FZ_OK) {
 		int rc = tool_usage_error(cmd, "%s", err ? err : "bad target");
 		free(err);
 		free(files);
 		return rc;
 	}
-	char tname[160];
-	fz_cache_target(&p.o, tname, sizeof tname);
-
-	int rc = 0, regions = 0, hits = 0, n_mods = 0, n_progs = 0, cap_progs = 0;
-	fz_module **mods = calloc((size_t)n_files, sizeof *mods);
-	fz_program **progs = NULL;
-	job *canons = NULL;            /* every kernel region's form, per width */
-	int n_canons = 0, cap_canons = 0;
-	fz_lru *unique = NULL;
+	int rc = 0, failed = 0;
 	fz_disk *disk = NULL;
+	fz_kctx *kx = NULL;
+	bool progress = isatty(2) && !json;
 	fz_disk_options dopt = {cache_dir, 0, on_warn, NULL};
-	if (!mods || fz_disk_open(&dopt, &disk, &err) != FZ_OK) {
+	if (fz_disk_open(&dopt, &disk, &err) != FZ_OK) {
+		fprintf(stderr, "fusec compile: %s\n", err ? err : "out of memory");
+		free(err);
+		free(files);
+		return EXIT_BAD;
+	}
+	bool want_cubins = cg.target == FZ_CG_NVPTX && !no_cubin;
+	fz_kctx_options ko = {cg, disk, NULL, want_cubins, (int)jobs,
+			      progress ? progress_draw : NULL, NULL};
+	if (fz_kctx_new(&ko, &kx, &err) != FZ_OK) {
 		fprintf(stderr, "fusec compile: %s\n", err ? err : "out of memory");
 		rc = EXIT_BAD;
 		goto done;
 	}
-
-	/* plan every trace; a canonical form per kernel region */
+	/* every trace planned at the bound sizes; its kernels through the one
+	 * module `fusec run` uses (runtime/kernels.c), so a run at these sizes
+	 * finds every kernel it launches */
 	for (int f = 0; f < n_files && !rc; f++) {
 		fz_module *m = tool_load(files[f]);
 		if (!m) {
 			rc = EXIT_BAD;
 			break;
 		}
-		mods[n_mods++] = m;
 		for (int i = 0; i < fz_module_count(m) && !rc; i++) {
 			const fz_trace *t = fz_module_trace(m, i);
+			int64_t syms[FZ_MAX_SYMS];
+			tool_bind_symbols(t, binds, n_binds, syms);
 			fz_plan_options po;
 			fz_plan_defaults(&po);
+			po.sym_sizes = syms;
 			fz_program *prog = NULL;
-			if (fz_plan(t, &po, &prog, &err) != FZ_OK) {
+			fz_kset *ks = NULL;
+			fz_status st = fz_plan(t, &po, &prog, &err);
+			if (st == FZ_OK)
+				st = fz_kset_build(kx, prog, syms, &ks, &err);
+			if (st != FZ_OK) {
+				if (progress)
+					fprintf(stderr, "\n");
 				fprintf(stderr, "fusec compile: %s: trace %s: %s\n", files[f],
-					fz_trace_name(t), err ? err : "planning failed");
+					fz_trace_name(t), err ? err : "failed");
+				failed++;
 				rc = EXIT_BAD;
-				break;
 			}
-			if (n_progs == cap_progs) {
-				cap_progs = cap_progs ? 2 * cap_progs : 8;
-				fz_program **np = realloc(progs, sizeof *np * (size_t)cap_progs);
-				if (!np) {
-					fz_program_free(prog);
-					rc = EXIT_BAD;
-					break;
-				}
-				progs = np;
-			}
-			progs[n_progs++] = prog;
-			for (int r = 0; r < prog->n_regions && !rc; r++) {
-				const fz_region *R = prog->regions[r];
-				if (!fz_region_is_kernel(R->kind))
-					continue;
-				regions++;
-				/* the host: both index widths (the run picks one) */
-				int widths = p.o.target == FZ_CG_HOST ? 2 : 1;
-				for (int w = 0; w < widths && !rc; w++) {
-					fz_cg_options o = p.o;
-					o.idx32 = w == 1;
-					uint8_t spec[2 + 256];
-					fz_key_params kp;
-					fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
-					kp.spec = spec;
-					kp.n_spec = fz_cache_spec(&o, R, spec, sizeof spec);
-					fz_canon *cn = NULL;
-					if (n_canons == cap_canons) {
-						cap_canons = cap_canons ? 2 * cap_canons : 64;
-						job *nc = realloc(canons, sizeof *nc * (size_t)cap_canons);
-						if (!nc) {
-							rc = EXIT_BAD;
-							break;
-						}
-						canons = nc;
-					}
-					if (fz_canon_region(t, R, &kp, &cn, &err) != FZ_OK) {
-						fprintf(stderr, "fusec compile: %s: region %d: %s\n",
-							files[f], R->id, err ? err : "?");
-						rc = EXIT_BAD;
-						break;
-					}
-					canons[n_canons++] = (job){t, R, cn, o.idx32};
-				}
-			}
+			fz_kset_free(ks);
+			fz_program_free(prog);
 		}
+		fz_module_free(m);
 	}
-	if (rc)
-		goto done;
-
-	/* distinct forms, then the cache */
-	fz_lru_ops ops = {canon_hash, canon_eq, NULL};
-	p.jobs = calloc((size_t)n_canons + 1, sizeof *p.jobs);
-	if (!p.jobs || fz_lru_new((size_t)n_canons + 1, &ops, NULL, &unique) != FZ_OK) {
-		rc = EXIT_BAD;
-		goto done;
-	}
-	int n_unique = 0;
-	for (int k = 0; k < n_canons; k++) {
-		fz_canon *cn = canons[k].cn;
-		if (fz_lru_get(unique, cn))
-			continue;
-		fz_lru_put(unique, cn, cn);
-		n_unique++;
-		fz_entry *e = NULL;
-		fz_disk_lookup(disk, cn->key, cn->text, cn->len, &e);
-		/* an entry without this target's payload (an older host entry)
-		 * is compiled again and replaced */
-		bool usable = e && fz_cache_usable(e, &p.o);
-		fz_entry_free(e);
-		if (usable) {
-			hits++;
-			continue;
-		}
-		p.jobs[p.n++] = canons[k];
-	}
-
-	/* compile what is missing */
-	p.disk = disk;
-	p.want_cubins = p.o.target == FZ_CG_NVPTX && !no_cubin;
-	p.progress = p.n > 0 && isatty(2) && !json;
-	if (jobs > p.n)
-		jobs = p.n > 0 ? p.n : 1;
-	pthread_t th[1024];
-	int started = 0;
-	if (p.n > 0) {
-		for (long i = 1; i < jobs; i++)
-			if (pthread_create(&th[started], NULL, worker, &p) == 0)
-				started++;
-		worker(&p);
-		for (int i = 0; i < started; i++)
-			pthread_join(th[i], NULL);
-	}
-	if (p.progress)
+	if (progress)
 		fprintf(stderr, "\n");
+	for (int b = 0; b < n_binds; b++)
+		if (!binds[b].used)
+			fprintf(stderr, "fusec compile: warning: --bind %s: no trace has "
+				"that symbol\n", binds[b].name);
 	double secs = tool_now() - t0;
+	const fz_kstats *ks = fz_kctx_stats(kx);
+	const char *tname = fz_kctx_target(kx);
 	/* whether this run built cubins for what it compiled; asked only when
 	 * it compiled something, since opening nvJitLink costs more than a
 	 * whole warm run */
-	const char *cubins = !p.want_cubins || !p.compiled ? "null"
-			     : p.cubins ? "true" : "false";
-	if (p.failed) {
-		fprintf(stderr, "fusec compile: %d region%s failed: %s\n", p.failed,
-			p.failed == 1 ? "" : "s", p.first_error ? p.first_error : "?");
-		rc = EXIT_BAD;
-	}
-	if (p.unsupported && !json)
-		fprintf(stderr, "fusec compile: %d region%s not taken by the code "
-			"generator (they run per op): %s\n", p.unsupported,
-			p.unsupported == 1 ? "" : "s",
-			p.first_unsupported ? p.first_unsupported : "?");
-	if (p.cubin_error && !json)
-		fprintf(stderr, "fusec compile: no cubin: %s\n", p.cubin_error);
+	const char *cubins = !want_cubins || !ks->compiled ? "null"
+			     : ks->cubins ? "true" : "false";
+	if (ks->unsupported && !json)
+		fprintf(stderr, "fusec compile: %d region key%s not taken whole by the "
+			"code generator (they run per op, compiled too): %s\n",
+			ks->unsupported, ks->unsupported == 1 ? "" : "s",
+			fz_kctx_first_unsupported(kx) ? fz_kctx_first_unsupported(kx) : "?");
 	if (json) {
 		printf("{\"regions\": %d, \"unique\": %d, \"compiled\": %d, "
 		       "\"cache_hits\": %d, \"unsupported\": %d, \"failed\": %d, "
-		       "\"seconds\": %.4f, \"target\": ", regions, n_unique, p.compiled,
-		       hits, p.unsupported, p.failed, secs);
+		       "\"kernels\": %d, \"seconds\": %.4f, \"target\": ", ks->regions,
+		       ks->unique, ks->compiled, ks->cache_hits, ks->unsupported, failed,
+		       ks->instances, secs);
 		tool_json_str(tname);
 		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
 		       cubins, jobs);
 		tool_json_str(fz_disk_disabled(disk) ? "" : fz_disk_path(disk));
 		printf("}\n");
-	} else {
+	} else if (!rc) {
 		printf("%d kernel regions, %d unique keys: %d compiled, %d cache hits",
-		       regions, n_unique, p.compiled, hits);
-		if (p.unsupported)
-			printf(", %d unsupported", p.unsupported);
+		       ks->regions, ks->unique, ks->compiled, ks->cache_hits);
+		if (ks->unsupported)
+			printf(", %d run per op", ks->unsupported);
 		printf(" (%s%s) in %.3f s\n", tname,
 		       cubins[0] == 't' ? ", cubins" : cubins[0] == 'f' ? ", PTX only"
 		       : "", secs);
 	}
 done:
 	free(err);
-	fz_lru_free(unique);
+	fz_kctx_free(kx);
 	fz_disk_close(disk);
-	for (int i = 0; i < n_canons; i++)
-		fz_canon_free(canons[i].cn);
-	free(canons);
-	for (int i = 0; i < n_progs; i++)
-		fz_program_free(progs[i]);
-	free(progs);
-	for (int i = 0; i < n_mods; i++)
-		fz_module_free(mods[i]);
-	free(mods);
 	free(files);
-	free(p.jobs);
-	free(p.first_error);
-	free(p.first_unsupported);
-	free(p.cubin_error);
-	pthread_mutex_destroy(&p.mu);
 	return rc;
 }

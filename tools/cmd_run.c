@@ -61,8 +61,8 @@
 
 #include "comm.h"
 #include "exec.h"
+#include "target.h"
 #include "ir.h"
-#include "numeric.h"
 #include "numeric.h"
 #include "tool.h"
 
@@ -101,7 +101,9 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "               print the worst error and exit 1 on a mismatch\n"
 	 "  --json       print one JSON object: device, ok, max_abs_err,\n"
 	 "               max_rel_err, seconds_per_iter, worst_output,\n"
-	 "               worst_index, compiled, cache_hits, unique\n"
+	 "               worst_index, compiled, cache_hits, unique,\n"
+	 "               host_syncs_in_steps (host synchronizations the target\n"
+	 "               made inside the runs; the contract is 0)\n"
 	 "  --cache-dir DIR  the kernel cache (default $FUSEC_CACHE_DIR, else\n"
 	 "               $XDG_CACHE_HOME/fusec, else ~/.cache/fusec); kernels\n"
 	 "               found there are linked, not compiled\n"
@@ -270,13 +272,10 @@ typedef struct run_opts {
 	int world;              /* --world, 0: the trace's */
 	double timeout;         /* --timeout */
 	int compiled, cache_hits, unique; /* kernels, summed over the traces */
+	double setup_seconds;   /* preparing: plan, kernels, arena */
+	long host_syncs;        /* host synchronizations inside steps */
+	char ran_on[16];        /* the target that ran */
 } run_opts;
-
-static void on_cache_warning(void *ctx, const char *msg)
-{
-	(void)ctx;
-	fprintf(stderr, "%s\n", msg);
-}
 
 /* What --check found over every output of every trace. */
 typedef struct check_result {
@@ -354,6 +353,34 @@ static void compare(const fz_trace *t, int k, const fz_tensor *got,
 static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 			   const int64_t *syms, double *spi, check_result *cr);
 
+static void on_notice(void *ctx, const char *msg)
+{
+	(void)ctx;
+	fprintf(stderr, "fusec run: %s\n", msg);
+}
+
+/* Contiguous, 64-byte-aligned output buffers at the bound sizes. */
+static int make_outputs(const fz_trace *t, const int64_t *syms, fz_tensor *out)
+{
+	for (int k = 0; k < fz_trace_output_count(t); k++) {
+		const fz_value *v = fz_trace_output(t, k);
+		fz_tensor *o = &out[k];
+		o->dtype = fz_value_dtype(v);
+		o->rank = fz_value_rank(v);
+		int64_t acc = 1;
+		for (int d = o->rank - 1; d >= 0; d--) {
+			o->shape[d] = fz_value_extent(v, d, syms);
+			o->strides[d] = acc;
+			acc *= o->shape[d];
+		}
+		size_t bytes = (size_t)acc * fz_dtype_size(o->dtype);
+		o->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+		if (!o->data)
+			return -1;
+	}
+	return 0;
+}
+
 /* Runs one trace; adds its time per iteration to *spi. */
 static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *cr)
 {
@@ -383,26 +410,31 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	int rc = EXIT_BAD;
 	char *err = NULL;
 	fz_exec *x = NULL;
-	if (!in || !out || !ref || make_inputs(t, syms, o->seed, in) < 0)
+	if (!in || !out || !ref || make_inputs(t, syms, o->seed, in) < 0 ||
+	    make_outputs(t, syms, out) < 0)
 		goto done;
-	if (fz_exec_new(t, &fz_target_cpu, &x, &err) != FZ_OK)
+	fz_exec_options xo;
+	fz_exec_options_init(&xo);
+	xo.disk_cache = !o->no_cache;
+	xo.cache_dir = o->cache_dir;
+	xo.warn = on_notice;
+	xo.max_plans = 1;
+	if (fz_exec_new(t, o->device, &xo, &x, &err) != FZ_OK)
 		goto fail;
-	fz_exec_cache xc = {!o->no_cache, o->cache_dir, on_cache_warning, NULL};
-	if (fz_exec_set_cache(x, &xc, &err) != FZ_OK)
-		goto fail;
+	snprintf(o->ran_on, sizeof o->ran_on, "%s", fz_exec_device(x));
+	/* set-up (plan, kernels, arena) apart from the runs it serves */
 	double t0 = tool_now();
-	for (long it = 0; it < o->iters; it++) {
-		for (int k = 0; k < n_out; k++) {
-			fz_free(out[k].data);
-			out[k].data = NULL;
-		}
-		fz_status st = fz_exec_run(x, syms, in, n_in, out, n_out, &err);
-		if (st != FZ_OK)
+	if (fz_exec_prepare(x, syms, in, n_in, &err) != FZ_OK)
+		goto fail;
+	double setup = tool_now() - t0;
+	t0 = tool_now();
+	for (long it = 0; it < o->iters; it++)
+		if (fz_exec_run(x, syms, in, n_in, out, n_out, NULL, &err) != FZ_OK)
 			goto fail;
-		if (it == 0 && o->iters > 1)
-			t0 = tool_now(); /* the first run compiles */
-	}
-	double per = (tool_now() - t0) / (double)(o->iters > 1 ? o->iters - 1 : 1);
+	/* a device error (an index out of range) is reported by the sync */
+	if (fz_exec_sync(x, NULL, &err) != FZ_OK)
+		goto fail;
+	double per = (tool_now() - t0) / (double)o->iters;
 	*spi += per;
 	if (o->check) {
 		fz_status st = fz_trace_interpret(t, syms, in, n_in, ref, n_out, &err);
@@ -412,17 +444,19 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			compare(t, k, &out[k], &ref[k], cr);
 	}
 	const fz_exec_stats *es = fz_exec_stats_of(x);
-	o->compiled += es->compiled;
-	o->cache_hits += es->cache_hits;
-	o->unique += es->unique;
+	o->host_syncs += fz_exec_host_syncs(x);
+	o->compiled += es->k.compiled;
+	o->cache_hits += es->k.cache_hits;
+	o->unique += es->k.unique;
+	o->setup_seconds += setup;
 	if (!o->json) {
-		printf("trace %s: %d output%s, %.3f ms per iteration on the cpu from "
-		       "generated code (%d regions, %d kernel keys: %d compiled, %d "
-		       "cache hits, in %.0f ms%s)\n",
+		printf("trace %s: %d output%s, %.3f ms per iteration on the %s from "
+		       "generated code (%d regions, %d launches, %d kernel keys: %d "
+		       "compiled, %d cache hits; set-up %.1f ms%s)\n",
 		       fz_trace_name(t), n_out, n_out == 1 ? "" : "s", per * 1e3,
-		       es->regions, es->unique, es->compiled, es->cache_hits,
-		       es->compile_seconds * 1e3,
-		       es->split ? ", some run per op" : "");
+		       o->ran_on, es->regions, es->launches, es->k.unique,
+		       es->k.compiled, es->k.cache_hits, setup * 1e3,
+		       es->k.unsupported ? ", some regions run per op" : "");
 		for (int k = 0; k < n_out; k++) {
 			const fz_value *v = fz_trace_output(t, k);
 			char ty[256];
@@ -440,7 +474,7 @@ done:
 	for (int k = 0; in && k < n_in; k++)
 		free(in[k].data);
 	for (int k = 0; out && k < n_out; k++)
-		fz_free(out[k].data);
+		free(out[k].data);
 	for (int k = 0; ref && k < n_out; k++)
 		fz_free(ref[k].data);
 	free(in);
@@ -463,35 +497,53 @@ typedef struct rank_job {
 	char *err;
 	fz_exec_stats stats;
 	double seconds;
+	long host_syncs;      /* inside the runs' steps: 0 */
 } rank_job;
+
+static void quiet(void *ctx, const char *msg)
+{
+	(void)ctx;
+	(void)msg;
+}
 
 static void *rank_main(void *arg)
 {
 	rank_job *j = arg;
 	int n_in = fz_trace_param_count(j->t), n_out = fz_trace_output_count(j->t);
 	fz_exec *x = NULL;
-	j->st = fz_exec_new(j->t, &fz_target_cpu, &x, &j->err);
-	fz_exec_cache xc = {!j->o->no_cache, j->o->cache_dir, on_cache_warning, NULL};
-	if (j->st == FZ_OK)
-		j->st = fz_exec_set_cache(x, &xc, &j->err);
+	fz_exec_options xo;
+	fz_exec_options_init(&xo);
+	xo.disk_cache = !j->o->no_cache;
+	xo.cache_dir = j->o->cache_dir;
+	xo.warn = j->rank ? quiet : on_notice; /* one notice, not one per rank */
+	xo.max_plans = 1;
+	j->st = fz_exec_new(j->t, j->o->device, &xo, &x, &j->err);
 	if (j->st != FZ_OK) {
 		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "could not start");
+		return NULL;
+	}
+	if (strcmp(fz_exec_device(x), "cpu")) {
+		j->err = fz_strdup_printf("--world %d: ranks run emulated on the cpu "
+					  "in this build (device '%s' has no "
+					  "communicator wired)", fz_comm_world(j->comm),
+					  fz_exec_device(x));
+		j->st = FZ_EUNSUPPORTED;
+		fz_comm_abort(j->comm, j->rank, j->err);
 		fz_exec_free(x);
 		return NULL;
 	}
 	fz_exec_set_comm(x, j->comm, j->rank);
+	j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
 	double t0 = tool_now();
-	for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++) {
-		for (int k = 0; k < n_out; k++) {
-			fz_free(j->out[k].data);
-			j->out[k].data = NULL;
-		}
-		j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, &j->err);
-		if (it == 0 && j->o->iters > 1)
-			t0 = tool_now();
-	}
-	j->seconds = (tool_now() - t0) / (double)(j->o->iters > 1 ? j->o->iters - 1 : 1);
+	for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
+		j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (j->st != FZ_OK)
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(j->st));
+	j->seconds = (tool_now() - t0) / (double)j->o->iters;
 	j->stats = *fz_exec_stats_of(x);
+	j->host_syncs = fz_exec_host_syncs(x);
 	fz_exec_free(x);
 	return NULL;
 }
@@ -516,7 +568,8 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	}
 	for (int r = 0; r < world; r++)
 		if (make_inputs(t, syms, o->seed + (uint64_t)r * 1000003u,
-				in + (size_t)r * (size_t)n_in) < 0)
+				in + (size_t)r * (size_t)n_in) < 0 ||
+		    make_outputs(t, syms, out + (size_t)r * (size_t)n_out) < 0)
 			goto done;
 	if (fz_comm_new(world, o->timeout, &comm) != FZ_OK) {
 		fprintf(stderr, "fusec run: out of memory\n");
@@ -524,7 +577,7 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	}
 	for (int r = 0; r < world; r++) {
 		jobs[r] = (rank_job){t, o, comm, r, syms, in + (size_t)r * (size_t)n_in,
-				     out + (size_t)r * (size_t)n_out, FZ_OK, NULL, {0}, 0};
+				     out + (size_t)r * (size_t)n_out, FZ_OK, NULL, {0}, 0, 0};
 		if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
 			fz_comm_abort(comm, r, "could not start its thread");
 			break;
@@ -570,20 +623,28 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 				compare(t, k, &out[(size_t)r * (size_t)n_out + (size_t)k],
 					&ref[(size_t)r * (size_t)n_out + (size_t)k], cr);
 	}
-	o->compiled += jobs[0].stats.compiled;
-	o->cache_hits += jobs[0].stats.cache_hits;
-	o->unique += jobs[0].stats.unique;
+	long syncs = 0;
+	for (int r = 0; r < world; r++) {
+		o->compiled += jobs[r].stats.k.compiled;
+		o->cache_hits += jobs[r].stats.k.cache_hits;
+		syncs += jobs[r].host_syncs;
+	}
+	o->unique += jobs[0].stats.k.unique;
+	o->setup_seconds += jobs[0].stats.prepare_seconds;
+	o->host_syncs += syncs;
+	snprintf(o->ran_on, sizeof o->ran_on, "%s", "cpu");
 	if (!o->json)
 		printf("trace %s: world %d, %d ranks on the cpu (threads, exact "
-		       "collectives): %.3f ms per iteration (%d regions, %d kernel keys)\n",
+		       "collectives): %.3f ms per iteration (%d regions, %d kernel keys; "
+		       "%ld host synchronizations inside the steps)\n",
 		       fz_trace_name(t), world, world, per * 1e3, jobs[0].stats.regions,
-		       jobs[0].stats.unique);
+		       jobs[0].stats.k.unique, syncs);
 	rc = 0;
 done:
 	for (size_t i = 0; in && i < W * (size_t)n_in; i++)
 		free(in[i].data);
 	for (size_t i = 0; out && i < W * (size_t)n_out; i++)
-		fz_free(out[i].data);
+		free(out[i].data);
 	for (size_t i = 0; ref && i < W * (size_t)n_out; i++) {
 		bool dup = false; /* a value returned twice is one buffer per rank */
 		for (size_t j = i - i % (size_t)(n_out ? n_out : 1); j < i && !dup; j++)
@@ -636,9 +697,13 @@ static int cmd_run(int argc, char **argv)
 		} else if (!strcmp(a, "--device") && has_next) {
 			o.device = argv[++i];
 			if (strcmp(o.device, "auto") && strcmp(o.device, "cuda") &&
-			    strcmp(o.device, "cpu"))
-				return tool_usage_error(c, "--device must be auto, cuda or cpu, "
-						   "not '%s'", o.device);
+			    !fz_target_find(o.device))
+			{
+				char msg[160];
+				snprintf(msg, sizeof msg, "--device must be auto, cuda or "
+					 "one of %s, not '%%s'", fz_target_names());
+				return tool_usage_error(c, msg, o.device);
+			}
 		} else if (!strcmp(a, "--bind") && has_next) {
 			o.n_binds = tool_parse_bindings(argv[++i], o.binds, FZ_MAX_SYMS);
 			if (o.n_binds < 0)
@@ -664,11 +729,6 @@ static int cmd_run(int argc, char **argv)
 	}
 	if (!file)
 		return tool_usage_error(c, "no FILE given%s", "");
-	if (!strcmp(o.device, "cuda")) {
-		fprintf(stderr, "fusec run: --device cuda: the CUDA runtime is not part"
-			" of this build yet\n");
-		return EXIT_BAD;
-	}
 	fz_module *m = tool_load(file);
 	if (!m)
 		return EXIT_BAD;
@@ -686,12 +746,14 @@ static int cmd_run(int argc, char **argv)
 		return rc;
 	bool ok = !o.check || cr.ok;
 	if (o.json) {
-		printf("{\"device\": \"cpu\", \"engine\": \"generated\", \"ok\": %s, "
+		printf("{\"device\": \"%s\", \"engine\": \"generated\", \"ok\": %s, "
 		       "\"max_abs_err\": %.9g, \"max_rel_err\": %.9g, "
-		       "\"seconds_per_iter\": %.9g", ok ? "true" : "false",
+		       "\"seconds_per_iter\": %.9g", o.ran_on, ok ? "true" : "false",
 		       cr.max_abs, cr.max_rel, spi);
-		printf(", \"compiled\": %d, \"cache_hits\": %d, \"unique\": %d",
-		       o.compiled, o.cache_hits, o.unique);
+		printf(", \"compiled\": %d, \"cache_hits\": %d, \"unique\": %d, "
+		       "\"setup_seconds\": %.6f, \"host_syncs_in_steps\": %ld",
+		       o.compiled, o.cache_hits, o.unique, o.setup_seconds,
+		       o.host_syncs);
 		if (o.check && cr.worst_ratio > 0)
 			printf(", \"worst_output\": \"%s\", \"worst_index\": %lld, "
 			       "\"worst_got\": %.9g, \"worst_want\": %.9g",

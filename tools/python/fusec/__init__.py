@@ -11,29 +11,35 @@ folder or on the system path, FUSEC_LIBRARY=/path/to/libfusec.so.
 
 Program parses and verifies the text in the C library; a parse or verify
 error raises FusecError carrying the library's diagnostic (FILE:LINE:COL,
-the source line and a caret). Calling a Program binds the inputs (pointer,
-dtype, extents, strides in elements) and runs the trace on its device:
+the source line and a caret). A Program on a device holds one prepared
+program (fz_exec): the first call at some input shapes plans the trace,
+resolves its kernels through the in-memory and disk caches (FUSEC_CACHE_DIR,
+else XDG_CACHE_HOME/fusec, else ~/.cache/fusec) and sizes its arena; every
+later call with the same dtypes, shapes and strides only hands the library
+the inputs' pointers and outputs allocated with torch.empty, which it fills
+in place. Devices:
 
   "reference"  the C reference interpreter (every op in f64, rounded to its
                dtype at its output); slow, exact, always there.
-  "cpu"        generated code: every region compiled from LLVM IR to host
-               code, library calls as a blocked matmul.
-  "cuda"       not available yet (it comes with the CUDA runtime) and says so.
-  "auto"       the best device that is available; today "cpu".
+  "cpu"        generated host code (the library's "cpu" target).
+  "cuda"       an NVIDIA GPU, on CUDA tensors, where the library has one.
+  "emu"        the GPU's kernels emulated on the CPU, where built.
+  "auto"       cuda where a device exists, else cpu.
 
-Inputs may be torch tensors (any strides, any device: non-CPU tensors are
-copied to the host) or numpy arrays; the outputs are torch tensors when any
-input is one (on the first torch input's device), else numpy arrays.
+Inputs may be torch tensors (any strides; on the program's device: a tensor
+elsewhere is an error naming it) or numpy arrays; the outputs are torch
+tensors when any input is one, else numpy arrays.
 """
 
 import ctypes
+import operator
 
 from . import _lib
 from ._lib import DTYPES, FusecLibraryError  # noqa: F401
 
 __all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES"]
 
-DEVICES = ("reference", "cpu", "cuda", "auto")
+DEVICES = ("reference", "cpu", "cuda", "emu", "auto")
 
 
 class FusecError(RuntimeError):
@@ -94,8 +100,9 @@ def _is_torch(x):
     return t.__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-def _describe(i, x, keep):
-    """An fz_tensor for input x; appends what must stay alive to keep."""
+def _describe(i, x, keep, to_host=True):
+    """An fz_tensor for input x; appends what must stay alive to keep. A
+    torch tensor off the CPU is copied to the host when to_host."""
     ft = _lib.Tensor()
     if _is_torch(x):
         torch = _torch()
@@ -103,7 +110,7 @@ def _describe(i, x, keep):
         if x.dtype not in dmap:
             raise TypeError("input %d: dtype %s has no fusec dtype" %
                             (i, x.dtype))
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" and to_host:
             x = x.detach().to("cpu")
         x = x.detach()
         if x.dim() > _lib.FZ_MAX_RANK:
@@ -184,15 +191,8 @@ class Program:
         if device not in DEVICES:
             raise ValueError("device must be one of %s, not %r" %
                              (", ".join(DEVICES), device))
-        if device == "auto":
-            device = "cpu"
-        elif device == "cuda":
-            raise FusecError(
-                "device 'cuda' is not available yet: it comes with the CUDA "
-                "runtime; use device=\"cpu\" (generated code) or "
-                "\"reference\" (the interpreter) meanwhile", "FZ_EUNSUPPORTED")
-        self.device = device
         lib = self._lib = _lib.load()
+        self._x = None
         if isinstance(text, str):
             text = text.encode("utf-8")
         self._mod = ctypes.c_void_p()
@@ -225,8 +225,24 @@ class Program:
                                 _lib.DTYPES[lib.fz_value_dtype(v)],
                                 lib.fz_value_rank(v)))
         self.n_outputs = lib.fz_trace_output_count(self._t)
+        self.device = device
+        self._sigs = {}
+        self._err = ctypes.c_void_p()
+        self._errp = ctypes.byref(self._err)
+        if device != "reference":
+            x = ctypes.c_void_p()
+            err = ctypes.c_void_p()
+            _check(lib, lib.fz_exec_new(self._t, device.encode(), None,
+                                        ctypes.byref(x), ctypes.byref(err)),
+                   err, "prepare")
+            self._x = x
+            self.device = lib.fz_exec_device(x).decode()
 
     def __del__(self):
+        x = getattr(self, "_x", None)
+        if x:
+            self._lib.fz_exec_free(x)
+            self._x = None
         mod = getattr(self, "_mod", None)
         if mod:
             self._lib.fz_module_free(mod)
@@ -249,6 +265,59 @@ class Program:
         """Runs the trace on inputs; symbols=sizes fixes symbolic extents
         (the rest are taken from the inputs' shapes). Returns one tensor, or
         a tuple when the trace returns several."""
+        if self._x is not None and not symbols:
+            # the call path: known dtypes, shapes, strides and devices
+            try:
+                sig = self._sigs.get(_signature(inputs))
+            except (AttributeError, TypeError):
+                sig = None
+            if sig is not None:
+                return self._run(sig, inputs)
+        return self._call_slow(inputs, symbols)
+
+    def _run(self, sig, inputs):
+        ins, outs, specs, sizes, n_in, n_out, torch, stream = sig
+        for ft, x in zip(ins, inputs):
+            ft.data = x.data_ptr()
+        empty = torch.empty
+        res = [empty(shape, dtype=dt) if dev is None else
+               empty(shape, dtype=dt, device=dev) for shape, dt, dev in specs]
+        for ft, o in zip(outs, res):
+            ft.data = o.data_ptr()
+        # the C function without argtypes: the arguments are ctypes objects
+        # and ints already, and converting them costs more than the run
+        st = _lib.run_fn(self._lib)(self._x, sizes, ins.arr, n_in, outs.arr,
+                                     n_out, stream, self._errp)
+        if st:
+            _check(self._lib, st, self._err, "run")
+        return res[0] if n_out == 1 else tuple(res)
+
+    def _describe_all(self, inputs, keep):
+        arr = (_lib.Tensor * max(1, len(inputs)))()
+        as_torch, device = False, None
+        for i, x in enumerate(inputs):
+            if _is_torch(x) and not as_torch:
+                as_torch, device = True, x.device
+            if _is_torch(x) and self._x is not None:
+                want = "cuda" if self.device == "cuda" else "cpu"
+                if x.device.type != want:
+                    raise ValueError(
+                        "input %d (%s) is on %s; this program runs on %s "
+                        "(device=%r)" % (i, self.params[i][0], x.device,
+                                         want, self.device))
+            ft, dname = _describe(i, x, keep, self.device != "cuda")
+            pname, pdtype, prank = self.params[i]
+            if dname != pdtype or ft.rank != prank:
+                raise TypeError("input %d (%s) must be %s of rank %d, got %s "
+                                "of rank %d" % (i, pname, pdtype, prank,
+                                                dname, ft.rank))
+            arr[i] = ft
+        return arr, as_torch, device
+
+    def _call_slow(self, inputs, symbols):
+        """The first call at some signature (or with numpy inputs, or with
+        explicit sizes): checks and binds in the library, then runs; a
+        torch signature is kept for the call path."""
         lib = self._lib
         if len(inputs) != len(self.params):
             raise TypeError("trace %s takes %d inputs (%s), got %d" %
@@ -256,18 +325,7 @@ class Program:
                              ", ".join(p[0] for p in self.params),
                              len(inputs)))
         keep = []
-        arr = (_lib.Tensor * max(1, len(inputs)))()
-        as_torch, device = False, None
-        for i, x in enumerate(inputs):
-            if _is_torch(x) and not as_torch:
-                as_torch, device = True, x.device
-            ft, dname = _describe(i, x, keep)
-            pname, pdtype, prank = self.params[i]
-            if dname != pdtype or ft.rank != prank:
-                raise TypeError("input %d (%s) must be %s of rank %d, got %s "
-                                "of rank %d" % (i, pname, pdtype, prank,
-                                                dname, ft.rank))
-            arr[i] = ft
+        arr, as_torch, device = self._describe_all(inputs, keep)
         nsym = len(self.symbols)
         sizes = (ctypes.c_int64 * max(1, nsym))(*([-1] * max(1, nsym)))
         for k, v in symbols.items():
@@ -278,15 +336,67 @@ class Program:
         err = ctypes.c_void_p()
         _check(lib, lib.fz_trace_bind(self._t, arr, len(inputs), sizes,
                                       ctypes.byref(err)), err, "bind")
+        if self._x is None:
+            return self._interpret(arr, sizes, inputs, as_torch, device)
+        # output shapes at the bound sizes, and tensors for them
+        specs = []
+        for k in range(self.n_outputs):
+            v = lib.fz_trace_output(self._t, k)
+            shape = tuple(lib.fz_value_extent(v, d, sizes)
+                          for d in range(lib.fz_value_rank(v)))
+            specs.append((shape, _lib.DTYPES[lib.fz_value_dtype(v)]))
+        outs = (_lib.Tensor * max(1, self.n_outputs))()
+        res = []
+        torch = _torch() if as_torch else None
+        tdev = device if (device is not None and self.device == "cuda") \
+            else "cpu"
+        tspecs = []
+        for k, (shape, dname) in enumerate(specs):
+            if as_torch:
+                inv = {v: key for key, v in _torch_dtype_map(torch).items()}
+                o = torch.empty(shape, dtype=inv[dname], device=tdev)
+                tspecs.append((shape, inv[dname], tdev))
+                ptr = o.data_ptr()
+            else:
+                import numpy as np
+                if dname == "bf16":
+                    raise TypeError("a bf16 output needs torch (numpy has "
+                                    "no bf16)")
+                ninv = {v: key for key, v in _NUMPY_DTYPES.items()}
+                o = np.empty(shape, dtype=ninv[dname])
+                ptr = o.ctypes.data
+            res.append(o)
+            ft = outs[k]
+            ft.data = ptr
+            ft.dtype = _lib.DTYPE_INDEX[dname]
+            ft.rank = len(shape)
+            acc = 1
+            for d in range(len(shape) - 1, -1, -1):
+                ft.shape[d] = shape[d]
+                ft.strides[d] = acc
+                acc *= shape[d]
+        stream = None
+        if self.device == "cuda" and as_torch:
+            stream = torch.cuda.current_stream(device).cuda_stream
+        err = ctypes.c_void_p()
+        st = lib.fz_exec_run(self._x, sizes, arr, len(inputs), outs,
+                             self.n_outputs, stream, ctypes.byref(err))
+        _check(lib, st, err, "run")
+        if as_torch and not symbols and all(_is_torch(x) for x in inputs):
+            if self.device != "cuda":
+                tspecs = [(shape, dt, None) for shape, dt, _ in tspecs]
+            self._sigs[_signature(inputs)] = _Signature(
+                arr, outs, tspecs, sizes, len(inputs), self.n_outputs, torch,
+                stream)
+        del keep
+        return res[0] if self.n_outputs == 1 else tuple(res)
+
+    def _interpret(self, arr, sizes, inputs, as_torch, device):
+        lib = self._lib
         outs = (_lib.Tensor * max(1, self.n_outputs))()
         err = ctypes.c_void_p()
-        if self.device == "cpu":
-            st = lib.fz_trace_run(self._t, b"cpu", sizes, arr, len(inputs),
-                                  outs, self.n_outputs, ctypes.byref(err))
-        else:
-            st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs),
-                                        outs, self.n_outputs,
-                                        ctypes.byref(err))
+        st = lib.fz_trace_interpret(self._t, sizes, arr, len(inputs), outs,
+                                    self.n_outputs, ctypes.byref(err))
         if st != 0:
             for k in range(self.n_outputs):
                 if outs[k].data:
@@ -294,11 +404,41 @@ class Program:
         _check(lib, st, err, "run")
         dev = device if (device is not None and device.type != "cpu") \
             else None
-        res = [None] * self.n_outputs
-        for k in range(self.n_outputs):
-            res[k] = _take_output(lib, outs[k], as_torch, dev)
-        del keep
+        res = [_take_output(lib, outs[k], as_torch, dev)
+               for k in range(self.n_outputs)]
         return res[0] if self.n_outputs == 1 else tuple(res)
+
+
+_META = operator.attrgetter("dtype", "shape", "device")
+_STRIDE = operator.methodcaller("stride")
+
+
+def _signature(inputs):
+    """What decides a prepared call: each input's dtype, shape, device and
+    strides (C-level getters: this runs on every call)."""
+    return tuple(map(_META, inputs)), tuple(map(_STRIDE, inputs))
+
+
+class _Signature(tuple):
+    """What the call path reuses for one input signature: the fz_tensor
+    arrays (only .data changes per call), the outputs' shapes and dtypes,
+    the bound sizes and the stream."""
+
+    def __new__(cls, in_arr, out_arr, specs, sizes, n_in, n_out, torch,
+                stream):
+        ins = _Elems(in_arr, n_in)
+        outs = _Elems(out_arr, n_out)
+        return tuple.__new__(cls, (ins, outs, tuple(specs), sizes, n_in,
+                                   n_out, torch, stream))
+
+
+class _Elems(list):
+    """The elements of a ctypes array of fz_tensor (views of its memory),
+    with the array itself as .arr."""
+
+    def __init__(self, arr, n):
+        super().__init__(arr[i] for i in range(n))
+        self.arr = arr
 
 
 def check(text, filename="<trace>"):

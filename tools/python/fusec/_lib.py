@@ -43,6 +43,22 @@ class Tensor(ctypes.Structure):
     ]
 
 
+class ExecOptions(ctypes.Structure):
+    """fz_exec_options (include/fusec.h)."""
+    _fields_ = [
+        ("disk_cache", ctypes.c_int),
+        ("cache_dir", ctypes.c_char_p),
+        ("max_plans", ctypes.c_int),
+        ("threads", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("alloc", ctypes.c_void_p),
+        ("release", ctypes.c_void_p),
+        ("alloc_ctx", ctypes.c_void_p),
+        ("warn", ctypes.c_void_p),
+        ("warn_ctx", ctypes.c_void_p),
+    ]
+
+
 def _candidates():
     env = os.environ.get("FUSEC_LIBRARY")
     if env:
@@ -88,6 +104,14 @@ def _declare(lib):
                                    ctypes.c_int, P]),
         "fz_trace_run": (S, [P, ctypes.c_char_p, i64p, tens, ctypes.c_int,
                              tens, ctypes.c_int, P]),
+        "fz_exec_options_init": (None, [ctypes.POINTER(ExecOptions)]),
+        "fz_exec_new": (S, [P, ctypes.c_char_p, ctypes.POINTER(ExecOptions),
+                            ctypes.POINTER(P), P]),
+        "fz_exec_run": (S, [P, i64p, tens, ctypes.c_int, tens, ctypes.c_int,
+                            P, P]),
+        "fz_exec_sync": (S, [P, P, P]),
+        "fz_exec_free": (None, [P]),
+        "fz_exec_device": (ctypes.c_char_p, [P]),
         "fz_nccl_unique_id": (S, [ctypes.c_char_p, P]),
     }
     missing = []
@@ -132,6 +156,19 @@ def load():
         "cannot load libfusec; tried:\n  " + "\n  ".join(tried) +
         "\nbuild it with `cmake -S . -B build && cmake --build build` "
         "or point $FUSEC_LIBRARY at libfusec.so")
+
+
+_RUN = {}
+
+
+def run_fn(lib):
+    """fz_exec_run without argtypes, for the call path (its callers pass
+    ctypes objects and ints, which need no conversion)."""
+    fn = _RUN.get(id(lib))
+    if fn is None:
+        fn = _RUN[id(lib)] = ctypes.CDLL(lib._name).fz_exec_run
+        fn.restype = ctypes.c_int
+    return fn
 
 
 def take_string(lib, p):

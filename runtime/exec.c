@@ -1,0 +1,1085 @@
+/*
+ * exec.c: prepared programs, and the one runner every target shares.
+ *
+ * A framework calls fusec thousands of times per training step, so the
+ * work is split in two. Preparing (once per binding of the symbolic sizes,
+ * kept in a small LRU) does everything that thinks:
+ *
+ *     plan the trace at the sizes                     ir/plan.h
+ *     its kernels, keyed, found or compiled, loaded   kernels.c
+ *     a slot per value: where its bytes are           below
+ *     a list of steps with their argument slots
+ *     one arena for the plan (memplan's offsets, then staging)
+ *
+ * and a run only binds pointers and walks the steps:
+ *
+ *     bind the sizes from the inputs' shapes (no allocation)
+ *     pick the prepared plan (the last one, else a scan of the few kept)
+ *     base pointers: each input (copied to staging only when strided or
+ *       not 16-byte aligned), each output (the caller's buffer), the arena
+ *     every slot = its base + its byte offset
+ *     for each step: launch / matmul / collective / copy, through the target
+ *
+ * Slots. A value lives in one of three places: a parameter (the caller's
+ * input, read in place), an output (the caller's buffer, written in place
+ * when the output is a value with storage of its own), or the arena at
+ * memplan's offset. A view is its root's place plus an offset when it is
+ * contiguous; a strided view a kernel reads is gathered into a staging
+ * block by a copy step placed before its first reader; a reshape that is
+ * not a view at these sizes runs its copy kernel. An output that is a
+ * view, an input or another output's value is copied into the caller's
+ * buffer by a last step. Staging blocks, the values inside a region run
+ * per op, and the error flag follow memplan's arena in the same
+ * allocation.
+ *
+ *     y = add(mul(x, w), 1.0) over x: f32[16]:   slots x=param 0,
+ *     t=arena+0, y=out 0; steps: kernel(x, w -> y)   (one region)
+ *
+ * The runner never touches memory itself: every copy, launch and library
+ * call is a slot of the target's table (target.h), so the CPU, CUDA and
+ * emulated targets run the very same walk. A kernel that meets an index
+ * out of range writes 1 + the op's node id into the flag word; host-memory
+ * targets check it after each launch, device targets at fz_exec_sync.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm.h"
+#include "exec.h"
+
+#define EXEC_MAGIC 0x66e7ec01u
+#define EXEC_DEAD 0xdeadec01u
+#define BLOCK 256
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void set_err(char **err, char *m)
+{
+	if (!err) {
+		free(m);
+		return;
+	}
+	free(*err);
+	*err = m;
+}
+
+static int64_t round_up(int64_t x) { return (x + BLOCK - 1) / BLOCK * BLOCK; }
+
+/* ---- plans ------------------------------------------------------------------- */
+
+enum { B_PARAM, B_OUT, B_ARENA };
+
+typedef struct slot {
+	uint8_t base;        /* B_* */
+	int idx;             /* parameter or output index */
+	int64_t off;         /* bytes from the base */
+} slot;
+
+enum { S_KERNEL, S_MATMUL, S_COLL, S_COPY, S_WAIT };
+
+typedef struct step {
+	uint8_t kind;
+	int region;
+	/* S_KERNEL */
+	const fz_kinst *ki;
+	int n_args;
+	int *args;           /* slots, in the kernel's parameter order */
+	void **bufs;         /* their pointers, per run */
+	/* S_MATMUL */
+	fz_matmul mm;
+	int sa, sb, sbias;   /* -1: no bias */
+	/* S_COLL */
+	fz_collective co;
+	/* S_MATMUL, S_COLL, S_COPY: the result; S_COLL, S_COPY: the source */
+	int sy, sx;
+	/* S_COPY: sx's base seen through lay */
+	fz_layout lay;
+	size_t es;
+} step;
+
+typedef struct pplan {
+	int64_t syms[FZ_MAX_SYMS];
+	fz_program *p;
+	fz_kset *ks;
+	fz_arena mem;        /* slots, steps and their arrays */
+	int n_slots, cap_slots;
+	slot *slots;
+	void **ptr;          /* per slot, per run */
+	int *vslot;          /* per value id: its contiguous slot, or -1 */
+	int n_steps, cap_steps;
+	step *steps;
+	int64_t arena_bytes; /* memplan's, then staging, then the flag */
+	int64_t flag_off;
+	void *arena;
+	void **pstage;       /* per parameter: its staging copy, made on need */
+	int launches;
+} pplan;
+
+struct fz_exec {
+	uint32_t magic;
+	const fz_trace *t;
+	fz_device *dev;
+	fz_exec_options o;
+	fz_disk *disk;
+	fz_kctx *kx;
+	pplan **plans;       /* most recently used first */
+	int n_plans;
+	fz_exec_stats st;
+	char device[16];
+	struct fz_comm *comm; /* fz_exec_set_comm: world N; NULL: world 1 */
+	int rank;
+	long host_syncs;      /* the device's host syncs inside runs */
+};
+
+static void pplan_free(fz_exec *x, pplan *pp)
+{
+	if (!pp)
+		return;
+	fz_device *dev = x->dev;
+	if (pp->arena) {
+		if (x->o.release)
+			x->o.release(x->o.alloc_ctx, pp->arena);
+		else
+			dev->tg->release(dev, pp->arena);
+	}
+	for (int i = 0; pp->pstage && i < x->t->n_params; i++)
+		if (pp->pstage[i])
+			dev->tg->release(dev, pp->pstage[i]);
+	free(pp->pstage);
+	free(pp->slots);
+	free(pp->ptr);
+	free(pp->vslot);
+	free(pp->steps);
+	fz_kset_free(pp->ks);
+	fz_program_free(pp->p);
+	fz_arena_release(&pp->mem);
+	free(pp);
+}
+
+typedef struct builder {
+	fz_exec *x;
+	pplan *pp;
+	const fz_trace *t;
+	const fz_program *p;
+	const int64_t *syms;
+	fz_status st;
+	char **err;
+} builder;
+
+static void fail(builder *B, fz_status st, char *msg)
+{
+	if (B->st == FZ_OK) {
+		B->st = st;
+		set_err(B->err, msg ? msg : fz_strdup("out of memory"));
+	} else {
+		free(msg);
+	}
+}
+
+static int add_slot(builder *B, uint8_t base, int idx, int64_t off)
+{
+	pplan *pp = B->pp;
+	if (pp->n_slots == pp->cap_slots) {
+		int nc = pp->cap_slots ? 2 * pp->cap_slots : 64;
+		slot *ns = realloc(pp->slots, sizeof *ns * (size_t)nc);
+		if (!ns) {
+			fail(B, FZ_ENOMEM, NULL);
+			return -1;
+		}
+		pp->slots = ns;
+		pp->cap_slots = nc;
+	}
+	pp->slots[pp->n_slots] = (slot){base, idx, off};
+	return pp->n_slots++;
+}
+
+/* A staging block of `bytes` after memplan's arena. */
+static int stage(builder *B, int64_t bytes)
+{
+	int64_t off = B->pp->arena_bytes;
+	B->pp->arena_bytes += round_up(bytes > 0 ? bytes : 1);
+	return add_slot(B, B_ARENA, 0, off);
+}
+
+static step *add_step(builder *B, uint8_t kind, int region)
+{
+	pplan *pp = B->pp;
+	if (B->st != FZ_OK)
+		return NULL;
+	if (pp->n_steps == pp->cap_steps) {
+		int nc = pp->cap_steps ? 2 * pp->cap_steps : 32;
+		step *ns = realloc(pp->steps, sizeof *ns * (size_t)nc);
+		if (!ns) {
+			fail(B, FZ_ENOMEM, NULL);
+			return NULL;
+		}
+		pp->steps = ns;
+		pp->cap_steps = nc;
+	}
+	step *s = &pp->steps[pp->n_steps++];
+	memset(s, 0, sizeof *s);
+	s->kind = kind;
+	s->region = region;
+	s->sbias = -1;
+	return s;
+}
+
+static int64_t value_bytes(builder *B, const fz_value *v)
+{
+	int64_t n = fz_type_numel_at(&v->type, B->syms);
+	return (n > 0 ? n : 0) * (int64_t)fz_dtype_size(v->type.dtype);
+}
+
+static bool contiguous(const fz_layout *l)
+{
+	int64_t acc = 1;
+	for (int d = l->rank - 1; d >= 0; d--) {
+		if (l->shape[d] != 1 && l->strides[d] != acc)
+			return false;
+		acc *= l->shape[d];
+	}
+	return true;
+}
+
+static void add_kernel(builder *B, const fz_kinst *ki);
+
+/* The slot of v's elements, contiguous: emits the copy of a strided view
+ * or the copy kernel of a reshape that is not a view, the first time. */
+static int need(builder *B, const fz_value *v)
+{
+	pplan *pp = B->pp;
+	if (B->st != FZ_OK)
+		return -1;
+	if (pp->vslot[v->id] >= 0)
+		return pp->vslot[v->id];
+	const fz_program *p = B->p;
+	if (!p->view_of || !p->view_of[v->id]) {
+		fail(B, FZ_EINVAL, fz_strdup_printf("value #%d is read before it "
+						    "is made", v->id));
+		return -1;
+	}
+	fz_layout lay;
+	if (fz_view_eval(p, v, B->syms, &lay) != FZ_OK) {
+		const fz_kinst *ki = B->pp->ks->copy[v->id];
+		if (!ki) {
+			fail(B, FZ_EINVAL, fz_strdup_printf("value #%d: no copy kernel "
+							    "was made", v->id));
+			return -1;
+		}
+		add_kernel(B, ki); /* sets vslot[v] */
+		return pp->vslot[v->id];
+	}
+	fz_value *root = fz_view_root(p, (fz_value *)v);
+	int rs = pp->vslot[root->id];
+	if (rs < 0) {
+		fail(B, FZ_EINVAL, fz_strdup_printf("value #%d is a view of #%d, "
+			"which has no storage", v->id, root->id));
+		return -1;
+	}
+	size_t es = fz_dtype_size(v->type.dtype);
+	int s;
+	if (contiguous(&lay)) {
+		slot r = pp->slots[rs];
+		s = add_slot(B, r.base, r.idx, r.off + lay.offset * (int64_t)es);
+	} else {
+		s = stage(B, value_bytes(B, v));
+		step *c = add_step(B, S_COPY, -1);
+		if (c) {
+			c->sx = rs;
+			c->sy = s;
+			c->lay = lay;
+			c->es = es;
+		}
+	}
+	pp->vslot[v->id] = s;
+	return s;
+}
+
+/* The slot a kernel writes v into: its own storage, or a staging block
+ * for a value with none (inside a region run per op, or a reshape's
+ * copy). */
+static int out_slot(builder *B, const fz_value *v)
+{
+	pplan *pp = B->pp;
+	if (pp->vslot[v->id] < 0)
+		pp->vslot[v->id] = stage(B, value_bytes(B, v));
+	return pp->vslot[v->id];
+}
+
+static void add_kernel(builder *B, const fz_kinst *ki)
+{
+	const fz_region *r = &ki->view;
+	int n = r->n_in + r->n_out;
+	int *args = fz_arena_alloc(&B->pp->mem, sizeof *args * (size_t)(n + 1));
+	void **bufs = fz_arena_alloc(&B->pp->mem, sizeof *bufs * (size_t)(n + 1));
+	if (!args || !bufs) {
+		fail(B, FZ_ENOMEM, NULL);
+		return;
+	}
+	for (int i = 0; i < r->n_in; i++)
+		args[i] = need(B, r->in[i]);
+	for (int i = 0; i < r->n_out; i++)
+		args[r->n_in + i] = out_slot(B, r->out[i]);
+	step *s = add_step(B, S_KERNEL, ki->region);
+	if (!s)
+		return;
+	s->ki = ki;
+	s->n_args = n;
+	s->args = args;
+	s->bufs = bufs;
+}
+
+/* torch.matmul and linear as one fz_matmul at the bound sizes. */
+static void add_library(builder *B, const fz_region *reg)
+{
+	const fz_node *n = reg->nodes[0];
+	const fz_value *a = n->in[0], *b = n->in[1], *y = n->out[0];
+	/* operands first: their copies are steps that must come before */
+	int ka = need(B, a), kb = need(B, b);
+	int kbias = n->n_in == 3 ? need(B, n->in[2]) : -1;
+	int ky = out_slot(B, y);
+	step *s = add_step(B, S_MATMUL, reg->id);
+	if (!s)
+		return;
+	s->sa = ka;
+	s->sb = kb;
+	s->sbias = kbias;
+	s->sy = ky;
+	fz_matmul *m = &s->mm;
+	m->region = reg->id;
+	m->dtype = y->type.dtype;
+	int64_t sa[FZ_MAX_RANK] = {0}, sb[FZ_MAX_RANK] = {0};
+	int ra = a->type.rank, rb = b->type.rank;
+	for (int d = 0; d < ra; d++)
+		sa[d] = fz_ext_eval(a->type.dims[d], B->syms);
+	for (int d = 0; d < rb; d++)
+		sb[d] = fz_ext_eval(b->type.dims[d], B->syms);
+	if (n->op == FZ_OP_LINEAR) {
+		m->K = sa[ra - 1];
+		m->N = sb[0];
+		m->M = 1;
+		for (int d = 0; d < ra - 1; d++)
+			m->M *= sa[d];
+		m->b_trans = true;
+		return;
+	}
+	m->M = ra >= 2 ? sa[ra - 2] : 1;
+	m->K = sa[ra - 1];
+	m->N = rb >= 2 ? sb[rb - 1] : 1;
+	int ab = ra > 2 ? ra - 2 : 0, bb = rb > 2 ? rb - 2 : 0;
+	int nbd = ab > bb ? ab : bb;
+	int64_t as = m->M * m->K, bs = m->K * m->N;
+	m->nbd = nbd;
+	for (int i = nbd - 1; i >= 0; i--) {
+		int ia = i - (nbd - ab), ib = i - (nbd - bb);
+		int64_t ea = ia >= 0 ? sa[ia] : 1, eb = ib >= 0 ? sb[ib] : 1;
+		m->bshape[i] = ea == 1 ? eb : ea;
+		m->a_bstride[i] = ea == 1 ? 0 : as;
+		m->b_bstride[i] = eb == 1 ? 0 : bs;
+		as *= ea;
+		bs *= eb;
+	}
+}
+
+static bool same_place(const pplan *pp, int a, int b)
+{
+	const slot *x = &pp->slots[a], *y = &pp->slots[b];
+	return a == b || (x->base == y->base && x->idx == y->idx && x->off == y->off);
+}
+
+/* A collective region (one collective, or a bucket of all-gathers: one
+ * step each, back to back) or a wait region (a wait, or a bucket's waits):
+ * the compute stream waits on the collective's event, then the future's
+ * bytes become the tensor's, in place where memplan gave the wait the
+ * future's buffer (ir/comm.c), else by a copy. */
+static void add_collective(builder *B, const fz_region *reg)
+{
+	for (int j = 0; j < reg->n_nodes && B->st == FZ_OK; j++) {
+		const fz_node *n = reg->nodes[j];
+		const fz_value *x = n->in[0], *y = n->out[0];
+		int sx = need(B, x), sy = out_slot(B, y);
+		if (B->st != FZ_OK)
+			return;
+		int ev = B->p->region_of[(reg->kind == FZ_REGION_WAIT ? x->def : n)->id];
+		if (reg->kind == FZ_REGION_WAIT) {
+			step *w = add_step(B, S_WAIT, reg->id);
+			if (!w)
+				return;
+			w->co.event = ev;
+			if (same_place(B->pp, sx, sy))
+				continue;
+		}
+		step *s = add_step(B, reg->kind == FZ_REGION_WAIT ? S_COPY : S_COLL,
+				   reg->id);
+		if (!s)
+			return;
+		s->sx = sx;
+		s->sy = sy;
+		s->es = fz_dtype_size(x->type.dtype);
+		if (reg->kind == FZ_REGION_WAIT) {
+			if (!fz_layout_contiguous(x, B->syms, &s->lay))
+				fail(B, FZ_EINVAL, fz_strdup("a tensor too large to lay out"));
+			continue;
+		}
+		fz_collective *c = &s->co;
+		c->region = reg->id;
+		c->event = ev;
+		c->dtype = x->type.dtype;
+		c->kind = n->op == FZ_OP_ALL_GATHER ? FZ_COLL_ALL_GATHER
+			  : n->op == FZ_OP_REDUCE_SCATTER ? FZ_COLL_REDUCE_SCATTER
+			  : FZ_COLL_ALL_REDUCE;
+		int dim = n->op == FZ_OP_ALL_REDUCE ? -1 : (int)n->attrs.dim;
+		c->outer = c->inner = 1;
+		c->extent = 1;
+		for (int d = 0; d < x->type.rank; d++) {
+			int64_t e = fz_ext_eval(x->type.dims[d], B->syms);
+			if (dim < 0 || d == dim)
+				c->extent *= e;
+			else if (d < dim)
+				c->outer *= e;
+			else
+				c->inner *= e;
+		}
+	}
+}
+
+/* Slots for parameters, the outputs written in place, and memplan's
+ * blocks; views are made on need. */
+static void assign_slots(builder *B)
+{
+	const fz_trace *t = B->t;
+	const fz_program *p = B->p;
+	pplan *pp = B->pp;
+	for (int v = 0; v < t->n_values; v++)
+		pp->vslot[v] = -1;
+	for (int i = 0; i < t->n_params; i++)
+		pp->vslot[t->params[i]->id] = add_slot(B, B_PARAM, i, 0);
+	for (int k = 0; k < t->n_outputs; k++) {
+		const fz_value *v = t->outputs[k];
+		if (v->param_index < 0 && pp->vslot[v->id] < 0 &&
+		    fz_view_root(p, (fz_value *)v) == v)
+			pp->vslot[v->id] = add_slot(B, B_OUT, k, 0);
+	}
+	for (int v = 0; v < t->n_values; v++) {
+		const fz_value *val = t->values[v];
+		if (pp->vslot[v] >= 0 || val->param_index >= 0 ||
+		    (p->view_of && p->view_of[v]) || p->offset[v] < 0)
+			continue;
+		pp->vslot[v] = add_slot(B, B_ARENA, 0, p->offset[v]);
+	}
+}
+
+/* The trace's outputs not written in place: copied into the caller's
+ * buffer at the end. */
+static void add_output_copies(builder *B)
+{
+	const fz_trace *t = B->t;
+	const fz_program *p = B->p;
+	pplan *pp = B->pp;
+	for (int k = 0; k < t->n_outputs && B->st == FZ_OK; k++) {
+		const fz_value *v = t->outputs[k];
+		int s = pp->vslot[v->id];
+		if (s >= 0 && pp->slots[s].base == B_OUT && pp->slots[s].idx == k)
+			continue;
+		fz_layout lay;
+		int src;
+		fz_value *root = fz_view_root(p, (fz_value *)v);
+		if (root != v && fz_view_eval(p, v, B->syms, &lay) == FZ_OK) {
+			src = pp->vslot[root->id];
+		} else {
+			src = need(B, v);
+			if (!fz_layout_contiguous(v, B->syms, &lay))
+				fail(B, FZ_EINVAL, fz_strdup("a tensor too large to lay out"));
+		}
+		int dst = add_slot(B, B_OUT, k, 0);
+		step *c = add_step(B, S_COPY, -1);
+		if (!c || src < 0)
+			continue;
+		c->sx = src;
+		c->sy = dst;
+		c->lay = lay;
+		c->es = fz_dtype_size(v->type.dtype);
+	}
+}
+
+static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **err)
+{
+	double t0 = now();
+	const fz_trace *t = x->t;
+	pplan *pp = calloc(1, sizeof *pp);
+	if (!pp) {
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	memcpy(pp->syms, syms, sizeof(int64_t) * (size_t)t->n_syms);
+	fz_plan_options po;
+	fz_plan_defaults(&po);
+	po.sym_sizes = syms;
+	fz_status st = fz_plan(t, &po, &pp->p, err);
+	if (st == FZ_OK)
+		st = fz_kset_build(x->kx, pp->p, syms, &pp->ks, err);
+	if (st != FZ_OK) {
+		pplan_free(x, pp);
+		return st;
+	}
+	const fz_program *p = pp->p;
+	builder B = {x, pp, t, p, pp->syms, FZ_OK, err};
+	pp->vslot = malloc(sizeof *pp->vslot * ((size_t)t->n_values + 1));
+	pp->pstage = calloc((size_t)t->n_params + 1, sizeof *pp->pstage);
+	if (!pp->vslot || !pp->pstage)
+		fail(&B, FZ_ENOMEM, NULL);
+	pp->arena_bytes = round_up(p->arena_bytes);
+	if (B.st == FZ_OK)
+		assign_slots(&B);
+	for (int i = 0; i < p->n_regions && B.st == FZ_OK; i++) {
+		const fz_region *reg = p->regions[p->order[i]];
+		switch (reg->kind) {
+		case FZ_REGION_VIEW:
+			break;
+		case FZ_REGION_LIBRARY:
+			add_library(&B, reg);
+			break;
+		case FZ_REGION_COLLECTIVE:
+		case FZ_REGION_WAIT:
+			add_collective(&B, reg);
+			break;
+		default:
+			if (pp->ks->ops[reg->id])
+				for (int j = 0; j < reg->n_nodes; j++)
+					add_kernel(&B, pp->ks->ops[reg->id][j]);
+			else if (pp->ks->whole[reg->id])
+				add_kernel(&B, pp->ks->whole[reg->id]);
+			else
+				fail(&B, FZ_EINVAL, fz_strdup_printf("region %d has no "
+								     "kernel", reg->id));
+		}
+	}
+	if (B.st == FZ_OK)
+		add_output_copies(&B);
+	pp->flag_off = pp->arena_bytes;
+	pp->arena_bytes += BLOCK;
+	if (B.st == FZ_OK && !(pp->ptr = calloc((size_t)pp->n_slots + 1, sizeof *pp->ptr)))
+		fail(&B, FZ_ENOMEM, NULL);
+	if (B.st == FZ_OK) {
+		fz_device *dev = x->dev;
+		if (x->o.alloc) {
+			pp->arena = x->o.alloc(x->o.alloc_ctx, (size_t)pp->arena_bytes);
+			if (!pp->arena)
+				fail(&B, FZ_ENOMEM, fz_strdup_printf("the caller's "
+					"allocator gave no arena of %lld bytes",
+					(long long)pp->arena_bytes));
+		} else {
+			B.st = dev->tg->alloc(dev, (size_t)pp->arena_bytes, &pp->arena, err);
+		}
+	}
+	if (B.st != FZ_OK) {
+		pplan_free(x, pp);
+		return B.st;
+	}
+	x->st.plans++;
+	x->st.prepare_seconds += now() - t0;
+	*out = pp;
+	return FZ_OK;
+}
+
+/* ---- the public API ---------------------------------------------------------- */
+
+void fz_exec_options_init(fz_exec_options *o)
+{
+	memset(o, 0, sizeof *o);
+	o->disk_cache = 1;
+	o->max_plans = 8;
+}
+
+static void warn_stderr(void *ctx, const char *msg)
+{
+	(void)ctx;
+	fprintf(stderr, "fusec: %s\n", msg);
+}
+
+static bool live(const fz_exec *x, char **err)
+{
+	if (x && x->magic == EXEC_MAGIC)
+		return true;
+	set_err(err, fz_strdup(x && x->magic == EXEC_DEAD ? "the fz_exec was freed"
+			       : "not an fz_exec handle"));
+	return false;
+}
+
+fz_status fz_exec_new(const fz_trace *t, const char *device,
+		      const fz_exec_options *o, fz_exec **out, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!out) {
+		set_err(err, fz_strdup("fz_exec_new: out is NULL"));
+		return FZ_EINVAL;
+	}
+	*out = NULL;
+	if (!t) {
+		set_err(err, fz_strdup("fz_exec_new: trace is NULL"));
+		return FZ_EINVAL;
+	}
+	fz_exec_options def;
+	if (!o) {
+		fz_exec_options_init(&def);
+		o = &def;
+	}
+	if (!device)
+		device = "auto";
+	const fz_target *tg = fz_target_find(strcmp(device, "auto") ? device : "cpu");
+	if (!tg) {
+		set_err(err, fz_strdup_printf("unknown device '%s' (devices: auto, %s)",
+					      device, fz_target_names()));
+		return FZ_EINVAL;
+	}
+	fz_status st = fz_trace_verify(t, err);
+	if (st != FZ_OK)
+		return st;
+	fz_exec *x = calloc(1, sizeof *x);
+	if (!x) {
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	x->magic = EXEC_MAGIC;
+	x->t = t;
+	x->o = *o;
+	if (!x->o.warn)
+		x->o.warn = warn_stderr;
+	if (x->o.max_plans < 1)
+		x->o.max_plans = 1;
+	if (!strcmp(device, "auto")) {
+		/* the GPU where one exists, else the CPU, said once */
+		const fz_target *cuda = fz_target_find("cuda");
+		char *why = NULL;
+		if (cuda && cuda->open(&x->o, &x->dev, &why) == FZ_OK) {
+			tg = cuda;
+		} else {
+			x->dev = NULL;
+			x->o.warn(x->o.warn_ctx, "no CUDA device; running on the CPU");
+		}
+		free(why);
+	}
+	if (!x->dev && (st = tg->open(&x->o, &x->dev, err)) != FZ_OK)
+		goto fail;
+	snprintf(x->device, sizeof x->device, "%s", x->dev->tg->name);
+	x->plans = calloc((size_t)x->o.max_plans, sizeof *x->plans);
+	if (!x->plans) {
+		st = FZ_ENOMEM;
+		goto fail;
+	}
+	if (x->o.disk_cache) {
+		fz_disk_options dopt = {x->o.cache_dir, 0, x->o.warn, x->o.warn_ctx};
+		if ((st = fz_disk_open(&dopt, &x->disk, err)) != FZ_OK)
+			goto fail;
+	}
+	fz_kctx_options ko = {x->dev->cg, x->disk, x->dev,
+			      x->dev->cg.target == FZ_CG_NVPTX, 0, NULL, NULL};
+	if ((st = fz_kctx_new(&ko, &x->kx, err)) != FZ_OK)
+		goto fail;
+	*out = x;
+	return FZ_OK;
+fail:
+	if (st == FZ_ENOMEM && err && !*err)
+		set_err(err, fz_strdup("out of memory"));
+	fz_exec_free(x);
+	return st;
+}
+
+void fz_exec_free(fz_exec *x)
+{
+	if (!x || x->magic != EXEC_MAGIC)
+		return;
+	for (int i = 0; i < x->n_plans; i++)
+		pplan_free(x, x->plans[i]);
+	free(x->plans);
+	fz_kctx_free(x->kx);
+	fz_disk_close(x->disk);
+	fz_device_release(x->dev);
+	x->magic = EXEC_DEAD;
+	free(x);
+}
+
+const char *fz_exec_device(const fz_exec *x)
+{
+	return x && x->magic == EXEC_MAGIC ? x->device : NULL;
+}
+
+const fz_exec_stats *fz_exec_stats_of(const fz_exec *x)
+{
+	((fz_exec *)x)->st.k = *fz_kctx_stats(x->kx);
+	return &x->st;
+}
+
+const fz_program *fz_exec_plan(const fz_exec *x)
+{
+	return x->n_plans ? x->plans[0]->p : NULL;
+}
+
+/* Binds the sizes and finds (or prepares) the plan for them, most
+ * recently used first. */
+static fz_status bind_plan(fz_exec *x, const int64_t *sym_sizes,
+			   const fz_tensor *in, int n_in, int64_t *syms, pplan **out,
+			   char **err)
+{
+	const fz_trace *t = x->t;
+	for (int s = 0; s < t->n_syms; s++)
+		syms[s] = sym_sizes ? sym_sizes[s] : -1;
+	fz_status st = fz_trace_bind(t, in, n_in, syms, err);
+	if (st != FZ_OK)
+		return st;
+	size_t sb = sizeof(int64_t) * (size_t)t->n_syms;
+	for (int i = 0; i < x->n_plans; i++) {
+		pplan *pp = x->plans[i];
+		if (memcmp(pp->syms, syms, sb))
+			continue;
+		memmove(&x->plans[1], &x->plans[0], sizeof *x->plans * (size_t)i);
+		x->plans[0] = pp;
+		*out = pp;
+		return FZ_OK;
+	}
+	pplan *pp = NULL;
+	if ((st = prepare(x, syms, &pp, err)) != FZ_OK)
+		return st;
+	if (x->n_plans == x->o.max_plans)
+		pplan_free(x, x->plans[--x->n_plans]);
+	memmove(&x->plans[1], &x->plans[0], sizeof *x->plans * (size_t)x->n_plans);
+	x->plans[0] = pp;
+	x->n_plans++;
+	*out = pp;
+	return FZ_OK;
+}
+
+fz_status fz_exec_prepare(fz_exec *x, const int64_t *sym_sizes,
+			  const fz_tensor *inputs, int n_in, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!live(x, err))
+		return FZ_EINVAL;
+	int64_t syms[FZ_MAX_SYMS];
+	pplan *pp = NULL;
+	fz_status st = bind_plan(x, sym_sizes, inputs, n_in, syms, &pp, err);
+	if (st == FZ_OK) {
+		x->st.regions = pp->p->n_regions;
+		x->st.steps = pp->n_steps;
+		x->st.arena_bytes = pp->arena_bytes;
+	}
+	return st;
+}
+
+static const char *out_desc(const fz_trace *t, int k, char *buf, size_t n)
+{
+	const fz_value *v = t->outputs[k];
+	if (v->name)
+		snprintf(buf, n, "output %d ('%s')", k, v->name);
+	else
+		snprintf(buf, n, "output %d", k);
+	return buf;
+}
+
+/* The caller's output buffers: dtype, shape, contiguous and aligned. */
+static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
+			       int n_out, char **err)
+{
+	const fz_trace *t = x->t;
+	char d[160];
+	if (n_out != t->n_outputs || (n_out && !out)) {
+		set_err(err, fz_strdup_printf("trace '%s' returns %d value%s; %d "
+			"output tensors given", t->name, t->n_outputs,
+			t->n_outputs == 1 ? "" : "s", n_out));
+		return FZ_EINVAL;
+	}
+	for (int k = 0; k < n_out; k++) {
+		const fz_value *v = t->outputs[k];
+		const fz_tensor *o = &out[k];
+		if (o->dtype != v->type.dtype || o->rank != v->type.rank) {
+			set_err(err, fz_strdup_printf("%s is given a %s tensor of rank %d; "
+				"expected %s of rank %d", out_desc(t, k, d, sizeof d),
+				fz_dtype_name(o->dtype), o->rank,
+				fz_dtype_name(v->type.dtype), v->type.rank));
+			return FZ_EINVAL;
+		}
+		int64_t acc = 1;
+		for (int i = v->type.rank - 1; i >= 0; i--) {
+			int64_t e = fz_ext_eval(v->type.dims[i], syms);
+			if (o->shape[i] != e) {
+				set_err(err, fz_strdup_printf("%s is given extent %lld in "
+					"dim %d; expected %lld", out_desc(t, k, d, sizeof d),
+					(long long)o->shape[i], i, (long long)e));
+				return FZ_EINVAL;
+			}
+			if (e != 1 && o->strides[i] != acc) {
+				set_err(err, fz_strdup_printf("%s is not contiguous (dim %d "
+					"has stride %lld; expected %lld)",
+					out_desc(t, k, d, sizeof d), i,
+					(long long)o->strides[i], (long long)acc));
+				return FZ_EINVAL;
+			}
+			acc *= e;
+		}
+		if (acc > 0 && (!o->data || (uintptr_t)o->data % 16)) {
+			set_err(err, fz_strdup_printf("%s: data is %s", out_desc(t, k, d,
+				sizeof d), o->data ? "not 16-byte aligned" : "NULL"));
+			return FZ_EINVAL;
+		}
+	}
+	return FZ_OK;
+}
+
+/* An input read in place, or its copy when it is strided or misaligned
+ * (a kernel takes contiguous, 16-byte-aligned buffers). */
+static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
+		       void *stream, fz_status *st, char **err)
+{
+	int64_t acc = 1;
+	bool ok = ((uintptr_t)in->data % 16) == 0;
+	for (int d = in->rank - 1; d >= 0 && ok; d--) {
+		ok = in->shape[d] == 1 || in->strides[d] == acc;
+		acc *= in->shape[d];
+	}
+	if (ok)
+		return in->data;
+	fz_device *dev = x->dev;
+	size_t es = fz_dtype_size(in->dtype);
+	int64_t n = fz_type_numel_at(&x->t->params[i]->type, pp->syms);
+	if (!pp->pstage[i] &&
+	    (*st = dev->tg->alloc(dev, (size_t)(n > 0 ? n : 1) * es, &pp->pstage[i],
+				  err)) != FZ_OK)
+		return NULL;
+	fz_layout lay = {in->rank, {0}, {0}, 0};
+	memcpy(lay.shape, in->shape, sizeof lay.shape);
+	memcpy(lay.strides, in->strides, sizeof lay.strides);
+	*st = dev->tg->copy(dev, pp->pstage[i], in->data, es, &lay, stream, err);
+	return *st == FZ_OK ? pp->pstage[i] : NULL;
+}
+
+static fz_status bad_index(fz_exec *x, int region, int32_t flag, char **err)
+{
+	const fz_trace *t = x->t;
+	char where[64] = "";
+	const char *op = "an op";
+	if (flag > 0 && flag <= t->n_nodes) {
+		const fz_node *n = t->nodes[flag - 1];
+		op = fz_ops[n->op].name;
+		if (n->line > 0)
+			snprintf(where, sizeof where, " at %d:%d", n->line, n->col);
+	}
+	char reg[32] = "";
+	if (region >= 0)
+		snprintf(reg, sizeof reg, "region %d: ", region);
+	set_err(err, fz_strdup_printf("%s%s%s: an index is out of range (or an "
+				      "integer fmod divides by zero)", reg, op, where));
+	return FZ_ERANGE;
+}
+
+void fz_exec_set_comm(fz_exec *x, struct fz_comm *c, int rank)
+{
+	x->comm = c;
+	x->rank = rank;
+}
+
+long fz_exec_host_syncs(const fz_exec *x) { return x->host_syncs; }
+
+/* A trace declared `world N` runs only as one of N ranks. */
+static fz_status check_world(const fz_exec *x, char **err)
+{
+	int world = x->comm ? fz_comm_world(x->comm) : 1;
+	if (x->t->world == world)
+		return FZ_OK;
+	set_err(err, fz_strdup_printf("trace '%s' is written for world %d; this "
+				      "program runs %d rank%s", x->t->name,
+				      x->t->world, world, world == 1 ? "" :
+				      "s"));
+	return FZ_EINVAL;
+}
+
+static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
+			  const fz_tensor *in, int n_in, fz_tensor *out,
+			  int n_out, void *stream, char **err);
+
+fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
+		      int n_in, fz_tensor *out, int n_out, void *stream, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!live(x, err))
+		return FZ_EINVAL;
+	fz_status st = check_world(x, err);
+	long syncs = fz_host_sync_count();
+	if (st == FZ_OK)
+		st = exec_run(x, sym_sizes, in, n_in, out, n_out, stream, err);
+	x->host_syncs += fz_host_sync_count() - syncs;
+	if (st != FZ_OK && x->comm) /* the other ranks must not wait for us */
+		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
+	return st;
+}
+
+static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
+			  const fz_tensor *in, int n_in, fz_tensor *out,
+			  int n_out, void *stream, char **err)
+{
+	int64_t syms[FZ_MAX_SYMS];
+	pplan *pp = NULL;
+	fz_status st = bind_plan(x, sym_sizes, in, n_in, syms, &pp, err);
+	if (st == FZ_OK)
+		st = check_outputs(x, syms, out, n_out, err);
+	if (st != FZ_OK)
+		return st;
+	fz_device *dev = x->dev;
+	const fz_target *tg = dev->tg;
+	void *ibase[64], **ib = ibase;
+	if (n_in > 64 && !(ib = malloc(sizeof *ib * (size_t)n_in))) {
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	for (int i = 0; i < n_in && st == FZ_OK; i++)
+		ib[i] = input_ptr(x, pp, i, &in[i], stream, &st, err);
+	char *arena = pp->arena;
+	int32_t *flag = (int32_t *)(arena + pp->flag_off);
+	static const int32_t zero = 0;
+	if (st == FZ_OK)
+		st = tg->host_memory ? (*flag = 0, FZ_OK)
+		     : tg->upload(dev, flag, &zero, sizeof zero, stream, err);
+	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
+		const slot *sl = &pp->slots[s];
+		char *base = sl->base == B_ARENA ? arena
+			     : sl->base == B_PARAM ? (char *)ib[sl->idx]
+			     : (char *)out[sl->idx].data;
+		pp->ptr[s] = base + sl->off;
+	}
+	void **ptr = pp->ptr;
+	int launches = 0;
+	for (int i = 0; i < pp->n_steps && st == FZ_OK; i++) {
+		step *s = &pp->steps[i];
+		switch (s->kind) {
+		case S_KERNEL: {
+			for (int a = 0; a < s->n_args; a++)
+				s->bufs[a] = ptr[s->args[a]];
+			const fz_kcode_rec *c = s->ki->code;
+			st = tg->launch(dev, &c->k, c->fn, s->bufs, syms, flag, stream, err);
+			launches++;
+			if (st == FZ_OK && tg->host_memory && *flag)
+				st = bad_index(x, s->region, *flag, err);
+			break;
+		}
+		case S_MATMUL:
+			s->mm.a = ptr[s->sa];
+			s->mm.b = ptr[s->sb];
+			s->mm.bias = s->sbias >= 0 ? ptr[s->sbias] : NULL;
+			s->mm.y = ptr[s->sy];
+			st = tg->matmul(dev, &s->mm, stream, err);
+			break;
+		case S_COLL:
+			s->co.x = ptr[s->sx];
+			s->co.y = ptr[s->sy];
+			s->co.comm = x->comm;
+			s->co.rank = x->rank;
+			st = tg->collective(dev, &s->co, stream, err);
+			break;
+		case S_WAIT: /* the compute stream waits; the host does not */
+			st = tg->event_wait(dev, s->co.event, stream, err);
+			break;
+		case S_COPY:
+			st = tg->copy(dev, ptr[s->sy], ptr[s->sx], s->es, &s->lay, stream,
+				      err);
+			break;
+		}
+	}
+	if (ib != ibase)
+		free(ib);
+	x->st.launches = launches;
+	x->st.regions = pp->p->n_regions;
+	x->st.steps = pp->n_steps;
+	x->st.arena_bytes = pp->arena_bytes;
+	if (st != FZ_OK && err && !*err)
+		set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
+	return st;
+}
+
+fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!live(x, err))
+		return FZ_EINVAL;
+	fz_device *dev = x->dev;
+	fz_status st = dev->tg->sync(dev, stream, err);
+	if (st != FZ_OK || !x->n_plans)
+		return st;
+	pplan *pp = x->plans[0];
+	int32_t flag = 0;
+	const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
+	if (dev->tg->host_memory)
+		flag = *f;
+	else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream, err)) != FZ_OK)
+		return st;
+	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
+}
+
+/* ---- one shot -------------------------------------------------------------------- */
+
+fz_status fz_trace_run(const fz_trace *t, const char *device, const int64_t *sym_sizes,
+		       const fz_tensor *inputs, int n_in, fz_tensor *outputs,
+		       int n_out, char **err)
+{
+	if (err)
+		*err = NULL;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.max_plans = 1;
+	fz_exec *x = NULL;
+	fz_status st = fz_exec_new(t, device, &o, &x, err);
+	int64_t syms[FZ_MAX_SYMS];
+	if (st == FZ_OK) {
+		for (int s = 0; s < t->n_syms; s++)
+			syms[s] = sym_sizes ? sym_sizes[s] : -1;
+		st = fz_trace_bind(t, inputs, n_in, syms, err);
+	}
+	if (st == FZ_OK && (n_out != t->n_outputs || (n_out && !outputs))) {
+		set_err(err, fz_strdup_printf("trace '%s' returns %d values; %d output "
+					      "slots given", t->name, t->n_outputs, n_out));
+		st = FZ_EINVAL;
+	}
+	if (st == FZ_OK && !x->dev->tg->host_memory) {
+		set_err(err, fz_strdup_printf("fz_trace_run takes host tensors; use "
+			"fz_exec_run for device '%s'", x->device));
+		st = FZ_EINVAL;
+	}
+	for (int k = 0; k < n_out && st == FZ_OK; k++) {
+		const fz_value *v = t->outputs[k];
+		fz_tensor *o = &outputs[k];
+		memset(o, 0, sizeof *o);
+		o->dtype = v->type.dtype;
+		o->rank = v->type.rank;
+		int64_t acc = 1;
+		for (int d = v->type.rank - 1; d >= 0; d--) {
+			o->shape[d] = fz_ext_eval(v->type.dims[d], syms);
+			o->strides[d] = acc;
+			acc *= o->shape[d];
+		}
+		size_t bytes = (size_t)acc * fz_dtype_size(v->type.dtype);
+		o->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+		if (!o->data) {
+			set_err(err, fz_strdup("out of memory"));
+			st = FZ_ENOMEM;
+		}
+	}
+	if (st == FZ_OK)
+		st = fz_exec_run(x, syms, inputs, n_in, outputs, n_out, NULL, err);
+	if (st != FZ_OK)
+		for (int k = 0; k < n_out && k < t->n_outputs && outputs; k++) {
+			free(outputs[k].data);
+			outputs[k].data = NULL;
+		}
+	fz_exec_free(x);
+	return st;
+}

@@ -1,0 +1,676 @@
+/*
+ * kernels.c: the kernels a plan launches, keyed, found or compiled, loaded.
+ *
+ * `fusec compile`, `fusec run` and the library used to decide this in three
+ * places and disagreed (a run after a compile still compiled the per-op
+ * kernels of split regions and the copies of reshapes); now this file is
+ * the one answer. For a plan at bound sizes:
+ *
+ *   1. enumerate   each kernel region; the copy kernel of every reshape
+ *                  that is not a view at these sizes;
+ *   2. variant     32-bit indexing when every value of the trace has fewer
+ *                  than 2^31/8 elements (unbound sizes: both widths), and
+ *                  vectorized when every buffer the kernel reads will be
+ *                  16-byte aligned (the runner's arena is, a contiguous view
+ *                  at an offset may not be);
+ *   3. key         the canonical form of the region under that variant
+ *                  (cache/canon.c), so the 32 layers of a Llama share keys;
+ *   4. find        per distinct key: the device's store (loaded by another
+ *                  program of this process), else the disk cache, else
+ *                  compile on `jobs` threads and store; a key whose region
+ *                  the skeletons do not take is remembered in the cache as
+ *                  a marker entry, so a warm start never builds it to learn
+ *                  that again;
+ *   5. split       a region not taken whole becomes one kernel per op,
+ *                  found the same way (steps 3-4);
+ *   6. load        with a device, each key's code is handed to tg->load
+ *                  once per process and kept in the device's store.
+ *
+ * Compiling, the disk cache and the store are all behind one context
+ * (fz_kctx) so that a command over many files counts a key once.
+ *
+ *     32-layer Llama forward at B=2, T=16:  ~200 kernel regions, 8 keys;
+ *     cold: 8 compiled; after `fusec compile --target host --bind B=2,T=16`:
+ *     8 cache hits, 0 compiled; a second program in the same process: 8
+ *     mem hits.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels.h"
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void set_err(char **err, char *m)
+{
+	if (!err) {
+		free(m);
+		return;
+	}
+	free(*err);
+	*err = m;
+}
+
+/* ---- records by canonical form ------------------------------------------- */
+
+static uint64_t rec_hash(const void *k) { return ((const fz_kcode_rec *)k)->key.lo; }
+
+static bool rec_eq(const void *a, const void *b)
+{
+	const fz_kcode_rec *x = a, *y = b;
+	return fz_key_eq(x->key, y->key) && x->len == y->len &&
+	       !memcmp(x->canon, y->canon, x->len);
+}
+
+static void rec_free(void *k, void *v, void *ctx)
+{
+	(void)v;
+	(void)ctx;
+	fz_kcode_rec *r = k;
+	if (r)
+		free(r->canon);
+	free(r);
+}
+
+static const fz_lru_ops rec_ops = {rec_hash, rec_eq, rec_free};
+#define REC_CAP ((size_t)1 << 40) /* a map: loaded code is never evicted */
+
+static fz_kcode_rec *rec_new(const fz_canon *cn)
+{
+	fz_kcode_rec *r = calloc(1, sizeof *r);
+	if (!r || !(r->canon = malloc(cn->len + 1))) {
+		free(r);
+		return NULL;
+	}
+	r->key = cn->key;
+	r->len = cn->len;
+	memcpy(r->canon, cn->text, cn->len + 1);
+	return r;
+}
+
+struct fz_kstore {
+	fz_lru *map;   /* fz_kcode_rec by canonical form, loaded on the device */
+};
+
+void fz_kstore_free(fz_kstore *s)
+{
+	if (!s)
+		return;
+	fz_lru_free(s->map);
+	free(s);
+}
+
+/* ---- the context ------------------------------------------------------------ */
+
+struct fz_kctx {
+	fz_kctx_options o;
+	char target[160];
+	fz_lru *seen;         /* keys met by this context: fz_kcode_rec */
+	fz_kstats st;
+	char *first_unsupported;
+};
+
+fz_status fz_kctx_new(const fz_kctx_options *o, fz_kctx **out, char **err)
+{
+	*out = NULL;
+	fz_kctx *cx = calloc(1, sizeof *cx);
+	if (!cx || fz_lru_new(REC_CAP, &rec_ops, NULL, &cx->seen) != FZ_OK) {
+		free(cx);
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	cx->o = *o;
+	if (cx->o.jobs <= 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		cx->o.jobs = n > 0 ? (int)n : 1;
+	}
+	fz_cache_target(&cx->o.cg, cx->target, sizeof cx->target);
+	if (o->dev) {
+		fz_device *d = o->dev;
+		pthread_mutex_lock(&d->mu);
+		if (!d->store) {
+			d->store = calloc(1, sizeof *d->store);
+			if (d->store && fz_lru_new(REC_CAP, &rec_ops, NULL,
+						   &d->store->map) != FZ_OK) {
+				free(d->store);
+				d->store = NULL;
+			}
+		}
+		bool ok = d->store != NULL;
+		pthread_mutex_unlock(&d->mu);
+		if (!ok) {
+			fz_kctx_free(cx);
+			set_err(err, fz_strdup("out of memory"));
+			return FZ_ENOMEM;
+		}
+	}
+	*out = cx;
+	return FZ_OK;
+}
+
+void fz_kctx_free(fz_kctx *cx)
+{
+	if (!cx)
+		return;
+	fz_lru_free(cx->seen);
+	free(cx->first_unsupported);
+	free(cx);
+}
+
+const fz_kstats *fz_kctx_stats(const fz_kctx *cx) { return &cx->st; }
+const char *fz_kctx_target(const fz_kctx *cx) { return cx->target; }
+const char *fz_kctx_first_unsupported(const fz_kctx *cx)
+{
+	return cx->first_unsupported;
+}
+
+/* ---- sets --------------------------------------------------------------------- */
+
+static void kinst_free(fz_kinst *ki)
+{
+	if (ki)
+		fz_canon_free(ki->cn);
+	free(ki);
+}
+
+void fz_kset_free(fz_kset *ks)
+{
+	if (!ks)
+		return;
+	for (int i = 0; i < ks->n_inst; i++)
+		kinst_free(ks->inst[i]);
+	for (int r = 0; ks->ops && r < ks->n_regions; r++)
+		free(ks->ops[r]);
+	free(ks->inst);
+	free(ks->whole);
+	free(ks->ops);
+	free(ks->copy);
+	free(ks);
+}
+
+static bool contiguous(const fz_layout *l)
+{
+	int64_t acc = 1;
+	for (int d = l->rank - 1; d >= 0; d--) {
+		if (l->shape[d] != 1 && l->strides[d] != acc)
+			return false;
+		acc *= l->shape[d];
+	}
+	return true;
+}
+
+/* Will the buffer of v handed to a kernel be 16-byte aligned? The arena's
+ * blocks and parameters are (the runner copies a parameter that is not),
+ * a strided view is gathered into an arena block, a reshape that is not a
+ * view is copied into one; a contiguous view points into its root at its
+ * offset. exec.c binds exactly what this predicts. Unbound sizes: judged
+ * at the plan's probe sizes. */
+static bool value_aligned(const fz_program *p, const fz_value *v, const int64_t *syms)
+{
+	if (!p->view_of || !p->view_of[v->id])
+		return true;
+	fz_layout lay;
+	if (fz_view_eval(p, v, syms, &lay) != FZ_OK || !contiguous(&lay))
+		return true;
+	return lay.offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
+}
+
+static int vectorize_of(const fz_program *p, const fz_region *r, const int64_t *syms)
+{
+	for (int i = 0; i < r->n_in; i++)
+		if (!value_aligned(p, r->in[i], syms))
+			return 0;
+	return 1;
+}
+
+bool fz_kernels_idx32(const fz_trace *t, const int64_t *syms)
+{
+	for (int v = 0; v < t->n_values; v++) {
+		int64_t n = fz_type_numel_at(&t->values[v]->type, syms);
+		if (n < 0 || n >= (INT64_C(1) << 31) / 8)
+			return false;
+	}
+	return true;
+}
+
+/* A pending instance: what it runs and its variant; keyed below. */
+static fz_kinst *kinst_new(fz_kset *ks, int region, int op, int variant)
+{
+	fz_kinst *ki = calloc(1, sizeof *ki);
+	if (!ki)
+		return NULL;
+	fz_kinst **ni = realloc(ks->inst, sizeof *ni * (size_t)(ks->n_inst + 1));
+	if (!ni) {
+		free(ki);
+		return NULL;
+	}
+	ks->inst = ni;
+	ks->inst[ks->n_inst++] = ki;
+	ki->region = region;
+	ki->op = op;
+	ki->variant = variant;
+	return ki;
+}
+
+/* Op n alone, its distinct operands the inputs. */
+static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
+{
+	int ni = 0;
+	for (int a = 0; a < n->n_in; a++) {
+		bool dup = false;
+		for (int b = 0; b < ni; b++)
+			dup |= ki->ins[b] == n->in[a];
+		if (!dup)
+			ki->ins[ni++] = n->in[a];
+	}
+	ki->node[0] = n;
+	ki->src = (fz_region){id, FZ_REGION_POINTWISE, 1, ki->node, ni, ki->ins,
+			      n->n_out, n->out};
+}
+
+static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_kinst *ki, char **err)
+{
+	fz_cg_options o = cx->o.cg;
+	o.idx32 = ki->variant >= 2;
+	o.vectorize = ki->variant & 1;
+	uint8_t spec[2 + 256];
+	fz_key_params kp;
+	fz_key_params_init(&kp, cx->target, FZ_CODEGEN_VERSION);
+	kp.spec = spec;
+	kp.n_spec = fz_cache_spec(&o, &ki->src, spec, sizeof spec);
+	fz_status st = fz_canon_region(t, &ki->src, &kp, &ki->cn, err);
+	if (st == FZ_OK)
+		fz_canon_region_view(ki->cn, &ki->src, &ki->view);
+	return st;
+}
+
+/* ---- finding and compiling ----------------------------------------------------- */
+
+/* A key to compile: its instance (for the region and canonical form) and
+ * what came of it. */
+typedef struct job {
+	fz_kinst *ki;
+	fz_kcode_rec *rec;
+	fz_status st;
+	char *msg;
+	fz_build_info info;
+} job;
+
+typedef struct jobs {
+	fz_kctx *cx;
+	const fz_trace *t;
+	job *j;
+	int n, next, done;
+	pthread_mutex_t mu;
+} jobs;
+
+static void *worker(void *arg)
+{
+	jobs *J = arg;
+	fz_kctx *cx = J->cx;
+	fz_compiler *cs[4] = {NULL, NULL, NULL, NULL};
+	fz_disk *disk = cx->o.disk && fz_disk_writable(cx->o.disk) ? cx->o.disk : NULL;
+	for (;;) {
+		pthread_mutex_lock(&J->mu);
+		int i = J->next < J->n ? J->next++ : -1;
+		pthread_mutex_unlock(&J->mu);
+		if (i < 0)
+			break;
+		job *jb = &J->j[i];
+		int v = jb->ki->variant;
+		if (!cs[v]) {
+			fz_cg_options o = cx->o.cg;
+			o.idx32 = v >= 2;
+			o.vectorize = v & 1;
+			jb->st = fz_compiler_new(&o, &cs[v], &jb->msg);
+		}
+		if (cs[v]) {
+			jb->info.want_code = cx->o.dev != NULL;
+			jb->st = fz_cache_build(cs[v], disk, J->t, &jb->ki->src, jb->ki->cn,
+						cx->o.cubins, &jb->info, &jb->msg);
+		}
+		if (jb->st == FZ_EUNSUPPORTED && disk) {
+			/* remembered, so a warm start does not build it again */
+			fz_section s = {"unsupported", jb->msg ? jb->msg : "", 0};
+			s.len = strlen(s.data);
+			fz_disk_store(disk, jb->ki->cn->key, jb->ki->cn->text,
+				      jb->ki->cn->len, &s, 1);
+		}
+		pthread_mutex_lock(&J->mu);
+		J->done++;
+		if (cx->o.progress)
+			cx->o.progress(cx->o.progress_ctx, J->done, J->n);
+		pthread_mutex_unlock(&J->mu);
+	}
+	for (int v = 0; v < 4; v++)
+		fz_compiler_free(cs[v]);
+	return NULL;
+}
+
+static fz_status run_jobs(fz_kctx *cx, const fz_trace *t, job *j, int n)
+{
+	jobs J = {cx, t, j, n, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+	int want = cx->o.jobs < n ? cx->o.jobs : n;
+	pthread_t th[64];
+	int started = 0;
+	for (int i = 1; i < want && i < 64; i++)
+		if (pthread_create(&th[started], NULL, worker, &J) == 0)
+			started++;
+	worker(&J);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&J.mu);
+	return FZ_OK;
+}
+
+/* The code of a disk entry as the target's load wants it. */
+static void code_of_entry(const fz_entry *e, int sm, fz_kcode *c)
+{
+	memset(c, 0, sizeof *c);
+	const fz_section *s;
+	if ((s = fz_entry_section(e, "obj"))) {
+		c->obj = s->data;
+		c->obj_len = s->len;
+	}
+	if ((s = fz_entry_section(e, "ptx"))) {
+		c->ptx = s->data;
+		c->ptx_len = s->len;
+	}
+	char tag[FZ_SECTION_TAG];
+	snprintf(tag, sizeof tag, "cubin.sm_%d", sm);
+	if ((s = fz_entry_section(e, tag))) {
+		c->cubin = s->data;
+		c->cubin_len = s->len;
+	}
+}
+
+/* Loads rec's code on the device and files it in the store (the caller
+ * holds dev->mu). The store owns rec afterwards, on failure too. */
+static fz_status load_rec(fz_kctx *cx, fz_kcode_rec *rec, const fz_kcode *code,
+			  char **err)
+{
+	fz_device *dev = cx->o.dev;
+	fz_status st = FZ_OK;
+	if (!rec->unsupported)
+		st = dev->tg->load(dev, &rec->k, code, rec->fn, err);
+	if (st != FZ_OK) {
+		rec_free(rec, rec, NULL);
+		return st;
+	}
+	return fz_lru_put(dev->store->map, rec, rec);
+}
+
+/* Resolves every instance of ks from index `from` on: found, compiled or
+ * loaded; sets ki->code. */
+static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
+			 char **err)
+{
+	fz_device *dev = cx->o.dev;
+	int n = ks->n_inst - from;
+	job *todo = calloc((size_t)n + 1, sizeof *todo);
+	fz_entry **entries = calloc((size_t)n + 1, sizeof *entries);
+	fz_kcode_rec **entry_rec = calloc((size_t)n + 1, sizeof *entry_rec);
+	int n_todo = 0, n_entries = 0;
+	fz_status st = FZ_OK;
+	if (!todo || !entries || !entry_rec) {
+		free(todo);
+		free(entries);
+		free(entry_rec);
+		set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	if (dev)
+		pthread_mutex_lock(&dev->mu);
+	for (int i = from; i < ks->n_inst && st == FZ_OK; i++) {
+		fz_kinst *ki = ks->inst[i];
+		if ((st = kinst_key(cx, t, ki, err)) != FZ_OK)
+			break;
+		fz_kcode_rec probe = {.key = ki->cn->key, .canon = ki->cn->text,
+				      .len = ki->cn->len};
+		fz_kcode_rec *rec;
+		if ((rec = fz_lru_get(cx->seen, &probe)) != NULL) {
+			ki->code = rec; /* (pending records are filled below) */
+			continue;
+		}
+		cx->st.unique++;
+		if (dev && (rec = fz_lru_get(dev->store->map, &probe)) != NULL) {
+			cx->st.mem_hits++;
+			ki->code = rec;
+			fz_kcode_rec *seen = rec_new(ki->cn);
+			if (!seen || fz_lru_put(cx->seen, seen, seen) != FZ_OK) {
+				st = FZ_ENOMEM;
+				break;
+			}
+			/* a record in seen stands for the store's: copy the code */
+			seen->unsupported = rec->unsupported;
+			seen->k = rec->k;
+			memcpy(seen->fn, rec->fn, sizeof seen->fn);
+			ki->code = seen;
+			continue;
+		}
+		if (!(rec = rec_new(ki->cn))) {
+			st = FZ_ENOMEM;
+			break;
+		}
+		if ((st = fz_lru_put(cx->seen, rec, rec)) != FZ_OK)
+			break;
+		ki->code = rec;
+		fz_entry *e = NULL;
+		if (cx->o.disk &&
+		    (st = fz_disk_lookup(cx->o.disk, ki->cn->key, ki->cn->text,
+					 ki->cn->len, &e)) != FZ_OK)
+			break;
+		if (e && fz_entry_section(e, "unsupported")) {
+			rec->unsupported = true;
+			cx->st.cache_hits++;
+			fz_entry_free(e);
+			continue;
+		}
+		if (e && fz_cache_usable(e, &cx->o.cg) &&
+		    fz_cache_meta_read(e, &rec->k) == FZ_OK) {
+			cx->st.cache_hits++;
+			entry_rec[n_entries] = rec;
+			entries[n_entries++] = e;
+			continue;
+		}
+		fz_entry_free(e);
+		todo[n_todo++] = (job){ki, rec, FZ_OK, NULL, {0}};
+	}
+	if (dev)
+		pthread_mutex_unlock(&dev->mu);
+	if (st == FZ_OK && n_todo)
+		run_jobs(cx, t, todo, n_todo);
+	if (dev)
+		pthread_mutex_lock(&dev->mu);
+	/* the cache's code, then what was compiled, onto the device */
+	for (int i = 0; i < n_entries && st == FZ_OK; i++) {
+		const fz_entry *e = entries[i];
+		fz_kcode_rec *rec = entry_rec[i];
+		if (!dev)
+			continue;
+		fz_kcode c;
+		code_of_entry(e, cx->o.cg.sm, &c);
+		fz_kcode_rec *loaded = rec_new(&(fz_canon){.key = rec->key,
+			.text = rec->canon, .len = rec->len});
+		if (!loaded) {
+			st = FZ_ENOMEM;
+			break;
+		}
+		loaded->k = rec->k;
+		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
+			memcpy(rec->fn, loaded->fn, sizeof rec->fn);
+	}
+	for (int i = 0; i < n_todo && st == FZ_OK; i++) {
+		job *jb = &todo[i];
+		if (jb->st == FZ_EUNSUPPORTED) {
+			jb->rec->unsupported = true;
+			cx->st.unsupported++;
+			if (!cx->first_unsupported) {
+				cx->first_unsupported = jb->msg;
+				jb->msg = NULL;
+			}
+		} else if (jb->st != FZ_OK) {
+			st = jb->st;
+			set_err(err, jb->msg);
+			jb->msg = NULL;
+			break;
+		} else {
+			cx->st.compiled++;
+			cx->st.cubins += jb->info.cubin;
+			jb->rec->k = jb->info.kernel;
+		}
+		if (!dev)
+			continue;
+		fz_kcode c = {jb->info.object, jb->info.object_len, jb->info.ptx,
+			      jb->info.ptx ? strlen(jb->info.ptx) : 0,
+			      jb->info.cubin_data, jb->info.cubin_bytes};
+		fz_kcode_rec *loaded = rec_new(jb->ki->cn);
+		if (!loaded) {
+			st = FZ_ENOMEM;
+			break;
+		}
+		loaded->k = jb->rec->k;
+		loaded->unsupported = jb->rec->unsupported;
+		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
+			memcpy(jb->rec->fn, loaded->fn, sizeof jb->rec->fn);
+	}
+	if (dev)
+		pthread_mutex_unlock(&dev->mu);
+	if (st == FZ_ENOMEM && err && !*err)
+		set_err(err, fz_strdup("out of memory"));
+	for (int i = 0; i < n_entries; i++)
+		fz_entry_free(entries[i]);
+	for (int i = 0; i < n_todo; i++) {
+		free(todo[i].msg);
+		free(todo[i].info.object);
+		free(todo[i].info.ptx);
+		free(todo[i].info.cubin_data);
+		free(todo[i].info.cubin_error);
+	}
+	free(entries);
+	free(entry_rec);
+	free(todo);
+	return st;
+}
+
+fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
+			fz_kset **out, char **err)
+{
+	*out = NULL;
+	double t0 = now();
+	const fz_trace *t = p->trace;
+	fz_kset *ks = calloc(1, sizeof *ks);
+	if (!ks)
+		goto oom;
+	ks->n_regions = p->n_regions;
+	ks->n_values = t->n_values;
+	ks->whole = calloc((size_t)p->n_regions + 1, sizeof *ks->whole);
+	ks->ops = calloc((size_t)p->n_regions + 1, sizeof *ks->ops);
+	ks->copy = calloc((size_t)t->n_values + 1, sizeof *ks->copy);
+	if (!ks->whole || !ks->ops || !ks->copy)
+		goto oom;
+	bool bound = true;
+	for (int s = 0; s < t->n_syms; s++)
+		bound = bound && syms && syms[s] >= 0;
+	const int64_t *at = bound ? syms : p->sym_sizes;
+	/* unbound sizes: the run picks the width, so both are made */
+	int widths[2], n_widths = 0;
+	ks->idx32 = bound && fz_kernels_idx32(t, syms);
+	widths[n_widths++] = ks->idx32 ? 2 : 0;
+	if (!bound)
+		widths[n_widths++] = 2;
+
+	/* 1-3: whole regions and reshape copies */
+	for (int i = 0; i < p->n_regions; i++) {
+		const fz_region *r = p->regions[p->order[i]];
+		if (!fz_region_is_kernel(r->kind))
+			continue;
+		cx->st.regions++;
+		int vec = vectorize_of(p, r, at);
+		for (int w = 0; w < n_widths; w++) {
+			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec);
+			if (!ki)
+				goto oom;
+			ki->src = *r;
+			if (w == 0)
+				ks->whole[r->id] = ki;
+		}
+	}
+	for (int v = 0; v < t->n_values; v++) {
+		fz_layout lay;
+		if (!p->view_of || !p->view_of[v] ||
+		    fz_view_eval(p, t->values[v], at, &lay) == FZ_OK)
+			continue;
+		fz_node *n = p->view_of[v]->node;
+		for (int w = 0; w < n_widths; w++) {
+			fz_kinst *ki = kinst_new(ks, -1, -1, widths[w]);
+			if (!ki)
+				goto oom;
+			kinst_one_op(ki, n, -1);
+			ki->variant += vectorize_of(p, &ki->src, at);
+			if (w == 0)
+				ks->copy[v] = ki;
+		}
+	}
+	/* 4: find or compile */
+	fz_status st = resolve(cx, t, ks, 0, err);
+	/* 5: split what the skeletons do not take whole */
+	int first_op = ks->n_inst;
+	for (int i = 0; i < first_op && st == FZ_OK; i++) {
+		fz_kinst *ki = ks->inst[i];
+		if (ki->op != -1 || ki->region < 0 || !ki->code->unsupported)
+			continue;
+		const fz_region *r = p->regions[ki->region];
+		bool main_width = ks->whole[r->id] == ki;
+		if (main_width && !(ks->ops[r->id] = calloc((size_t)r->n_nodes + 1,
+							   sizeof(fz_kinst *))))
+			goto oom;
+		for (int j = 0; j < r->n_nodes; j++) {
+			fz_kinst *oi = kinst_new(ks, r->id, j, ki->variant & 2);
+			if (!oi)
+				goto oom;
+			kinst_one_op(oi, r->nodes[j], r->id);
+			oi->variant += vectorize_of(p, &oi->src, at);
+			if (main_width)
+				ks->ops[r->id][j] = oi;
+		}
+	}
+	if (st == FZ_OK && ks->n_inst > first_op)
+		st = resolve(cx, t, ks, first_op, err);
+	for (int i = first_op; i < ks->n_inst && st == FZ_OK; i++) {
+		fz_kinst *oi = ks->inst[i];
+		if (oi->code->unsupported) {
+			const fz_node *n = oi->node[0];
+			char where[64] = "";
+			if (n->line > 0)
+				snprintf(where, sizeof where, " at %d:%d", n->line, n->col);
+			set_err(err, fz_strdup_printf("region %d: the code generator does "
+				"not take %s%s", oi->region, fz_ops[n->op].name, where));
+			st = FZ_EUNSUPPORTED;
+		}
+	}
+	cx->st.seconds += now() - t0;
+	if (st != FZ_OK) {
+		fz_kset_free(ks);
+		return st;
+	}
+	for (int i = 0; i < ks->n_inst; i++)
+		if (!(ks->inst[i]->op == -1 && ks->inst[i]->region >= 0 &&
+		      ks->inst[i]->code->unsupported))
+			cx->st.instances++;
+	*out = ks;
+	return FZ_OK;
+oom:
+	fz_kset_free(ks);
+	set_err(err, fz_strdup("out of memory"));
+	return FZ_ENOMEM;
+}

@@ -1,0 +1,176 @@
+/*
+ * target.h: an execution target is one table of functions.
+ *
+ * The runner (exec.c) walks a prepared plan and never touches memory or a
+ * device itself: every allocation, copy, kernel load and launch, library
+ * call, collective, event and synchronization goes through the target's
+ * table. A target is one file: cpu.c (generated host code, all cores),
+ * cuda.c (the driver API opened at run time), emu.c (the GPU's kernels
+ * emulated on the CPU, with bounds and race checks). They are found by
+ * name in one table (fz_target_find), which the C API, `fusec run` and
+ * Python all use.
+ *
+ *     const fz_target *tg = fz_target_find("cpu");
+ *     fz_device *dev;  tg->open(&opts, &dev, &err);     shared, refcounted
+ *     tg->alloc(dev, arena_bytes, &arena, &err);         once per plan
+ *     tg->load(dev, &k, &code, fn, &err);                once per key
+ *     tg->launch(dev, &k, fn, bufs, syms, flag, stream, &err);
+ *     tg->matmul(dev, &mm, stream, &err);
+ *     tg->sync(dev, stream, &err);
+ *     fz_device_release(dev);
+ *
+ * Pointers a target hands out (alloc) are device pointers: host pointers
+ * where host_memory is set (cpu, emu), else only the target may read
+ * them and upload/download cross over. Every slot returns a status and
+ * names what failed in *err; none exits.
+ *
+ * Streams are opaque (a CUstream on CUDA, ignored on the CPU): a program
+ * runs on the caller's stream, and collectives on the device's
+ * communication stream, ordered with events. A run never synchronizes the
+ * host; sync is for the caller's asking.
+ */
+#ifndef FUSEC_RUNTIME_TARGET_H
+#define FUSEC_RUNTIME_TARGET_H
+
+#include <pthread.h>
+
+#include "codegen.h"
+#include "fusec.h"
+#include "plan.h"
+
+typedef struct fz_target fz_target;
+typedef struct fz_kstore fz_kstore;
+
+/* Every target's device context begins with this header: the runner and
+ * the kernel store (kernels.c) share one device per target and process,
+ * so each key's code is loaded once and serves every program. */
+typedef struct fz_device {
+	const fz_target *tg;
+	int refs;               /* fz_device_retain / fz_device_release */
+	pthread_mutex_t mu;     /* guards loads and the kernel store */
+	fz_kstore *store;       /* loaded kernels by canonical form */
+	fz_cg_options cg;       /* what its kernels are compiled for */
+	int sm_count;           /* for launch geometry (0: not a GPU) */
+	int threads;            /* host threads a launch may use */
+} fz_device;
+
+/* A target calls this whenever it blocks the host on the device (a stream
+ * or context synchronization, a blocking copy); counted per thread, so
+ * fz_exec_run can report the ones inside its runs (the contract: 0) even
+ * with ranks on threads sharing one device. */
+void fz_host_sync_note(void);
+long fz_host_sync_count(void);
+
+/* A kernel's code as the cache or the compiler hands it over. */
+typedef struct fz_kcode {
+	const void *obj;        /* host or emu: a relocatable object */
+	size_t obj_len;
+	const char *ptx;        /* NVPTX: PTX text */
+	size_t ptx_len;
+	const void *cubin;      /* NVPTX: machine code for the device, or NULL */
+	size_t cubin_len;
+} fz_kcode;
+
+/* A matrix product, fixed when a plan is prepared; the runner sets the
+ * pointers per run. y[b] = a[b] · op(w[b]) (+ bias), with torch.matmul's
+ * batch broadcast: batch dim d has extent bshape[d] and element strides
+ * a_bstride[d], b_bstride[d] (0 where an operand broadcasts); y is
+ * contiguous. linear: b is [N, K] (b_trans), bias [N] or NULL. */
+typedef struct fz_matmul {
+	int region;
+	fz_dtype dtype;          /* a, b, bias and y share it */
+	int64_t M, N, K;
+	bool b_trans;
+	int nbd;
+	int64_t bshape[FZ_MAX_RANK], a_bstride[FZ_MAX_RANK], b_bstride[FZ_MAX_RANK];
+	const void *a, *b, *bias;
+	void *y;
+} fz_matmul;
+
+typedef enum fz_coll_kind {
+	FZ_COLL_ALL_GATHER, FZ_COLL_REDUCE_SCATTER, FZ_COLL_ALL_REDUCE
+} fz_coll_kind;
+
+/* A collective over the device's communicator. The operand is seen as
+ * [outer, extent, inner] around the collective's dim (extent: this rank's
+ * x along it); all_gather makes [outer, world*extent, inner], reduce_scatter
+ * [outer, extent/world, inner], all_reduce the same shape. */
+typedef struct fz_collective {
+	int region;
+	fz_coll_kind kind;
+	fz_dtype dtype;
+	int64_t outer, extent, inner;
+	const void *x;
+	void *y;
+	/* The runner's communicator and rank (NULL: world 1, the identity;
+	 * cpu: runtime/comm.h across threads), and the event the target
+	 * records on its communication stream when this collective is done:
+	 * the wait makes the compute stream wait on it (event_wait). */
+	struct fz_comm *comm;
+	int rank;
+	int event;
+} fz_collective;
+
+struct fz_target {
+	const char *name;        /* "cpu", "cuda", "emu" */
+	bool host_memory;        /* device pointers are host pointers */
+
+	/* The process's device for options o (o->device picks among several),
+	 * retained once for the caller: FZ_EUNSUPPORTED with a plain message
+	 * ("no CUDA device") where there is none. */
+	fz_status (*open)(const fz_exec_options *o, fz_device **dev, char **err);
+	void (*close)(fz_device *dev);  /* the last release */
+
+	/* Memory. alloc gives 256-byte-aligned device memory; copy makes dst
+	 * contiguous from src seen through lay (strides in elements of es
+	 * bytes, lay->offset included), on the stream. */
+	fz_status (*alloc)(fz_device *dev, size_t bytes, void **p, char **err);
+	void (*release)(fz_device *dev, void *p);
+	fz_status (*upload)(fz_device *dev, void *dst, const void *src, size_t n,
+	                    void *stream, char **err);
+	fz_status (*download)(fz_device *dev, void *dst, const void *src, size_t n,
+	                      void *stream, char **err);
+	fz_status (*copy)(fz_device *dev, void *dst, const void *src, size_t es,
+	                  const fz_layout *lay, void *stream, char **err);
+
+	/* Kernels. load turns code into fn[0..k->n_entries) (host functions,
+	 * CUfunctions, ...); launch runs every entry of k in order over bufs
+	 * (the kernel's parameters: canonical inputs, then outputs) with the
+	 * symbols' sizes; a bad index sets *flag (device memory) to 1 + the
+	 * node id. */
+	fz_status (*load)(fz_device *dev, const fz_kernel *k, const fz_kcode *code,
+	                  void **fn, char **err);
+	fz_status (*launch)(fz_device *dev, const fz_kernel *k, void *const *fn,
+	                    void **bufs, const int64_t *syms, int32_t *flag,
+	                    void *stream, char **err);
+
+	/* Library calls and collectives. */
+	fz_status (*matmul)(fz_device *dev, const fz_matmul *m, void *stream,
+	                    char **err);
+	fz_status (*collective)(fz_device *dev, const fz_collective *c,
+	                        void *stream, char **err);
+
+	/* Events (ev: an index the runner allocates per plan) and sync. */
+	fz_status (*event_record)(fz_device *dev, int ev, void *stream, char **err);
+	fz_status (*event_wait)(fz_device *dev, int ev, void *stream, char **err);
+	fz_status (*sync)(fz_device *dev, void *stream, char **err);
+};
+
+extern const fz_target fz_target_cpu;
+
+/* The target called name ("cpu", "cuda", "emu"), or NULL. */
+const fz_target *fz_target_find(const char *name);
+/* The names, for messages: "cpu, cuda, emu". */
+const char *fz_target_names(void);
+
+/* Device references: open returns one; each holder releases it. The last
+ * release frees the kernel store and closes the device. */
+void fz_device_retain(fz_device *dev);
+void fz_device_release(fz_device *dev);
+/* Retains dev unless its last release is under way (false then): how a
+ * target's open shares the device it already has. */
+bool fz_device_try_retain(fz_device *dev);
+/* Fills the header of a device a target's open just made. */
+fz_status fz_device_init(fz_device *dev, const fz_target *tg, char **err);
+
+#endif
