@@ -64,7 +64,10 @@ typedef struct fz_region {
 	int n_nodes;
 	fz_node **nodes;  /* in topological order */
 	int n_in;
-	fz_value **in;    /* read here, defined outside (params or other regions) */
+	fz_value **in;    /* read here, defined outside (params or other regions);
+	                   * a wait region also lists the operands of the
+	                   * collectives it waits on (comm.c: they are read on
+	                   * the communication stream until then) */
 	int n_out;
 	fz_value **out;   /* defined here, used by other regions or returned */
 } fz_region;

@@ -105,7 +105,12 @@ typedef struct fz_collective {
 	/* The runner's communicator and rank (NULL: world 1, the identity;
 	 * cpu: runtime/comm.h across threads), and the event the target
 	 * records on its communication stream when this collective is done:
-	 * the wait makes the compute stream wait on it (event_wait). */
+	 * the wait makes the compute stream wait on it (event_wait). A device
+	 * target must first make its communication stream wait for the
+	 * compute stream's work so far: then the operand is ready, and the
+	 * buffer memplan gives the result (freed by an earlier step) is no
+	 * longer read. memplan keeps the operand live until the wait
+	 * (ir/comm.c), so nothing overwrites it while the collective reads. */
 	struct fz_comm *comm;
 	int rank;
 	int event;
