@@ -287,6 +287,90 @@ START_TEST(scheduled_trace_round_trip)
 }
 END_TEST
 
+/* Every cap and bucket size gives a topological order, and the scheduled
+ * trace computes what the written one does, bit for bit, across 2 ranks. */
+START_TEST(schedules_are_valid)
+{
+	const int64_t one = 64 * 128 * 4 * 2;
+	const int64_t caps[] = {0, 1, one, 2 * one, 3 * one};
+	const int64_t buckets[] = {0, one, 2 * one, 1 << 20};
+	const char *srcs[] = {two_layers, backward};
+	for (int si = 0; si < 2; si++) {
+		fz_module *m = parse(srcs[si]);
+		const fz_trace *t = fz_module_trace(m, 0);
+		/* inputs for both ranks */
+		int n_in = t->n_params, n_out = t->n_outputs;
+		fz_tensor in[2 * 8], want[2 * 4], got[2 * 4];
+		float *bufs[2 * 8];
+		for (int r = 0; r < 2; r++)
+			for (int i = 0; i < n_in; i++) {
+				const fz_value *v = t->params[i];
+				fz_tensor *x = &in[r * n_in + i];
+				memset(x, 0, sizeof *x);
+				x->dtype = FZ_F32;
+				x->rank = v->type.rank;
+				int64_t n = 1;
+				for (int d = x->rank - 1; d >= 0; d--) {
+					x->shape[d] = v->type.dims[d].c;
+					x->strides[d] = n;
+					n *= x->shape[d];
+				}
+				float *b = bufs[r * n_in + i] = malloc(sizeof(float) * (size_t)n);
+				for (int64_t k = 0; k < n; k++)
+					b[k] = (float)((k * 7 + i * 13 + r * 5) % 17) / 17.0f - 0.5f;
+				x->data = b;
+			}
+		char *err = NULL;
+		ck_assert_int_eq(fz_trace_interpret_world(t, NULL, 2, in, n_in, want,
+							  n_out, &err), FZ_OK);
+		for (int ci = 0; ci < 5; ci++)
+			for (int bi = 0; bi < 4; bi++) {
+				fz_plan_options o;
+				fz_plan_defaults(&o);
+				o.max_inflight_bytes = caps[ci];
+				o.bucket_bytes = buckets[bi];
+				fz_program *p = plan(t, &o);
+				int *step = malloc(sizeof(int) * (size_t)p->n_regions);
+				for (int s = 0; s < p->n_regions; s++)
+					step[p->order[s]] = s;
+				for (int i = 0; i < t->n_nodes; i++)
+					for (int k = 0; k < t->nodes[i]->n_in; k++) {
+						const fz_node *d = t->nodes[i]->in[k]->def;
+						if (d)
+							ck_assert_int_le(step[p->region_of[d->id]],
+									 step[p->region_of[i]]);
+					}
+				free(step);
+				ck_assert_int_eq(fz_order_peak(p, p->order), p->peak_bytes);
+				if (caps[ci] >= one && si == 0)
+					ck_assert_int_le(p->comm_peak_inflight, caps[ci]);
+				char *text = NULL;
+				ck_assert_int_eq(fz_program_print_trace(p, &text), FZ_OK);
+				fz_module *m2 = parse(text);
+				ck_assert_int_eq(fz_trace_interpret_world(fz_module_trace(m2, 0),
+									  NULL, 2, in, n_in, got,
+									  n_out, &err), FZ_OK);
+				for (int k = 0; k < 2 * n_out; k++) {
+					int64_t n = 1;
+					for (int d = 0; d < want[k].rank; d++)
+						n *= want[k].shape[d];
+					ck_assert(memcmp(got[k].data, want[k].data,
+							 sizeof(float) * (size_t)n) == 0);
+					fz_free(got[k].data);
+				}
+				fz_free(text);
+				fz_module_free(m2);
+				fz_program_free(p);
+			}
+		for (int k = 0; k < 2 * n_out; k++)
+			fz_free(want[k].data);
+		for (int k = 0; k < 2 * n_in; k++)
+			free(bufs[k]);
+		fz_module_free(m);
+	}
+}
+END_TEST
+
 START_TEST(dump_after_comm_passes)
 {
 	fz_module *m = parse(two_layers);
@@ -509,6 +593,7 @@ static Suite *comm_suite(void)
 	tcase_add_test(tc, buckets);
 	tcase_add_test(tc, scatter_early_waits_late);
 	tcase_add_test(tc, scheduled_trace_round_trip);
+	tcase_add_test(tc, schedules_are_valid);
 	tcase_add_test(tc, dump_after_comm_passes);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("communicator");
