@@ -197,6 +197,10 @@ typedef struct fz_tensor {
 	int64_t strides[FZ_MAX_RANK];
 } fz_tensor;
 
+/* *t = a contiguous (row-major) tensor over data. */
+FZ_API void fz_tensor_contiguous(fz_tensor *t, void *data, fz_dtype dtype,
+                                 int rank, const int64_t *shape);
+
 /* Symbol sizes: sym_sizes[i] for fz_trace_symbol(t, i), or -1 if unknown.
  * Unknown symbols are taken from the inputs' shapes. Fills sizes on success;
  * on a conflict or a symbol left unbound it says which. */

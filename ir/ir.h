@@ -297,6 +297,12 @@ int fz_fail(fz_trace *t, const char *fmt, ...)
 char *fz_strdup_printf(const char *fmt, ...)
 	__attribute__((format(printf, 1, 2)));
 char *fz_strdup(const char *s);
+/* The one way a library function reports: *err takes msg (a heap string,
+ * NULL meaning out of memory), releasing what it held; with err NULL, msg
+ * is released. */
+void fz_set_err(char **err, char *msg);
+/* The one clock: seconds on a monotonic clock. */
+double fz_now(void);
 
 /* The symbol index of `name`, adding it if new; -1 past FZ_MAX_SYMS. */
 int fz_trace_symbol_intern(fz_trace *t, const char *name);

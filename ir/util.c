@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ir.h"
 
@@ -85,6 +86,23 @@ void fz_arena_release(fz_arena *a)
 }
 
 /* ---- strings ---- */
+
+void fz_set_err(char **err, char *msg)
+{
+	if (!err) {
+		free(msg);
+		return;
+	}
+	free(*err);
+	*err = msg ? msg : fz_strdup("out of memory");
+}
+
+double fz_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 char *fz_strdup(const char *s)
 {
@@ -218,4 +236,19 @@ int fz_dtype_from_name(const char *name, fz_dtype *out)
 		}
 	}
 	return 0;
+}
+
+void fz_tensor_contiguous(fz_tensor *t, void *data, fz_dtype dtype, int rank,
+			  const int64_t *shape)
+{
+	memset(t, 0, sizeof *t);
+	t->data = data;
+	t->dtype = dtype;
+	t->rank = rank < 0 ? 0 : rank > FZ_MAX_RANK ? FZ_MAX_RANK : rank;
+	int64_t acc = 1;
+	for (int d = t->rank - 1; d >= 0; d--) {
+		t->shape[d] = shape[d];
+		t->strides[d] = acc;
+		acc *= shape[d];
+	}
 }

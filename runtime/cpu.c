@@ -30,15 +30,6 @@ typedef struct cpu_device {
 static pthread_mutex_t cpu_mu = PTHREAD_MUTEX_INITIALIZER;
 static cpu_device *cpu_dev;   /* the process's, while held */
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
 
 static void cpu_close(fz_device *d)
 {
@@ -64,7 +55,7 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 	cpu_device *c = calloc(1, sizeof *c);
 	if (!c) {
 		pthread_mutex_unlock(&cpu_mu);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	fz_cg_options cg = {FZ_CG_HOST, 0, false, false};
@@ -91,7 +82,7 @@ static fz_status cpu_alloc(fz_device *d, size_t n, void **p, char **err)
 	n = (n + 255) / 256 * 256;
 	*p = aligned_alloc(256, n ? n : 256);
 	if (!*p) {
-		set_err(err, fz_strdup_printf("out of memory (%zu bytes)", n));
+		fz_set_err(err, fz_strdup_printf("out of memory (%zu bytes)", n));
 		return FZ_ENOMEM;
 	}
 	memset(*p, 0, n ? n : 256);
@@ -156,7 +147,7 @@ static fz_status cpu_load(fz_device *d, const fz_kernel *k, const fz_kcode *code
 {
 	cpu_device *c = (cpu_device *)d;
 	if (!code->obj || k->n_entries < 1) {
-		set_err(err, fz_strdup_printf("kernel %s: no host object to load",
+		fz_set_err(err, fz_strdup_printf("kernel %s: no host object to load",
 					      k->names[0]));
 		return FZ_EINVAL;
 	}
@@ -233,7 +224,7 @@ static fz_status cpu_matmul(fz_device *d, const fz_matmul *m, void *stream,
 		free(A);
 		free(B);
 		free(C);
-		set_err(err, fz_strdup_printf("region %d: out of memory", m->region));
+		fz_set_err(err, fz_strdup_printf("region %d: out of memory", m->region));
 		return FZ_ENOMEM;
 	}
 	int64_t bi[FZ_MAX_RANK] = {0};

@@ -44,7 +44,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm.h"
 #include "exec.h"
@@ -53,22 +52,7 @@
 #define EXEC_DEAD 0xdeadec01u
 #define BLOCK 256
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
 
 static int64_t round_up(int64_t x) { return (x + BLOCK - 1) / BLOCK * BLOCK; }
 
@@ -177,7 +161,7 @@ static void fail(builder *B, fz_status st, char *msg)
 {
 	if (B->st == FZ_OK) {
 		B->st = st;
-		set_err(B->err, msg ? msg : fz_strdup("out of memory"));
+		fz_set_err(B->err, msg ? msg : fz_strdup("out of memory"));
 	} else {
 		free(msg);
 	}
@@ -511,11 +495,11 @@ static void add_output_copies(builder *B)
 
 static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **err)
 {
-	double t0 = now();
+	double t0 = fz_now();
 	const fz_trace *t = x->t;
 	pplan *pp = calloc(1, sizeof *pp);
 	if (!pp) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	memcpy(pp->syms, syms, sizeof(int64_t) * (size_t)t->n_syms);
@@ -584,7 +568,7 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		return B.st;
 	}
 	x->st.plans++;
-	x->st.prepare_seconds += now() - t0;
+	x->st.prepare_seconds += fz_now() - t0;
 	*out = pp;
 	return FZ_OK;
 }
@@ -608,7 +592,7 @@ static bool live(const fz_exec *x, char **err)
 {
 	if (x && x->magic == EXEC_MAGIC)
 		return true;
-	set_err(err, fz_strdup(x && x->magic == EXEC_DEAD ? "the fz_exec was freed"
+	fz_set_err(err, fz_strdup(x && x->magic == EXEC_DEAD ? "the fz_exec was freed"
 			       : "not an fz_exec handle"));
 	return false;
 }
@@ -619,12 +603,12 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 	if (err)
 		*err = NULL;
 	if (!out) {
-		set_err(err, fz_strdup("fz_exec_new: out is NULL"));
+		fz_set_err(err, fz_strdup("fz_exec_new: out is NULL"));
 		return FZ_EINVAL;
 	}
 	*out = NULL;
 	if (!t) {
-		set_err(err, fz_strdup("fz_exec_new: trace is NULL"));
+		fz_set_err(err, fz_strdup("fz_exec_new: trace is NULL"));
 		return FZ_EINVAL;
 	}
 	fz_exec_options def;
@@ -635,8 +619,13 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 	if (!device)
 		device = "auto";
 	const fz_target *tg = fz_target_find(strcmp(device, "auto") ? device : "cpu");
+	if (!tg && !strcmp(device, "cuda")) {
+		fz_set_err(err, fz_strdup("no CUDA device: this build of fusec has no "
+				       "CUDA target"));
+		return FZ_EUNSUPPORTED;
+	}
 	if (!tg) {
-		set_err(err, fz_strdup_printf("unknown device '%s' (devices: auto, %s)",
+		fz_set_err(err, fz_strdup_printf("unknown device '%s' (devices: auto, %s)",
 					      device, fz_target_names()));
 		return FZ_EINVAL;
 	}
@@ -645,7 +634,7 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 		return st;
 	fz_exec *x = calloc(1, sizeof *x);
 	if (!x) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	x->magic = EXEC_MAGIC;
@@ -688,7 +677,7 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 	return FZ_OK;
 fail:
 	if (st == FZ_ENOMEM && err && !*err)
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 	fz_exec_free(x);
 	return st;
 }
@@ -792,7 +781,7 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 	const fz_trace *t = x->t;
 	char d[160];
 	if (n_out != t->n_outputs || (n_out && !out)) {
-		set_err(err, fz_strdup_printf("trace '%s' returns %d value%s; %d "
+		fz_set_err(err, fz_strdup_printf("trace '%s' returns %d value%s; %d "
 			"output tensors given", t->name, t->n_outputs,
 			t->n_outputs == 1 ? "" : "s", n_out));
 		return FZ_EINVAL;
@@ -801,7 +790,7 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 		const fz_value *v = t->outputs[k];
 		const fz_tensor *o = &out[k];
 		if (o->dtype != v->type.dtype || o->rank != v->type.rank) {
-			set_err(err, fz_strdup_printf("%s is given a %s tensor of rank %d; "
+			fz_set_err(err, fz_strdup_printf("%s is given a %s tensor of rank %d; "
 				"expected %s of rank %d", out_desc(t, k, d, sizeof d),
 				fz_dtype_name(o->dtype), o->rank,
 				fz_dtype_name(v->type.dtype), v->type.rank));
@@ -811,13 +800,13 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 		for (int i = v->type.rank - 1; i >= 0; i--) {
 			int64_t e = fz_ext_eval(v->type.dims[i], syms);
 			if (o->shape[i] != e) {
-				set_err(err, fz_strdup_printf("%s is given extent %lld in "
+				fz_set_err(err, fz_strdup_printf("%s is given extent %lld in "
 					"dim %d; expected %lld", out_desc(t, k, d, sizeof d),
 					(long long)o->shape[i], i, (long long)e));
 				return FZ_EINVAL;
 			}
 			if (e != 1 && o->strides[i] != acc) {
-				set_err(err, fz_strdup_printf("%s is not contiguous (dim %d "
+				fz_set_err(err, fz_strdup_printf("%s is not contiguous (dim %d "
 					"has stride %lld; expected %lld)",
 					out_desc(t, k, d, sizeof d), i,
 					(long long)o->strides[i], (long long)acc));
@@ -826,7 +815,7 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 			acc *= e;
 		}
 		if (acc > 0 && (!o->data || (uintptr_t)o->data % 16)) {
-			set_err(err, fz_strdup_printf("%s: data is %s", out_desc(t, k, d,
+			fz_set_err(err, fz_strdup_printf("%s: data is %s", out_desc(t, k, d,
 				sizeof d), o->data ? "not 16-byte aligned" : "NULL"));
 			return FZ_EINVAL;
 		}
@@ -875,7 +864,7 @@ static fz_status bad_index(fz_exec *x, int region, int32_t flag, char **err)
 	char reg[32] = "";
 	if (region >= 0)
 		snprintf(reg, sizeof reg, "region %d: ", region);
-	set_err(err, fz_strdup_printf("%s%s%s: an index is out of range (or an "
+	fz_set_err(err, fz_strdup_printf("%s%s%s: an index is out of range (or an "
 				      "integer fmod divides by zero)", reg, op, where));
 	return FZ_ERANGE;
 }
@@ -894,7 +883,7 @@ static fz_status check_world(const fz_exec *x, char **err)
 	int world = x->comm ? fz_comm_world(x->comm) : 1;
 	if (x->t->world == world)
 		return FZ_OK;
-	set_err(err, fz_strdup_printf("trace '%s' is written for world %d; this "
+	fz_set_err(err, fz_strdup_printf("trace '%s' is written for world %d; this "
 				      "program runs %d rank%s", x->t->name,
 				      x->t->world, world, world == 1 ? "" :
 				      "s"));
@@ -937,7 +926,7 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	const fz_target *tg = dev->tg;
 	void *ibase[64], **ib = ibase;
 	if (n_in > 64 && !(ib = malloc(sizeof *ib * (size_t)n_in))) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	for (int i = 0; i < n_in && st == FZ_OK; i++)
@@ -1000,7 +989,7 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	x->st.steps = pp->n_steps;
 	x->st.arena_bytes = pp->arena_bytes;
 	if (st != FZ_OK && err && !*err)
-		set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
+		fz_set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
 	return st;
 }
 
@@ -1045,31 +1034,25 @@ fz_status fz_trace_run(const fz_trace *t, const char *device, const int64_t *sym
 		st = fz_trace_bind(t, inputs, n_in, syms, err);
 	}
 	if (st == FZ_OK && (n_out != t->n_outputs || (n_out && !outputs))) {
-		set_err(err, fz_strdup_printf("trace '%s' returns %d values; %d output "
+		fz_set_err(err, fz_strdup_printf("trace '%s' returns %d values; %d output "
 					      "slots given", t->name, t->n_outputs, n_out));
 		st = FZ_EINVAL;
 	}
 	if (st == FZ_OK && !x->dev->tg->host_memory) {
-		set_err(err, fz_strdup_printf("fz_trace_run takes host tensors; use "
+		fz_set_err(err, fz_strdup_printf("fz_trace_run takes host tensors; use "
 			"fz_exec_run for device '%s'", x->device));
 		st = FZ_EINVAL;
 	}
 	for (int k = 0; k < n_out && st == FZ_OK; k++) {
 		const fz_value *v = t->outputs[k];
-		fz_tensor *o = &outputs[k];
-		memset(o, 0, sizeof *o);
-		o->dtype = v->type.dtype;
-		o->rank = v->type.rank;
-		int64_t acc = 1;
-		for (int d = v->type.rank - 1; d >= 0; d--) {
-			o->shape[d] = fz_ext_eval(v->type.dims[d], syms);
-			o->strides[d] = acc;
-			acc *= o->shape[d];
-		}
-		size_t bytes = (size_t)acc * fz_dtype_size(v->type.dtype);
-		o->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-		if (!o->data) {
-			set_err(err, fz_strdup("out of memory"));
+		int64_t shape[FZ_MAX_RANK], n = 1;
+		for (int d = 0; d < v->type.rank; d++)
+			n *= shape[d] = fz_ext_eval(v->type.dims[d], syms);
+		size_t bytes = (size_t)n * fz_dtype_size(v->type.dtype);
+		fz_tensor_contiguous(&outputs[k], aligned_alloc(64, (bytes + 63) / 64 * 64 + 64),
+				     v->type.dtype, v->type.rank, shape);
+		if (!outputs[k].data) {
+			fz_set_err(err, NULL);
 			st = FZ_ENOMEM;
 		}
 	}

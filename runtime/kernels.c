@@ -38,27 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static void set_err(char **err, char *m)
-{
-	if (!err) {
-		free(m);
-		return;
-	}
-	free(*err);
-	*err = m;
-}
 
 /* ---- records by canonical form ------------------------------------------- */
 
@@ -125,7 +109,7 @@ fz_status fz_kctx_new(const fz_kctx_options *o, fz_kctx **out, char **err)
 	fz_kctx *cx = calloc(1, sizeof *cx);
 	if (!cx || fz_lru_new(REC_CAP, &rec_ops, NULL, &cx->seen) != FZ_OK) {
 		free(cx);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	cx->o = *o;
@@ -149,7 +133,7 @@ fz_status fz_kctx_new(const fz_kctx_options *o, fz_kctx **out, char **err)
 		pthread_mutex_unlock(&d->mu);
 		if (!ok) {
 			fz_kctx_free(cx);
-			set_err(err, fz_strdup("out of memory"));
+			fz_set_err(err, fz_strdup("out of memory"));
 			return FZ_ENOMEM;
 		}
 	}
@@ -425,7 +409,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		free(todo);
 		free(entries);
 		free(entry_rec);
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	if (dev)
@@ -520,7 +504,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 			}
 		} else if (jb->st != FZ_OK) {
 			st = jb->st;
-			set_err(err, jb->msg);
+			fz_set_err(err, jb->msg);
 			jb->msg = NULL;
 			break;
 		} else {
@@ -546,7 +530,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 	if (dev)
 		pthread_mutex_unlock(&dev->mu);
 	if (st == FZ_ENOMEM && err && !*err)
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 	for (int i = 0; i < n_entries; i++)
 		fz_entry_free(entries[i]);
 	for (int i = 0; i < n_todo; i++) {
@@ -566,7 +550,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			fz_kset **out, char **err)
 {
 	*out = NULL;
-	double t0 = now();
+	double t0 = fz_now();
 	const fz_trace *t = p->trace;
 	fz_kset *ks = calloc(1, sizeof *ks);
 	if (!ks)
@@ -653,12 +637,12 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			char where[64] = "";
 			if (n->line > 0)
 				snprintf(where, sizeof where, " at %d:%d", n->line, n->col);
-			set_err(err, fz_strdup_printf("region %d: the code generator does "
+			fz_set_err(err, fz_strdup_printf("region %d: the code generator does "
 				"not take %s%s", oi->region, fz_ops[n->op].name, where));
 			st = FZ_EUNSUPPORTED;
 		}
 	}
-	cx->st.seconds += now() - t0;
+	cx->st.seconds += fz_now() - t0;
 	if (st != FZ_OK) {
 		fz_kset_free(ks);
 		return st;
@@ -671,6 +655,6 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	return FZ_OK;
 oom:
 	fz_kset_free(ks);
-	set_err(err, fz_strdup("out of memory"));
+	fz_set_err(err, fz_strdup("out of memory"));
 	return FZ_ENOMEM;
 }

@@ -364,18 +364,13 @@ static int make_outputs(const fz_trace *t, const int64_t *syms, fz_tensor *out)
 {
 	for (int k = 0; k < fz_trace_output_count(t); k++) {
 		const fz_value *v = fz_trace_output(t, k);
-		fz_tensor *o = &out[k];
-		o->dtype = fz_value_dtype(v);
-		o->rank = fz_value_rank(v);
-		int64_t acc = 1;
-		for (int d = o->rank - 1; d >= 0; d--) {
-			o->shape[d] = fz_value_extent(v, d, syms);
-			o->strides[d] = acc;
-			acc *= o->shape[d];
-		}
-		size_t bytes = (size_t)acc * fz_dtype_size(o->dtype);
-		o->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-		if (!o->data)
+		int64_t shape[FZ_MAX_RANK], n = 1;
+		for (int d = 0; d < fz_value_rank(v); d++)
+			n *= shape[d] = fz_value_extent(v, d, syms);
+		size_t bytes = (size_t)n * fz_dtype_size(fz_value_dtype(v));
+		fz_tensor_contiguous(&out[k], aligned_alloc(64, (bytes + 63) / 64 * 64 + 64),
+				     fz_value_dtype(v), fz_value_rank(v), shape);
+		if (!out[k].data)
 			return -1;
 	}
 	return 0;

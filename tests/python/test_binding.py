@@ -106,10 +106,11 @@ class TestProgram(unittest.TestCase):
             p(torch.randn(4), torch.tensor([9]))
 
     def test_devices(self):
-        with self.assertRaises(fusec.FusecError) as cm:
-            fusec.Program(RMS, device="cuda")
-        self.assertIn("not available yet", str(cm.exception))
-        self.assertEqual(fusec.Program(RMS, device="auto").device, "cpu")
+        if not torch.cuda.is_available():
+            with self.assertRaises(fusec.FusecError) as cm:
+                fusec.Program(RMS, device="cuda")
+            self.assertIn("no CUDA device", str(cm.exception))
+            self.assertEqual(fusec.Program(RMS, device="auto").device, "cpu")
         with self.assertRaises(ValueError):
             fusec.Program(RMS, device="tpu")
 
@@ -124,6 +125,73 @@ class TestProgram(unittest.TestCase):
         self.assertTrue(issubclass(_lib.FusecLibraryError, ImportError))
         tried = [w for w, _ in _lib._candidates()]
         self.assertIn("repository build folder", tried)
+
+
+class TestPrepared(unittest.TestCase):
+    """device="cpu": one prepared program, outputs allocated by torch."""
+
+    def test_call_path_reuses_the_signature(self):
+        p = fusec.Program(RMS, device="cpu")
+        x, w = torch.randn(5, 8), torch.randn(8)
+        for _ in range(3):
+            y, ms = p(x, w)
+            ry, rms_ = rms(x, w)
+            torch.testing.assert_close(y, ry, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ms, rms_, rtol=1e-5, atol=1e-6)
+        self.assertEqual(len(p._sigs), 1)
+        # fresh outputs per call, never the inputs' memory
+        y2, _ = p(x, w)
+        self.assertNotEqual(y2.data_ptr(), y.data_ptr())
+        # another batch size: another signature, another plan
+        x3 = torch.randn(3, 8)
+        torch.testing.assert_close(p(x3, w)[0], rms(x3, w)[0], rtol=1e-5,
+                                   atol=1e-6)
+        self.assertEqual(len(p._sigs), 2)
+
+    def test_strided_inputs_in_place(self):
+        p = fusec.Program(RMS, device="cpu")
+        big = torch.randn(8, 10)
+        x = big.t()[:, :8]             # strides (1, 10)
+        w = torch.randn(16)[::2]       # stride 2
+        for _ in range(2):
+            torch.testing.assert_close(p(x, w)[0], rms(x, w)[0], rtol=1e-5,
+                                       atol=1e-6)
+
+    def test_bad_inputs_name_the_input(self):
+        p = fusec.Program(RMS, device="cpu")
+        x, w = torch.randn(5, 8), torch.randn(8)
+        p(x, w)
+        with self.assertRaises(TypeError) as cm:
+            p(x.double(), w)
+        self.assertIn("input 0 (x)", str(cm.exception))
+        with self.assertRaises(TypeError):
+            p(x, w[None])              # rank
+        with self.assertRaises(fusec.FusecError) as cm:
+            p(x, torch.randn(7))       # shape
+        self.assertIn("input 1 ('w'", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            p(x.to("meta"), w)         # device
+        self.assertIn("input 0 (x) is on meta", str(cm.exception))
+        with self.assertRaises(TypeError):
+            p(x)                       # count
+        torch.testing.assert_close(p(x, w)[0], rms(x, w)[0])
+
+    def test_kernels_come_from_the_disk_cache(self):
+        import os
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            old = os.environ.get("FUSEC_CACHE_DIR")
+            os.environ["FUSEC_CACHE_DIR"] = d
+            try:
+                p = fusec.Program(RMS, device="cpu")
+                p(torch.randn(2, 8), torch.randn(8))
+            finally:
+                if old is None:
+                    del os.environ["FUSEC_CACHE_DIR"]
+                else:
+                    os.environ["FUSEC_CACHE_DIR"] = old
+            entries = [f for _, _, fs in os.walk(d) for f in fs]
+            self.assertTrue(entries, "no cache entry was written")
 
 
 if __name__ == "__main__":

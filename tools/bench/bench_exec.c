@@ -17,18 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "exec.h"
 #include "kernels.h"
 #include "target.h"
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -82,18 +74,14 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < n_in + n_out; i++) {
 		fz_value *v = i < n_in ? fz_trace_param(t, i) : fz_trace_output(t, i - n_in);
-		fz_tensor *x = i < n_in ? &in[i] : &out[i - n_in];
-		x->dtype = fz_value_dtype(v);
-		x->rank = fz_value_rank(v);
-		int64_t acc = 1;
-		for (int d = x->rank - 1; d >= 0; d--) {
-			x->shape[d] = fz_value_extent(v, d, NULL);
-			x->strides[d] = acc;
-			acc *= x->shape[d];
-		}
-		size_t bytes = (size_t)acc * fz_dtype_size(x->dtype);
-		x->data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-		memset(x->data, 0, bytes);
+		int64_t shape[FZ_MAX_RANK], n = 1;
+		for (int d = 0; d < fz_value_rank(v); d++)
+			n *= shape[d] = fz_value_extent(v, d, NULL);
+		size_t bytes = (size_t)n * fz_dtype_size(fz_value_dtype(v));
+		void *data = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+		memset(data, 0, bytes);
+		fz_tensor_contiguous(i < n_in ? &in[i] : &out[i - n_in], data,
+				     fz_value_dtype(v), fz_value_rank(v), shape);
 	}
 	fz_exec_options o;
 	fz_exec_options_init(&o);
@@ -143,15 +131,15 @@ int main(int argc, char **argv)
 	double *tk = malloc(sizeof *tk * (size_t)batches);
 	for (int rep = 0; rep < 2; rep++) /* the second pass is measured */
 		for (long b = 0; b < batches; b++) {
-			double t0 = now();
+			double t0 = fz_now();
 			for (int c = 0; c < 1000; c++)
 				fz_exec_run(x, NULL, in, n_in, out, n_out, NULL, NULL);
-			double t1 = now();
+			double t1 = fz_now();
 			for (int c = 0; c < 1000; c++)
 				for (int k = 0; k < nk; k++)
 					tg->launch(dev, &ki[k]->code->k, ki[k]->code->fn,
 						   bufs[k], syms, &flag, NULL, NULL);
-			double t2 = now();
+			double t2 = fz_now();
 			te[b] = (t1 - t0) / 1000;
 			tk[b] = (t2 - t1) / 1000;
 		}

@@ -1,0 +1,51 @@
+#!/bin/sh
+# compile_run.sh: after `fusec compile`, a run at the same sizes compiles 0.
+#
+#     sh tests/compile_run.sh FUSEC SOURCE_DIR WORK_DIR
+#
+# For every trace of the corpus (tests/traces, the PyTorch exports among
+# them), into one fresh cache: `fusec compile --target host --bind ...`,
+# then `fusec run --bind ... --json` at those sizes must report
+# "compiled": 0 and pass --check. Both commands decide which kernels a
+# program needs through one module (runtime/kernels.c): the per-op kernels
+# of regions the skeletons do not take whole and the copies of reshapes
+# that are not views included, so a disagreement shows here as a kernel
+# compiled by the run.
+set -eu
+fusec=$1
+src=$2
+work=$3
+rm -rf "$work"
+mkdir -p "$work"
+fails=0
+n=0
+field() {
+	printf '%s\n' "$2" | sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p"
+}
+for bind in B=2,T=16 B=3,T=17; do
+	for f in "$src"/tests/traces/*.trace; do
+		name=$(basename "$f" .trace)
+		if ! "$fusec" compile --target host --bind "$bind" \
+			--cache-dir "$work/cache" "$f" >"$work/compile.out" 2>&1; then
+			echo "FAIL: $name ($bind): fusec compile failed:"
+			cat "$work/compile.out"
+			fails=$((fails + 1))
+			continue
+		fi
+		out=$("$fusec" run "$f" --bind "$bind" --cache-dir "$work/cache" \
+			--check --json 2>"$work/run.err") || {
+			echo "FAIL: $name ($bind): fusec run failed: $out"
+			cat "$work/run.err"
+			fails=$((fails + 1))
+			continue
+		}
+		c=$(field compiled "$out")
+		if [ "$c" != 0 ]; then
+			echo "FAIL: $name ($bind): the run compiled $c kernels after compile"
+			fails=$((fails + 1))
+		fi
+		n=$((n + 1))
+	done
+done
+echo "$n passed, $fails failed"
+[ "$fails" = 0 ]

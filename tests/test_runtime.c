@@ -1,0 +1,359 @@
+/*
+ * test_runtime.c: prepared programs (include/fusec.h, runtime/exec.c) and
+ * the target table (runtime/target.h).
+ *
+ * What a framework relies on: outputs written into its own buffers, inputs
+ * read in place whatever their strides or alignment, a prepared plan per
+ * size binding, and every kind of bad call a clear status and message
+ * naming what was wrong, never a crash.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+#include "fusec.h"
+#include "target.h"
+
+static fz_module *parse(const char *src)
+{
+	fz_module *m = NULL;
+	char *diag = NULL;
+	fz_status st = fz_module_parse(src, strlen(src), "<test>", &m, &diag);
+	ck_assert_msg(st == FZ_OK, "parse: %s", diag ? diag : "?");
+	return m;
+}
+
+static fz_exec *prepare(const fz_trace *t, int max_plans)
+{
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.max_plans = max_plans;
+	fz_exec *x = NULL;
+	char *err = NULL;
+	ck_assert_msg(fz_exec_new(t, "cpu", &o, &x, &err) == FZ_OK, "new: %s",
+		      err ? err : "?");
+	return x;
+}
+
+static fz_tensor vec(float *data, int64_t n, int64_t stride)
+{
+	fz_tensor v = {data, FZ_F32, 1, {n}, {stride}};
+	return v;
+}
+
+static const char *axpy_src =
+	"trace axpy(x: f32[N], y: f32[N]) {\n"
+	"  z = add(mul(x, 2.0), y)\n"
+	"  return z\n"
+	"}\n";
+
+START_TEST(outputs_in_place)
+{
+	fz_module *m = parse(axpy_src);
+	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
+	float *a = aligned_alloc(64, 64 * 4), *b = aligned_alloc(64, 64 * 4);
+	float *z = aligned_alloc(64, 64 * 4);
+	for (int i = 0; i < 64; i++) {
+		a[i] = (float)i;
+		b[i] = 1.0f;
+	}
+	fz_tensor in[2] = {vec(a, 37, 1), vec(b, 37, 1)}, out = vec(z, 37, 1);
+	char *err = NULL;
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_ptr_eq(out.data, z); /* the caller's buffer, filled */
+	for (int i = 0; i < 37; i++)
+		ck_assert_float_eq(z[i], 2.0f * (float)i + 1.0f);
+	ck_assert_str_eq(fz_exec_device(x), "cpu");
+	fz_exec_free(x);
+	free(a);
+	free(b);
+	free(z);
+	fz_module_free(m);
+}
+END_TEST
+
+/* A strided input and a misaligned one are read right (copied to
+ * staging), and the plan is the same one. */
+START_TEST(strided_and_misaligned_inputs)
+{
+	fz_module *m = parse(axpy_src);
+	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
+	float *a = aligned_alloc(64, 256 * 4), *b = aligned_alloc(64, 256 * 4);
+	float *z = aligned_alloc(64, 64 * 4);
+	for (int i = 0; i < 256; i++) {
+		a[i] = (float)i;
+		b[i] = (float)(3 * i);
+	}
+	char *err = NULL;
+	fz_tensor in[2] = {vec(a, 40, 3), vec(b + 1, 40, 1)}, out = vec(z, 40, 1);
+	ck_assert_msg(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err) == FZ_OK,
+		      "run: %s", err ? err : "?");
+	for (int i = 0; i < 40; i++)
+		ck_assert_float_eq(z[i], 2.0f * (float)(3 * i) + (float)(3 * (i + 1)));
+	/* contiguous again: read in place, the same prepared plan */
+	fz_tensor in2[2] = {vec(a, 40, 1), vec(b, 40, 1)};
+	ck_assert_int_eq(fz_exec_run(x, NULL, in2, 2, &out, 1, NULL, &err), FZ_OK);
+	for (int i = 0; i < 40; i++)
+		ck_assert_float_eq(z[i], 2.0f * (float)i + (float)(3 * i));
+	ck_assert_int_eq(fz_exec_stats_of(x)->plans, 1);
+	fz_exec_free(x);
+	free(a);
+	free(b);
+	free(z);
+	fz_module_free(m);
+}
+END_TEST
+
+/* One plan per binding, kept in an LRU of max_plans. */
+START_TEST(plan_lru)
+{
+	fz_module *m = parse(axpy_src);
+	fz_exec *x = prepare(fz_module_trace(m, 0), 2);
+	float *a = aligned_alloc(64, 64 * 4), *z = aligned_alloc(64, 64 * 4);
+	for (int i = 0; i < 64; i++)
+		a[i] = 1.0f;
+	int64_t sizes[] = {5, 6, 5, 7, 5, 6};
+	int want_plans[] = {1, 2, 2, 3, 3, 4};
+	for (int k = 0; k < 6; k++) {
+		fz_tensor in[2] = {vec(a, sizes[k], 1), vec(a, sizes[k], 1)};
+		fz_tensor out = vec(z, sizes[k], 1);
+		ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, NULL), FZ_OK);
+		ck_assert_int_eq(fz_exec_stats_of(x)->plans, want_plans[k]);
+		ck_assert_float_eq(z[sizes[k] - 1], 3.0f);
+	}
+	fz_exec_free(x);
+	free(a);
+	free(z);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Outputs that are an input, a view, or another output's value are
+ * copied into the caller's buffers. */
+START_TEST(outputs_that_alias)
+{
+	fz_module *m = parse(
+		"trace f(x: f32[2, 3]) {\n"
+		"  y = add(x, 1.0)\n"
+		"  t = permute(y, dims=[1, 0])\n"
+		"  return x, y, t, y\n"
+		"}\n");
+	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
+	float *a = aligned_alloc(64, 64), *o[4];
+	for (int i = 0; i < 6; i++)
+		a[i] = (float)i;
+	fz_tensor in = {a, FZ_F32, 2, {2, 3}, {3, 1}}, out[4];
+	for (int k = 0; k < 4; k++) {
+		o[k] = aligned_alloc(64, 64);
+		out[k] = (fz_tensor){o[k], FZ_F32, 2, {2, 3}, {3, 1}};
+	}
+	out[2].shape[0] = 3;
+	out[2].shape[1] = 2;
+	out[2].strides[0] = 2;
+	char *err = NULL;
+	ck_assert_msg(fz_exec_run(x, NULL, &in, 1, out, 4, NULL, &err) == FZ_OK,
+		      "run: %s", err ? err : "?");
+	for (int r = 0; r < 2; r++)
+		for (int c = 0; c < 3; c++) {
+			ck_assert_float_eq(o[0][r * 3 + c], (float)(r * 3 + c));
+			ck_assert_float_eq(o[1][r * 3 + c], (float)(r * 3 + c) + 1);
+			ck_assert_float_eq(o[3][r * 3 + c], (float)(r * 3 + c) + 1);
+			ck_assert_float_eq(o[2][c * 2 + r], (float)(r * 3 + c) + 1);
+		}
+	fz_exec_free(x);
+	free(a);
+	for (int k = 0; k < 4; k++)
+		free(o[k]);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Each bad call: its status, and a message naming the culprit. */
+START_TEST(bad_calls)
+{
+	fz_module *m = parse(axpy_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_exec *x = prepare(t, 8);
+	float *a = aligned_alloc(64, 64 * 4), *z = aligned_alloc(64, 64 * 4);
+	memset(a, 0, 64 * 4);
+	char *err = NULL;
+	fz_tensor in[2] = {vec(a, 8, 1), vec(a, 8, 1)}, out = vec(z, 8, 1);
+	struct {
+		const char *what, *says;
+		fz_status st;
+	} cases[] = {
+		{"dtype", "input 1 ('y', f32[N]) is given a tensor of dtype f64", FZ_EINVAL},
+		{"rank", "input 1 ('y', f32[N]) is given a tensor of rank 2", FZ_EINVAL},
+		{"shape", "symbol 'N' is bound to 9", FZ_EBIND},
+		{"count", "takes 2 inputs; got 1", FZ_EINVAL},
+		{"out shape", "output 0 ('z') is given extent 7 in dim 0", FZ_EINVAL},
+		{"out strided", "output 0 ('z') is not contiguous", FZ_EINVAL},
+		{"out misaligned", "output 0 ('z'): data is not 16-byte aligned", FZ_EINVAL},
+		{"out null", "output 0 ('z'): data is NULL", FZ_EINVAL},
+		{"out count", "returns 1 value; 2 output tensors given", FZ_EINVAL},
+		{"unbound", "symbol 'N' is given the size -5", FZ_EBIND},
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+		fz_tensor i2[2] = {in[0], in[1]}, o2[2] = {out, out};
+		int n_in = 2, n_out = 1;
+		int64_t bad_size = -5, *sizes = NULL;
+		switch (c) {
+		case 0: i2[1].dtype = FZ_F64; break;
+		case 1: i2[1].rank = 2; i2[1].shape[1] = 1; i2[1].strides[1] = 1; break;
+		case 2: i2[1].shape[0] = 9; break;
+		case 3: n_in = 1; break;
+		case 4: o2[0].shape[0] = 7; break;
+		case 5: o2[0].strides[0] = 2; break;
+		case 6: o2[0].data = z + 1; break;
+		case 7: o2[0].data = NULL; break;
+		case 8: n_out = 2; break;
+		case 9: sizes = &bad_size; break;
+		}
+		fz_status st = fz_exec_run(x, sizes, i2, n_in, o2, n_out, NULL, &err);
+		ck_assert_msg(st == cases[c].st, "%s: status %s", cases[c].what,
+			      fz_status_name(st));
+		ck_assert_msg(err && strstr(err, cases[c].says), "%s: message '%s'",
+			      cases[c].what, err ? err : "(none)");
+		fz_free(err);
+		err = NULL;
+	}
+	/* still fine after all that */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+
+	/* handles and devices */
+	struct { uint32_t magic; char rest[60]; } foreign = {0x1234, {0}};
+	ck_assert_int_eq(fz_exec_run((fz_exec *)&foreign, NULL, in, 2, &out, 1, NULL,
+				     &err), FZ_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "not an fz_exec handle"));
+	fz_free(err);
+	err = NULL;
+	ck_assert_int_eq(fz_exec_run(NULL, NULL, in, 2, &out, 1, NULL, &err), FZ_EINVAL);
+	fz_free(err);
+	err = NULL;
+	fz_exec *y = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "tpu", NULL, &y, &err), FZ_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "unknown device 'tpu'"));
+	ck_assert_ptr_null(y);
+	fz_free(err);
+	err = NULL;
+	ck_assert_int_eq(fz_exec_new(NULL, "cpu", NULL, &y, &err), FZ_EINVAL);
+	fz_free(err);
+	err = NULL;
+	fz_exec_free(x);
+#if !defined(__SANITIZE_ADDRESS__)
+	/* a freed handle (under ASan, the sanitizer itself reports the use) */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_EINVAL);
+	fz_free(err);
+#endif
+	free(a);
+	free(z);
+	fz_module_free(m);
+}
+END_TEST
+
+START_TEST(index_out_of_range)
+{
+	fz_module *m = parse(
+		"trace emb(w: f32[4, 2], i: i64[3]) {\n"
+		"  e = take(w, i, dim=0)\n"
+		"  return e\n"
+		"}\n");
+	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
+	float *w = aligned_alloc(64, 64), *e = aligned_alloc(64, 64);
+	int64_t *idx = aligned_alloc(64, 64);
+	for (int i = 0; i < 8; i++)
+		w[i] = (float)i;
+	idx[0] = 1;
+	idx[1] = 3;
+	idx[2] = 0;
+	fz_tensor in[2] = {{w, FZ_F32, 2, {4, 2}, {2, 1}}, {idx, FZ_I64, 1, {3}, {1}}};
+	fz_tensor out = {e, FZ_F32, 2, {3, 2}, {2, 1}};
+	char *err = NULL;
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_float_eq(e[2], 6.0f);
+	idx[1] = 4;
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_ERANGE);
+	ck_assert_msg(strstr(err, "take at 2:7: an index is out of range"), "%s", err);
+	fz_free(err);
+	err = NULL;
+	idx[1] = 2; /* and the next run is clean */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	fz_exec_free(x);
+	free(w);
+	free(e);
+	free(idx);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Every target in the list fills every slot: the runner calls them all
+ * without checking. */
+START_TEST(targets_fill_every_slot)
+{
+	const char *names = fz_target_names();
+	ck_assert_ptr_nonnull(strstr(names, "cpu"));
+	const fz_target *tg = fz_target_find("cpu");
+	ck_assert_ptr_nonnull(tg);
+	ck_assert_ptr_null(fz_target_find("nope"));
+	ck_assert_ptr_null(fz_target_find(NULL));
+	char buf[128];
+	snprintf(buf, sizeof buf, "%s", names);
+	for (char *n = strtok(buf, ", "); n; n = strtok(NULL, ", ")) {
+		tg = fz_target_find(n);
+		ck_assert_msg(tg && tg->open && tg->close && tg->alloc && tg->release &&
+			      tg->upload && tg->download && tg->copy && tg->load &&
+			      tg->launch && tg->matmul && tg->collective &&
+			      tg->event_record && tg->event_wait && tg->sync,
+			      "target %s leaves a slot empty", n);
+	}
+}
+END_TEST
+
+/* The one-shot entry point allocates its outputs. */
+START_TEST(trace_run_one_shot)
+{
+	fz_module *m = parse(axpy_src);
+	float a[5] = {1, 2, 3, 4, 5}, b[5] = {1, 1, 1, 1, 1};
+	fz_tensor in[2] = {vec(a, 5, 1), vec(b, 5, 1)}, out;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_run(fz_module_trace(m, 0), "cpu", NULL, in, 2, &out,
+				      1, &err), FZ_OK);
+	ck_assert_int_eq(out.shape[0], 5);
+	ck_assert_float_eq(((float *)out.data)[4], 11.0f);
+	fz_free(out.data);
+	fz_module_free(m);
+}
+END_TEST
+
+static Suite *runtime_suite(void)
+{
+	Suite *s = suite_create("runtime");
+	TCase *c = tcase_create("prepared");
+	tcase_add_test(c, outputs_in_place);
+	tcase_add_test(c, strided_and_misaligned_inputs);
+	tcase_add_test(c, plan_lru);
+	tcase_add_test(c, outputs_that_alias);
+	tcase_add_test(c, trace_run_one_shot);
+	suite_add_tcase(s, c);
+	c = tcase_create("errors");
+	tcase_add_test(c, bad_calls);
+	tcase_add_test(c, index_out_of_range);
+	suite_add_tcase(s, c);
+	c = tcase_create("targets");
+	tcase_add_test(c, targets_fill_every_slot);
+	suite_add_tcase(s, c);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(runtime_suite());
+	srunner_run_all(r, CK_NORMAL);
+	int failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
