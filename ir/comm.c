@@ -23,9 +23,10 @@
  *               never later than its wait
  *     scatter   reduce-scatters and all-reduces are issued right after the
  *               region that completes their operand
- *     bucket    all-gathers issued back to back, each smaller than
- *               bucket_bytes, are coalesced into one collective region of
- *               at most bucket_bytes (one NCCL group, one launch, one ring
+ *     bucket    all-gathers smaller than bucket_bytes that are issued at
+ *               one point (back to back, large gathers may lie between
+ *               them) are coalesced into collective regions of at most
+ *               bucket_bytes (one NCCL group, one launch, one ring
  *               latency), and their waits into one wait at the first of them
  *
  * Two rules make asynchronous collectives safe for the memory plan. A
@@ -487,27 +488,44 @@ static fz_status bucket(fz_program *p)
 	for (int r = 0; r < n; r++)
 		group[r] = wgroup[r] = -1;
 	int buckets = 0;
+	/* runs of gathers issued back to back (nothing runs between them, so
+	 * their inputs are all ready at the first); in each, the small ones in
+	 * issue order, greedily, up to cap bytes per bucket, even across a
+	 * large gather between them: a bucket goes where its first member was */
 	for (int s = 0; s < n;) {
-		int r = p->order[s];
-		if (!is_gather(p->regions[r]) || coll_bytes(p, p->regions[r]) >= cap) {
+		if (!is_gather(p->regions[p->order[s]])) {
 			s++;
 			continue;
 		}
-		int64_t sum = 0;
 		int e = s;
-		while (e < n && is_gather(p->regions[p->order[e]])) {
-			int64_t b = coll_bytes(p, p->regions[p->order[e]]);
-			if (b >= cap || sum + b > cap)
-				break;
-			sum += b;
+		while (e < n && is_gather(p->regions[p->order[e]]))
 			e++;
+		int lead = -1, count = 0;
+		int64_t sum = 0;
+		for (int k = s; k <= e; k++) {
+			int r = k < e ? p->order[k] : -1;
+			int64_t b = r >= 0 ? coll_bytes(p, p->regions[r]) : 0;
+			if (r >= 0 && b >= cap)
+				continue;
+			if (lead >= 0 && (r < 0 || sum + b > cap)) {
+				if (count >= 2)
+					buckets++;
+				else
+					group[lead] = -1;
+				lead = -1;
+			}
+			if (r < 0)
+				break;
+			if (lead < 0) {
+				lead = r;
+				sum = 0;
+				count = 0;
+			}
+			group[r] = lead;
+			sum += b;
+			count++;
 		}
-		if (e - s >= 2) {
-			for (int k = s; k < e; k++)
-				group[p->order[k]] = r;
-			buckets++;
-		}
-		s = e > s ? e : s + 1;
+		s = e;
 	}
 	if (!buckets) {
 		free(group);

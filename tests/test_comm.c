@@ -197,6 +197,27 @@ START_TEST(buckets)
 	ck_assert_int_eq(fz_program_count(p, FZ_REGION_COLLECTIVE), 4);
 	fz_program_free(p);
 	fz_module_free(m);
+	/* two norm weights issued with a large weight between them share a
+	 * bucket; the large one stays alone */
+	m = parse("trace n(x: f32[8, 256], g1_s: f32[128], w_s: f32[128, 256], "
+		  "g2_s: f32[128]) world 2 {\n"
+		  "  g1 = wait(all_gather(g1_s, dim=0))\n"
+		  "  w = wait(all_gather(w_s, dim=0))\n"
+		  "  g2 = wait(all_gather(g2_s, dim=0))\n"
+		  "  y = mul(linear(mul(x, g1), w), g2)\n  return y\n}\n");
+	fz_plan_defaults(&o);
+	o.bucket_bytes = 64 << 10;
+	p = plan(fz_module_trace(m, 0), &o);
+	ck_assert_int_eq(p->comm_buckets, 1);
+	ck_assert_int_eq(fz_program_count(p, FZ_REGION_COLLECTIVE), 2);
+	const fz_trace *t = p->trace;
+	const fz_value *g1 = fz_lookup(t, "g1"), *g2 = fz_lookup(t, "g2");
+	const fz_value *w = fz_lookup(t, "w");
+	int r1 = p->region_of[g1->def->in[0]->def->id];
+	ck_assert_int_eq(r1, p->region_of[g2->def->in[0]->def->id]);
+	ck_assert_int_ne(r1, p->region_of[w->def->in[0]->def->id]);
+	fz_program_free(p);
+	fz_module_free(m);
 }
 END_TEST
 
