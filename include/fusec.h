@@ -261,6 +261,8 @@ typedef struct fz_exec_options {
 	int max_plans;           /* bindings kept prepared (default 8) */
 	int threads;             /* cpu: threads a kernel may use (0: all) */
 	int device;              /* cuda: device ordinal (default 0) */
+	int tf32;                /* cuda: f32 matmuls may round their inputs
+	                            to TF32 (default 0: full f32) */
 	/* The caller's allocator for arenas (the PyTorch bridge passes the
 	 * caching allocator's); NULL: the target's own. */
 	void *(*alloc)(void *ctx, size_t bytes);

@@ -39,7 +39,9 @@
  * call is a slot of the target's table (target.h), so the CPU, CUDA and
  * emulated targets run the very same walk. A kernel that meets an index
  * out of range writes 1 + the op's node id into the flag word; host-memory
- * targets check it after each launch, device targets at fz_exec_sync.
+ * targets check it after each launch, device targets at fz_exec_sync,
+ * which also clears it (so a run on a GPU queues no copy for the flag:
+ * it is cleared once when its arena is new, then only after an error).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +103,8 @@ typedef struct pplan {
 	step *steps;
 	int64_t arena_bytes; /* memplan's, then staging, then the flag */
 	int64_t flag_off;
+	bool flag_clear;     /* device targets: the flag is known to be 0 */
+	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
 	int launches;
@@ -155,6 +159,8 @@ typedef struct builder {
 	const int64_t *syms;
 	fz_status st;
 	char **err;
+	int *ev_of;          /* per region: its collective's event, or -1 */
+	int n_ev;            /* events handed out: one per collective region */
 } builder;
 
 static void fail(builder *B, fz_status st, char *msg)
@@ -391,7 +397,12 @@ static void add_collective(builder *B, const fz_region *reg)
 		int sx = need(B, x), sy = out_slot(B, y);
 		if (B->st != FZ_OK)
 			return;
-		int ev = B->p->region_of[(reg->kind == FZ_REGION_WAIT ? x->def : n)->id];
+		/* events numbered by collective region, in order: a bucket's
+		 * members and their waits share one */
+		int cr = B->p->region_of[(reg->kind == FZ_REGION_WAIT ? x->def : n)->id];
+		if (reg->kind == FZ_REGION_COLLECTIVE && j == 0)
+			B->ev_of[cr] = B->n_ev++;
+		int ev = B->ev_of[cr];
 		if (reg->kind == FZ_REGION_WAIT) {
 			step *w = add_step(B, S_WAIT, reg->id);
 			if (!w)
@@ -514,7 +525,10 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		return st;
 	}
 	const fz_program *p = pp->p;
-	builder B = {x, pp, t, p, pp->syms, FZ_OK, err};
+	builder B = {x, pp, t, p, pp->syms, FZ_OK, err, NULL, 0};
+	B.ev_of = fz_arena_alloc(&pp->mem, sizeof(int) * ((size_t)p->n_regions + 1));
+	if (!B.ev_of)
+		fail(&B, FZ_ENOMEM, NULL);
 	pp->vslot = malloc(sizeof *pp->vslot * ((size_t)t->n_values + 1));
 	pp->pstage = calloc((size_t)t->n_params + 1, sizeof *pp->pstage);
 	if (!pp->vslot || !pp->pstage)
@@ -549,6 +563,15 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		add_output_copies(&B);
 	pp->flag_off = pp->arena_bytes;
 	pp->arena_bytes += BLOCK;
+	/* the library's scratch, shared by the plan's matmuls (one stream) */
+	pp->ws_off = -1;
+	for (int i = 0; i < pp->n_steps && x->dev->tg->matmul_workspace; i++)
+		if (pp->steps[i].kind == S_MATMUL) {
+			pp->ws_off = (pp->arena_bytes + 255) / 256 * 256;
+			pp->arena_bytes = pp->ws_off +
+					  (int64_t)x->dev->tg->matmul_workspace;
+			break;
+		}
 	if (B.st == FZ_OK && !(pp->ptr = calloc((size_t)pp->n_slots + 1, sizeof *pp->ptr)))
 		fail(&B, FZ_ENOMEM, NULL);
 	if (B.st == FZ_OK) {
@@ -694,6 +717,11 @@ void fz_exec_free(fz_exec *x)
 	fz_device_release(x->dev);
 	x->magic = EXEC_DEAD;
 	free(x);
+}
+
+fz_device *fz_exec_dev(const fz_exec *x)
+{
+	return x && x->magic == EXEC_MAGIC ? x->dev : NULL;
 }
 
 const char *fz_exec_device(const fz_exec *x)
@@ -934,9 +962,11 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	char *arena = pp->arena;
 	int32_t *flag = (int32_t *)(arena + pp->flag_off);
 	static const int32_t zero = 0;
-	if (st == FZ_OK)
-		st = tg->host_memory ? (*flag = 0, FZ_OK)
-		     : tg->upload(dev, flag, &zero, sizeof zero, stream, err);
+	if (st == FZ_OK && tg->host_memory)
+		*flag = 0;
+	else if (st == FZ_OK && !pp->flag_clear &&
+		 (st = tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		pp->flag_clear = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
 		char *base = sl->base == B_ARENA ? arena
@@ -964,6 +994,8 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 			s->mm.b = ptr[s->sb];
 			s->mm.bias = s->sbias >= 0 ? ptr[s->sbias] : NULL;
 			s->mm.y = ptr[s->sy];
+			s->mm.workspace = pp->ws_off >= 0 ? arena + pp->ws_off : NULL;
+			s->mm.workspace_bytes = pp->ws_off >= 0 ? tg->matmul_workspace : 0;
 			st = tg->matmul(dev, &s->mm, stream, err);
 			break;
 		case S_COLL:
@@ -1010,6 +1042,8 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		flag = *f;
 	else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream, err)) != FZ_OK)
 		return st;
+	if (flag && !dev->tg->host_memory)
+		pp->flag_clear = false; /* cleared by the next run */
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
 }
 

@@ -24,6 +24,8 @@ typedef struct fz_exec_stats {
 } fz_exec_stats;
 
 const fz_exec_stats *fz_exec_stats_of(const fz_exec *x);
+/* The device x runs on (tools: to allocate and copy device buffers). */
+fz_device *fz_exec_dev(const fz_exec *x);
 /* The plan the last run used (NULL before the first). */
 const fz_program *fz_exec_plan(const fz_exec *x);
 /* Prepares the plan for sym_sizes (NULL: taken from the inputs) without

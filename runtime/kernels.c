@@ -356,8 +356,10 @@ static fz_status run_jobs(fz_kctx *cx, const fz_trace *t, job *j, int n)
 	return FZ_OK;
 }
 
-/* The code of a disk entry as the target's load wants it. */
-static void code_of_entry(const fz_entry *e, int sm, fz_kcode *c)
+/* The code of a disk entry as the target's load wants it: the machine
+ * code under the device's tag (its own arch), else under the compiler's. */
+static void code_of_entry(const fz_entry *e, const fz_device *dev, int sm,
+			  fz_kcode *c)
 {
 	memset(c, 0, sizeof *c);
 	const fz_section *s;
@@ -370,11 +372,54 @@ static void code_of_entry(const fz_entry *e, int sm, fz_kcode *c)
 		c->ptx_len = s->len;
 	}
 	char tag[FZ_SECTION_TAG];
-	snprintf(tag, sizeof tag, "cubin.sm_%d", sm);
+	if (dev && dev->native_tag[0])
+		snprintf(tag, sizeof tag, "%s", dev->native_tag);
+	else
+		snprintf(tag, sizeof tag, "cubin.sm_%d", sm);
 	if ((s = fz_entry_section(e, tag))) {
 		c->cubin = s->data;
 		c->cubin_len = s->len;
 	}
+}
+
+/* Where the cache has no machine code for the device (PTX only: made
+ * where nvJitLink was absent, or for another arch), the target makes it
+ * once (tg->native: the driver's JIT for this GPU) and it is stored back
+ * into the entry beside the PTX, so the next process loads machine code.
+ * A failure leaves c as it was: the PTX still serves. *bin: the caller's
+ * to free. */
+static void native_store_back(fz_kctx *cx, const fz_kcode_rec *rec,
+			      fz_kcode *c, void **bin)
+{
+	fz_device *dev = cx->o.dev;
+	*bin = NULL;
+	if (!dev || !dev->tg->native || !dev->native_tag[0] || !c->ptx || c->cubin ||
+	    rec->unsupported)
+		return;
+	size_t n = 0;
+	char *msg = NULL;
+	if (dev->tg->native(dev, &rec->k, c, bin, &n, &msg) != FZ_OK) {
+		free(msg);
+		return;
+	}
+	c->cubin = *bin;
+	c->cubin_len = n;
+	fz_disk *d = cx->o.disk;
+	fz_entry *e = NULL;
+	if (!d || !fz_disk_writable(d) ||
+	    fz_disk_lookup(d, rec->key, rec->canon, rec->len, &e) != FZ_OK || !e)
+		return;
+	fz_section s[FZ_ENTRY_MAX_SECTIONS];
+	int k = 0;
+	for (int i = 0; i < e->n_sections && k < FZ_ENTRY_MAX_SECTIONS - 1; i++)
+		if (strncmp(e->sections[i].tag, dev->native_tag, FZ_SECTION_TAG))
+			s[k++] = e->sections[i];
+	memset(&s[k], 0, sizeof s[k]);
+	snprintf(s[k].tag, FZ_SECTION_TAG, "%s", dev->native_tag);
+	s[k].data = *bin;
+	s[k++].len = n;
+	fz_disk_store(d, rec->key, rec->canon, rec->len, s, k);
+	fz_entry_free(e);
 }
 
 /* Loads rec's code on the device and files it in the store (the caller
@@ -482,16 +527,20 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		if (!dev)
 			continue;
 		fz_kcode c;
-		code_of_entry(e, cx->o.cg.sm, &c);
+		void *bin = NULL;
+		code_of_entry(e, dev, cx->o.cg.sm, &c);
+		native_store_back(cx, rec, &c, &bin);
 		fz_kcode_rec *loaded = rec_new(&(fz_canon){.key = rec->key,
 			.text = rec->canon, .len = rec->len});
 		if (!loaded) {
+			free(bin);
 			st = FZ_ENOMEM;
 			break;
 		}
 		loaded->k = rec->k;
 		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
 			memcpy(rec->fn, loaded->fn, sizeof rec->fn);
+		free(bin);
 	}
 	for (int i = 0; i < n_todo && st == FZ_OK; i++) {
 		job *jb = &todo[i];
@@ -517,8 +566,17 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		fz_kcode c = {jb->info.object, jb->info.object_len, jb->info.ptx,
 			      jb->info.ptx ? strlen(jb->info.ptx) : 0,
 			      jb->info.cubin_data, jb->info.cubin_bytes};
+		void *bin = NULL;
+		/* a cubin built for the compiler's arch serves only a device
+		 * of that arch */
+		char tag[FZ_SECTION_TAG];
+		snprintf(tag, sizeof tag, "cubin.sm_%d", cx->o.cg.sm);
+		if (c.cubin && dev->native_tag[0] && strcmp(tag, dev->native_tag))
+			c.cubin = NULL, c.cubin_len = 0;
+		native_store_back(cx, jb->rec, &c, &bin);
 		fz_kcode_rec *loaded = rec_new(jb->ki->cn);
 		if (!loaded) {
+			free(bin);
 			st = FZ_ENOMEM;
 			break;
 		}
@@ -526,6 +584,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		loaded->unsupported = jb->rec->unsupported;
 		if ((st = load_rec(cx, loaded, &c, err)) == FZ_OK)
 			memcpy(jb->rec->fn, loaded->fn, sizeof jb->rec->fn);
+		free(bin);
 	}
 	if (dev)
 		pthread_mutex_unlock(&dev->mu);

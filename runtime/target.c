@@ -15,6 +15,7 @@
 
 static const fz_target *const targets[] = {
 	&fz_target_cpu,
+	&fz_target_cuda,
 };
 
 const fz_target *fz_target_find(const char *name)

@@ -52,6 +52,10 @@ typedef struct fz_device {
 	fz_cg_options cg;       /* what its kernels are compiled for */
 	int sm_count;           /* for launch geometry (0: not a GPU) */
 	int threads;            /* host threads a launch may use */
+	/* The cache section of this device's machine code ("cubin.sm_90";
+	 * "" for none): what kernels.c hands load beside the PTX, and where
+	 * it stores what native made. */
+	char native_tag[16];
 } fz_device;
 
 /* A target calls this whenever it blocks the host on the device (a stream
@@ -85,6 +89,11 @@ typedef struct fz_matmul {
 	int64_t bshape[FZ_MAX_RANK], a_bstride[FZ_MAX_RANK], b_bstride[FZ_MAX_RANK];
 	const void *a, *b, *bias;
 	void *y;
+	/* scratch the library may use (NULL: none): the target's
+	 * matmul_workspace bytes of the plan's arena, shared by the plan's
+	 * matmuls, which run in stream order */
+	void *workspace;
+	size_t workspace_bytes;
 } fz_matmul;
 
 typedef enum fz_coll_kind {
@@ -119,6 +128,8 @@ typedef struct fz_collective {
 struct fz_target {
 	const char *name;        /* "cpu", "cuda", "emu" */
 	bool host_memory;        /* device pointers are host pointers */
+	size_t matmul_workspace; /* arena bytes a plan with matmuls reserves
+	                            for fz_matmul.workspace (0: none) */
 
 	/* The process's device for options o (o->device picks among several),
 	 * retained once for the caller: FZ_EUNSUPPORTED with a plain message
@@ -148,6 +159,13 @@ struct fz_target {
 	fz_status (*launch)(fz_device *dev, const fz_kernel *k, void *const *fn,
 	                    void **bufs, const int64_t *syms, int32_t *flag,
 	                    void *stream, char **err);
+	/* Optional (NULL: none): machine code for this device made from
+	 * code's portable form (PTX), for a cache entry that has none under
+	 * native_tag; kernels.c stores it back so that the next process
+	 * loads it. *bin is freed with free. */
+	fz_status (*native)(fz_device *dev, const fz_kernel *k,
+	                    const fz_kcode *code, void **bin, size_t *len,
+	                    char **err);
 
 	/* Library calls and collectives. */
 	fz_status (*matmul)(fz_device *dev, const fz_matmul *m, void *stream,
@@ -162,6 +180,7 @@ struct fz_target {
 };
 
 extern const fz_target fz_target_cpu;
+extern const fz_target fz_target_cuda;
 
 /* The target called name ("cpu", "cuda", "emu"), or NULL. */
 const fz_target *fz_target_find(const char *name);

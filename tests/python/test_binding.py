@@ -106,7 +106,11 @@ class TestProgram(unittest.TestCase):
             p(torch.randn(4), torch.tensor([9]))
 
     def test_devices(self):
-        if not torch.cuda.is_available():
+        if torch.cuda.is_available():
+            self.assertEqual(fusec.Program(RMS, device="cuda").device, "cuda")
+            self.assertEqual(fusec.Program(RMS, device="auto").device, "cuda")
+        else:
+            # no GPU: a clear error for cuda, the CPU for auto
             with self.assertRaises(fusec.FusecError) as cm:
                 fusec.Program(RMS, device="cuda")
             self.assertIn("no CUDA device", str(cm.exception))

@@ -232,11 +232,50 @@ class Program:
         if device != "reference":
             x = ctypes.c_void_p()
             err = ctypes.c_void_p()
-            _check(lib, lib.fz_exec_new(self._t, device.encode(), None,
+            opts = self._cuda_options(lib, device)
+            _check(lib, lib.fz_exec_new(self._t, device.encode(),
+                                        ctypes.byref(opts) if opts else None,
                                         ctypes.byref(x), ctypes.byref(err)),
                    err, "prepare")
             self._x = x
             self.device = lib.fz_exec_device(x).decode()
+
+    def _cuda_options(self, lib, device):
+        """For "cuda" and "auto" with torch on a GPU: the program's arenas
+        come from PyTorch's caching allocator (on the current device and
+        stream, so fusec and torch share one pool), the device is torch's
+        current one, and f32 matmuls use TF32 only where torch allows it
+        (torch.backends.cuda.matmul.allow_tf32). None otherwise."""
+        if device not in ("cuda", "auto"):
+            return None
+        try:
+            import torch
+            if not torch.cuda.is_available():
+                return None
+        except ImportError:
+            return None
+        idx = torch.cuda.current_device()
+        o = _lib.ExecOptions()
+        lib.fz_exec_options_init(ctypes.byref(o))
+        o.device = idx
+        o.tf32 = int(bool(torch.backends.cuda.matmul.allow_tf32))
+
+        def alloc(ctx, n):
+            try:
+                return torch.cuda.caching_allocator_alloc(
+                    n, device=idx, stream=torch.cuda.current_stream(idx))
+            except Exception:  # out of memory: the library says so
+                return None
+
+        def release(ctx, p):
+            torch.cuda.caching_allocator_delete(p)
+
+        # kept alive as long as the program: the library calls them
+        self._alloc_cb = _lib.ALLOC_FN(alloc)
+        self._release_cb = _lib.RELEASE_FN(release)
+        o.alloc = ctypes.cast(self._alloc_cb, ctypes.c_void_p)
+        o.release = ctypes.cast(self._release_cb, ctypes.c_void_p)
+        return o
 
     def __del__(self):
         x = getattr(self, "_x", None)

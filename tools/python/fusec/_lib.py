@@ -51,12 +51,18 @@ class ExecOptions(ctypes.Structure):
         ("max_plans", ctypes.c_int),
         ("threads", ctypes.c_int),
         ("device", ctypes.c_int),
+        ("tf32", ctypes.c_int),
         ("alloc", ctypes.c_void_p),
         ("release", ctypes.c_void_p),
         ("alloc_ctx", ctypes.c_void_p),
         ("warn", ctypes.c_void_p),
         ("warn_ctx", ctypes.c_void_p),
     ]
+
+
+# fz_exec_options.alloc and .release: the caller's allocator for arenas.
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _candidates():

@@ -1,0 +1,153 @@
+/*
+ * fake_cublaslt.c: the cuBLASLt entry points the CUDA target uses, faked on
+ * the host in the same library as the fake driver (fake_cuda.h). Matmul
+ * computes f32 and f64 as cuBLASLt defines it (column-major, op(A) m x k
+ * times op(B) k x n into D m x n, strided batches, bias per row of D) and
+ * records every call.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+
+#define API __attribute__((visibility("default")))
+
+extern fake_state fake_cuda;
+
+typedef struct desc { int compute, scale, transa, transb, epilogue; const void *bias; } desc;
+typedef struct layout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; } layout;
+typedef struct pref { uint64_t ws; uint32_t align[4]; } pref;
+
+API int cublasLtCreate(void **h) { *h = malloc(1); fake_cuda.lt_creates++; return 0; }
+API int cublasLtDestroy(void *h) { free(h); fake_cuda.lt_destroys++; return 0; }
+API size_t cublasLtGetVersion(void) { return 130000; }
+API const char *cublasLtGetStatusName(int s)
+{
+	return s == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : s == 15 ? "CUBLAS_STATUS_NOT_SUPPORTED" :
+	       "CUBLAS_STATUS_UNKNOWN";
+}
+
+API int cublasLtMatmulDescCreate(desc **d, int compute, int scale)
+{
+	*d = calloc(1, sizeof **d);
+	(*d)->compute = compute;
+	(*d)->scale = scale;
+	(*d)->epilogue = 1;
+	return 0;
+}
+
+API int cublasLtMatmulDescDestroy(desc *d) { free(d); return 0; }
+
+API int cublasLtMatmulDescSetAttribute(desc *d, int attr, const void *buf, size_t n)
+{
+	switch (attr) {
+	case 3: if (n != 4) return 7; memcpy(&d->transa, buf, 4); return 0;
+	case 4: if (n != 4) return 7; memcpy(&d->transb, buf, 4); return 0;
+	case 7: if (n != 4) return 7; memcpy(&d->epilogue, buf, 4); return 0;
+	case 8: if (n != sizeof(void *)) return 7; memcpy(&d->bias, buf, n); return 0;
+	}
+	return 7;
+}
+
+API int cublasLtMatrixLayoutCreate(layout **l, int type, uint64_t rows, uint64_t cols,
+                                   int64_t ld)
+{
+	if (ld < (int64_t)rows)
+		return 7;
+	*l = calloc(1, sizeof **l);
+	**l = (layout){type, rows, cols, ld, 1, 0};
+	return 0;
+}
+
+API int cublasLtMatrixLayoutDestroy(layout *l) { free(l); return 0; }
+
+API int cublasLtMatrixLayoutSetAttribute(layout *l, int attr, const void *buf, size_t n)
+{
+	if (attr == 5 && n == 4) { memcpy(&l->batch, buf, 4); return 0; }
+	if (attr == 6 && n == 8) { memcpy(&l->stride, buf, 8); return 0; }
+	return 7;
+}
+
+API int cublasLtMatmulPreferenceCreate(pref **p) { *p = calloc(1, sizeof **p); return 0; }
+API int cublasLtMatmulPreferenceDestroy(pref *p) { free(p); return 0; }
+
+API int cublasLtMatmulPreferenceSetAttribute(pref *p, int attr, const void *buf, size_t n)
+{
+	if (attr == 1 && n == 8) { memcpy(&p->ws, buf, 8); return 0; }
+	if (attr >= 5 && attr <= 8 && n == 4) { memcpy(&p->align[attr - 5], buf, 4); return 0; }
+	return 7;
+}
+
+typedef struct { uint64_t data[8]; } algo;
+typedef struct { algo a; size_t ws; int state; float waves; int reserved[4]; } heur;
+
+API int cublasLtMatmulAlgoGetHeuristic(void *h, desc *d, layout *a, layout *b, layout *c,
+                                       layout *dd, pref *p, int req, heur *res, int *got)
+{
+	(void)h, (void)d, (void)a, (void)b, (void)c, (void)dd, (void)req;
+	fake_cuda.lt_heuristics++;
+	memcpy(fake_cuda.align, p->align, sizeof p->align);
+	memset(res, 0, sizeof *res);
+	res->a.data[0] = 42;
+	*got = 1;
+	return 0;
+}
+
+static double get(int type, const void *p, int64_t i)
+{
+	return type == 1 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+static void put(int type, void *p, int64_t i, double v)
+{
+	if (type == 1)
+		((double *)p)[i] = v;
+	else
+		((float *)p)[i] = (float)v;
+}
+
+API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layout *la,
+                       const void *B, layout *lb, const void *beta, const void *C,
+                       layout *lc, void *D, layout *ld, const algo *al, void *ws,
+                       size_t wsn, void *stream)
+{
+	(void)h, (void)C, (void)lc, (void)stream, (void)ws;
+	if (!al || al->data[0] != 42)
+		return 7;
+	uint64_t m = d->transa ? la->cols : la->rows, k = d->transa ? la->rows : la->cols;
+	uint64_t kb = d->transb ? lb->cols : lb->rows, n = d->transb ? lb->rows : lb->cols;
+	if (k != kb || ld->rows != m || ld->cols != n || la->batch != ld->batch ||
+	    lb->batch != ld->batch)
+		return 7;
+	if (fake_cuda.n_matmuls < FAKE_MAX_LAUNCHES)
+		fake_cuda.mm[fake_cuda.n_matmuls] = (fake_matmul){
+			d->compute, d->scale, d->transa, d->transb, d->epilogue, la->type,
+			m, n, k, la->ld, lb->ld, ld->ld, ld->batch, la->stride, lb->stride,
+			ld->stride, A, B, D, d->bias, wsn};
+	fake_cuda.n_matmuls++;
+	int t = la->type;
+	if (t != 0 && t != 1)
+		return 0; /* only f32 and f64 are computed */
+	double al1 = t == 1 ? *(const double *)alpha : *(const float *)alpha;
+	double be = t == 1 ? *(const double *)beta : *(const float *)beta;
+	for (int bt = 0; bt < ld->batch; bt++)
+		for (uint64_t j = 0; j < n; j++)
+			for (uint64_t i = 0; i < m; i++) {
+				double s = 0;
+				for (uint64_t l = 0; l < k; l++) {
+					int64_t ia = d->transa ? (int64_t)(l + i * la->ld)
+					                       : (int64_t)(i + l * la->ld);
+					int64_t ib = d->transb ? (int64_t)(j + l * lb->ld)
+					                       : (int64_t)(l + j * lb->ld);
+					s += get(t, A, bt * la->stride + ia) *
+					     get(t, B, bt * lb->stride + ib);
+				}
+				int64_t id = bt * ld->stride + (int64_t)(i + j * ld->ld);
+				double v = al1 * s + (be != 0 ? be * get(t, D, id) : 0);
+				if (d->epilogue == 4)
+					v += get(t, d->bias, (int64_t)i);
+				put(t, D, id, v);
+			}
+	return 0;
+}

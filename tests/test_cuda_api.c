@@ -1,0 +1,1034 @@
+/*
+ * test_cuda_api.c: the CUDA target's host side, on any machine.
+ *
+ * No GPU is needed: the loader is pointed at a fake driver and a fake
+ * cuBLASLt (tests/fake/), one shared library whose entry points record
+ * what they are asked and, for matmul, compute it on the host as cuBLASLt
+ * defines it. Checked here: a missing driver, a failing cuInit, no device
+ * and a bad ordinal are clean statuses with "no CUDA device" where that is
+ * the case; a device is opened once per process and shares the primary
+ * context; every slot makes the context current only when it is not, and
+ * leaves the thread as it found it; modules load from the cubin, fall back
+ * to the PTX when the cubin is refused, and a PTX the driver rejects is an
+ * error carrying the call, the region and the JIT's log; a launch passes
+ * the buffers, the flag word and the kernel's symbols in parameter order
+ * with fz_kernel_launch_dims's geometry; a strided copy coalesces its
+ * dims before the gather; matmul and linear, batched with broadcast, with
+ * bias, match a row-major reference; heuristics are cached per shape; the
+ * gather's PTX passes ptxas.
+ *
+ * Each test runs in a forked child (Check's default), so each opens the
+ * driver afresh with the fake it configured.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cuda_api.h"
+#include "exec.h"
+#include "cuda_target.h"
+#include "fake/fake_cuda.h"
+#include "ir.h"
+#include "target.h"
+
+static fake_state *F;
+
+/* Points the loaders at the fake and returns its state. */
+static fake_state *use_fake(void)
+{
+	void *h = dlopen(FZ_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(h != NULL, "%s", dlerror());
+	F = dlsym(h, "fake_cuda");
+	ck_assert_ptr_nonnull(F);
+	fz_cu_set_library(FZ_FAKE_CUDA);
+	fz_lt_set_library(FZ_FAKE_CUDA);
+	return F;
+}
+
+static fz_device *open_dev(const fz_exec_options *o)
+{
+	fz_device *dev = NULL;
+	char *err = NULL;
+	fz_status st = fz_target_cuda.open(o, &dev, &err);
+	ck_assert_msg(st == FZ_OK, "open: %s", err ? err : "?");
+	ck_assert_ptr_nonnull(dev);
+	return dev;
+}
+
+static void expect_open_fails(fz_status want, const char *part1, const char *part2)
+{
+	fz_device *dev = NULL;
+	char *err = NULL;
+	fz_status st = fz_target_cuda.open(NULL, &dev, &err);
+	ck_assert_int_eq(st, want);
+	ck_assert_ptr_null(dev);
+	ck_assert_ptr_nonnull(err);
+	ck_assert_msg(strstr(err, part1), "'%s' lacks '%s'", err, part1);
+	if (part2)
+		ck_assert_msg(strstr(err, part2), "'%s' lacks '%s'", err, part2);
+	free(err);
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+START_TEST(no_driver)
+{
+	fz_cu_set_library("/nonexistent/libcuda.so.1");
+	expect_open_fails(FZ_EUNSUPPORTED, "no CUDA device", "libcuda.so.1");
+}
+END_TEST
+
+START_TEST(default_names)
+{
+	const char *const *n = fz_cu_library_names();
+	ck_assert_str_eq(n[0], "libcuda.so.1");
+}
+END_TEST
+
+START_TEST(init_fails)
+{
+	use_fake()->init_result = 100;
+	expect_open_fails(FZ_EUNSUPPORTED, "no CUDA device",
+	                  "cuInit failed: CUDA_ERROR_NO_DEVICE");
+}
+END_TEST
+
+START_TEST(no_devices)
+{
+	use_fake()->devices = 0;
+	expect_open_fails(FZ_EUNSUPPORTED, "no CUDA device", "sees none");
+}
+END_TEST
+
+START_TEST(bad_ordinal)
+{
+	use_fake()->devices = 2;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.device = 2;
+	fz_device *dev = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.open(&o, &dev, &err), FZ_EINVAL);
+	ck_assert_msg(strstr(err, "CUDA device 2 does not exist") &&
+	              strstr(err, "has 2"), "%s", err);
+	free(err);
+	o.device = -1;
+	err = NULL;
+	ck_assert_int_eq(fz_target_cuda.open(&o, &dev, &err), FZ_EINVAL);
+	free(err);
+}
+END_TEST
+
+START_TEST(old_arch)
+{
+	use_fake()->cc_major = 6;
+	F->cc_minor = 1;
+	expect_open_fails(FZ_EUNSUPPORTED, "6.1", "7.0 or newer");
+	ck_assert_int_eq(F->retains, 0);
+}
+END_TEST
+
+START_TEST(open_shares_device)
+{
+	use_fake();
+	fz_device *a = open_dev(NULL), *b = open_dev(NULL);
+	ck_assert_ptr_eq(a, b);
+	ck_assert_ptr_eq(a->tg, &fz_target_cuda);
+	ck_assert_int_eq(F->retains, 1);
+	ck_assert_int_eq(a->sm_count, 132);
+	ck_assert_int_eq(a->cg.target, FZ_CG_NVPTX);
+	ck_assert_int_eq(a->cg.sm, 90);
+	char name[64];
+	int cc, drv;
+	fz_cuda_describe(a, name, sizeof name, &cc, &drv);
+	ck_assert_str_eq(name, "Fake GPU");
+	ck_assert_int_eq(cc, 90);
+	ck_assert_int_eq(drv, 12080);
+	fz_device_release(b);
+	ck_assert_int_eq(F->releases, 0);
+	fz_device_release(a);
+	ck_assert_int_eq(F->releases, 1);
+	/* closed: a new open makes a new device */
+	fz_device *c = open_dev(NULL);
+	ck_assert_int_eq(F->retains, 2);
+	fz_device_release(c);
+}
+END_TEST
+
+START_TEST(newer_arch_gets_sm90_ptx)
+{
+	use_fake()->cc_major = 12;
+	F->cc_minor = 0;
+	fz_device *d = open_dev(NULL);
+	ck_assert_int_eq(d->cg.sm, 90);
+	char tag[32];
+	fz_cuda_cubin_tag(d, tag, sizeof tag);
+	ck_assert_str_eq(tag, "cubin.sm_120");
+	fz_device_release(d);
+}
+END_TEST
+
+/* ---- memory -------------------------------------------------------------- */
+
+START_TEST(alloc_upload_download)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	char *err = NULL;
+	void *p = NULL;
+	ck_assert_int_eq(fz_target_cuda.alloc(d, 1000, &p, &err), FZ_OK);
+	ck_assert_uint_eq((uintptr_t)p % 256, 0);
+	for (int i = 0; i < 1000; i++)
+		ck_assert_int_eq(((unsigned char *)p)[i], 0);
+	int src[100], dst[100];
+	for (int i = 0; i < 100; i++)
+		src[i] = i * 7 - 3;
+	ck_assert_int_eq(fz_target_cuda.upload(d, p, src, sizeof src, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_target_cuda.download(d, dst, p, sizeof dst, NULL, &err), FZ_OK);
+	ck_assert_int_eq(memcmp(src, dst, sizeof src), 0);
+	ck_assert_int_ge(F->syncs, 1); /* download returns with the bytes */
+	/* the test thread had no current context: every call pushed and
+	 * popped it */
+	ck_assert_int_gt(F->pushes, 0);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_target_cuda.release(d, p);
+	ck_assert_int_eq(F->frees, 1);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(current_context_kept)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	/* a thread whose current context is the primary one (a PyTorch
+	 * thread) is not pushed */
+	cu_dev *cd = (cu_dev *)d;
+	const fz_cu_api *cu = fz_cu_load(NULL);
+	ck_assert_int_eq(cu->CtxPushCurrent(cd->ctx), 0);
+	int before = F->pushes;
+	void *p = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.alloc(d, 64, &p, &err), FZ_OK);
+	ck_assert_int_eq(fz_target_cuda.sync(d, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->pushes, before);
+	fz_target_cuda.release(d, p);
+	CUcontext c;
+	cu->CtxPopCurrent(&c);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(copy_contiguous_is_memcpy)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	float src[64], dst[40];
+	for (int i = 0; i < 64; i++)
+		src[i] = (float)i;
+	/* [2, 1, 20] contiguous at offset 8: one device-to-device copy */
+	fz_layout l = {3, {2, 1, 20}, {20, 99, 1}, 8};
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 4, &l, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 0);
+	for (int i = 0; i < 40; i++)
+		ck_assert_float_eq(dst[i], (float)(i + 8));
+	fz_device_release(d);
+}
+END_TEST
+
+/* The gather's parameters of launch x: dst, src, n, rank, shape[8],
+ * strides[8]. */
+static void gather_params(const fake_launch *x, uint64_t *v)
+{
+	for (int i = 0; i < 20; i++)
+		memcpy(&v[i], x->param[i], 8);
+}
+
+START_TEST(copy_strided_launches_gather)
+{
+	use_fake();
+	F->n_params = 20;
+	F->param_size[3] = 4; /* rank: a u32 */
+	fz_device *d = open_dev(NULL);
+	static uint16_t src[4 * 6 * 5], dst[4 * 6 * 5];
+	/* [4, 6, 5] permuted to [6, 4, 5], with a unit dim: [6, 1, 4, 5]
+	 * over strides [5, 7, 30, 1]; the unit dim drops and nothing merges */
+	fz_layout l = {4, {6, 1, 4, 5}, {5, 7, 30, 1}, 0};
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &l, (void *)0x77, &err),
+	                 FZ_OK);
+	ck_assert_int_eq(F->n_launches, 1);
+	fake_launch *x = &F->launch[0];
+	ck_assert_str_eq(x->fn, "fz_copy_b16");
+	ck_assert_ptr_eq(x->stream, (void *)0x77);
+	ck_assert_uint_eq(x->block[0], 256);
+	ck_assert_uint_ge(x->grid[0], 1);
+	uint64_t v[20];
+	gather_params(x, v);
+	ck_assert_uint_eq(v[0], (uintptr_t)dst);
+	ck_assert_uint_eq(v[1], (uintptr_t)src);
+	ck_assert_uint_eq(v[2], 120);
+	ck_assert_uint_eq(v[3], 3);
+	uint64_t sh[3] = {6, 4, 5}, st[3] = {5, 30, 1};
+	for (int i = 0; i < 3; i++) {
+		ck_assert_uint_eq(v[4 + i], sh[i]);
+		ck_assert_uint_eq(v[12 + i], st[i]);
+	}
+	/* a slice [2, 3, 4] of [2, 6, 4] at offset 4: the inner two dims
+	 * merge into 12 contiguous elements; the source pointer carries the
+	 * offset in bytes */
+	fz_layout s2 = {3, {2, 3, 4}, {24, 4, 1}, 4};
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 8, &s2, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 2);
+	ck_assert_str_eq(F->launch[1].fn, "fz_copy_b64");
+	gather_params(&F->launch[1], v);
+	ck_assert_uint_eq(v[1], (uintptr_t)src + 32);
+	ck_assert_uint_eq(v[2], 24);
+	ck_assert_uint_eq(v[3], 2);
+	ck_assert_uint_eq(v[4], 2);
+	ck_assert_uint_eq(v[5], 12);
+	ck_assert_uint_eq(v[12], 24);
+	ck_assert_uint_eq(v[13], 1);
+	/* an empty view copies nothing; an odd element size is refused */
+	fz_layout e = {2, {0, 5}, {5, 1}, 0};
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &e, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 2);
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 3, &l, NULL, &err),
+	                 FZ_EUNSUPPORTED);
+	ck_assert_ptr_nonnull(strstr(err, "3-byte"));
+	free(err);
+	fz_device_release(d);
+}
+END_TEST
+
+/* ---- kernels ------------------------------------------------------------- */
+
+static const char PTX[] = "//\n.version 7.8\n.target sm_90\n";
+static const char CUBIN[] = "CUBIN fake machine code";
+
+static fz_kernel two_entry_kernel(void)
+{
+	fz_kernel k;
+	memset(&k, 0, sizeof k);
+	k.region = 7;
+	k.sk = FZ_SK_SCATTER;
+	k.n_in = 2;
+	k.n_out = 1;
+	k.n_syms = 2;
+	k.syms[0] = 3;
+	k.syms[1] = 1;
+	k.n_entries = 2;
+	strcpy(k.names[0], "fz_init");
+	strcpy(k.names[1], "fz_scatter");
+	k.n_work[0] = 1;
+	k.work[0][0] = fz_ext_const(100000);
+	k.n_work[1] = 1;
+	k.work[1][0] = fz_ext_const(300);
+	return k;
+}
+
+START_TEST(load_cubin)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, CUBIN, sizeof CUBIN};
+	void *fn[2] = {NULL, NULL};
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_OK);
+	ck_assert_int_eq(F->cubin_loads, 1);
+	ck_assert_int_eq(F->ptx_loads, 0);
+	ck_assert_str_eq((const char *)fn[0], "fz_init");
+	ck_assert_str_eq((const char *)fn[1], "fz_scatter");
+	fz_device_release(d);
+	ck_assert_int_eq(F->unloads, 1); /* modules go with the device */
+}
+END_TEST
+
+START_TEST(load_refused_cubin_falls_back_to_ptx)
+{
+	use_fake()->reject_cubin = 1;
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, CUBIN, sizeof CUBIN};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_OK);
+	ck_assert_int_eq(F->ptx_loads, 1);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(load_bad_ptx_reports)
+{
+	use_fake()->reject_ptx = 1;
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_ERUNTIME);
+	ck_assert_msg(strstr(err, "cuModuleLoadDataEx") && strstr(err, "region 7") &&
+	              strstr(err, "CUDA_ERROR_INVALID_PTX") &&
+	              strstr(err, "ptxas fatal: fake error"), "%s", err);
+	free(err);
+	err = NULL;
+	fz_kcode none = {0};
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &none, fn, &err), FZ_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "no PTX or cubin"));
+	free(err);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(load_checks_block_size)
+{
+	use_fake()->max_threads = 128;
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	k.sk = FZ_SK_ROW;
+	k.par = FZ_PAR_BLOCK;
+	k.n_entries = 1;
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_EUNSUPPORTED);
+	ck_assert_msg(strstr(err, "at most 128 threads") && strstr(err, "needs 256"),
+	              "%s", err);
+	free(err);
+	ck_assert_int_eq(F->unloads, 1); /* the module was not kept */
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(cubin_from_ptx)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	void *bin = NULL;
+	size_t n = 0;
+	char *err = NULL;
+	ck_assert_int_eq(fz_cuda_cubin(d, PTX, sizeof PTX - 1, "test", &bin, &n, &err),
+	                 FZ_OK);
+	ck_assert_int_eq(F->links, 1);
+	ck_assert_uint_eq(n, 5 + sizeof PTX); /* "CUBIN", the text, its NUL */
+	ck_assert_int_eq(memcmp(bin, "CUBIN", 5), 0);
+	free(bin);
+	char tag[32];
+	fz_cuda_cubin_tag(d, tag, sizeof tag);
+	ck_assert_str_eq(tag, "cubin.sm_90");
+	F->reject_ptx = 1;
+	ck_assert_int_eq(fz_cuda_cubin(d, PTX, sizeof PTX - 1, "region 3", &bin, &n, &err),
+	                 FZ_ERUNTIME);
+	ck_assert_msg(strstr(err, "cuLinkAddData") && strstr(err, "region 3"), "%s", err);
+	ck_assert_ptr_null(bin);
+	free(err);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(launch_packs_parameters)
+{
+	use_fake()->n_params = 6;
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_OK);
+	void *bufs[3] = {(void *)0x1000, (void *)0x2000, (void *)0x3000};
+	int64_t syms[4] = {-1, 17, -1, 5};
+	int32_t *flag = (int32_t *)0x4000;
+	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, flag, (void *)0x99,
+	                                       &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 2);
+	for (int e = 0; e < 2; e++) {
+		fake_launch *x = &F->launch[e];
+		ck_assert_str_eq(x->fn, k.names[e]);
+		ck_assert_ptr_eq(x->stream, (void *)0x99);
+		int64_t grid;
+		int block;
+		fz_kernel_launch_dims(&k, e, syms, &grid, &block);
+		ck_assert_uint_eq(x->grid[0], (unsigned)grid);
+		ck_assert_uint_eq(x->block[0], (unsigned)block);
+		ck_assert_uint_eq(x->grid[1] * x->grid[2] * x->block[1] * x->block[2], 1);
+		ck_assert_uint_eq(x->shmem, 0);
+		uint64_t v[6];
+		for (int i = 0; i < 6; i++)
+			memcpy(&v[i], x->param[i], 8);
+		ck_assert_uint_eq(v[0], 0x1000);
+		ck_assert_uint_eq(v[1], 0x2000);
+		ck_assert_uint_eq(v[2], 0x3000);
+		ck_assert_uint_eq(v[3], 0x4000);
+		ck_assert_uint_eq(v[4], 5);  /* k.syms[0] = trace symbol 3 */
+		ck_assert_uint_eq(v[5], 17); /* k.syms[1] = trace symbol 1 */
+	}
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(launch_failure_names_call_and_region)
+{
+	use_fake()->launch_result = 701;
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_OK);
+	void *bufs[3] = {0};
+	int64_t syms[4] = {0};
+	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, NULL, NULL, &err),
+	                 FZ_ERUNTIME);
+	ck_assert_msg(strstr(err, "cuLaunchKernel") && strstr(err, "region 7") &&
+	              strstr(err, "fz_init") &&
+	              strstr(err, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") &&
+	              strstr(err, "too many resources"), "%s", err);
+	free(err);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_device_release(d);
+}
+END_TEST
+
+/* ---- events, collectives ------------------------------------------------- */
+
+START_TEST(events_made_once)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.event_record(d, 3, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_target_cuda.event_wait(d, 3, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_target_cuda.event_record(d, 3, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->events, 1);
+	ck_assert_int_eq(F->records, 2);
+	ck_assert_int_eq(F->waits, 1);
+	ck_assert_int_eq(fz_target_cuda.event_record(d, -1, NULL, &err), FZ_EINVAL);
+	free(err);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(collective_world_one_copies)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	float x[24], y[24] = {0};
+	for (int i = 0; i < 24; i++)
+		x[i] = (float)i;
+	fz_collective c = {1, FZ_COLL_ALL_REDUCE, FZ_F32, 2, 3, 4, x, y, NULL, 0, 0};
+	char *err = NULL;
+	ck_assert_int_eq(fz_target_cuda.collective(d, &c, NULL, &err), FZ_OK);
+	ck_assert_int_eq(memcmp(x, y, sizeof x), 0);
+	fz_device_release(d);
+}
+END_TEST
+
+/* ---- matmul through the fake cuBLASLt ------------------------------------ */
+
+static uint64_t rng = 88172645463325252ull;
+
+static float frand(void)
+{
+	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+	return (float)((double)(rng >> 11) / 9007199254740992.0 * 2 - 1);
+}
+
+/* y[b] = a[b] · op(w[b]) + bias, row-major, with broadcast batch strides. */
+static void matmul_ref(const fz_matmul *m, float *y)
+{
+	int64_t nb = 1;
+	for (int d = 0; d < m->nbd; d++)
+		nb *= m->bshape[d];
+	const float *a = m->a, *w = m->b, *bias = m->bias;
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t oa = 0, ow = 0, r = b;
+		for (int d = m->nbd - 1; d >= 0; d--) {
+			int64_t i = r % m->bshape[d];
+			r /= m->bshape[d];
+			oa += i * m->a_bstride[d];
+			ow += i * m->b_bstride[d];
+		}
+		for (int64_t i = 0; i < m->M; i++)
+			for (int64_t j = 0; j < m->N; j++) {
+				double s = bias ? bias[j] : 0;
+				for (int64_t l = 0; l < m->K; l++)
+					s += (double)a[oa + i * m->K + l] *
+					     w[ow + (m->b_trans ? j * m->K + l : l * m->N + j)];
+				y[b * m->M * m->N + i * m->N + j] = (float)s;
+			}
+	}
+}
+
+static float *filled(int64_t n)
+{
+	float *p = aligned_alloc(256, (size_t)((n * 4 + 255) / 256 * 256));
+	for (int64_t i = 0; i < n; i++)
+		p[i] = frand();
+	return p;
+}
+
+/* Runs m (a, b, bias filled here) on the fake device; checks y. */
+static void check_matmul(fz_device *d, fz_matmul *m, int64_t na, int64_t nw)
+{
+	int64_t nb = 1;
+	for (int i = 0; i < m->nbd; i++)
+		nb *= m->bshape[i];
+	int64_t ny = nb * m->M * m->N;
+	float *a = filled(na), *w = filled(nw), *bias = m->bias ? filled(m->N) : NULL;
+	float *y = filled(ny), *ref = malloc((size_t)ny * 4);
+	m->a = a, m->b = w, m->bias = bias, m->y = y;
+	matmul_ref(m, ref);
+	char *err = NULL;
+	fz_status st = fz_target_cuda.matmul(d, m, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	for (int64_t i = 0; i < ny; i++)
+		ck_assert_msg(fabsf(y[i] - ref[i]) <= 1e-4f * (1 + fabsf(ref[i])),
+		              "y[%lld] = %g, expected %g", (long long)i, y[i], ref[i]);
+	free(a), free(w), free(bias), free(y), free(ref);
+}
+
+START_TEST(matmul_plain_and_linear)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	fz_matmul m = {.region = 1, .dtype = FZ_F32, .M = 5, .N = 7, .K = 3};
+	check_matmul(d, &m, 15, 21);
+	ck_assert_int_eq(F->n_matmuls, 1);
+	ck_assert_int_eq(F->mm[0].compute, FZ_CUBLAS_COMPUTE_32F);
+	ck_assert_uint_eq(F->mm[0].m, 7); /* column-major: yᵀ = wᵀ aᵀ */
+	ck_assert_uint_eq(F->mm[0].n, 5);
+	/* linear with bias: w is [N, K] */
+	fz_matmul l = {.region = 2, .dtype = FZ_F32, .M = 4, .N = 6, .K = 5,
+	               .b_trans = true, .bias = (void *)1};
+	check_matmul(d, &l, 20, 30);
+	ck_assert_int_eq(F->mm[1].transa, FZ_CUBLAS_OP_T);
+	ck_assert_int_eq(F->mm[1].epilogue, FZ_CUBLASLT_EPILOGUE_BIAS);
+	ck_assert_int_eq(F->lt_heuristics, 2);
+	/* the same shapes again: no new heuristic */
+	check_matmul(d, &m, 15, 21);
+	check_matmul(d, &l, 20, 30);
+	ck_assert_int_eq(F->lt_heuristics, 2);
+	ck_assert_int_eq(F->lt_creates, 1);
+	fz_device_release(d);
+	ck_assert_int_eq(F->lt_destroys, 1);
+}
+END_TEST
+
+START_TEST(matmul_batched_broadcast)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	/* linear over [2, 3, M, K] with one weight: folds into one GEMM of
+	 * 6M rows */
+	fz_matmul f = {.region = 3, .dtype = FZ_F32, .M = 4, .N = 5, .K = 3,
+	               .b_trans = true, .bias = (void *)1, .nbd = 2,
+	               .bshape = {2, 3}, .a_bstride = {36, 12}, .b_bstride = {0, 0}};
+	check_matmul(d, &f, 72, 15);
+	ck_assert_int_eq(F->n_matmuls, 1);
+	ck_assert_uint_eq(F->mm[0].n, 24);
+	ck_assert_int_eq(F->mm[0].batch, 1);
+	/* attention-like: [2, 3] batches of both operands: one strided
+	 * batch of 6 */
+	fz_matmul b = {.region = 4, .dtype = FZ_F32, .M = 4, .N = 5, .K = 3, .nbd = 2,
+	               .bshape = {2, 3}, .a_bstride = {36, 12}, .b_bstride = {45, 15}};
+	check_matmul(d, &b, 72, 90);
+	ck_assert_int_eq(F->n_matmuls, 2);
+	ck_assert_int_eq(F->mm[1].batch, 6);
+	ck_assert_int_eq(F->mm[1].sa, 15);
+	ck_assert_int_eq(F->mm[1].sb, 12);
+	ck_assert_int_eq(F->mm[1].sd, 20);
+	/* w broadcast over the outer dim only: [2, 3] of a, [3] of w; the
+	 * dims cannot merge (w's outer stride is 0): 2 calls of a batch of 3 */
+	fz_matmul o = {.region = 5, .dtype = FZ_F32, .M = 4, .N = 5, .K = 3, .nbd = 2,
+	               .bshape = {2, 3}, .a_bstride = {36, 12}, .b_bstride = {0, 15}};
+	check_matmul(d, &o, 72, 45);
+	ck_assert_int_eq(F->n_matmuls, 4);
+	ck_assert_int_eq(F->mm[2].batch, 3);
+	ck_assert_ptr_eq((const char *)F->mm[3].b, (const char *)F->mm[2].b + 36 * 4);
+	/* a broadcast instead (a stride 0), with unit dims around */
+	fz_matmul u = {.region = 6, .dtype = FZ_F32, .M = 2, .N = 3, .K = 4, .nbd = 3,
+	               .bshape = {1, 4, 1}, .a_bstride = {0, 0, 0}, .b_bstride = {48, 12, 12}};
+	check_matmul(d, &u, 8, 48);
+	ck_assert_int_eq(F->mm[4].batch, 4);
+	ck_assert_int_eq(F->mm[4].sb, 0);
+	fz_device_release(d);
+}
+END_TEST
+
+START_TEST(matmul_types)
+{
+	use_fake();
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.tf32 = 1;
+	fz_device *d = open_dev(&o);
+	char *err = NULL;
+	static _Alignas(256) uint16_t a[64], w[64], y[64];
+	fz_matmul m = {.region = 1, .dtype = FZ_BF16, .M = 4, .N = 4, .K = 4,
+	               .a = a, .b = w, .y = y};
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &m, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->mm[0].type, FZ_CUDA_R_16BF);
+	ck_assert_int_eq(F->mm[0].compute, FZ_CUBLAS_COMPUTE_32F);
+	ck_assert_int_eq(F->mm[0].scale, FZ_CUDA_R_32F);
+	m.dtype = FZ_F16;
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &m, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->mm[1].type, FZ_CUDA_R_16F);
+	/* TF32 only for f32, and only because the options asked */
+	static float fa[16], fw[16], fy[16];
+	fz_matmul f = {.region = 1, .dtype = FZ_F32, .M = 4, .N = 4, .K = 4,
+	               .a = fa, .b = fw, .y = fy};
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &f, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->mm[2].compute, FZ_CUBLAS_COMPUTE_32F_FAST_TF32);
+	/* alignment: an operand 2 bytes off 256 says so */
+	m.dtype = FZ_BF16;
+	m.a = (const char *)a + 2;
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &m, NULL, &err), FZ_OK);
+	ck_assert_uint_eq(F->align[1], 2);
+	/* the workspace given is the one used */
+	m.workspace = y;
+	m.workspace_bytes = 1 << 20;
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &m, NULL, &err), FZ_OK);
+	ck_assert_uint_eq(F->mm[F->n_matmuls - 1].ws_bytes, 1 << 20);
+	/* integers are not cuBLASLt's */
+	m.dtype = FZ_I32;
+	ck_assert_int_eq(fz_target_cuda.matmul(d, &m, NULL, &err), FZ_EUNSUPPORTED);
+	ck_assert_msg(strstr(err, "i32") && strstr(err, "region 1"), "%s", err);
+	free(err);
+	fz_device_release(d);
+}
+END_TEST
+
+/* ---- cubins stored back into the cache ------------------------------------ */
+
+/* The entries of the cache at dir holding a section tag. */
+static int entries_with(const char *dir, const char *tag, int *total)
+{
+	fz_disk_options o = {dir, 0, NULL, NULL};
+	fz_disk *d = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_disk_open(&o, &d, &err), FZ_OK);
+	fz_disk_info *info = NULL;
+	int n = 0, with = 0;
+	ck_assert_int_eq(fz_disk_list(d, &info, &n), FZ_OK);
+	for (int i = 0; i < n; i++) {
+		fz_entry *e = NULL;
+		const char *why = NULL;
+		ck_assert_int_eq(fz_disk_read(d, info[i].key, &e, &why), FZ_OK);
+		ck_assert_msg(e != NULL, "%s", why ? why : "?");
+		with += fz_entry_section(e, tag) != NULL;
+		fz_entry_free(e);
+	}
+	free(info);
+	fz_disk_close(d);
+	*total = n;
+	return with;
+}
+
+static void prepare_on_fake(const char *dir)
+{
+	const char *text = "trace pw(x: f32[N, 64]) {\n  y = sigmoid(x)\n  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "pw.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.cache_dir = dir;
+	fz_exec *x = NULL;
+	fz_status st = fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	int64_t syms[FZ_MAX_SYMS] = {8};
+	fz_tensor in = {NULL, FZ_F32, 2, {8, 64}, {64, 1}};
+	st = fz_exec_prepare(x, syms, &in, 1, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	fz_exec_free(x); /* the last holder: the device closes */
+	fz_module_free(m);
+}
+
+START_TEST(cubin_stored_back)
+{
+	/* a GPU newer than the code generator's arch: kernels are compiled
+	 * to sm_90 PTX, the cubin for sm_120 is the driver's, made once */
+	use_fake()->cc_major = 12;
+	F->cc_minor = 0;
+	char dir[] = "/tmp/fusec-cubin-XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	prepare_on_fake(dir);
+	ck_assert_int_eq(F->links, 1);
+	ck_assert_int_eq(F->cubin_loads, 1);
+	ck_assert_int_eq(F->ptx_loads, 0);
+	int total = 0;
+	ck_assert_int_eq(entries_with(dir, "cubin.sm_120", &total), 1);
+	ck_assert_int_eq(total, 1);
+	/* the next "process" (the device was closed) loads the stored cubin:
+	 * nothing linked, nothing JIT-compiled */
+	prepare_on_fake(dir);
+	ck_assert_int_eq(F->links, 1);
+	ck_assert_int_eq(F->cubin_loads, 2);
+	ck_assert_int_eq(F->ptx_loads, 0);
+	ck_assert_int_eq(F->retains, 2);
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- runs through fz_exec: the device flag ------------------------------- */
+
+START_TEST(device_flag_read_at_sync)
+{
+	/* a take whose kernel "meets" a bad index: the fake runs nothing, so
+	 * the test writes the flag word the launch was given, as the kernel
+	 * would */
+	use_fake()->n_params = 5;
+	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
+	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	static _Alignas(256) float w[100 * 64], y[4 * 64];
+	static _Alignas(256) int64_t idx[4];
+	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
+	                   {idx, FZ_I64, 1, {4}, {1}}};
+	fz_tensor out = {y, FZ_F32, 2, {4, 64}, {64, 1}};
+	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(F->n_launches, 1);
+	int uploads = F->uploads; /* the flag's first clearing */
+	ck_assert_int_ge(uploads, 1);
+	/* a clean run queues no copy for the flag */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->uploads, uploads);
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	/* the kernel's parameters: w, i, y, the flag, N */
+	int32_t *flag;
+	memcpy(&flag, F->launch[1].param[3], sizeof flag);
+	int64_t n;
+	memcpy(&n, F->launch[1].param[4], 8);
+	ck_assert_int_eq(n, 4);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int take = -1;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_TAKE)
+			take = i;
+	ck_assert_int_ge(take, 0);
+	*flag = take + 1;
+	st = fz_exec_sync(x, NULL, &err);
+	ck_assert_int_eq(st, FZ_ERANGE);
+	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
+	free(err);
+	err = NULL;
+	/* the next run clears it, and its sync is clean */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->uploads, uploads + 1);
+	ck_assert_int_eq(*flag, 0);
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Collectives and waits through fz_exec on the fake device: the waits are
+ * event waits on the stream, and no run makes the host wait (the count
+ * the target keeps, target.h); fz_exec_sync, asked for after, does. */
+START_TEST(no_host_sync_inside_runs)
+{
+	use_fake();
+	const char *text = "trace c(x: f32[64, 64]) {\n"
+	                   "  g = wait(all_gather(x, dim=0))\n"
+	                   "  r = wait(all_reduce(g))\n"
+	                   "  y = wait(reduce_scatter(r, dim=0))\n"
+	                   "  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "c.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	static _Alignas(256) float xs[64 * 64], ys[64 * 64];
+	for (int i = 0; i < 64 * 64; i++)
+		xs[i] = (float)i;
+	fz_tensor in = {xs, FZ_F32, 2, {64, 64}, {64, 1}};
+	fz_tensor out = {ys, FZ_F32, 2, {64, 64}, {64, 1}};
+	for (int it = 0; it < 3; it++) {
+		fz_status st = fz_exec_run(x, NULL, &in, 1, &out, 1, NULL, &err);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	}
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	long before = fz_host_sync_count();
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_gt(fz_host_sync_count(), before);
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
+/* A program of library calls only runs whole on the fake (its cuBLASLt
+ * computes f32 on the host): the runner's fz_matmul, the workspace it
+ * reserves and the target's mapping, against the interpreter. */
+static void library_program(const char *text, int64_t b)
+{
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "lib.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int ni = fz_trace_param_count(t);
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = b;
+	fz_tensor in[4], out, ref;
+	for (int i = 0; i < ni; i++) {
+		fz_value *v = fz_trace_param(t, i);
+		in[i] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = in[i].rank - 1; d >= 0; d--) {
+			in[i].shape[d] = fz_value_extent(v, d, syms);
+			in[i].strides[d] = n;
+			n *= in[i].shape[d];
+		}
+		in[i].data = filled(n);
+	}
+	ck_assert_int_eq(fz_trace_interpret(t, syms, in, ni, &ref, 1, &err), FZ_OK);
+	int64_t n = 1;
+	for (int d = 0; d < ref.rank; d++)
+		n *= ref.shape[d];
+	out = ref;
+	out.data = filled(n);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cuda", &o, &x, &err), FZ_OK);
+	fz_status st = fz_exec_run(x, syms, in, ni, &out, 1, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 0); /* nothing the fake cannot run */
+	ck_assert_int_ge(F->n_matmuls, 1);
+	for (int i = 0; i < F->n_matmuls; i++)
+		ck_assert_uint_eq(F->mm[i].ws_bytes, fz_target_cuda.matmul_workspace);
+	for (int64_t i = 0; i < n; i++) {
+		float g = ((float *)out.data)[i], w = ((float *)ref.data)[i];
+		ck_assert_msg(fabsf(g - w) <= 1e-5f * (1 + fabsf(w)),
+		              "y[%lld] = %g, want %g", (long long)i, g, w);
+	}
+	fz_exec_free(x);
+	for (int i = 0; i < ni; i++)
+		free(in[i].data);
+	free(out.data);
+	fz_free(ref.data);
+	fz_module_free(m);
+}
+
+START_TEST(program_of_matmuls)
+{
+	use_fake();
+	library_program("trace lin(x: f32[B, 3, 16], w: f32[24, 16], b: f32[24]) {\n"
+	                "  y = linear(x, w, b)\n  return y\n}\n", 2);
+	library_program("trace bmm(a: f32[B, 4, 8, 16], c: f32[4, 16, 8]) {\n"
+	                "  y = matmul(a, c)\n  return y\n}\n", 3);
+	library_program("trace mv(a: f32[B, 5, 7], c: f32[7]) {\n"
+	                "  y = matmul(a, c)\n  return y\n}\n", 2);
+}
+END_TEST
+
+/* ---- the gather's PTX ------------------------------------------------------ */
+
+START_TEST(gather_ptx_assembles)
+{
+	const char *ptxas = "/usr/local/cuda/bin/ptxas";
+	char *ptx = fz_cuda_copy_ptx();
+	ck_assert_ptr_nonnull(ptx);
+	for (int b = 8; b <= 64; b *= 2) {
+		char name[32];
+		snprintf(name, sizeof name, ".entry fz_copy_b%d(", b);
+		ck_assert_ptr_nonnull(strstr(ptx, name));
+	}
+#ifdef FZ_HAVE_CUDA_H
+	/* the build found the toolkit, so ptxas is there to ask */
+	ck_assert_int_eq(access(ptxas, X_OK), 0);
+	char path[] = "/tmp/fusec-gather-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, ptx, strlen(ptx)), (ssize_t)strlen(ptx));
+	close(fd);
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "%s -arch=sm_90 -o /dev/null %s", ptxas, path);
+	int rc = system(cmd);
+	unlink(path);
+	ck_assert_int_eq(rc, 0);
+#else
+	(void)ptxas;
+#endif
+	free(ptx);
+}
+END_TEST
+
+Suite *cuda_api_suite(void)
+{
+	Suite *s = suite_create("cuda_api");
+	TCase *o = tcase_create("open");
+	tcase_add_test(o, no_driver);
+	tcase_add_test(o, default_names);
+	tcase_add_test(o, init_fails);
+	tcase_add_test(o, no_devices);
+	tcase_add_test(o, bad_ordinal);
+	tcase_add_test(o, old_arch);
+	tcase_add_test(o, open_shares_device);
+	tcase_add_test(o, newer_arch_gets_sm90_ptx);
+	suite_add_tcase(s, o);
+	TCase *m = tcase_create("memory");
+	tcase_add_test(m, alloc_upload_download);
+	tcase_add_test(m, current_context_kept);
+	tcase_add_test(m, copy_contiguous_is_memcpy);
+	tcase_add_test(m, copy_strided_launches_gather);
+	tcase_add_test(m, gather_ptx_assembles);
+	suite_add_tcase(s, m);
+	TCase *k = tcase_create("kernels");
+	tcase_add_test(k, load_cubin);
+	tcase_add_test(k, load_refused_cubin_falls_back_to_ptx);
+	tcase_add_test(k, load_bad_ptx_reports);
+	tcase_add_test(k, load_checks_block_size);
+	tcase_add_test(k, cubin_from_ptx);
+	tcase_add_test(k, launch_packs_parameters);
+	tcase_add_test(k, launch_failure_names_call_and_region);
+	tcase_add_test(k, events_made_once);
+	tcase_add_test(k, collective_world_one_copies);
+	tcase_add_test(k, cubin_stored_back);
+	tcase_add_test(k, device_flag_read_at_sync);
+	suite_add_tcase(s, k);
+	TCase *b = tcase_create("matmul");
+	tcase_add_test(b, matmul_plain_and_linear);
+	tcase_add_test(b, matmul_batched_broadcast);
+	tcase_add_test(b, matmul_types);
+	tcase_add_test(b, program_of_matmuls);
+	tcase_add_test(b, no_host_sync_inside_runs);
+	suite_add_tcase(s, b);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(cuda_api_suite());
+	srunner_run_all(r, CK_NORMAL);
+	int failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}
