@@ -335,6 +335,8 @@ static void put_attrs(fz_buf *b, const symnum *s, const fz_node *n)
 		fz_buf_printf(b, " approximate=%d", a->approximate);
 	if (at & AT(EPS))
 		fz_buf_printf(b, " eps=%a", a->eps);
+	if (at & AT(K))
+		fz_buf_printf(b, " k=%lld", (long long)a->k);
 }
 
 /* "op; attrs -> types": what a node computes, without its operands. */

@@ -159,6 +159,23 @@ LLVMValueRef cg_math_fmod(cg *g, LLVMValueRef a, LLVMValueRef b);
 void cg_pointwise(cg *g);
 void cg_scatter(cg *g, const fz_node *ia);
 void cg_rows(cg *g);
+void cg_scan(cg *g);    /* scan.c: a region that is one cumsum */
+void cg_select(cg *g);  /* select.c: a region that is one topk/argmax/argmin */
+
+/* scan.c, shared with select.c: a single-op row region's geometry, x seen
+ * as [outer, n, inner] around the op's dim (rows = outer * inner). */
+typedef struct cg_rowgeo {
+	fz_ext outer, n, inner, rows;
+} cg_rowgeo;
+bool cg_row_geometry(cg *g, const fz_node *n, cg_rowgeo *G);
+/* Whether the region is exactly one op of class cls (else fails g). */
+bool cg_region_is_one(cg *g, fz_opclass cls);
+/* The offset of element 0 of row `row` (ity). */
+LLVMValueRef cg_row_base(cg *g, const cg_rowgeo *G, LLVMValueRef row);
+/* shfl.sync.up by d lanes, any 32- or 64-bit type. */
+LLVMValueRef cg_shfl_up(cg *g, LLVMValueRef x, int d);
+/* Slot w of a 32-entry shared array of type t named `name`. */
+LLVMValueRef cg_smem32(cg *g, LLVMTypeRef t, const char *name, LLVMValueRef w);
 
 /* Lanes a region can use: 16 bytes over its widest element, at most
  * FZ_VW_MAX; 1 when vectorization is off. */

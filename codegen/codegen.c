@@ -154,7 +154,8 @@ static bool kernel_op(fz_opclass c)
 {
 	return c == FZ_CLASS_UNARY || c == FZ_CLASS_BINARY || c == FZ_CLASS_TERNARY ||
 	       c == FZ_CLASS_CREATION || c == FZ_CLASS_META ||
-	       c == FZ_CLASS_REDUCTION || c == FZ_CLASS_INDEXING;
+	       c == FZ_CLASS_REDUCTION || c == FZ_CLASS_INDEXING ||
+	       c == FZ_CLASS_SCAN || c == FZ_CLASS_SELECT;
 }
 
 fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *r,
@@ -216,6 +217,7 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	}
 	const fz_node *ia = NULL;
 	bool has_red = false;
+	fz_opclass row_op = FZ_CLASS_COUNT; /* a scan or a selection */
 	for (int i = 0; i < r->n_nodes; i++) {
 		const fz_node *n = r->nodes[i];
 		if (!kernel_op(fz_ops[n->op].cls)) {
@@ -224,6 +226,9 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 			goto done;
 		}
 		has_red |= fz_ops[n->op].cls == FZ_CLASS_REDUCTION;
+		if (fz_ops[n->op].cls == FZ_CLASS_SCAN ||
+		    fz_ops[n->op].cls == FZ_CLASS_SELECT)
+			row_op = fz_ops[n->op].cls;
 		if (n->op == FZ_OP_INDEX_ADD) {
 			if (ia) {
 				cg_fail(&g, FZ_EUNSUPPORTED, n, "two index_add in one region");
@@ -247,7 +252,11 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	LLVMSetDataLayout(g.mod, c->layout);
 	g.b = LLVMCreateBuilderInContext(c->ctx);
 	k->sk = ia ? FZ_SK_SCATTER : has_red ? FZ_SK_ROW : FZ_SK_POINTWISE;
-	if (ia)
+	if (row_op == FZ_CLASS_SCAN)
+		cg_scan(&g);
+	else if (row_op == FZ_CLASS_SELECT)
+		cg_select(&g);
+	else if (ia)
 		cg_scatter(&g, ia);
 	else if (has_red)
 		cg_rows(&g);

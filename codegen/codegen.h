@@ -17,8 +17,9 @@
  * value's definition backwards: an elementwise op computes its operands at
  * the same index; a meta op (broadcast, reshape, permute, slice, squeeze,
  * unsqueeze, cat) maps the index to its operand's index; take and
- * take_along load an index and check it; a region input is a load. Three
- * skeletons drive it:
+ * take_along load an index and check it; a region input is a load. The
+ * skeletons drive it (scan.c and select.c load and store their one op's
+ * operand and results themselves):
  *
  *   pointwise.c   one grid-stride loop per output shape (and the scatter of
  *                 index_add, a second entry point);
@@ -28,7 +29,14 @@
  *                 and the region's full-shape outputs a last pass that uses
  *                 the reduced values: that is the normalization skeleton
  *                 (layer_norm, rms_norm, softmax, cross_entropy) and plain
- *                 reductions are the case with no last pass.
+ *                 reductions are the case with no last pass;
+ *   scan.c        a region that is one cumsum: a running sum per row on
+ *                 the host, a block per row on the GPU (warp shfl.up
+ *                 scan, then the warps' totals through shared memory);
+ *   select.c      a region that is one topk, argmax or argmin: k passes of
+ *                 an arg-extremum per row in one total order (NaN, value,
+ *                 lower index), combined across threads by butterfly
+ *                 shuffles and shared memory on the GPU.
  *
  * Indices are affine per lane. An index is `b + o` with b an LLVM value
  * known to be a multiple of m, and o a constant. A skeleton hands the

@@ -186,6 +186,8 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 			a->seed = iv;
 		} else if (id == FZ_ATTR_OFFSET) {
 			a->offset = iv;
+		} else if (id == FZ_ATTR_K) {
+			a->k = iv;
 		} else {
 			a->correction = iv;
 		}

@@ -399,6 +399,55 @@ static int infer_reduction(const ctx *c, const fz_attrs *a, fz_type *out)
 	return 2;
 }
 
+/* cumsum: the operand's type. */
+static int infer_scan(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	if (check_dtype_flags(c, 0, fz_ops[c->op].flags) < 0 ||
+	    check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	out[0] = *x;
+	return 1;
+}
+
+/* argmax, argmin: i64 of the operand's shape without dim (1 with keepdim);
+ * topk: the operand's shape with k at dim, values and i64 indices. */
+static int infer_select(const ctx *c, const fz_attrs *a, fz_type *out)
+{
+	const fz_type *x = &c->in[0]->type;
+	char e[128];
+	if (check_dtype_flags(c, 0, fz_ops[c->op].flags) < 0 ||
+	    check_dim(c, "dim", a->dim, x->rank) < 0)
+		return -1;
+	fz_ext n = x->dims[a->dim];
+	if (c->op != FZ_OP_TOPK) {
+		if (fz_ext_is_const(n) && n.c == 0)
+			return FAIL(c, "%s: dim %d has extent 0; there is no "
+				    "extremum", fz_ops[c->op].name, a->dim);
+		out[0].dtype = FZ_I64;
+		out[0].rank = 0;
+		for (int i = 0; i < x->rank; i++) {
+			if (i != a->dim)
+				out[0].dims[out[0].rank++] = x->dims[i];
+			else if (a->keepdim)
+				out[0].dims[out[0].rank++] = fz_ext_const(1);
+		}
+		return 1;
+	}
+	if (a->k < 1)
+		return FAIL(c, "topk: k=%lld; expected 1 or more", (long long)a->k);
+	if (!fz_ext_is_const(n) || n.c < a->k)
+		return FAIL(c, "topk: k=%lld exceeds extent %s of dim %d%s",
+			    (long long)a->k, ext_s(c, n, e, sizeof e), a->dim,
+			    fz_ext_is_const(n) ? "" : " (a symbolic extent: k must "
+			    "not exceed a known one)");
+	out[0] = *x;
+	out[0].dims[a->dim] = fz_ext_const(a->k);
+	out[1] = out[0];
+	out[1].dtype = FZ_I64;
+	return 2;
+}
+
 static int infer_take(const ctx *c, const fz_attrs *a, fz_type *out)
 {
 	const fz_type *x = &c->in[0]->type, *idx = &c->in[1]->type;
@@ -608,6 +657,10 @@ int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 		break;
 	case FZ_CLASS_REDUCTION:
 		return infer_reduction(&c, a, out);
+	case FZ_CLASS_SCAN:
+		return infer_scan(&c, a, out);
+	case FZ_CLASS_SELECT:
+		return infer_select(&c, a, out);
 	case FZ_CLASS_INDEXING:
 		if (op == FZ_OP_TAKE)
 			return infer_take(&c, a, out);

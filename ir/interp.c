@@ -947,6 +947,132 @@ static fz_status run_reduction(interp *I, const fz_node *n)
 	return FZ_OK;
 }
 
+/* ---- scans and selection ----------------------------------------------------------
+ * Both work on rows: x seen as [outer, n, inner] around dim, a row being the
+ * n elements at one (outer, inner), inner apart. */
+
+static fz_status run_scan(interp *I, const fz_node *n)
+{
+	slot *x = S(I, n->in[0]), *y = S(I, n->out[0]);
+	int dim = n->attrs.dim;
+	if (dim < 0 || dim >= x->rank || x->numel != y->numel || x->dtype != y->dtype)
+		return fail(I, FZ_EVERIFY, n, "result disagrees with its operand");
+	int64_t outer = prod(x->shape, 0, dim), N = x->shape[dim];
+	int64_t inner = prod(x->shape, dim + 1, x->rank);
+	bool isfloat = fz_dtype_is_float(x->dtype);
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t i = 0; i < inner; i++) {
+			double s = 0.0;
+			uint64_t si = 0;
+			for (int64_t j = 0; j < N; j++) {
+				int64_t e = (o * N + j) * inner + i;
+				if (isfloat) {
+					s += fz_load_f64(x->data, x->dtype, e);
+					fz_store_f64(y->data, y->dtype, e, s);
+				} else {
+					si += (uint64_t)fz_load_i64(x->data, x->dtype, e);
+					fz_store_i64(y->data, y->dtype, e, (int64_t)si);
+				}
+			}
+		}
+	return FZ_OK;
+}
+
+/* The order of selection: does element (a, ia) come before (b, ib)? NaN
+ * first, then larger (argmin: smaller) values, then the lower index. */
+typedef struct sel_row {
+	const double *f;
+	const int64_t *i;
+	bool least;
+} sel_row;
+
+static bool sel_before(const sel_row *r, int64_t a, int64_t b)
+{
+	if (r->f) {
+		double x = r->f[a], y = r->f[b];
+		if (isnan(x) || isnan(y))
+			return isnan(x) && (!isnan(y) || a < b);
+		if (x != y)
+			return r->least ? x < y : x > y;
+	} else if (r->i[a] != r->i[b]) {
+		return r->least ? r->i[a] < r->i[b] : r->i[a] > r->i[b];
+	}
+	return a < b;
+}
+
+/* Merge sort of idx[0..n) in selection order (tmp: n slots of scratch). */
+static void sel_sort(const sel_row *r, int64_t *idx, int64_t *tmp, int64_t n)
+{
+	if (n < 2)
+		return;
+	int64_t h = n / 2;
+	sel_sort(r, idx, tmp, h);
+	sel_sort(r, idx + h, tmp, n - h);
+	int64_t a = 0, b = h, k = 0;
+	while (a < h || b < n)
+		tmp[k++] = b >= n || (a < h && !sel_before(r, idx[b], idx[a])) ?
+			   idx[a++] : idx[b++];
+	memcpy(idx, tmp, sizeof *idx * (size_t)n);
+}
+
+static fz_status run_select(interp *I, const fz_node *n)
+{
+	slot *x = S(I, n->in[0]), *y = S(I, n->out[0]);
+	int dim = n->attrs.dim;
+	if (dim < 0 || dim >= x->rank)
+		return fail(I, FZ_EVERIFY, n, "dim %d out of range for rank %d", dim,
+			    x->rank);
+	int64_t outer = prod(x->shape, 0, dim), N = x->shape[dim];
+	int64_t inner = prod(x->shape, dim + 1, x->rank);
+	int64_t K = n->op == FZ_OP_TOPK ? n->attrs.k : 1;
+	slot *yi = n->op == FZ_OP_TOPK ? S(I, n->out[1]) : y;
+	if (K > N || (N == 0 && outer * inner > 0))
+		return fail(I, FZ_ERANGE, n, "selecting %lld of an extent of %lld",
+			    (long long)K, (long long)N);
+	if (!size_is(outer, K, inner, yi->numel) || yi->dtype != FZ_I64)
+		return fail(I, FZ_EVERIFY, n, "result disagrees with its type");
+	bool isfloat = fz_dtype_is_float(x->dtype);
+	double *f = isfloat ? malloc(sizeof *f * (size_t)(N + 1)) : NULL;
+	int64_t *iv = isfloat ? NULL : malloc(sizeof *iv * (size_t)(N + 1));
+	int64_t *idx = malloc(sizeof *idx * (size_t)(N + 1));
+	int64_t *tmp = malloc(sizeof *tmp * (size_t)(N + 1));
+	if ((!f && !iv) || !idx || !tmp) {
+		free(f);
+		free(iv);
+		free(idx);
+		free(tmp);
+		return oom(I, n);
+	}
+	sel_row r = {f, iv, n->op == FZ_OP_ARGMIN};
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t i = 0; i < inner; i++) {
+			for (int64_t j = 0; j < N; j++) {
+				int64_t e = (o * N + j) * inner + i;
+				if (isfloat)
+					f[j] = fz_load_f64(x->data, x->dtype, e);
+				else
+					iv[j] = fz_load_i64(x->data, x->dtype, e);
+				idx[j] = j;
+			}
+			sel_sort(&r, idx, tmp, N);
+			for (int64_t j = 0; j < K; j++) {
+				int64_t e = (o * K + j) * inner + i;
+				fz_store_i64(yi->data, FZ_I64, e, idx[j]);
+				if (n->op != FZ_OP_TOPK)
+					continue;
+				if (isfloat)
+					fz_store_f64(y->data, y->dtype, e, f[idx[j]]);
+				else
+					fz_store_i64(y->data, y->dtype, e, iv[idx[j]]);
+			}
+		}
+	free(f);
+	free(iv);
+	free(idx);
+	free(tmp);
+	return FZ_OK;
+}
+
 /* ---- indexing ---------------------------------------------------------------------- */
 
 static fz_status check_index(interp *I, const fz_node *n, const slot *idx,
@@ -1258,6 +1384,8 @@ static fz_status run_node(interp *I, const fz_node *n)
 	case FZ_CLASS_META: return run_meta(I, n);
 	case FZ_CLASS_REDUCTION: return run_reduction(I, n);
 	case FZ_CLASS_INDEXING: return run_indexing(I, n);
+	case FZ_CLASS_SCAN: return run_scan(I, n);
+	case FZ_CLASS_SELECT: return run_select(I, n);
 	case FZ_CLASS_LIBRARY:
 		return n->op == FZ_OP_MATMUL ? run_matmul(I, n) : run_linear(I, n);
 	case FZ_CLASS_WAIT: {

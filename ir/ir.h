@@ -136,6 +136,8 @@ typedef enum fz_opclass {
 	FZ_CLASS_UNARY, FZ_CLASS_BINARY, FZ_CLASS_TERNARY, FZ_CLASS_CREATION,
 	FZ_CLASS_META, FZ_CLASS_REDUCTION, FZ_CLASS_INDEXING, FZ_CLASS_LIBRARY,
 	FZ_CLASS_COLLECTIVE, FZ_CLASS_WAIT, FZ_CLASS_COMPOSITE,
+	FZ_CLASS_SCAN,       /* cumsum: a running combine along one dim */
+	FZ_CLASS_SELECT,     /* topk, argmax, argmin: the best of a row */
 	FZ_CLASS_COUNT
 } fz_opclass;
 
@@ -164,7 +166,8 @@ enum {
 	ATTR(STEP, "step", INTS) \
 	ATTR(CORRECTION, "correction", INT) \
 	ATTR(APPROXIMATE, "approximate", NAME) \
-	ATTR(EPS, "eps", FLOAT)
+	ATTR(EPS, "eps", FLOAT) \
+	ATTR(K, "k", INT)
 
 typedef enum fz_attr_id {
 #define ATTR(id, key, kind) FZ_ATTR_##id,
@@ -228,6 +231,7 @@ typedef struct fz_attrs {
 	int64_t correction;
 	int approximate;
 	double eps;
+	int64_t k;          /* topk: how many */
 } fz_attrs;
 
 /* ---- Values, nodes, traces ----------------------------------------------- */

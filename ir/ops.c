@@ -26,7 +26,8 @@ const char *const fz_attr_names[FZ_ATTR_COUNT] = {
 
 const char *const fz_class_names[FZ_CLASS_COUNT] = {
 	"unary", "binary", "ternary", "creation", "meta", "reduction",
-	"indexing", "library", "collective", "wait", "composite",
+	"indexing", "library", "collective", "wait", "composite", "scan",
+	"select",
 };
 
 int fz_op_from_name(const char *name, fz_opcode *out)

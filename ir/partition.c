@@ -466,7 +466,8 @@ fz_status fz_partition(fz_program *p)
 		s.ord[i] = i;
 		s.red[i] = is_reduction(nd->op) ? i : -1;
 		s.flags[i] = c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
-			     c == FZ_CLASS_WAIT ? G_FIXED : 0;
+			     c == FZ_CLASS_WAIT || c == FZ_CLASS_SCAN ||
+			     c == FZ_CLASS_SELECT ? G_FIXED : 0;
 		if (nd->op == FZ_OP_TAKE)
 			s.flags[i] |= G_TAKE;
 		if (nd->op == FZ_OP_INDEX_ADD)
@@ -544,6 +545,10 @@ fz_status fz_partition(fz_program *p)
 			R->kind = c == FZ_CLASS_LIBRARY ? FZ_REGION_LIBRARY :
 				  c == FZ_CLASS_COLLECTIVE ? FZ_REGION_COLLECTIVE :
 				  FZ_REGION_WAIT;
+			continue;
+		}
+		if (c == FZ_CLASS_SCAN || c == FZ_CLASS_SELECT) { /* alone */
+			R->kind = c == FZ_CLASS_SCAN ? FZ_REGION_SCAN : FZ_REGION_SELECT;
 			continue;
 		}
 		if (s.red[root] < 0) {

@@ -27,6 +27,8 @@ typedef enum fz_region_kind {
 	FZ_REGION_COLLECTIVE,    /* one collective */
 	FZ_REGION_WAIT,          /* one wait */
 	FZ_REGION_VIEW,          /* only bookended meta ops: launches nothing */
+	FZ_REGION_SCAN,          /* one cumsum: a row scan (codegen/scan.c) */
+	FZ_REGION_SELECT,        /* one topk, argmax or argmin (codegen/select.c) */
 	FZ_REGION_KIND_COUNT
 } fz_region_kind;
 
@@ -35,7 +37,8 @@ extern const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT];
 static inline bool fz_region_is_kernel(fz_region_kind k)
 {
 	return k == FZ_REGION_POINTWISE || k == FZ_REGION_REDUCTION ||
-	       k == FZ_REGION_NORMALIZATION || k == FZ_REGION_INDEXING;
+	       k == FZ_REGION_NORMALIZATION || k == FZ_REGION_INDEXING ||
+	       k == FZ_REGION_SCAN || k == FZ_REGION_SELECT;
 }
 
 /* The dims a reduction node reduces, as a bit mask. */

@@ -108,6 +108,7 @@ static void print_attr(fz_buf *b, const fz_trace *t, const fz_node *nd,
 		fz_buf_puts(b, a->approximate == FZ_APPROX_TANH ? "tanh" : "none");
 		break;
 	case FZ_ATTR_EPS: print_double(b, a->eps); break;
+	case FZ_ATTR_K: fz_buf_printf(b, "%lld", (long long)a->k); break;
 	default: FZ_ASSERT(!"unknown attribute");
 	}
 }
@@ -291,6 +292,8 @@ static bool attrs_eq(const fz_node *x, const fz_node *y)
 	if ((s & AT(APPROXIMATE)) && a->approximate != b->approximate)
 		return false;
 	if ((s & AT(EPS)) && a->eps != b->eps)
+		return false;
+	if ((s & AT(K)) && a->k != b->k)
 		return false;
 	return true;
 }

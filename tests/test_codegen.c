@@ -243,6 +243,50 @@ START_TEST(reduction_inner_outer)
 }
 END_TEST
 
+/* ---- scans and selection ------------------------------------------------------ */
+
+/* cumsum on the host against the interpreter at row lengths around a warp
+ * and far beyond it: f32 (accumulated in f64 like the interpreter, so bit
+ * for bit), i64 and i32 (exact, wrapping), bf16 (accumulated in f32, then
+ * rounded to bf16: within one bf16 step of the f64 oracle), and a scan
+ * along an outer dim (rows `inner` apart). */
+START_TEST(scan_lengths)
+{
+	static const int lengths[] = {1, 31, 32, 33, 1000, 100000};
+	char src[512];
+	for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++) {
+		int n = lengths[i];
+		snprintf(src, sizeof src, "trace f(x: f32[2, %d], y: i64[%d], "
+			 "z: i32[%d, 3]) {\n  a = cumsum(x, dim=1)\n"
+			 "  b = cumsum(y, dim=0)\n  c = cumsum(z, dim=0)\n"
+			 "  return a, b, c\n}\n", n, n, n);
+		EXACT(src, 0);
+		snprintf(src, sizeof src, "trace f(x: bf16[%d, 2]) {\n"
+			 "  a = cumsum(x, dim=0)\n  return a\n}\n", n);
+		CLOSE(src, 0x1p-7, 0); /* a bf16 step is up to 2^-7 relative */
+	}
+}
+END_TEST
+
+/* topk, argmax, argmin on the host: exact against the interpreter, with
+ * ties (integers in [0, 7)) and without, rows of 1 to 300, along the last
+ * dim and an outer one. */
+START_TEST(select_rows)
+{
+	static const int lengths[] = {1, 5, 33, 300};
+	char src[512];
+	for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++) {
+		int n = lengths[i], k = n < 8 ? n : 8;
+		snprintf(src, sizeof src, "trace f(x: f32[B, %d], y: i64[%d, B]) {\n"
+			 "  v, i = topk(x, k=%d, dim=1)\n  a = argmax(x, dim=1)\n"
+			 "  b = argmin(y, dim=0, keepdim=true)\n"
+			 "  w, j = topk(y, k=%d, dim=0)\n"
+			 "  return v, i, a, b, w, j\n}\n", n, n, k, k);
+		EXACT(src, 3);
+	}
+}
+END_TEST
+
 START_TEST(normalization_softmax_layernorm)
 {
 	CLOSE("trace f(x: f32[B, 4, 40]) {\n"
@@ -367,6 +411,28 @@ START_TEST(ptx_targets_and_errors)
 	free(a.all);
 	fz_compiler_free(c);
 	fz_module_free(m);
+}
+END_TEST
+
+/* The GPU skeletons: a block per row, a warp scan by shfl.sync.up and a
+ * block step through shared memory with barriers; selection by butterfly
+ * shuffles; no local memory. */
+START_TEST(ptx_scan_select)
+{
+	char *p = ptx_of("trace f(x: bf16[B, 4096], m: i64[B, T]) {\n"
+			 "  a = cumsum(x, dim=1)\n  b = cumsum(m, dim=1)\n"
+			 "  return a, b\n}\n", "sm_90");
+	ck_assert_ptr_nonnull(strstr(p, "shfl.sync.up"));
+	ck_assert_ptr_nonnull(strstr(p, "bar.sync"));
+	ck_assert_ptr_nonnull(strstr(p, ".shared"));
+	ck_assert_ptr_null(strstr(p, ".local"));
+	free(p);
+	p = ptx_of("trace f(x: f32[B, 64]) {\n  v, i = topk(x, k=2, dim=1)\n"
+		   "  a = argmax(x, dim=0)\n  return v, i, a\n}\n", "sm_90");
+	ck_assert_ptr_nonnull(strstr(p, "shfl.sync.bfly"));
+	ck_assert_ptr_nonnull(strstr(p, "bar.sync"));
+	ck_assert_ptr_null(strstr(p, ".local"));
+	free(p);
 }
 END_TEST
 
@@ -614,6 +680,8 @@ static Suite *codegen_suite(void)
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
 	tcase_add_test(rd, normalization_softmax_layernorm);
+	tcase_add_test(rd, scan_lengths);
+	tcase_add_test(rd, select_rows);
 	suite_add_tcase(s, rd);
 	TCase *ix = tcase_create("indexing");
 	tcase_add_test(ix, indexing_take_and_index_add);
@@ -623,6 +691,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(px, ptx_layer_norm_vectorized);
 	tcase_add_test(px, ptx_targets_and_errors);
 	tcase_add_test(px, ptx_row_in_registers);
+	tcase_add_test(px, ptx_scan_select);
 	tcase_add_test(px, launch_dims_properties);
 	suite_add_tcase(s, px);
 	return s;

@@ -828,6 +828,70 @@ START_TEST(reductions_nan_and_int)
 }
 END_TEST
 
+/* cumsum: inclusive, along any dim; integers wrap to their dtype; f32
+ * accumulates wide (1 + 2^-25 + ... stays visible once it adds up). */
+START_TEST(cumsum_op)
+{
+	float xs[] = {1, 2, 3, 4, 5, 6};
+	fz_tensor in = tens(FZ_F32, xs, 2, SHAPE(2, 3)), out[2];
+	run_ok("trace f(x: f32[2, 3]) {\n  a = cumsum(x, dim=1)\n"
+	       "  b = cumsum(x, dim=-2)\n  return a, b\n}\n", &in, 1, out, 2);
+	check_out(&out[0], FZ_F32, 2, SHAPE(2, 3));
+	expect_vals(&out[0], (double[]){1, 3, 6, 4, 9, 15}, 6);
+	expect_vals(&out[1], (double[]){1, 2, 3, 5, 7, 9}, 6);
+	fz_free(out[0].data);
+	fz_free(out[1].data);
+
+	int8_t ys[] = {100, 100, -128, 1};
+	in = tens(FZ_I8, ys, 1, SHAPE(4));
+	run_ok("trace f(x: i8[4]) {\n  s = cumsum(x, dim=0)\n  return s\n}\n",
+	       &in, 1, out, 1);
+	expect_vals(&out[0], (double[]){100, -56, 72, 73}, 4);
+	fz_free(out[0].data);
+
+	float zs[] = {1, 0x1p-25f, 0x1p-25f, 0x1p-25f, 0x1p-25f};
+	in = tens(FZ_F32, zs, 1, SHAPE(5));
+	run_ok("trace f(x: f32[5]) {\n  s = cumsum(x, dim=0)\n  return s\n}\n",
+	       &in, 1, out, 1);
+	/* an f32 accumulator would stay at 1 */
+	expect_vals(&out[0], (double[]){1, 1, 1, 1 + 0x1p-23, 1 + 0x1p-23}, 5);
+	fz_free(out[0].data);
+}
+END_TEST
+
+/* Selection order: NaN first, then larger values (argmin: smaller), then
+ * the lower index. */
+START_TEST(select_ops)
+{
+	float xs[] = {1, 3, NAN, 3, 0, -1, 2, 2, -1, 2};
+	fz_tensor in = tens(FZ_F32, xs, 2, SHAPE(2, 5)), out[5];
+	run_ok("trace f(x: f32[2, 5]) {\n  v, i = topk(x, k=3, dim=1)\n"
+	       "  a = argmax(x, dim=1)\n  b = argmin(x, dim=-1, keepdim=true)\n"
+	       "  c = argmax(x, dim=0)\n  return v, i, a, b, c\n}\n", &in, 1, out, 5);
+	check_out(&out[0], FZ_F32, 2, SHAPE(2, 3));
+	check_out(&out[1], FZ_I64, 2, SHAPE(2, 3));
+	check_out(&out[3], FZ_I64, 2, SHAPE(2, 1));
+	expect_vals(&out[0], (double[]){NAN, 3, 3, 2, 2, 2}, 6);
+	expect_vals(&out[1], (double[]){2, 1, 3, 1, 2, 4}, 6);
+	expect_vals(&out[2], (double[]){2, 1}, 2);
+	expect_vals(&out[3], (double[]){2, 0}, 2);
+	expect_vals(&out[4], (double[]){0, 0, 0, 0, 1}, 5);
+	for (int i = 0; i < 5; i++)
+		fz_free(out[i].data);
+
+	int64_t ys[] = {INT64_MAX, INT64_MAX - 1, INT64_MIN, INT64_MAX};
+	in = tens(FZ_I64, ys, 1, SHAPE(4));
+	run_ok("trace f(x: i64[4]) {\n  v, i = topk(x, k=4, dim=0)\n"
+	       "  a = argmin(x, dim=0)\n  return v, i, a\n}\n", &in, 1, out, 3);
+	ck_assert(((int64_t *)out[0].data)[1] == INT64_MAX);
+	ck_assert(((int64_t *)out[0].data)[2] == INT64_MAX - 1);
+	expect_vals(&out[1], (double[]){0, 3, 1, 2}, 4);
+	expect_vals(&out[2], (double[]){2}, 1);
+	for (int i = 0; i < 3; i++)
+		fz_free(out[i].data);
+}
+END_TEST
+
 /* bf16 sums accumulate in f64: 1 + 4 * 2^-9 is exactly 1 + 2^-7, while a
  * bf16 accumulator would stay at 1. */
 START_TEST(reduction_accumulates_wide)
@@ -1511,6 +1575,8 @@ Suite *interp_suite(void)
 	tc = tcase_create("reduction");
 	tcase_add_test(tc, reductions);
 	tcase_add_test(tc, reductions_nan_and_int);
+	tcase_add_test(tc, cumsum_op);
+	tcase_add_test(tc, select_ops);
 	tcase_add_test(tc, reduction_accumulates_wide);
 	tcase_add_test(tc, var_mean_op);
 	tcase_add_test(tc, empty_extents);

@@ -80,7 +80,7 @@ START_TEST(every_design_op_is_in_the_table)
 		"take", "take_along", "index_add", "matmul", "linear", "all_gather",
 		"reduce_scatter", "all_reduce", "wait", "relu", "silu", "gelu",
 		"softmax", "log_softmax", "mean", "layer_norm", "rms_norm",
-		"transpose", "cross_entropy",
+		"transpose", "cross_entropy", "cumsum", "topk", "argmax", "argmin",
 	};
 	for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
 		fz_opcode op;

@@ -152,6 +152,143 @@ class TestMappings(unittest.TestCase):
         self.assertEqual(st["peak_bytes_trace_order"], 2 * 64)
 
 
+class TestInPlaceAndScans(unittest.TestCase):
+    """Issue 16: in-place updates of views are exported by their functional
+    meaning (the graph is functionalized), and cumsum, topk, argmax and
+    max.dim's indices are fusec ops. Each runs on the interpreter and on
+    generated code for the CPU."""
+
+    def both(self, fn, *args, tol=1e-6):
+        text = ft.export(fn, *args)
+        ref = fn(*args)
+        for dev in ("reference", "cpu"):
+            out = fusec.Program(text, device=dev)(*[a.detach() for a in args])
+            en, em = fzcheck.worst(out, ref)
+            self.assertLessEqual(en, tol, (dev, text))
+            self.assertLessEqual(em, 10 * tol, (dev, text))
+        return text
+
+    def test_inplace_div_of_a_matmul_view(self):
+        def f(q, k):
+            s = q @ k.transpose(-1, -2)
+            s /= 4.0
+            return s
+        self.both(f, torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5))
+        bf = torch.bfloat16
+        self.both(f, torch.randn(2, 3, 4, 5).to(bf),
+                  torch.randn(2, 3, 4, 5).to(bf), tol=1e-3)
+
+    def test_shift_right_of_labels(self):
+        def g(x):
+            y = x.new_zeros(x.shape)
+            y[..., 1:] = x[..., :-1].clone()
+            return y
+        self.both(g, torch.randn(3, 7))
+        self.both(g, torch.randint(0, 100, (2, 9)))
+
+    def test_inplace_on_views(self):
+        def h(x):
+            w = (x + 0).view(12)
+            w /= 2.0
+            return w
+
+        def residual(a, b):
+            mlp_output = (a * 2).view(2, 6)
+            mlp_output += b.view(2, 6)
+            return mlp_output
+
+        def masked(x):
+            y = x.clone()
+            y[y < 0] = 0.0          # index_put_ on a mask
+            y[:, 0] += 1.0          # select then add_: a view of a view
+            return y
+        self.both(h, torch.randn(3, 4))
+        self.both(residual, torch.randn(3, 4), torch.randn(12))
+        self.both(masked, torch.randn(3, 4))
+
+    def test_inplace_with_backward(self):
+        def f(x, w):
+            h = x @ w
+            h[:, 1:] *= 0.5
+            loss = (h * h).sum()
+            return (loss,) + torch.autograd.grad(loss, [x, w])
+        self.both(f, torch.randn(4, 3, requires_grad=True),
+                  torch.randn(3, 5, requires_grad=True), tol=1e-5)
+
+    def test_cumsum(self):
+        t = self.both(lambda m: m.cumsum(-1),
+                      torch.ones(2, 8, dtype=torch.long))
+        self.assertIn("cumsum(", t)
+        self.both(lambda x: torch.cumsum(x, 1), torch.randn(3, 40, 2))
+        # position ids from a padded attention mask, as the models do
+        mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        self.both(lambda m: (torch.cumsum(m, dim=1) - 1).masked_fill(
+            m == 0, 1), mask)
+        self.both(lambda b: b.cumsum(0), torch.rand(6) > 0.5)
+
+    def test_cumsum_bf16_and_backward(self):
+        def f(x):
+            y = torch.cumsum(x, -1)
+            return (y,) + torch.autograd.grad(y.float().sum(), [x])
+        x = torch.randn(4, 33).bfloat16().requires_grad_()
+        self.both(f, x, tol=1e-2)
+
+    def test_topk(self):
+        t = self.both(lambda x: torch.topk(x, 2, dim=-1)[0],
+                      torch.randn(3, 4))
+        self.assertIn("topk(", t)
+
+        def route(logits):
+            probs = logits.softmax(-1)
+            v, i = torch.topk(probs, 2, dim=-1)
+            return v / v.sum(-1, keepdim=True), i
+        self.both(route, torch.randn(5, 64))
+        self.both(route, torch.randn(5, 64).bfloat16(), tol=1e-3)
+        self.both(lambda x: torch.topk(x, 3, dim=0), torch.randn(7, 4))
+        # ties: torch's CPU kernel returns them in no set order (2, 4, 1
+        # here); fusec's go to the lower index, as DESIGN.md says
+        x = torch.tensor([[1., 2., 2., 0., 2.]])
+        text = ft.export(lambda x: torch.topk(x, 3), x)
+        for dev in ("reference", "cpu"):
+            v, i = fusec.Program(text, device=dev)(x)
+            self.assertEqual(v.tolist(), [[2., 2., 2.]])
+            self.assertEqual(i.tolist(), [[1, 2, 4]])
+
+    def test_argmax_and_max_dim(self):
+        def f(x):
+            v, i = x.max(-1)
+            m, j = torch.min(x, 0, keepdim=True)
+            return (v, i, m, j, x.argmax(1), x.argmin(), x.argmax(
+                1, keepdim=True))
+        self.both(f, torch.randn(4, 6))
+        self.both(lambda x: (x.argmax(-1), x.max(1)[1]),
+                  torch.randint(0, 3, (3, 9)))
+
+    def test_negative_index_wraps(self):
+        self.both(lambda x: (x[..., [-2], :], x[:, torch.tensor([-1, 0])]),
+                  torch.randn(2, 6, 3))
+
+    def test_branch_on_data_refused_with_its_line(self):
+        def f(x, m):
+            if m.all():
+                return x * 2
+            return x
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(f, torch.randn(3), torch.ones(3, dtype=torch.bool))
+        msg = str(cm.exception)
+        self.assertIn("depends on a tensor's value", msg)
+        self.assertIn("test_export.py", msg)
+        self.assertIn("if m.all():", msg)
+
+    def test_topk_smallest_refused_with_its_line(self):
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(lambda x: torch.topk(x, 2, largest=False),
+                      torch.randn(3, 4))
+        msg = str(cm.exception)
+        self.assertIn("largest=False", msg)
+        self.assertIn("test_export.py", msg)
+
+
 def differing(fn, *args, **kw):
     """The fraction of output elements in which fusec and PyTorch differ at
     all (bit for bit), over every output of fn."""
@@ -220,8 +357,26 @@ class TestTorchNumerics(unittest.TestCase):
         go = torch.randn(2, 4, 8, 16).to(bf)
         f = _grads(lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True), 3)
-        # dq: a few rows whose gradient is a cancellation to ~1e-7 differ
-        self.assertLess(differing(f, q, k, v, go), 0.01)
+        # PyTorch 2.15's CPU flash kernel sums p @ v (and the backward's
+        # products) in another order than the one-block f32 sums the trace
+        # writes, so its f32 results differ in the last bit and 1% to 3% of
+        # the bf16 outputs round the other way (under 1% with the torch
+        # this test was first written against). Measured on 20 draws, in every such element of the output
+        # the trace's value is the correctly rounded one and the kernel's
+        # is one bf16 step off. What holds across versions: few elements
+        # differ, and those by one rounding step.
+        self.assertLess(differing(f, q, k, v, go), 0.06)
+        p = fusec.Program(ft.export(f, q, k, v, go))
+        out = p(q.detach(), k.detach(), v.detach(), go)
+        for o, r in zip(out, f(q, k, v, go)):
+            r = r.detach().float()
+            o = o.float()
+            step = torch.maximum(o.abs(), r.abs()) * 2.0 ** -7
+            # one step of bf16 (8 significant bits), or a difference no
+            # larger than the rounding of the largest element (dq: rows
+            # whose gradient is a cancellation to ~1e-7)
+            tol = torch.maximum(step, r.abs().max() * 2.0 ** -8)
+            self.assertTrue(bool(((o - r).abs() <= tol).all()))
 
     def test_products_with_python_numbers(self):
         # x * 0.044715 in f32 then rounded (PyTorch's opmath), x ** 3 as
@@ -237,12 +392,12 @@ class TestTorchNumerics(unittest.TestCase):
 class TestErrors(unittest.TestCase):
     def test_unmapped_ops_are_listed_with_their_line(self):
         def f(x):
-            return torch.cumsum(x, 0), torch.argsort(x)
+            return torch.cumprod(x, 0), torch.argsort(x)
         with self.assertRaises(ft.ExportError) as cm:
             ft.export(f, torch.randn(5))
         msg = str(cm.exception)
         self.assertIn("no fusec mapping", msg)
-        self.assertIn("cumsum", msg)
+        self.assertIn("cumprod", msg)
         self.assertIn("sort", msg)
         self.assertIn("test_export.py", msg)   # the model line
 

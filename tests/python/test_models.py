@@ -74,6 +74,24 @@ class TestModels(unittest.TestCase):
 _OPS = {}  # (model, kind, dtype) -> op count of its export
 
 
+class TestFamilies(unittest.TestCase):
+    """One family of tools/hf_families.py (which sweeps twelve) in CI: OPT,
+    whose learned positions come from cumsum(attention_mask) and whose
+    first row is left-padded, loss and every gradient, f32."""
+
+    def test_opt_bwd_f32(self):
+        if not HAVE_HF:
+            self.skipTest("transformers is not installed")
+        sys.path.insert(0, os.path.join(fzcheck.ROOT, "tools"))
+        import hf_families
+        row = hf_families.run("opt", torch.float32, "reference")
+        if VERBOSE:
+            sys.stderr.write("\nopt bwd f32: %s\n" % row)
+        self.assertTrue(row["exports"], row["why"])
+        self.assertTrue(row["matches"], row)
+        self.assertIsNotNone(row["ops"])
+
+
 def _add(model, kind, dtype):
     def t(self):
         self.check(model, kind, dtype)

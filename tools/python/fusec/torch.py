@@ -7,8 +7,13 @@ decomposition table, which lowers almost every op, forward and backward, to a
 small set of "core ATen" ops. Autograd runs during tracing, so an `fn` that
 calls torch.autograd.grad comes out as one graph holding forward and backward;
 torch.utils.checkpoint recomputes its forward inside the backward, and the
-recomputation is traced where it runs. The graph is then walked once, in
-order, and every node is written as one or a few fusec statements.
+recomputation is traced where it runs. Tracing runs under PyTorch's
+functionalization (FunctionalTensorMode, below autograd, as aot_autograd
+does), so the graph is SSA: an in-place op becomes its functional form, and
+one on a view also rebuilds the view's base (`s /= 4` on a matmul's view is
+a div; `y[..., 1:] = x[..., :-1]` a slice_scatter, written as cat; a masked
+fill a where). The graph is then walked once, in order, and every node is
+written as one or a few fusec statements.
 
     def f(x, w):                      trace f(x: f32[4, 8], w: f32[16, 8]) {
         return torch.relu(x @ w.t())    permute = permute(w, dims=[1, 0])
@@ -28,6 +33,11 @@ The rules the writer keeps (DESIGN.md, "The trace format"):
     input is rebuilt from reshape/slice/permute/broadcast; an overlapping one
     (or one that reads outside its input) is refused with the reason.
   - Literals cannot spell inf or nan; those become reciprocal(full(0)).
+  - cumsum, topk, argmax/argmin and max.dim's indices are fusec's cumsum,
+    topk, argmax and argmin (bool operands through u8); a negative index of
+    x[idx] counts from the end, as in torch.
+  - A branch on a tensor's value (.item(), if t.all():) cannot be recorded:
+    ExportError with the model line.
   - An op with no mapping is not guessed at: export collects every unmapped
     op with the model line it came from and raises ExportError listing them.
 
@@ -143,7 +153,7 @@ pow maximum minimum fmod eq ne lt le gt ge logical_and logical_or where full
 iota uniform broadcast_in_dim reshape permute slice squeeze unsqueeze cat sum
 amax amin var_mean take take_along index_add matmul linear all_gather
 reduce_scatter all_reduce wait relu silu gelu softmax log_softmax mean
-layer_norm rms_norm transpose cross_entropy
+layer_norm rms_norm transpose cross_entropy cumsum topk argmax argmin
 """.split())  # elements of a tensor constant written inline
 
 
@@ -684,9 +694,10 @@ class _Writer:
         return r
 
     def rebind_mutated(self, node, r):
-        # x.op_(...) in a functional trace: the new value replaces x for every
-        # later use. Refused where x aliases other live tensors (a view or a
-        # base of views), since their values would change too.
+        # x.op_(...) left in the graph (functionalization removes them; this
+        # is the safety net): the new value replaces x for every later use.
+        # Refused where x aliases other live tensors (a view or a base of
+        # views), since their values would change too.
         base = node.args[0]
         if not isinstance(base, torch.fx.Node):
             raise _Refused("in-place op on a non-tensor")
@@ -1452,7 +1463,7 @@ def _max(w, node, args, kwargs):
     if isinstance(args[1], V):
         return _binary_op("maximum" if name == "max" else "minimum")(
             w, node, args, kwargs)
-    # max.dim: (values, indices); indices have no fusec op
+    # max.dim: (values, indices); the indices, where used, are argmax's
     dim = args[1]
     keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     used = set()
@@ -1461,9 +1472,80 @@ def _max(w, node, args, kwargs):
             used.add(u.args[1])
         else:
             used.add(-1)
+    if x.rank == 0:
+        return [x, w.full((), 0, "i64")]
+    idx = None
     if used - {0}:
-        raise _Refused("%s.dim indices (argmax) have no fusec op" % name)
-    return [w.reduce("a" + name, x, [dim], keep), None]
+        idx = _arg_select(w, "arg" + name, x, dim, keep)
+    xv = w.cast(x, "u8") if x.dtype == "bool" else x
+    vals = w.reduce("a" + name, xv, [dim], keep)
+    return [w.cast(vals, x.dtype), idx]
+
+
+def _arg_select(w, op, x, dim, keep):
+    """argmax/argmin along dim (None: over the flattened tensor)."""
+    if x.dtype == "bool":
+        x = w.cast(x, "u8")
+    if dim is None:
+        shape = x.shape
+        r = _arg_select(w, op, w.reshape(x, (_numel(x.shape),)), 0, False)
+        return w.reshape(r, (1,) * len(shape)) if keep else r
+    if x.rank == 0:
+        return w.full((), 0, "i64")
+    dim %= x.rank
+    if x.shape[dim] == 0:
+        raise _Refused("%s over an empty dim" % op)
+    shape = tuple(1 if i == dim else e for i, e in enumerate(x.shape)) \
+        if keep else tuple(e for i, e in enumerate(x.shape) if i != dim)
+    attrs = [("dim", str(dim))]
+    if keep:
+        attrs.append(("keepdim", "true"))
+    return w.emit(op, [x], attrs, "i64", shape)
+
+
+@_h("argmax", "argmin")
+def _argmax(w, node, args, kwargs):
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    return _arg_select(w, node.target.overloadpacket.__name__, args[0], dim,
+                       keep)
+
+
+@_h("topk")
+def _topk(w, node, args, kwargs):
+    x = args[0]
+    k = args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    # sorted=False lets torch return the k in any order: sorted is one
+    if not largest:
+        raise _Refused("topk(largest=False): fusec's topk takes the largest "
+                       "(negate a float operand to take the smallest)")
+    if x.rank == 0:
+        return [x, w.full((), 0, "i64")]
+    dim %= x.rank
+    if k <= 0:
+        raise _Refused("topk with k=%d" % k)
+    dt = x.dtype
+    xv = w.cast(x, "u8") if dt == "bool" else x
+    shape = tuple(k if i == dim else e for i, e in enumerate(x.shape))
+    v, i = w.emit("topk", [xv], [("k", str(k)), ("dim", str(dim))], xv.dtype,
+                  shape, nres=2)
+    i = V(i.name, "i64", shape)
+    return [w.cast(v, dt), i]
+
+
+@_h("cumsum")
+def _cumsum(w, node, args, kwargs):
+    dt, shape = w.out_meta()
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    x = w.cast(x, dt)
+    if x.rank == 0 or _numel(x.shape) == 0:
+        return x
+    if dt == "bool":
+        raise _Refused("cumsum of bool into bool")
+    return w.emit("cumsum", [x], [("dim", str(dim % x.rank))], dt, x.shape)
 
 
 @_h("any", "all")
@@ -1617,16 +1699,17 @@ def _index_linear(w, x, idxs):
         if idxs[i].dtype == "bool" or idxs[i].dtype == "u8":
             raise _Refused("boolean mask indexing (data-dependent shape)")
     d0 = pos[0]
+
+    def wrap(t, n):  # x[-1]: a negative index counts from the end
+        return w.emit("where", [w.ew("lt", [t, 0]), w.ew("add", [t, n]), t],
+                      [], t.dtype, t.shape)
     if len(pos) == 1:
-        return x, idxs[d0], d0
+        return x, wrap(idxs[d0], x.shape[d0]), d0
     # several adjacent index tensors: linearize
     ishape = _bcast(*[idxs[i].shape for i in pos])
     lin = None
     for i in pos:
-        t = w.broadcast(idxs[i], ishape)
-        t = w.emit("where", [w.ew("lt", [t, 0]),
-                             w.ew("add", [t, x.shape[i]]), t], [], t.dtype,
-                   t.shape)
+        t = wrap(w.broadcast(idxs[i], ishape), x.shape[i])
         lin = t if lin is None else w.ew("add", [w.ew("mul",
                                                       [lin, x.shape[i]]), t])
     merged = x.shape[:d0] + (_numel(x.shape[d0:pos[-1] + 1]),) + \
@@ -2280,18 +2363,25 @@ def _trace(fn, example_args, fake):
     tensors = [flat[i] for i in tpos]
 
     def wrapper(*ts):
-        leaves = list(flat)
-        for i, t in zip(tpos, ts):
-            leaves[i] = t
-        args = pytree.tree_unflatten(leaves, spec)
-        out = fn(*args)
-        outs, _ = pytree.tree_flatten(out)
+        from torch._subclasses.functional_tensor import (
+            FunctionalTensor, FunctionalTensorMode)
+        with FunctionalTensorMode():
+            leaves = list(flat)
+            for i, t in zip(tpos, ts):
+                leaves[i] = FunctionalTensor.to_functional(t)
+            args = pytree.tree_unflatten(leaves, spec)
+            out = fn(*args)
+            outs, _ = pytree.tree_flatten(out)
+            for o in outs:
+                if not isinstance(o, torch.Tensor):
+                    raise ExportError("fn returned a %s; outputs must be "
+                                      "tensors (a tensor or a tuple/list of "
+                                      "them)" % type(o).__name__)
+        res = []
         for o in outs:
-            if not isinstance(o, torch.Tensor):
-                raise ExportError("fn returned a %s; outputs must be tensors "
-                                  "(a tensor or a tuple/list of them)" %
-                                  type(o).__name__)
-        return tuple(outs)
+            torch._sync(o)
+            res.append(torch._from_functional_tensor(o.elem))
+        return tuple(res)
 
     mode = "fake" if fake else "real"
     opts = {}
@@ -2301,11 +2391,36 @@ def _trace(fn, example_args, fake):
     except (TypeError, ValueError):
         pass
     with torch.enable_grad(), _MathAttention():
-        gm = make_fx(wrapper, decomposition_table=_decompositions(),
-                     tracing_mode=mode, _allow_non_fake_inputs=fake,
-                     **opts)(*tensors)
+        try:
+            gm = make_fx(wrapper, decomposition_table=_decompositions(),
+                         tracing_mode=mode, _allow_non_fake_inputs=fake,
+                         **opts)(*tensors)
+        except RuntimeError as e:
+            if "_local_scalar_dense" not in str(e) and \
+                    "data-dependent" not in str(e):
+                raise
+            raise ExportError(
+                "cannot export %s: Python control flow depends on a "
+                "tensor's value (.item(), bool(), if tensor:), which a trace "
+                "cannot record; the branch is at %s" % (
+                    getattr(fn, "__name__", "fn"), _user_frame(e))) from None
     gm.graph.eliminate_dead_code()
     return gm, flat, tpos
+
+
+def _user_frame(e):
+    """'file:line in func: source' of the innermost frame of e's traceback
+    outside torch and fusec.torch: the model line that raised."""
+    import traceback
+    pick = None
+    for fr in traceback.extract_tb(e.__traceback__):
+        if "/torch/" not in fr.filename and \
+                "/fusec/torch.py" not in fr.filename:
+            pick = fr
+    if pick is None:
+        return "(no source line recorded)"
+    return "%s:%d in %s: %s" % (pick.filename, pick.lineno, pick.name,
+                                (pick.line or "").strip())
 
 
 def _resolve_symbolic(symbolic, names, tensors):
