@@ -122,7 +122,10 @@ static int64_t check_plan(const fz_program *p)
 		/* a bucket (ir/comm.c) holds several all-gathers, its wait
 		 * several waits */
 		for (int j = 0; R->kind == FZ_REGION_COLLECTIVE && j < R->n_nodes; j++)
-			ck_assert(R->n_nodes == 1 || R->nodes[j]->op == FZ_OP_ALL_GATHER);
+			ck_assert_msg(R->n_nodes == 1 || R->nodes[j]->op == FZ_OP_ALL_GATHER,
+				      "%s: collective region %d holds %s (%d ops)",
+				      t->name, r, fz_ops[R->nodes[j]->op].name,
+				      R->n_nodes);
 		for (int j = 0; R->kind == FZ_REGION_WAIT && j < R->n_nodes; j++)
 			ck_assert(R->nodes[j]->op == FZ_OP_WAIT);
 	}
