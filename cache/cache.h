@@ -303,7 +303,8 @@ void fz_cache_entry_name(fz_key key, char *buf, size_t n);
  * that its metadata names one entry point and n_in inputs, n_out outputs. */
 fz_status fz_cache_load_host(struct fz_compiler *c, const fz_entry *e,
                              int n_in, int n_out,
-                             void (**fn)(void **, const int64_t *, int32_t *),
+                             void (**fn)(void **, const int64_t *, int32_t *,
+                                         int64_t, int64_t),
                              char **err);
 
 #endif

@@ -26,6 +26,7 @@ struct fz_compiler {
 	char *triple, *layout;
 	char diag[1024];     /* the last LLVM error diagnostic */
 	int counter;         /* makes host symbol names unique */
+	int vector_bytes;    /* host: widest vector register the JIT may use */
 };
 fz_status cg_nvptx_init(fz_compiler *c, char **err);
 fz_status cg_host_init(fz_compiler *c, char **err);
@@ -65,6 +66,8 @@ typedef struct cg {
 	LLVMValueRef *buf;    /* region inputs then outputs */
 	LLVMValueRef sym[FZ_MAX_SYMS]; /* sizes as ity (NULL: unused) */
 	LLVMValueRef err;
+	LLVMValueRef part, nparts; /* host: which chunk of the grid (ity) */
+	bool serial;          /* host: part 0 does all (cg_host_chunk) */
 	int *slot;            /* by value id: index in buf, or -1 */
 	LLVMValueRef *red;    /* by value id: a reduction's value for this row */
 	bool *is_red;         /* by value id: made by a row reduction */
@@ -139,6 +142,13 @@ LLVMValueRef cg_nctaid(cg *g); /* gridDim.x */
 void cg_barrier(cg *g);
 LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 
+/* Host: the iterations [*begin, *end) of a loop of `total` that this
+ * call's part runs: the part-th of nparts contiguous chunks (all of them
+ * in part 0, none in the others, when g->serial). */
+void cg_host_chunk(cg *g, LLVMValueRef total, LLVMValueRef *begin, LLVMValueRef *end);
+/* The host's vector registers in bytes (16, or 32 with AVX); 16 on NVPTX. */
+int cg_vector_bytes(cg *g);
+
 typedef struct cg_loop {
 	LLVMBasicBlockRef pre, head, body, exit;
 	LLVMValueRef iv, start, step;
@@ -177,8 +187,11 @@ LLVMValueRef cg_shfl_up(cg *g, LLVMValueRef x, int d);
 /* Slot w of a 32-entry shared array of type t named `name`. */
 LLVMValueRef cg_smem32(cg *g, LLVMTypeRef t, const char *name, LLVMValueRef w);
 
-/* Lanes a region can use: 16 bytes over its widest element, at most
+/* Lanes a region can use: a vector register (16 bytes on the GPU, 32 on
+ * an AVX host) over its widest element, at most
  * FZ_VW_MAX; 1 when vectorization is off. */
 int cg_lanes_for(cg *g);
+/* Lanes L or fewer that divide a constant innermost extent; 1 if none. */
+int cg_lanes_fit(cg *g, int L, fz_ext inner);
 
 #endif

@@ -93,7 +93,8 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 2 /* part of a kernel's cache key */
+#define FZ_CODEGEN_VERSION 3 /* part of a kernel's cache key (3: host entry
+                              * points take a part of the grid) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -113,9 +114,15 @@ typedef enum fz_skeleton { FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER } fz_skelet
 typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
 
 /* The host entry point of a kernel: region inputs then outputs in bufs,
- * every trace symbol's size in syms, and a word that receives 1 + the node
- * id of an op that met a bad index (0 when none). */
-typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err);
+ * every trace symbol's size in syms, a word that receives 1 + the node
+ * id of an op that met a bad index (0 when none), and which part of the
+ * kernel's grid to run: part p of n runs the p-th of n contiguous chunks
+ * of the grid-stride loops' iterations (elements, or rows), so the parts
+ * 0 .. n-1 of one launch, on any threads in any order, together do what
+ * the call (0, 1) does. A kernel whose loops cannot be split (index_add's
+ * scatter) does everything in part 0 and nothing in the others. */
+typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err,
+                           int64_t part, int64_t nparts);
 
 /* One region's kernel: its module until emitted, and what a launcher needs.
  * GPU entry points take (ptr in0, ..., ptr outN, ptr err, i64 sym...) with

@@ -439,6 +439,15 @@ static bool lanes_aligned(int nl, cg_ix x)
 	return (!x.b || x.m % nl == 0) && x.o % nl == 0;
 }
 
+/* The alignment an aligned lane group may claim: its size, but at most
+ * the 16 bytes the runtime guarantees a vectorized kernel's buffers (the
+ * host's 32-byte lane groups are 16-byte aligned, not 32). */
+static unsigned lanes_align(unsigned es, int nl)
+{
+	unsigned a = es * (unsigned)nl;
+	return a > 16 ? 16 : a;
+}
+
 static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
 {
 	fz_dtype d = v->type.dtype;
@@ -456,7 +465,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 		return;
 	}
 	if (shape == 1) {
-		unsigned al = lanes_aligned(nl, lin[0]) ? es * (unsigned)nl : es;
+		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
 		V p = cg_elem_ptr(g, s, d, cg_ix_value(g, lin[0]));
 		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 		for (int l = 0; l < nl; l++)
@@ -480,7 +489,7 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		cg_linear(g, &v->type, ix[l], &lin[l]);
 	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
 	if (shape == 1) {
-		unsigned al = lanes_aligned(nl, lin[0]) ? es * (unsigned)nl : es;
+		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
 			vec = insert(g, vec, cg_to_storage(g, vals[l], d), (unsigned)l);
@@ -1138,6 +1147,31 @@ LLVMValueRef cg_shfl_bfly(cg *g, V x, int lane_mask)
 	return t == t_f64(g) ? bitcast(g, r, t_f64(g)) : r;
 }
 
+void cg_host_chunk(cg *g, V total, V *begin, V *end)
+{
+	if (g->serial) {
+		/* part 0: [0, total); the others: [total, total) */
+		V first = icmp(g, LLVMIntEQ, g->part, c_int(g->ity, 0));
+		*begin = sel(g, first, c_int(g->ity, 0), total);
+		*end = total;
+		return;
+	}
+	/* chunk = ceil(total / nparts); begin = min(part * chunk, total):
+	 * part * chunk < total + chunk, which fits the index type as total
+	 * does (idx32 leaves 8x headroom) */
+	V n = g->nparts;
+	V chunk = udiv(g, add(g, total, sub(g, n, c_int(g->ity, 1))), n);
+	V b = mul(g, g->part, chunk);
+	V e = add(g, b, chunk);
+	*begin = sel(g, icmp(g, LLVMIntULT, b, total), b, total);
+	*end = sel(g, icmp(g, LLVMIntULT, e, total), e, total);
+}
+
+int cg_vector_bytes(cg *g)
+{
+	return g->o.target == FZ_CG_HOST && g->c->vector_bytes > 16 ? g->c->vector_bytes : 16;
+}
+
 void cg_loop_begin(cg *g, cg_loop *L, V start, V limit, V step)
 {
 	L->pre = current(g);
@@ -1185,8 +1219,8 @@ void cg_function_begin(cg *g, const char *name)
 		fty = LLVMFunctionType(t_void(g), ps, (unsigned)np, 0);
 		free(ps);
 	} else {
-		T ps[3] = {t_ptr(g, 0), t_ptr(g, 0), t_ptr(g, 0)};
-		fty = LLVMFunctionType(t_void(g), ps, 3, 0);
+		T ps[5] = {t_ptr(g, 0), t_ptr(g, 0), t_ptr(g, 0), t_i64(g), t_i64(g)};
+		fty = LLVMFunctionType(t_void(g), ps, 5, 0);
 	}
 	g->fn = LLVMAddFunction(g->mod, name, fty);
 	g->entry = block(g, "entry");
@@ -1222,6 +1256,8 @@ void cg_function_begin(cg *g, const char *name)
 	} else {
 		V bufs = param(g, 0), syms = param(g, 1);
 		g->err = param(g, 2);
+		g->part = zext_or_trunc(g, param(g, 3), g->ity);
+		g->nparts = zext_or_trunc(g, param(g, 4), g->ity);
 		for (int i = 0; i < nb; i++)
 			g->buf[i] = load(g, t_ptr(g, 0), gep(g, t_ptr(g, 0), bufs, c_i64(g, i)), 8);
 		for (int i = 0; i < g->k->n_syms; i++) {

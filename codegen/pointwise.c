@@ -18,8 +18,11 @@
  * multiple of L: consecutive lanes, one vector access per operand that runs
  * along the innermost dim. A buffer that is not 16-byte aligned gets the
  * variant compiled with vectorization off (the launcher checks; see
- * runtime/cpu.c). On the host the grid is one thread: the loop is a plain
- * loop. The index type is i32 when the launcher knows every extent and
+ * runtime/cpu.c). On the host, L is the machine's vector register over the
+ * widest element (32 bytes with AVX: 8 f32 lanes), halved until it divides
+ * the innermost extent, and the grid is the parts of a launch (fz_host_fn):
+ * each part runs a contiguous chunk of the lane groups as a plain loop,
+ * which the SLP vectorizer turns into vector instructions. The index type is i32 when the launcher knows every extent and
  * offset fits (fz_cg_options.idx32, a separate specialization).
  *
  * index_add(x, idx, src, dim) is a scatter: the result starts as x (the
@@ -28,7 +31,8 @@
  * (`..._scatter`, launched after the first, with atomic adds: f32, f64, f16,
  * bf16, i32, i64; f16 and bf16 round at every add, as PyTorch's atomics on
  * the GPU and the host's loop here do); on the host both loops run in order
- * in one function.
+ * in one function, all of it in part 0 of a launch (the adds must follow
+ * the copy and may not race).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +51,20 @@ int cg_lanes_for(cg *g)
 	for (int i = 0; i < g->r->n_out; i++)
 		if (fz_dtype_size(g->r->out[i]->type.dtype) > w)
 			w = fz_dtype_size(g->r->out[i]->type.dtype);
-	int l = (int)(16 / w);
+	int l = (int)((size_t)cg_vector_bytes(g) / w);
 	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
+}
+
+int cg_lanes_fit(cg *g, int L, fz_ext inner)
+{
+	if (!fz_ext_is_const(inner))
+		return 1;
+	/* the host halves its lanes until they divide the extent (a 16-byte
+	 * group of f32 where a 32-byte one does not fit); the GPU keeps its
+	 * 16 bytes or nothing */
+	while (g->o.target == FZ_CG_HOST && L > 1 && inner.c % L)
+		L /= 2;
+	return inner.c % L ? 1 : L;
 }
 
 static void add_work(cg *g, int e, fz_ext w)
@@ -70,16 +86,21 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		return;
 	}
 	fz_ext inner = ty->rank ? ty->dims[ty->rank - 1] : fz_ext_const(1);
-	if (ty->rank == 0 || !fz_ext_is_const(inner) || inner.c % L)
-		L = 1;
+	L = ty->rank == 0 ? 1 : cg_lanes_fit(g, L, inner);
 	if (L > g->k->vec)
 		g->k->vec = L;
 	fz_ext work = numel;
 	work.c /= L;
 	add_work(g, 0, work);
-	V gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
-	V gsz = mul(g, cg_nctaid(g), cg_ntid(g));
-	V iters = cg_ext(g, work);
+	V iters = cg_ext(g, work), gid, gsz;
+	if (g->o.target == FZ_CG_HOST) {
+		/* this part's contiguous chunk of the lane groups */
+		cg_host_chunk(g, iters, &gid, &iters);
+		gsz = c_int(g->ity, 1);
+	} else {
+		gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
+		gsz = mul(g, cg_nctaid(g), cg_ntid(g));
+	}
 	cg_loop L0;
 	cg_loop_begin(g, &L0, gid, iters, gsz);
 	V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
@@ -155,8 +176,11 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	}
 	V gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
 	V gsz = mul(g, cg_nctaid(g), cg_ntid(g));
+	V lim = cg_ext(g, numel);
+	if (g->o.target == FZ_CG_HOST) /* serial: after the copy, in part 0 */
+		cg_host_chunk(g, lim, &gid, &lim);
 	cg_loop L;
-	cg_loop_begin(g, &L, gid, cg_ext(g, numel), gsz);
+	cg_loop_begin(g, &L, gid, lim, gsz);
 	cg_ix J[1][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
 	cg_delinearize(g, &src->type, L.iv, 1, J[0]);
 	K[0][0] = J[0][dim];
@@ -203,6 +227,9 @@ void cg_scatter(cg *g, const fz_node *ia)
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add's result is not a region output");
 		return;
 	}
+	/* On the host both loops are one function: the scatter must follow
+	 * the whole copy and its adds must not race, so part 0 runs it all */
+	g->serial = g->o.target == FZ_CG_HOST;
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
 		all_groups(g, ia);

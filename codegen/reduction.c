@@ -90,7 +90,10 @@ static V identity(cg *g, fz_opcode op, T t)
 
 static V combine(cg *g, fz_opcode op, V acc, V v)
 {
-	bool isf = type_of(acc) != t_i64(g);
+	T st = type_of(acc);
+	if (LLVMGetTypeKind(st) == LLVMVectorTypeKind)
+		st = LLVMGetElementType(st);
+	bool isf = st != t_i64(g);
 	if (op != FZ_OP_AMAX && op != FZ_OP_AMIN)
 		return isf ? fadd(g, acc, v) : add(g, acc, v);
 	if (!isf)
@@ -255,19 +258,41 @@ static void row_regs(cg *g, rows *R)
 	}
 }
 
-/* A pass's accumulators, one per lane: hi (and lo for float sums). */
+/* A pass's accumulators, one per lane: hi (and lo for float sums). On the
+ * host the lanes are one vector (vt, in hi[0] and lo[0]): the steps add a
+ * vector of lanes to a vector of sums, the form the SLP vectorizer gives
+ * up on when it has to find it in the lanes' scalar chains. */
 typedef struct accum {
 	fz_opcode op;
-	T t;
+	T t, vt;               /* vt: <L x t> on the host, else NULL */
 	bool pair;
 	V hi[FZ_VW_MAX], lo[FZ_VW_MAX];
 } accum;
+
+static V splat(cg *g, V x, int n)
+{
+	V xs[FZ_VW_MAX];
+	for (int i = 0; i < n; i++)
+		xs[i] = x;
+	(void)g;
+	return LLVMConstVector(xs, (unsigned)n);
+}
 
 static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
 	A->t = t;
 	A->pair = op == FZ_OP_SUM && t != t_i64(g);
+	A->vt = g->o.target == FZ_CG_HOST && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
+	if (A->vt) {
+		A->hi[0] = cg_entry_alloca(g, A->vt);
+		store(g, splat(g, identity(g, op, t), R->L), A->hi[0], 8);
+		if (A->pair) {
+			A->lo[0] = cg_entry_alloca(g, A->vt);
+			store(g, splat(g, c_real(t, 0.0), R->L), A->lo[0], 8);
+		}
+		return;
+	}
 	for (int l = 0; l < R->L; l++) {
 		A->hi[l] = cg_entry_alloca(g, t);
 		store(g, identity(g, op, t), A->hi[l], 8);
@@ -278,17 +303,37 @@ static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 	}
 }
 
-/* Lane l takes v (and, for a pair, the extra low part e, or NULL). */
+/* Lanes v[0..n) as one vector. */
+static V gather_lanes(cg *g, T vt, V *v, int n)
+{
+	V x = c_undef(vt);
+	for (int l = 0; l < n; l++)
+		x = insert(g, x, v[l], (unsigned)l);
+	return x;
+}
+
+/* x in every lane. */
+static V bcast(cg *g, T vt, V x, int n)
+{
+	V xs[FZ_VW_MAX];
+	for (int l = 0; l < n; l++)
+		xs[l] = x;
+	return gather_lanes(g, vt, xs, n);
+}
+
+/* Lane l takes v (and, for a pair, the extra low part e, or NULL); on the
+ * host (A->vt) l is 0 and v, e are vectors of every lane. */
 static void acc_add(cg *g, accum *A, int l, V v, V e)
 {
-	V a = load(g, A->t, A->hi[l], 8);
+	T t = A->vt ? A->vt : A->t;
+	V a = load(g, t, A->hi[l], 8);
 	if (!A->pair) {
 		store(g, combine(g, A->op, a, v), A->hi[l], 8);
 		return;
 	}
 	V err;
 	store(g, two_sum(g, a, v, &err), A->hi[l], 8);
-	V lo = fadd_exact(g, load(g, A->t, A->lo[l], 8), err);
+	V lo = fadd_exact(g, load(g, t, A->lo[l], 8), err);
 	store(g, e ? fadd_exact(g, lo, e) : lo, A->lo[l], 8);
 }
 
@@ -296,8 +341,16 @@ static void acc_add(cg *g, accum *A, int l, V v, V e)
  * part in *lo (NULL for other ops). */
 static V acc_finish(cg *g, rows *R, accum *A, V *lo)
 {
-	V h[FZ_VW_MAX], l[FZ_VW_MAX];
-	for (int i = 0; i < R->L; i++) {
+	V h[FZ_VW_MAX] = {NULL}, l[FZ_VW_MAX] = {NULL};
+	if (A->vt) {
+		V hv = load(g, A->vt, A->hi[0], 8);
+		V lv = A->pair ? load(g, A->vt, A->lo[0], 8) : NULL;
+		for (int i = 0; i < R->L; i++) {
+			h[i] = extract(g, hv, (unsigned)i);
+			l[i] = lv ? extract(g, lv, (unsigned)i) : NULL;
+		}
+	}
+	for (int i = 0; i < R->L && !A->vt; i++) {
 		h[i] = load(g, A->t, A->hi[i], 8);
 		l[i] = A->pair ? load(g, A->t, A->lo[i], 8) : NULL;
 	}
@@ -314,6 +367,23 @@ static V acc_finish(cg *g, rows *R, accum *A, V *lo)
  * d + de = x - mh - ml, d^2 = p + pe (fma), (d + de)^2 ~ p + (pe + 2 d de). */
 static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 {
+	if (A->vt && !valid) {
+		/* the same arithmetic on a vector of the lanes */
+		int L = R->L;
+		V v = gather_lanes(g, A->vt, vals, L), e = NULL;
+		if (mh) {
+			V de;
+			V mhv = bcast(g, A->vt, mh, L), mlv = bcast(g, A->vt, ml, L);
+			V d = two_sum(g, v, fneg(g, mhv), &de);
+			de = fsub_exact(g, de, mlv);
+			v = fmul_exact(g, d, d);
+			V fa[3] = {d, d, fneg(g, v)};
+			e = call_intrinsic(g, "llvm.fma", A->vt, A->vt, fa, 3);
+			e = fadd(g, e, fmul(g, fmul(g, d, de), splat(g, c_real(A->t, 2.0), L)));
+		}
+		acc_add(g, A, 0, v, e);
+		return;
+	}
 	for (int l = 0; l < R->L; l++) {
 		V v = vals[l], e = NULL;
 		if (mh) {
@@ -531,9 +601,7 @@ void cg_rows(cg *g)
 	}
 	bool inner = R.rt.rank > 0 && R.red[R.D->rank - 1];
 	fz_ext last = R.rt.rank ? R.rt.dims[R.rt.rank - 1] : fz_ext_const(1);
-	R.L = cg_lanes_for(g);
-	if (!inner || !fz_ext_is_const(last) || last.c % R.L)
-		R.L = 1;
+	R.L = inner ? cg_lanes_fit(g, cg_lanes_for(g), last) : 1;
 	/* GPU, row along the innermost dim: a warp per row when each lane has
 	 * at most 4 steps, else a block of FZ_ROW_BLOCK threads; the row in
 	 * registers when its length is known and a thread's share of it is at
@@ -583,8 +651,11 @@ void cg_rows(cg *g)
 		R.tid_in_row = c_int(g->ity, 0);
 		R.nthr = c_int(g->ity, 1);
 	}
+	V nrows = cg_ext(g, K);
+	if (g->o.target == FZ_CG_HOST) /* this part's contiguous chunk of rows */
+		cg_host_chunk(g, nrows, &row0, &nrows);
 	cg_loop RL;
-	cg_loop_begin(g, &RL, row0, cg_ext(g, K), rstep);
+	cg_loop_begin(g, &RL, row0, nrows, rstep);
 	cg_ix kix[FZ_MAX_RANK];
 	cg_delinearize(g, &R.kt, RL.iv, 1, kix);
 	g->row_rank = R.D->rank;

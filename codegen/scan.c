@@ -164,8 +164,9 @@ static void scan_host(cg *g, const cg_rowgeo *G, fz_dtype d, fz_dtype od)
 	T at = acc_type(g, d);
 	V inner = cg_ext(g, G->inner);
 	cg_loop RL;
-	V row0 = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
-	cg_loop_begin(g, &RL, row0, cg_ext(g, G->rows), mul(g, cg_nctaid(g), cg_ntid(g)));
+	V row0, rows = cg_ext(g, G->rows);
+	cg_host_chunk(g, rows, &row0, &rows); /* this part's rows */
+	cg_loop_begin(g, &RL, row0, rows, c_int(g->ity, 1));
 	V base = cg_row_base(g, G, RL.iv);
 	V acc = cg_entry_alloca(g, at);
 	store(g, zero_of(g, at), acc, 8);

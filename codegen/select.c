@@ -135,7 +135,10 @@ void cg_select(cg *g)
 	cg_loop RL;
 	V row0 = gpu ? cg_ctaid(g) : c_int(g->ity, 0);
 	V rstep = gpu ? cg_nctaid(g) : c_int(g->ity, 1);
-	cg_loop_begin(g, &RL, row0, cg_ext(g, G.rows), rstep);
+	V rows = cg_ext(g, G.rows);
+	if (!gpu) /* this part's rows */
+		cg_host_chunk(g, rows, &row0, &rows);
+	cg_loop_begin(g, &RL, row0, rows, rstep);
 	V base = cg_row_base(g, &G, RL.iv);
 	store(g, zero, pv, 8);
 	store(g, c_i64(g, -1), pi, 8);

@@ -6,7 +6,8 @@
  * machine it runs on (LLJIT detects the host CPU and its features: F16C for
  * half conversions, FMA for the math library's reductions), and the host
  * pass pipeline (codegen.c) runs first with a target machine for the same
- * CPU, so the SLP vectorizer sees the real vector width. A process symbol generator
+ * CPU, so the SLP vectorizer sees the real vector width (and the skeletons
+ * make lane groups of that width: cg_vector_bytes). A process symbol generator
  * resolves the few library functions host code calls (libm for f64 math).
  *
  * Code stays alive as long as the compiler: LLJIT owns it and frees it with
@@ -67,6 +68,10 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 		return FZ_EUNSUPPORTED;
 	}
 	char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+	/* 256-bit integer and float vectors (AVX2): lane groups of 32 bytes,
+	 * so bf16 data widens to a full register of f32 (the host CPU name is
+	 * in the cache key, so an object never meets another machine) */
+	c->vector_bytes = feat && strstr(feat, "+avx2") ? 32 : 16;
 	c->tm = LLVMCreateTargetMachine(target, c->triple, cpu, feat,
 					LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 					LLVMCodeModelJITDefault);

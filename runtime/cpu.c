@@ -2,29 +2,38 @@
  * cpu.c: the CPU target.
  *
  * Kernels are host code: each key's object (from the cache, or just
- * compiled) is linked once into the device's JIT, and a launch calls its
- * entry point with the buffers, every trace symbol's size and the error
- * flag. Memory is host memory, so uploads, downloads and copies are plain
- * memory moves, events are no-ops and sync has nothing to wait for. Matrix
- * products accumulate in f64 in a blocked loop; collectives are those of a
- * world of one.
+ * compiled) is linked once into the device's JIT, and a launch runs its
+ * entry point across the device's thread pool (pool.c): the skeletons'
+ * host entry points take a part index and a part count and run that
+ * contiguous chunk of their rows or lane groups (fz_host_fn), so a launch
+ * is fz_pool_run over parts, at most four per thread, sized from the
+ * kernel's work at the bound sizes so that a small launch stays on the
+ * calling thread. Matrix products go to the BLAS (blas.c: OpenBLAS opened
+ * at run time, split across the same pool, f32 accumulation as PyTorch
+ * does on the CPU). Memory is host memory, so uploads, downloads and
+ * copies are plain memory moves, events are no-ops and sync has nothing
+ * to wait for; collectives are those of a world of one.
  *
  * There is one CPU device per process, shared by every program on it (the
  * kernel store then loads each key once); it lives while a program holds
- * it.
+ * it. Its pool has fz_exec_options.threads threads, else $FUSEC_THREADS,
+ * else as many as the CPUs this process may run on, as the program that
+ * opens it asks; programs that open it while it lives share that pool.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "blas.h"
 #include "comm.h"
-#include "numeric.h"
+#include "pool.h"
 #include "target.h"
 
 typedef struct cpu_device {
 	fz_device h;
 	fz_compiler *jit;      /* links the kernels' objects */
+	fz_pool *pool;         /* runs launches and products */
+	fz_blas *blas;
 } cpu_device;
 
 static pthread_mutex_t cpu_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -39,12 +48,13 @@ static void cpu_close(fz_device *d)
 		cpu_dev = NULL;
 	pthread_mutex_unlock(&cpu_mu);
 	fz_compiler_free(c->jit);
+	fz_pool_free(c->pool);
+	fz_blas_close(c->blas);
 	free(c);
 }
 
 static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 {
-	(void)o;
 	fz_status st = FZ_OK;
 	pthread_mutex_lock(&cpu_mu);
 	if (cpu_dev && fz_device_try_retain(&cpu_dev->h)) {
@@ -59,17 +69,25 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 		return FZ_ENOMEM;
 	}
 	fz_cg_options cg = {FZ_CG_HOST, 0, false, false};
+	int threads = o && o->threads > 0 ? o->threads : 0;
+	const char *env = getenv("FUSEC_THREADS");
+	if (threads == 0 && env && atoi(env) > 0)
+		threads = atoi(env);
 	if ((st = fz_device_init(&c->h, &fz_target_cpu, err)) == FZ_OK)
 		st = fz_compiler_new(&cg, &c->jit, err);
+	if (st == FZ_OK)
+		st = fz_pool_new(threads, &c->pool, err);
+	if (st == FZ_OK)
+		st = fz_blas_open(&c->blas, err);
 	if (st != FZ_OK) {
 		pthread_mutex_unlock(&cpu_mu);
 		fz_compiler_free(c->jit);
+		fz_pool_free(c->pool);
 		free(c);
 		return st;
 	}
 	c->h.cg = cg;
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	c->h.threads = n > 0 ? (int)n : 1;
+	c->h.threads = fz_pool_threads(c->pool);
 	cpu_dev = c;
 	pthread_mutex_unlock(&cpu_mu);
 	*out = &c->h;
@@ -159,103 +177,58 @@ static fz_status cpu_load(fz_device *d, const fz_kernel *k, const fz_kcode *code
 	return st;
 }
 
+typedef struct launch_args {
+	fz_host_fn fn;
+	void **bufs;
+	const int64_t *syms;
+	int32_t *flag;
+} launch_args;
+
+static void launch_part(void *arg, int part, int nparts)
+{
+	launch_args *a = arg;
+	a->fn(a->bufs, a->syms, a->flag, part, nparts);
+}
+
+/* Parts for a launch of k: a row kernel's rows (one may be a part), a
+ * pointwise kernel's elements (16 Ki a part at least, so that a small
+ * launch stays on the calling thread); index_add's scatter runs in part 0
+ * alone, so it takes one. */
+static int launch_parts(const cpu_device *c, const fz_kernel *k, const int64_t *syms)
+{
+	if (k->sk == FZ_SK_SCATTER)
+		return 1;
+	int64_t w = 0;
+	for (int i = 0; i < k->n_work[0] && i < 8; i++) {
+		int64_t x = fz_ext_eval(k->work[0][i], syms);
+		w = x > w ? x : w;
+	}
+	if (k->sk == FZ_SK_ROW)
+		return fz_pool_parts(c->pool, w, 1);
+	return fz_pool_parts(c->pool, w * (k->vec > 0 ? k->vec : 1), 16384);
+}
+
 static fz_status cpu_launch(fz_device *d, const fz_kernel *k, void *const *fn,
 			    void **bufs, const int64_t *syms, int32_t *flag,
 			    void *stream, char **err)
 {
-	(void)d;
 	(void)stream;
 	(void)err;
+	cpu_device *c = (cpu_device *)d;
 	/* a host kernel's entry 0 runs every entry (index_add: init, scatter) */
-	((fz_host_fn)fn[0])(bufs, syms, flag);
-	(void)k;
+	launch_args a = {(fz_host_fn)fn[0], bufs, syms, flag};
+	fz_pool_run(c->pool, launch_parts(c, k, syms), launch_part, &a);
 	return FZ_OK;
 }
 
-/* ---- matrix products: blocked, f64 accumulation ------------------------------ */
-
-/* C[M,N] = A[M,K] op(B), B [K,N] (row stride N) or, trans, [N,K]. */
-static void mm(const double *A, const double *B, double *C, int64_t M, int64_t K,
-	       int64_t N, bool trans)
-{
-	memset(C, 0, sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
-	if (trans) {
-		for (int64_t i = 0; i < M; i++)
-			for (int64_t j = 0; j < N; j++) {
-				double acc = 0;
-				const double *a = A + i * K, *b = B + j * K;
-				for (int64_t k = 0; k < K; k++)
-					acc += a[k] * b[k];
-				C[i * N + j] = acc;
-			}
-		return;
-	}
-	for (int64_t k0 = 0; k0 < K; k0 += 64) {
-		int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
-		for (int64_t i = 0; i < M; i++)
-			for (int64_t k = k0; k < k1; k++) {
-				double a = A[i * K + k];
-				const double *b = B + k * N;
-				double *c = C + i * N;
-				for (int64_t j = 0; j < N; j++)
-					c[j] += a * b[j];
-			}
-	}
-}
-
-static void to_f64(double *o, const void *p, fz_dtype d, int64_t off, int64_t n)
-{
-	for (int64_t i = 0; i < n; i++)
-		o[i] = fz_load_f64(p, d, off + i);
-}
+/* ---- matrix products: the BLAS, across the pool (blas.c) -------------------- */
 
 static fz_status cpu_matmul(fz_device *d, const fz_matmul *m, void *stream,
 			    char **err)
 {
-	(void)d;
 	(void)stream;
-	int64_t M = m->M, N = m->N, K = m->K, batches = 1;
-	for (int i = 0; i < m->nbd; i++)
-		batches *= m->bshape[i];
-	double *A = malloc(sizeof *A * (size_t)(M * K > 0 ? M * K : 1));
-	double *B = malloc(sizeof *B * (size_t)(K * N > 0 ? K * N : 1));
-	double *C = malloc(sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
-	if (!A || !B || !C) {
-		free(A);
-		free(B);
-		free(C);
-		fz_set_err(err, fz_strdup_printf("region %d: out of memory", m->region));
-		return FZ_ENOMEM;
-	}
-	int64_t bi[FZ_MAX_RANK] = {0};
-	for (int64_t tb = 0; tb < batches; tb++) {
-		int64_t ao = 0, bo = 0;
-		for (int i = 0; i < m->nbd; i++) {
-			ao += bi[i] * m->a_bstride[i];
-			bo += bi[i] * m->b_bstride[i];
-		}
-		to_f64(A, m->a, m->dtype, ao, M * K);
-		to_f64(B, m->b, m->dtype, bo, K * N);
-		mm(A, B, C, M, K, N, m->b_trans);
-		for (int64_t i = 0; i < M * N; i++) {
-			double v = C[i];
-			if (m->bias)
-				v += fz_load_f64(m->bias, m->dtype, i % N);
-			if (fz_dtype_is_float(m->dtype))
-				fz_store_f64(m->y, m->dtype, tb * M * N + i, v);
-			else
-				fz_store_i64(m->y, m->dtype, tb * M * N + i, (int64_t)v);
-		}
-		for (int i = m->nbd - 1; i >= 0; i--) {
-			if (++bi[i] < m->bshape[i])
-				break;
-			bi[i] = 0;
-		}
-	}
-	free(A);
-	free(B);
-	free(C);
-	return FZ_OK;
+	cpu_device *c = (cpu_device *)d;
+	return fz_cpu_matmul(c->blas, c->pool, m, err);
 }
 
 /* World 1: every collective is the identity. World N: the ranks are
@@ -292,6 +265,7 @@ static fz_status cpu_event(fz_device *d, int ev, void *stream, char **err)
 static fz_status cpu_sync(fz_device *d, void *stream, char **err)
 {
 	fz_host_sync_note(); /* nothing to wait for, but counted as asked */
+	(void)d;
 	(void)stream;
 	(void)err;
 	return FZ_OK;

@@ -1299,7 +1299,7 @@ START_TEST(host_object_entry)
 	bufs[2] = z;
 	int64_t syms[FZ_MAX_SYMS] = {2};
 	int32_t bad = 0;
-	fn(bufs, syms, &bad);
+	fn(bufs, syms, &bad, 0, 1);
 	ck_assert_int_eq(bad, 0);
 	for (int i = 0; i < 8; i++)
 		ck_assert_float_eq_tol(z[i], x[i] * y[i % 4] + expf(y[i % 4]), 1e-5);

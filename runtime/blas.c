@@ -1,0 +1,421 @@
+/*
+ * blas.c: matrix products on the CPU (blas.h).
+ *
+ * The library. OpenBLAS from Debian (libopenblas0-pthread: setup.sh
+ * installs it), opened at run time with dlopen, and BLIS or the system's
+ * libblas.so.3 where OpenBLAS is absent. Why OpenBLAS: its sgemm kernels
+ * are hand-written for each x86 generation and chosen at run time from
+ * the CPU it finds (Debian builds it with DYNAMIC_ARCH), so one package
+ * serves the Haswell-era AVX2 machines of CI and the Zen and AVX-512
+ * servers alike; Debian's BLIS also selects its kernels at run time but
+ * has no bf16 either, and the reference BLAS is a plain loop. Why at run
+ * time rather than linked: like the CUDA libraries, a BLAS is an
+ * acceleration, not a build dependency: fusec builds with no BLAS
+ * headers or -dev package, and without the library it still runs every
+ * product, through the built-in loop below, a warning-free fallback that
+ * fz_blas_name reports as "none". Only the Fortran symbols sgemm_ and
+ * dgemm_ are used: every BLAS exports them, CBLAS not always.
+ *
+ * Threads. The BLAS is told to use one thread (openblas_set_num_threads,
+ * bli_thread_set_num_threads) and the product is split across the CPU
+ * target's own pool: a second pool of spinning BLAS threads would fight
+ * the kernels' threads for the same cores right after every product.
+ * The work is cut into units: whole batches when there are enough of them
+ * (attention's B*H products), else slices of at least 64 rows of one
+ * product (a linear layer over B*T tokens), else slices of columns;
+ * about four units per thread, which the pool hands to whichever thread
+ * is free, so a core taken by another process does not hold up the rest.
+ * Each sgemm call packs its own copy of the b panel; at 64 rows a slice,
+ * that is under 2% of its flops.
+ *
+ * Precision. y = a · op(b) accumulates in f32 for f32, bf16 and f16 (as
+ * PyTorch's CPU kernels do) and in f64 for f64. bf16 and f16 operands are
+ * widened to f32 panels first (exact), the f32 result and the bias are
+ * rounded once to the output dtype (nearest even). The interpreter stays
+ * the f64 oracle; the f32 sums stay well inside run --check's tolerances.
+ *
+ * Row-major through a column-major BLAS: y[M,N] = a[M,K] · w[K,N] is, seen
+ * column-major, yᵀ = wᵀ · aᵀ, so the call is gemm(N, N, n=N, m=M, k=K,
+ * b, a, y) with b's transpose flag for linear's w[N, K].
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "numeric.h"
+
+typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int *n,
+			 const int *k, const float *alpha, const float *a, const int *lda,
+			 const float *b, const int *ldb, const float *beta, float *c,
+			 const int *ldc);
+typedef void (*dgemm_fn)(const char *ta, const char *tb, const int *m, const int *n,
+			 const int *k, const double *alpha, const double *a, const int *lda,
+			 const double *b, const int *ldb, const double *beta, double *c,
+			 const int *ldc);
+
+struct fz_blas {
+	void *dl;
+	const char *name;
+	sgemm_fn sgemm;
+	dgemm_fn dgemm;
+	pthread_mutex_t mu;    /* guards scratch: one widened product at a time */
+	void *scratch;
+	size_t cap;
+};
+
+static const struct {
+	const char *file, *name, *threads;
+} libs[] = {
+	{"libopenblas.so.0", "openblas", "openblas_set_num_threads"},
+	{"libblis.so.4", "blis", "bli_thread_set_num_threads"},
+	{"libblas.so.3", "blas", NULL},
+};
+
+static bool try_open(fz_blas *b, const char *file, const char *name, const char *threads)
+{
+	void *dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	if (!dl)
+		return false;
+	sgemm_fn s = (sgemm_fn)dlsym(dl, "sgemm_");
+	dgemm_fn d = (dgemm_fn)dlsym(dl, "dgemm_");
+	if (!s || !d) {
+		dlclose(dl);
+		return false;
+	}
+	if (threads) {
+		void (*set)(int) = (void (*)(int))dlsym(dl, threads);
+		if (set)
+			set(1);
+	}
+	b->dl = dl;
+	b->name = name;
+	b->sgemm = s;
+	b->dgemm = d;
+	return true;
+}
+
+fz_status fz_blas_open(fz_blas **out, char **err)
+{
+	*out = NULL;
+	fz_blas *b = calloc(1, sizeof *b);
+	if (!b) {
+		if (err)
+			*err = fz_strdup("out of memory");
+		return FZ_ENOMEM;
+	}
+	pthread_mutex_init(&b->mu, NULL);
+	b->name = "none";
+	const char *env = getenv("FUSEC_BLAS");
+	if (env && env[0]) {
+		/* the user's choice, by path: "none" keeps the built-in loop */
+		if (strcmp(env, "none"))
+			try_open(b, env, strstr(env, "blis") ? "blis" : strstr(env, "openblas") ?
+				 "openblas" : "blas", strstr(env, "blis") ?
+				 "bli_thread_set_num_threads" : "openblas_set_num_threads");
+	} else {
+		for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !b->dl; i++)
+			try_open(b, libs[i].file, libs[i].name, libs[i].threads);
+	}
+	*out = b;
+	return FZ_OK;
+}
+
+void fz_blas_close(fz_blas *b)
+{
+	if (!b)
+		return;
+	if (b->dl)
+		dlclose(b->dl);
+	free(b->scratch);
+	pthread_mutex_destroy(&b->mu);
+	free(b);
+}
+
+const char *fz_blas_name(const fz_blas *b) { return b ? b->name : "none"; }
+
+/* ---- conversions to and from f32 panels ------------------------------------ */
+
+static void bf16_to_f32(float *dst, const uint16_t *src, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)src[i] << 16;
+		memcpy(&dst[i], &u, 4);
+	}
+}
+
+/* nearest even; a NaN stays a (quiet) NaN */
+static void f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &src[i], 4);
+		uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+		bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+		dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : r);
+	}
+}
+
+static void to_f32(float *dst, const void *src, fz_dtype d, int64_t off, int64_t n)
+{
+	if (d == FZ_BF16) {
+		bf16_to_f32(dst, (const uint16_t *)src + off, n);
+		return;
+	}
+	if (d == FZ_F32) {
+		memcpy(dst, (const float *)src + off, (size_t)n * 4);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = (float)fz_load_f64(src, d, off + i);
+}
+
+static void from_f32(void *dst, fz_dtype d, int64_t off, const float *src, int64_t n)
+{
+	if (d == FZ_BF16) {
+		f32_to_bf16((uint16_t *)dst + off, src, n);
+		return;
+	}
+	if (d == FZ_F32) {
+		memcpy((float *)dst + off, src, (size_t)n * 4);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++)
+		fz_store_f64(dst, d, off + i, src[i]);
+}
+
+/* ---- the split ------------------------------------------------------------------ */
+
+typedef struct job {
+	fz_blas *b;
+	const fz_matmul *m;
+	int64_t nb;                   /* batches */
+	int64_t slices;               /* units per batch */
+	bool by_rows;                 /* slices of rows, else of columns */
+	const float *a32, *b32;       /* widened operands (bf16, f16), else NULL */
+	float *y32;                   /* f32 result before rounding, or NULL */
+	int64_t a_elems, b_elems;     /* what the widen pass converts */
+	bool plain;                   /* no BLAS, or integers: the loop */
+} job;
+
+/* Element offsets of batch t in a and b. */
+static void batch_offsets(const fz_matmul *m, int64_t t, int64_t *ao, int64_t *bo)
+{
+	*ao = *bo = 0;
+	for (int d = m->nbd - 1; d >= 0; d--) {
+		int64_t i = t % m->bshape[d];
+		t /= m->bshape[d];
+		*ao += i * m->a_bstride[d];
+		*bo += i * m->b_bstride[d];
+	}
+}
+
+/* The elements an operand spans over every batch (broadcast ones once). */
+static int64_t span(const fz_matmul *m, const int64_t *st, int64_t mat)
+{
+	int64_t n = mat;
+	for (int d = 0; d < m->nbd; d++)
+		n += (m->bshape[d] - 1) * st[d];
+	return n;
+}
+
+static double load_num(const void *p, fz_dtype d, int64_t i)
+{
+	return fz_dtype_is_float(d) ? fz_load_f64(p, d, i) : (double)fz_load_i64(p, d, i);
+}
+
+/* y[r0..r1, c0..c1) of one batch by the plain loop: f32 sums (f64 for f64),
+ * exact i64 sums for integers. */
+static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_t r0,
+			int64_t r1, int64_t c0, int64_t c1)
+{
+	const fz_matmul *m = J->m;
+	fz_dtype d = m->dtype;
+	int64_t K = m->K, N = m->N;
+	for (int64_t i = r0; i < r1; i++)
+		for (int64_t j = c0; j < c1; j++) {
+			int64_t bi = m->b_trans ? bo + j * K : bo + j;
+			int64_t bs = m->b_trans ? 1 : N;
+			if (!fz_dtype_is_float(d)) {
+				int64_t s = m->bias ? fz_load_i64(m->bias, d, j) : 0;
+				for (int64_t k = 0; k < K; k++)
+					s += fz_load_i64(m->a, d, ao + i * K + k) *
+					     fz_load_i64(m->b, d, bi + k * bs);
+				fz_store_i64(m->y, d, yo + i * N + j, s);
+			} else if (d == FZ_F64) {
+				double s = 0;
+				for (int64_t k = 0; k < K; k++)
+					s += load_num(m->a, d, ao + i * K + k) *
+					     load_num(m->b, d, bi + k * bs);
+				if (m->bias)
+					s += fz_load_f64(m->bias, d, j);
+				fz_store_f64(m->y, d, yo + i * N + j, s);
+			} else {
+				float s = 0;
+				for (int64_t k = 0; k < K; k++)
+					s += (float)load_num(m->a, d, ao + i * K + k) *
+					     (float)load_num(m->b, d, bi + k * bs);
+				if (m->bias)
+					s += (float)fz_load_f64(m->bias, d, j);
+				fz_store_f64(m->y, d, yo + i * N + j, s);
+			}
+		}
+}
+
+/* Unit u: batch u / slices, rows or columns [lo, hi) of it. */
+static void unit_range(const job *J, int64_t u, int64_t *t, int64_t *lo, int64_t *hi)
+{
+	const fz_matmul *m = J->m;
+	int64_t ext = J->by_rows ? m->M : m->N;
+	int64_t s = u % J->slices, chunk = (ext + J->slices - 1) / J->slices;
+	*t = u / J->slices;
+	*lo = s * chunk < ext ? s * chunk : ext;
+	*hi = *lo + chunk < ext ? *lo + chunk : ext;
+}
+
+static void run_unit(void *arg, int part, int nparts)
+{
+	(void)nparts;
+	const job *J = arg;
+	const fz_matmul *m = J->m;
+	int64_t t, lo, hi, ao, bo;
+	unit_range(J, part, &t, &lo, &hi);
+	if (lo >= hi)
+		return;
+	batch_offsets(m, t, &ao, &bo);
+	int64_t M = m->M, N = m->N, K = m->K, yo = t * M * N;
+	int64_t r0 = J->by_rows ? lo : 0, r1 = J->by_rows ? hi : M;
+	int64_t c0 = J->by_rows ? 0 : lo, c1 = J->by_rows ? N : hi;
+	if (J->plain) {
+		plain_block(J, ao, bo, yo, r0, r1, c0, c1);
+		return;
+	}
+	int mm = (int)(r1 - r0), nn = (int)(c1 - c0), kk = (int)K;
+	int lda = (int)K, ldb = m->b_trans ? (int)K : (int)N, ldc = (int)N;
+	const char *tb = m->b_trans ? "T" : "N";
+	int64_t boff = m->b_trans ? bo + c0 * K : bo + c0;
+	if (m->dtype == FZ_F64) {
+		double *y = (double *)m->y + yo;
+		const double *bias = m->bias;
+		double beta = bias ? 1.0 : 0.0, one = 1.0;
+		for (int64_t i = r0; bias && i < r1; i++)
+			memcpy(y + i * N + c0, bias + c0, sizeof *y * (size_t)nn);
+		if (kk == 0) {
+			for (int64_t i = r0; !bias && i < r1; i++)
+				memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
+			return;
+		}
+		J->b->dgemm(tb, "N", &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
+			    (const double *)m->a + ao + r0 * K, &lda, &beta, y + r0 * N + c0, &ldc);
+		return;
+	}
+	/* f32 directly into y; bf16 and f16 into the f32 panel, then rounded */
+	const float *A = J->a32 ? J->a32 : (const float *)m->a;
+	const float *B = J->b32 ? J->b32 : (const float *)m->b;
+	float *y = J->y32 ? J->y32 + yo : (float *)m->y + yo;
+	float beta = m->bias ? 1.0f : 0.0f, one = 1.0f;
+	for (int64_t i = r0; m->bias && i < r1; i++)
+		to_f32(y + i * N + c0, m->bias, m->dtype, c0, nn);
+	if (kk == 0) {
+		for (int64_t i = r0; !m->bias && i < r1; i++)
+			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
+	} else {
+		J->b->sgemm(tb, "N", &nn, &mm, &kk, &one, B + boff, &ldb, A + ao + r0 * K,
+			    &lda, &beta, y + r0 * N + c0, &ldc);
+	}
+	if (J->y32)
+		for (int64_t i = r0; i < r1; i++)
+			from_f32(m->y, m->dtype, yo + i * N + c0, y + i * N + c0, nn);
+}
+
+/* The widening pass: part p of n converts its share of a, then of b. */
+static void widen(void *arg, int part, int nparts)
+{
+	const job *J = arg;
+	const fz_matmul *m = J->m;
+	int64_t tot = J->a_elems + J->b_elems;
+	int64_t chunk = (tot + nparts - 1) / nparts;
+	int64_t s = part * chunk, e = s + chunk < tot ? s + chunk : tot;
+	if (s < J->a_elems) {
+		int64_t ae = e < J->a_elems ? e : J->a_elems;
+		to_f32((float *)J->a32 + s, m->a, m->dtype, s, ae - s);
+		s = ae;
+	}
+	if (s < e) {
+		int64_t o = s - J->a_elems;
+		to_f32((float *)J->b32 + o, m->b, m->dtype, o, e - s);
+	}
+}
+
+fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **err)
+{
+	int64_t M = m->M, N = m->N, K = m->K, nb = 1;
+	for (int d = 0; d < m->nbd; d++)
+		nb *= m->bshape[d];
+	if (M <= 0 || N <= 0 || nb <= 0)
+		return FZ_OK;
+	bool plain = !b || !b->dl || !fz_dtype_is_float(m->dtype);
+	if (!plain && (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)) {
+		if (err)
+			*err = fz_strdup_printf("region %d: a matrix product of %lld x %lld "
+						"x %lld passes the BLAS's 32-bit extents",
+						m->region, (long long)M, (long long)K,
+						(long long)N);
+		return FZ_EUNSUPPORTED;
+	}
+	int T = fz_pool_threads(pool);
+	job J = {.b = b, .m = m, .nb = nb, .slices = 1, .by_rows = true, .plain = plain};
+	/* about four units per thread: whole batches, or slices of >= 64 rows,
+	 * or of >= 64 columns */
+	int64_t want = 4 * (int64_t)T;
+	if (nb < want) {
+		int64_t per = (want + nb - 1) / nb;
+		int64_t rows = M / 64 > 0 ? M / 64 : 1, cols = N / 64 > 0 ? N / 64 : 1;
+		J.by_rows = rows >= cols || rows >= per;
+		int64_t lim = J.by_rows ? rows : cols;
+		J.slices = per < lim ? per : lim;
+	}
+	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
+	bool locked = false;
+	if (widened) {
+		J.a_elems = span(m, m->a_bstride, M * K);
+		J.b_elems = span(m, m->b_bstride, K * N);
+		size_t need = sizeof(float) * (size_t)(J.a_elems + J.b_elems + nb * M * N);
+		pthread_mutex_lock(&b->mu);
+		locked = true;
+		if (need > b->cap) {
+			free(b->scratch);
+			b->cap = 0;
+			b->scratch = aligned_alloc(64, (need + 63) / 64 * 64);
+			if (!b->scratch) {
+				pthread_mutex_unlock(&b->mu);
+				if (err)
+					*err = fz_strdup_printf("region %d: out of memory for "
+								"the f32 panels of a product",
+								m->region);
+				return FZ_ENOMEM;
+			}
+			b->cap = need;
+		}
+		float *s = b->scratch;
+		J.a32 = s;
+		J.b32 = s + J.a_elems;
+		J.y32 = s + J.a_elems + J.b_elems;
+		fz_pool_run(pool, T, widen, &J);
+	}
+	int64_t units = nb * J.slices; /* slices > 1 only when nb < 4 T */
+	if (units > INT32_MAX) {
+		if (locked)
+			pthread_mutex_unlock(&b->mu);
+		if (err)
+			*err = fz_strdup_printf("region %d: %lld batches of a product",
+						m->region, (long long)nb);
+		return FZ_EUNSUPPORTED;
+	}
+	fz_pool_run(pool, (int)units, run_unit, &J);
+	if (locked)
+		pthread_mutex_unlock(&b->mu);
+	return FZ_OK;
+}

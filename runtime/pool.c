@@ -1,0 +1,210 @@
+/*
+ * pool.c: the CPU target's thread pool (pool.h).
+ *
+ * The state of a job (its function, argument, part count and the counters
+ * next and finished) lives in the pool, under one mutex for what the
+ * threads wait on and two atomics for the parts:
+ *
+ *     caller                               worker
+ *     lock job_mu (one job at a time)
+ *     lock mu; wait until active == 0      lock mu
+ *     fn, arg, nparts; next = finished = 0 wait until gen != seen (or quit)
+ *     gen++; broadcast wake; unlock        seen = gen; active++; copy the job
+ *     take parts (next++ < nparts)         unlock; take parts
+ *     lock mu; wait until finished ==      lock mu; active--; broadcast idle
+ *     nparts; unlock; unlock job_mu
+ *
+ * The last part to finish broadcasts `done` under mu, so the caller's
+ * check cannot miss it. A worker that wakes late (the job already done)
+ * takes no part: next is past nparts. A new job waits until no worker is
+ * still inside the previous one (active == 0), so no worker can take a
+ * part of the new job with the old job's function: workers copy the job
+ * under the mutex when they join it, and the counters are reset only
+ * when nobody is left holding a copy.
+ *
+ * Waiting is sleeping on condition variables, never spinning: the machines
+ * this runs on are often shared, and a spinning thread takes a core from
+ * the thread that has the work.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pool.h"
+#include "ir.h"
+
+struct fz_pool {
+	int n;                   /* threads, the caller's included */
+	pthread_t *th;           /* n - 1 workers */
+	int started;             /* workers created */
+	pthread_mutex_t job_mu;  /* one job at a time */
+	pthread_mutex_t mu;
+	pthread_cond_t wake;     /* a new job (gen) or quit */
+	pthread_cond_t done;     /* finished reached nparts, or active fell */
+	unsigned long gen;
+	bool quit;
+	int active;              /* workers holding a copy of the job */
+	fz_pool_fn fn;
+	void *arg;
+	int nparts;
+	atomic_int next;         /* the next part to hand out */
+	atomic_int finished;     /* parts returned */
+};
+
+static _Thread_local fz_pool *running; /* the pool whose part this thread runs */
+
+int fz_cpu_count(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0) {
+		int n = CPU_COUNT(&set);
+		if (n > 0)
+			return n;
+	}
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+/* Takes parts of the job (fn, arg, nparts) until none is left. */
+static void take_parts(fz_pool *p, fz_pool_fn fn, void *arg, int nparts)
+{
+	fz_pool *outer = running;
+	running = p;
+	for (;;) {
+		int i = atomic_fetch_add(&p->next, 1);
+		if (i >= nparts)
+			break;
+		fn(arg, i, nparts);
+		if (atomic_fetch_add(&p->finished, 1) + 1 == nparts) {
+			pthread_mutex_lock(&p->mu);
+			pthread_cond_broadcast(&p->done);
+			pthread_mutex_unlock(&p->mu);
+		}
+	}
+	running = outer;
+}
+
+static void *worker(void *arg)
+{
+	fz_pool *p = arg;
+	unsigned long seen = 0;
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (!p->quit && p->gen == seen)
+			pthread_cond_wait(&p->wake, &p->mu);
+		if (p->quit)
+			break;
+		seen = p->gen;
+		p->active++;
+		fz_pool_fn fn = p->fn;
+		void *a = p->arg;
+		int nparts = p->nparts;
+		pthread_mutex_unlock(&p->mu);
+		take_parts(p, fn, a, nparts);
+		pthread_mutex_lock(&p->mu);
+		if (--p->active == 0)
+			pthread_cond_broadcast(&p->done);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+fz_status fz_pool_new(int threads, fz_pool **out, char **err)
+{
+	*out = NULL;
+	if (threads <= 0)
+		threads = fz_cpu_count();
+	if (threads > 1024)
+		threads = 1024;
+	fz_pool *p = calloc(1, sizeof *p);
+	if (!p || !(p->th = calloc((size_t)threads, sizeof *p->th))) {
+		free(p);
+		if (err)
+			*err = fz_strdup("out of memory");
+		return FZ_ENOMEM;
+	}
+	p->n = threads;
+	pthread_mutex_init(&p->job_mu, NULL);
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->wake, NULL);
+	pthread_cond_init(&p->done, NULL);
+	atomic_init(&p->next, 0);
+	atomic_init(&p->finished, 0);
+	for (int i = 0; i < threads - 1; i++) {
+		int rc = pthread_create(&p->th[i], NULL, worker, p);
+		if (rc) {
+			if (err)
+				*err = fz_strdup_printf("cannot start thread %d of the CPU "
+							"pool: %s", i + 1, strerror(rc));
+			fz_pool_free(p);
+			return FZ_ERUNTIME;
+		}
+		p->started++;
+	}
+	*out = p;
+	return FZ_OK;
+}
+
+void fz_pool_free(fz_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->quit = true;
+	pthread_cond_broadcast(&p->wake);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 0; i < p->started; i++)
+		pthread_join(p->th[i], NULL);
+	pthread_cond_destroy(&p->wake);
+	pthread_cond_destroy(&p->done);
+	pthread_mutex_destroy(&p->mu);
+	pthread_mutex_destroy(&p->job_mu);
+	free(p->th);
+	free(p);
+}
+
+int fz_pool_threads(const fz_pool *p) { return p ? p->n : 1; }
+
+int fz_pool_parts(const fz_pool *p, int64_t items, int64_t min_items)
+{
+	int most = 4 * fz_pool_threads(p);
+	if (!p || p->n <= 1 || items <= 0)
+		return 1;
+	int64_t n = items / (min_items > 0 ? min_items : 1);
+	return n < 1 ? 1 : n > most ? most : (int)n;
+}
+
+void fz_pool_run(fz_pool *p, int nparts, fz_pool_fn fn, void *arg)
+{
+	if (nparts <= 0)
+		return;
+	if (!p || p->started == 0 || nparts == 1 || running == p) {
+		/* no workers, nothing to share, or a part of this pool's own
+		 * job asking: in order, here */
+		for (int i = 0; i < nparts; i++)
+			fn(arg, i, nparts);
+		return;
+	}
+	pthread_mutex_lock(&p->job_mu);
+	pthread_mutex_lock(&p->mu);
+	while (p->active > 0)
+		pthread_cond_wait(&p->done, &p->mu);
+	p->fn = fn;
+	p->arg = arg;
+	p->nparts = nparts;
+	atomic_store(&p->next, 0);
+	atomic_store(&p->finished, 0);
+	p->gen++;
+	pthread_cond_broadcast(&p->wake);
+	pthread_mutex_unlock(&p->mu);
+	take_parts(p, fn, arg, nparts);
+	pthread_mutex_lock(&p->mu);
+	while (atomic_load(&p->finished) < nparts)
+		pthread_cond_wait(&p->done, &p->mu);
+	pthread_mutex_unlock(&p->mu);
+	pthread_mutex_unlock(&p->job_mu);
+}

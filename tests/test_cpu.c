@@ -1,0 +1,504 @@
+/*
+ * test_cpu.c: the CPU target's pieces: the thread pool (pool.c), host
+ * kernels split into parts (the skeletons' host entry points), and matrix
+ * products through the BLAS or the built-in loop (blas.c).
+ *
+ * Parts: every kernel of a set of traces (pointwise of several shape
+ * groups, bf16, inner and outer reductions, normalizations, scans, top-k,
+ * index_add's serial scatter) is run whole, as (0, 1), and then as n parts for n = 2
+ * .. 7, in reverse order and on the pool; the outputs must be the same
+ * bytes. Products: fz_cpu_matmul against an f64 loop over the same
+ * operands for every float dtype and i64, linear with bias, batch
+ * broadcast, degenerate extents, on a pool of three threads, through the
+ * BLAS that is installed and through the loop (FUSEC_BLAS=none).
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "codegen.h"
+#include "fusec.h"
+#include "ir.h"
+#include "numeric.h"
+#include "pool.h"
+
+/* ---- the pool --------------------------------------------------------------------- */
+
+typedef struct count_job {
+	atomic_int hits[64];
+	atomic_int calls;
+	int nparts_seen;
+} count_job;
+
+static void count_part(void *arg, int part, int nparts)
+{
+	count_job *j = arg;
+	atomic_fetch_add(&j->hits[part], 1);
+	atomic_fetch_add(&j->calls, 1);
+	j->nparts_seen = nparts;
+}
+
+START_TEST(pool_every_part_once)
+{
+	for (int threads = 1; threads <= 4; threads++) {
+		fz_pool *p = NULL;
+		ck_assert_int_eq(fz_pool_new(threads, &p, NULL), FZ_OK);
+		ck_assert_int_eq(fz_pool_threads(p), threads);
+		for (int rep = 0; rep < 300; rep++) {
+			int n = 1 + rep % 64;
+			count_job j;
+			memset(&j, 0, sizeof j);
+			fz_pool_run(p, n, count_part, &j);
+			ck_assert_int_eq(atomic_load(&j.calls), n);
+			for (int i = 0; i < 64; i++)
+				ck_assert_int_eq(atomic_load(&j.hits[i]), i < n ? 1 : 0);
+			ck_assert_int_eq(j.nparts_seen, n);
+		}
+		count_job j;
+		memset(&j, 0, sizeof j);
+		fz_pool_run(p, 0, count_part, &j);
+		ck_assert_int_eq(atomic_load(&j.calls), 0);
+		fz_pool_free(p);
+	}
+	fz_pool_free(NULL);
+}
+END_TEST
+
+typedef struct nest_job {
+	fz_pool *p;
+	atomic_int inner;
+} nest_job;
+
+static void inner_part(void *arg, int part, int nparts)
+{
+	(void)part;
+	(void)nparts;
+	atomic_fetch_add(&((nest_job *)arg)->inner, 1);
+}
+
+static void outer_part(void *arg, int part, int nparts)
+{
+	(void)part;
+	(void)nparts;
+	nest_job *j = arg;
+	fz_pool_run(j->p, 5, inner_part, j); /* inline, not a deadlock */
+}
+
+START_TEST(pool_nested_runs_inline)
+{
+	fz_pool *p = NULL;
+	ck_assert_int_eq(fz_pool_new(3, &p, NULL), FZ_OK);
+	nest_job j = {p, 0};
+	fz_pool_run(p, 7, outer_part, &j);
+	ck_assert_int_eq(atomic_load(&j.inner), 35);
+	fz_pool_free(p);
+}
+END_TEST
+
+static void *submitter(void *arg)
+{
+	fz_pool *p = arg;
+	for (int rep = 0; rep < 200; rep++) {
+		count_job j;
+		memset(&j, 0, sizeof j);
+		fz_pool_run(p, 1 + rep % 17, count_part, &j);
+		if (atomic_load(&j.calls) != 1 + rep % 17)
+			return (void *)1;
+	}
+	return NULL;
+}
+
+START_TEST(pool_two_callers)
+{
+	fz_pool *p = NULL;
+	ck_assert_int_eq(fz_pool_new(3, &p, NULL), FZ_OK);
+	pthread_t a, b;
+	void *ra, *rb;
+	pthread_create(&a, NULL, submitter, p);
+	pthread_create(&b, NULL, submitter, p);
+	pthread_join(a, &ra);
+	pthread_join(b, &rb);
+	ck_assert_ptr_null(ra);
+	ck_assert_ptr_null(rb);
+	fz_pool_free(p);
+}
+END_TEST
+
+START_TEST(pool_parts_bounds)
+{
+	fz_pool *p = NULL;
+	ck_assert_int_eq(fz_pool_new(2, &p, NULL), FZ_OK);
+	ck_assert_int_eq(fz_pool_parts(p, 0, 1), 1);
+	ck_assert_int_eq(fz_pool_parts(p, 100, 1000), 1);
+	ck_assert_int_eq(fz_pool_parts(p, 3000, 1000), 3);
+	ck_assert_int_eq(fz_pool_parts(p, 1 << 30, 1000), 8);
+	ck_assert_int_eq(fz_pool_parts(NULL, 1 << 30, 1), 1);
+	fz_pool_free(p);
+	ck_assert_int_ge(fz_cpu_count(), 1);
+}
+END_TEST
+
+/* ---- host kernels in parts ----------------------------------------------------------- */
+
+static const char *part_traces[] = {
+	/* pointwise, bf16, 8-wide lanes, and an extent that halves them */
+	"trace a(x: bf16[37, 64], b: bf16[64], z: f32[5, 12]) {\n"
+	"  y = gelu(add(x, b), approximate=tanh)\n"
+	"  w = exp(z)\n"
+	"  return y, w\n}\n",
+	/* odd sizes: lanes of 1 */
+	"trace b(x: f32[13, 7]) {\n  y = mul(sigmoid(x), x)\n  return y\n}\n",
+	/* inner reductions and a normalization */
+	"trace c(x: f32[29, 40], w: f32[40], b: f32[40]) {\n"
+	"  y = layer_norm(x, w, b, dims=[1], eps=1e-5)\n  return y\n}\n",
+	"trace d(x: bf16[17, 96], w: bf16[96]) {\n"
+	"  y = rms_norm(x, w, dims=[1], eps=1e-5)\n  return y\n}\n",
+	"trace e(x: f32[31, 24]) {\n  y = softmax(x, dim=1)\n  m = amax(x, dims=[1])\n"
+	"  return y, m\n}\n",
+	/* an outer reduction: rows are columns */
+	"trace f(x: f32[50, 19]) {\n  s = sum(x, dims=[0])\n  return s\n}\n",
+	/* scan and selection: rows of the part */
+	"trace h(x: f32[13, 40]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
+	"trace i(x: bf16[6, 9, 5]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
+	"trace j(x: f32[11, 30]) {\n  v, k = topk(x, k=4, dim=1)\n  return v, k\n}\n",
+	/* index_add: the scatter runs in part 0 only */
+	"trace g(x: f32[6, 8], i: i64[20], s: f32[20, 8]) {\n"
+	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
+};
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double urand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+typedef struct parts_ctx {
+	fz_compiler *c;
+	fz_pool *pool;
+	int kernels;
+} parts_ctx;
+
+typedef struct part_call {
+	fz_host_fn fn;
+	void **bufs;
+	int32_t *bad;
+} part_call;
+
+static void call_part(void *arg, int part, int nparts)
+{
+	part_call *pc = arg;
+	pc->fn(pc->bufs, NULL, pc->bad, part, nparts);
+}
+
+static fz_status check_parts(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)op;
+	(void)err;
+	parts_ctx *x = ud;
+	ck_assert_int_eq(fz_kernel_jit(x->c, k, err), FZ_OK);
+	int nb = r->n_in + r->n_out;
+	void **bufs = calloc((size_t)nb, sizeof *bufs), **ref = calloc((size_t)nb, sizeof *ref);
+	size_t *bytes = calloc((size_t)nb, sizeof *bytes);
+	for (int i = 0; i < nb; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		int64_t n = fz_type_numel_at(&v->type, NULL);
+		fz_dtype d = v->type.dtype;
+		bytes[i] = (size_t)n * fz_dtype_size(d);
+		bufs[i] = aligned_alloc(64, (bytes[i] + 63) / 64 * 64);
+		ref[i] = aligned_alloc(64, (bytes[i] + 63) / 64 * 64);
+		for (int64_t e = 0; e < n; e++) {
+			if (i >= r->n_in)
+				break;
+			if (fz_dtype_is_float(d))
+				fz_store_f64(bufs[i], d, e, 4 * urand() - 2);
+			else /* an index: 0 .. 5, inside every extent above */
+				fz_store_i64(bufs[i], d, e, (int64_t)(urand() * 6));
+		}
+		if (i < r->n_in)
+			memcpy(ref[i], bufs[i], bytes[i]);
+	}
+	int32_t bad = 0;
+	k->host(ref, NULL, &bad, 0, 1);
+	ck_assert_int_eq(bad, 0);
+	for (int n = 2; n <= 7; n++) {
+		for (int i = r->n_in; i < nb; i++)
+			memset(bufs[i], 0xA5, bytes[i]);
+		for (int p = n - 1; p >= 0; p--) /* reverse order */
+			k->host(bufs, NULL, &bad, p, n);
+		for (int i = r->n_in; i < nb; i++)
+			ck_assert_msg(!memcmp(bufs[i], ref[i], bytes[i]),
+				      "region %d: %d parts differ from one", r->id, n);
+		for (int i = r->n_in; i < nb; i++)
+			memset(bufs[i], 0x5A, bytes[i]);
+		part_call pc = {k->host, bufs, &bad};
+		fz_pool_run(x->pool, n, call_part, &pc);
+		for (int i = r->n_in; i < nb; i++)
+			ck_assert_msg(!memcmp(bufs[i], ref[i], bytes[i]),
+				      "region %d: %d parts on the pool differ", r->id, n);
+	}
+	/* each output byte is written by exactly one part: part p alone,
+	 * over two fills, changes only its own chunk (no part redoes the
+	 * work of another, which equal results would not show) */
+	for (int n = 2; n <= 5; n++) {
+		for (int i = r->n_in; i < nb; i++) {
+			unsigned char *owner = calloc(bytes[i] + 1, 1);
+			for (int p = 0; p < n; p++) {
+				bool wrote_any = false;
+				unsigned char *w = calloc(bytes[i] + 1, 1);
+				for (int f = 0; f < 2; f++) {
+					int fill = f ? 0x5A : 0xA5;
+					for (int j = r->n_in; j < nb; j++)
+						memset(bufs[j], fill, bytes[j]);
+					k->host(bufs, NULL, &bad, p, n);
+					for (size_t b = 0; b < bytes[i]; b++)
+						if (((unsigned char *)bufs[i])[b] != fill)
+							w[b] = 1;
+				}
+				for (size_t b = 0; b < bytes[i]; b++) {
+					if (!w[b])
+						continue;
+					wrote_any = true;
+					ck_assert_msg(!owner[b], "region %d: parts %d and %d of %d "
+						      "both write byte %zu of output %d", r->id,
+						      owner[b] - 1, p, n, b, i - r->n_in);
+					owner[b] = (unsigned char)(p + 1);
+				}
+				(void)wrote_any;
+				free(w);
+			}
+			for (size_t b = 0; b < bytes[i]; b++)
+				ck_assert_msg(owner[b], "region %d: no part of %d writes byte "
+					      "%zu of output %d", r->id, n, b, i - r->n_in);
+			free(owner);
+		}
+	}
+	ck_assert_int_eq(bad, 0);
+	for (int i = 0; i < nb; i++) {
+		free(bufs[i]);
+		free(ref[i]);
+	}
+	free(bufs);
+	free(ref);
+	free(bytes);
+	x->kernels++;
+	return FZ_OK;
+}
+
+START_TEST(kernels_in_parts)
+{
+	const char *src = part_traces[_i];
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(src, strlen(src), "<t>", &m, &err), FZ_OK);
+	fz_trace *t = fz_module_trace(m, 0);
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_OK);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	parts_ctx x = {0};
+	ck_assert_int_eq(fz_compiler_new(&o, &x.c, &err), FZ_OK);
+	ck_assert_int_eq(fz_pool_new(3, &x.pool, &err), FZ_OK);
+	fz_status st = fz_compile_trace(x.c, t, NULL, -1, check_parts, &x, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_gt(x.kernels, 0);
+	fz_pool_free(x.pool);
+	fz_compiler_free(x.c);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- matrix products -------------------------------------------------------------------- */
+
+/* y = a op(b) (+ bias) in f64 (i64 for integers), then stored in m's dtype. */
+static void reference(const fz_matmul *m, void *y)
+{
+	int64_t nb = 1;
+	for (int d = 0; d < m->nbd; d++)
+		nb *= m->bshape[d];
+	for (int64_t t = 0; t < nb; t++) {
+		int64_t ao = 0, bo = 0, r = t;
+		for (int d = m->nbd - 1; d >= 0; d--) {
+			ao += r % m->bshape[d] * m->a_bstride[d];
+			bo += r % m->bshape[d] * m->b_bstride[d];
+			r /= m->bshape[d];
+		}
+		for (int64_t i = 0; i < m->M; i++)
+			for (int64_t j = 0; j < m->N; j++) {
+				double s = 0;
+				int64_t si = 0;
+				for (int64_t k = 0; k < m->K; k++) {
+					int64_t bi = m->b_trans ? bo + j * m->K + k : bo + k * m->N + j;
+					if (fz_dtype_is_float(m->dtype))
+						s += fz_load_f64(m->a, m->dtype, ao + i * m->K + k) *
+						     fz_load_f64(m->b, m->dtype, bi);
+					else
+						si += fz_load_i64(m->a, m->dtype, ao + i * m->K + k) *
+						      fz_load_i64(m->b, m->dtype, bi);
+				}
+				int64_t o = (t * m->M + i) * m->N + j;
+				if (fz_dtype_is_float(m->dtype))
+					fz_store_f64(y, m->dtype, o, s + (m->bias ?
+						     fz_load_f64(m->bias, m->dtype, j) : 0));
+				else
+					fz_store_i64(y, m->dtype, o, si + (m->bias ?
+						     fz_load_i64(m->bias, m->dtype, j) : 0));
+			}
+	}
+}
+
+static void *filled(fz_dtype d, int64_t n)
+{
+	void *p = malloc((size_t)(n > 0 ? n : 1) * fz_dtype_size(d));
+	for (int64_t i = 0; i < n; i++) {
+		if (fz_dtype_is_float(d))
+			fz_store_f64(p, d, i, 2 * urand() - 1);
+		else
+			fz_store_i64(p, d, i, (int64_t)(urand() * 7) - 3);
+	}
+	return p;
+}
+
+typedef struct mm_case {
+	int64_t M, N, K;
+	bool trans, bias;
+	int nbd;
+	int64_t bshape[2];
+	bool a_bcast[2], b_bcast[2];
+} mm_case;
+
+static const mm_case mm_cases[] = {
+	{70, 90, 130, false, false, 0, {0}, {0}, {0}},
+	{1, 33, 65, false, false, 0, {0}, {0}, {0}},       /* a row */
+	{300, 1, 17, false, false, 0, {0}, {0}, {0}},      /* a column */
+	{129, 40, 64, true, true, 0, {0}, {0}, {0}},       /* linear with bias */
+	{9, 11, 0, true, true, 0, {0}, {0}, {0}},          /* K = 0: the bias */
+	{16, 8, 24, false, false, 2, {3, 5}, {false, false}, {true, false}},
+	{20, 12, 8, false, false, 1, {9}, {true}, {false}},
+};
+
+static void run_mm_cases(fz_blas *b, fz_pool *pool)
+{
+	static const fz_dtype dts[] = {FZ_F32, FZ_BF16, FZ_F16, FZ_F64, FZ_I64};
+	for (size_t c = 0; c < sizeof mm_cases / sizeof mm_cases[0]; c++)
+		for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+			const mm_case *mc = &mm_cases[c];
+			fz_dtype d = dts[di];
+			fz_matmul m = {.region = 1, .dtype = d, .M = mc->M, .N = mc->N,
+				       .K = mc->K, .b_trans = mc->trans, .nbd = mc->nbd};
+			int64_t as = mc->M * mc->K, bs = mc->K * mc->N, nb = 1;
+			for (int i = mc->nbd - 1; i >= 0; i--) {
+				m.bshape[i] = mc->bshape[i];
+				m.a_bstride[i] = mc->a_bcast[i] ? 0 : as;
+				m.b_bstride[i] = mc->b_bcast[i] ? 0 : bs;
+				as *= mc->a_bcast[i] ? 1 : mc->bshape[i];
+				bs *= mc->b_bcast[i] ? 1 : mc->bshape[i];
+				nb *= mc->bshape[i];
+			}
+			void *A = filled(d, as), *B = filled(d, bs);
+			void *bias = mc->bias ? filled(d, mc->N) : NULL;
+			int64_t ny = nb * mc->M * mc->N;
+			void *Y = filled(d, ny), *R = filled(d, ny);
+			m.a = A;
+			m.b = B;
+			m.bias = bias;
+			m.y = Y;
+			char *err = NULL;
+			ck_assert_int_eq(fz_cpu_matmul(b, pool, &m, &err), FZ_OK);
+			reference(&m, R);
+			/* f32 sums of K products of |x| <= 1: within K * 2^-22 */
+			double tol = d == FZ_F64 ? 1e-12 : d == FZ_F32 ? 1e-6 * (double)(mc->K + 1) :
+				     d == FZ_F16 ? 2e-3 * (double)(mc->K + 1) : 0;
+			for (int64_t i = 0; i < ny; i++) {
+				double g = fz_dtype_is_float(d) ? fz_load_f64(Y, d, i) :
+					   (double)fz_load_i64(Y, d, i);
+				double w = fz_dtype_is_float(d) ? fz_load_f64(R, d, i) :
+					   (double)fz_load_i64(R, d, i);
+				double lim = d == FZ_BF16 ? fabs(w) * 0x1p-7 + 1e-3 * (double)(mc->K + 1) : tol;
+				ck_assert_msg(fabs(g - w) <= lim, "%s case %zu [%lld]: got %g want %g (%s)",
+					      fz_dtype_name(d), c, (long long)i, g, w, fz_blas_name(b));
+			}
+			free(A);
+			free(B);
+			free(bias);
+			free(Y);
+			free(R);
+		}
+}
+
+START_TEST(matmul_blas)
+{
+	fz_blas *b = NULL;
+	fz_pool *p = NULL;
+	unsetenv("FUSEC_BLAS");
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	ck_assert_int_eq(fz_pool_new(3, &p, NULL), FZ_OK);
+	run_mm_cases(b, p);
+	run_mm_cases(b, NULL);
+	fz_pool_free(p);
+	fz_blas_close(b);
+}
+END_TEST
+
+START_TEST(matmul_loop)
+{
+	fz_blas *b = NULL;
+	fz_pool *p = NULL;
+	setenv("FUSEC_BLAS", "none", 1);
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	unsetenv("FUSEC_BLAS");
+	ck_assert_str_eq(fz_blas_name(b), "none");
+	ck_assert_int_eq(fz_pool_new(2, &p, NULL), FZ_OK);
+	run_mm_cases(b, p);
+	run_mm_cases(NULL, p);
+	fz_pool_free(p);
+	fz_blas_close(b);
+	fz_blas_close(NULL);
+}
+END_TEST
+
+START_TEST(matmul_bad_library)
+{
+	fz_blas *b = NULL;
+	setenv("FUSEC_BLAS", "/nonexistent/libopenblas.so.0", 1);
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	unsetenv("FUSEC_BLAS");
+	ck_assert_str_eq(fz_blas_name(b), "none"); /* not opened: the loop */
+	fz_blas_close(b);
+}
+END_TEST
+
+static Suite *cpu_suite(void)
+{
+	Suite *s = suite_create("cpu");
+	TCase *tc = tcase_create("pool");
+	tcase_add_test(tc, pool_every_part_once);
+	tcase_add_test(tc, pool_nested_runs_inline);
+	tcase_add_test(tc, pool_two_callers);
+	tcase_add_test(tc, pool_parts_bounds);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("parts");
+	tcase_add_loop_test(tc, kernels_in_parts, 0,
+			    (int)(sizeof part_traces / sizeof part_traces[0]));
+	suite_add_tcase(s, tc);
+	tc = tcase_create("matmul");
+	tcase_add_test(tc, matmul_blas);
+	tcase_add_test(tc, matmul_loop);
+	tcase_add_test(tc, matmul_bad_library);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(cpu_suite());
+	srunner_run_all(r, CK_NORMAL);
+	int failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}
