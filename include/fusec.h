@@ -212,6 +212,16 @@ FZ_API fz_status fz_trace_bind(const fz_trace *t, const fz_tensor *inputs, int n
 FZ_API fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
                              const fz_tensor *inputs, int n_in,
                              fz_tensor *outputs, int n_out, char **err);
+/* The reference interpreter for a trace declared `world N`: all N ranks
+ * run in lockstep, each from its own inputs (inputs[r * n_in + i], outputs
+ * likewise), and every collective is computed exactly across them:
+ * all_gather concatenates the ranks' operands along dim in rank order,
+ * reduce_scatter sums them (in f64, rank order, one rounding) and gives
+ * rank r its r-th slice along dim, all_reduce sums. world must be the
+ * trace's; every rank binds the same sizes. */
+FZ_API fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
+                                   int world, const fz_tensor *inputs, int n_in,
+                                   fz_tensor *outputs, int n_out, char **err);
 
 
 /* ---- Prepared programs -------------------------------------------------- */

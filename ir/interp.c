@@ -1388,7 +1388,6 @@ static fz_status run_node(interp *I, const fz_node *n)
 	case FZ_CLASS_SELECT: return run_select(I, n);
 	case FZ_CLASS_LIBRARY:
 		return n->op == FZ_OP_MATMUL ? run_matmul(I, n) : run_linear(I, n);
-	case FZ_CLASS_COLLECTIVE: /* world size 1: each is the identity */
 	case FZ_CLASS_WAIT: {
 		slot *x = S(I, n->in[0]), *y = S(I, n->out[0]);
 		if (x->numel != y->numel || x->dtype != y->dtype)
@@ -1428,44 +1427,21 @@ static fz_status copy_in(interp *I, const fz_tensor *x, slot *s, int i)
 	return FZ_OK;
 }
 
-fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
-			     const fz_tensor *inputs, int n_in,
-			     fz_tensor *outputs, int n_out, char **err)
+/* One rank's state: its slots, set up from its inputs. */
+static fz_status rank_setup(interp *I, const fz_trace *t, const int64_t *syms,
+			    const fz_tensor *inputs, char **err)
 {
-	if (err)
-		*err = NULL;
-	if (!t) {
-		set_err(err, "fz_trace_interpret: trace is NULL");
-		return FZ_EINVAL;
-	}
-	if (t->world > 1) {
-		set_err(err, "the reference interpreter runs world size 1; this trace "
-			"declares world %d", t->world);
-		return FZ_EUNSUPPORTED;
-	}
-	if (n_out != t->n_outputs || (n_out > 0 && !outputs)) {
-		set_err(err, "trace '%s' returns %d value%s; %d output slot%s given",
-			t->name, t->n_outputs, t->n_outputs == 1 ? "" : "s", n_out,
-			n_out == 1 ? "" : "s");
-		return FZ_EINVAL;
-	}
-
-	int64_t syms[FZ_MAX_SYMS];
-	for (int s = 0; s < t->n_syms; s++)
-		syms[s] = sym_sizes ? sym_sizes[s] : -1;
-	fz_status st = bind_into(t, inputs, n_in, syms, err);
-	if (st != FZ_OK)
-		return st;
-
-	interp I = {t, syms, calloc((size_t)(t->n_values ? t->n_values : 1),
-				    sizeof(slot)), err};
-	if (!I.slots) {
+	I->t = t;
+	I->syms = syms;
+	I->err = err;
+	I->slots = calloc((size_t)(t->n_values ? t->n_values : 1), sizeof(slot));
+	if (!I->slots) {
 		set_err(err, "out of memory");
 		return FZ_ENOMEM;
 	}
 	for (int v = 0; v < t->n_values; v++) {
 		const fz_value *val = t->values[v];
-		slot *s = &I.slots[v];
+		slot *s = &I->slots[v];
 		s->dtype = val->type.dtype;
 		s->rank = val->type.rank;
 		for (int d = 0; d < s->rank; d++)
@@ -1474,53 +1450,65 @@ fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
 	}
 	for (int k = 0; k < t->n_nodes; k++)
 		for (int i = 0; i < t->nodes[k]->n_in; i++)
-			I.slots[t->nodes[k]->in[i]->id].uses++;
+			I->slots[t->nodes[k]->in[i]->id].uses++;
 	for (int k = 0; k < t->n_outputs; k++)
-		I.slots[t->outputs[k]->id].output = true;
-
+		I->slots[t->outputs[k]->id].output = true;
+	fz_status st = FZ_OK;
 	for (int i = 0; i < t->n_params && st == FZ_OK; i++) {
-		slot *s = S(&I, t->params[i]);
+		slot *s = S(I, t->params[i]);
 		if (s->uses > 0 || s->output)
-			st = copy_in(&I, &inputs[i], s, i);
+			st = copy_in(I, &inputs[i], s, i);
 	}
+	return st;
+}
 
-	for (int k = 0; k < t->n_nodes && st == FZ_OK; k++) {
-		const fz_node *n = t->nodes[k];
-		for (int j = 0; j < n->n_out && st == FZ_OK; j++) {
-			slot *y = S(&I, n->out[j]);
-			y->data = malloc(nbytes(y));
-			if (!y->data)
-				st = oom(&I, n);
-		}
-		if (st == FZ_OK)
-			st = run_node(&I, n);
-		if (st != FZ_OK)
-			break;
-		for (int i = 0; i < n->n_in; i++)
-			release_use(S(&I, n->in[i]));
-		for (int j = 0; j < n->n_out; j++) {
-			slot *y = S(&I, n->out[j]);
-			if (y->uses == 0 && !y->output) {
-				free(y->data);
-				y->data = NULL;
-			}
+static void rank_free(interp *I)
+{
+	for (int v = 0; I->slots && v < I->t->n_values; v++)
+		free(I->slots[v].data);
+	free(I->slots);
+	I->slots = NULL;
+}
+
+static fz_status alloc_outputs(interp *I, const fz_node *n)
+{
+	for (int j = 0; j < n->n_out; j++) {
+		slot *y = S(I, n->out[j]);
+		y->data = malloc(nbytes(y));
+		if (!y->data)
+			return oom(I, n);
+	}
+	return FZ_OK;
+}
+
+static void release_after(interp *I, const fz_node *n)
+{
+	for (int i = 0; i < n->n_in; i++)
+		release_use(S(I, n->in[i]));
+	for (int j = 0; j < n->n_out; j++) {
+		slot *y = S(I, n->out[j]);
+		if (y->uses == 0 && !y->output) {
+			free(y->data);
+			y->data = NULL;
 		}
 	}
+}
 
-	/* Hand the outputs over; a value returned twice gets a second copy. */
-	void **out_data = NULL;
-	bool *copied = NULL;
-	if (st == FZ_OK) {
-		size_t no = (size_t)(t->n_outputs ? t->n_outputs : 1);
-		out_data = calloc(no, sizeof *out_data);
-		copied = calloc(no, sizeof *copied);
-		if (!out_data || !copied) {
-			set_err(err, "out of memory");
-			st = FZ_ENOMEM;
-		}
+/* Hands rank I's outputs over; a value returned twice gets a second copy. */
+static fz_status rank_outputs(interp *I, fz_tensor *outputs)
+{
+	const fz_trace *t = I->t;
+	char **err = I->err;
+	fz_status st = FZ_OK;
+	size_t no = (size_t)(t->n_outputs ? t->n_outputs : 1);
+	void **out_data = calloc(no, sizeof *out_data);
+	bool *copied = calloc(no, sizeof *copied);
+	if (!out_data || !copied) {
+		set_err(err, "out of memory");
+		st = FZ_ENOMEM;
 	}
 	for (int k = 0; k < t->n_outputs && st == FZ_OK; k++) {
-		slot *s = S(&I, t->outputs[k]);
+		slot *s = S(I, t->outputs[k]);
 		for (int j = 0; j < k; j++)
 			copied[k] |= t->outputs[j] == t->outputs[k];
 		if (!copied[k]) {
@@ -1537,7 +1525,7 @@ fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
 	}
 	if (st == FZ_OK) {
 		for (int k = 0; k < t->n_outputs; k++) {
-			slot *s = S(&I, t->outputs[k]);
+			slot *s = S(I, t->outputs[k]);
 			fz_tensor *o = &outputs[k];
 			memset(o, 0, sizeof *o);
 			o->data = out_data[k];
@@ -1547,7 +1535,7 @@ fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
 			strides_of(s->rank, s->shape, o->strides);
 		}
 		for (int k = 0; k < t->n_outputs; k++)
-			S(&I, t->outputs[k])->data = NULL; /* now the caller's */
+			S(I, t->outputs[k])->data = NULL; /* now the caller's */
 	} else if (out_data) {
 		for (int k = 0; k < t->n_outputs; k++)
 			if (copied[k])
@@ -1555,8 +1543,134 @@ fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
 	}
 	free(out_data);
 	free(copied);
-	for (int v = 0; v < t->n_values; v++)
-		free(I.slots[v].data);
-	free(I.slots);
 	return st;
+}
+
+/* A collective across the ranks in lockstep: every rank's operand is there. */
+static fz_status run_collective(interp *R, int world, const fz_node *n)
+{
+	const void *xs_small[8];
+	const void **xs = world <= 8 ? xs_small : malloc(sizeof(void *) * (size_t)world);
+	if (!xs)
+		return oom(&R[0], n);
+	slot *x0 = S(&R[0], n->in[0]);
+	for (int r = 0; r < world; r++)
+		xs[r] = S(&R[r], n->in[0])->data;
+	fz_status st = FZ_OK;
+	for (int r = 0; r < world && st == FZ_OK; r++) {
+		st = fz_collective_eval(n->op, x0->dtype, x0->rank, x0->shape,
+					n->attrs.dim, world, r, xs,
+					S(&R[r], n->out[0])->data);
+		if (st != FZ_OK)
+			st = fail(&R[r], st, n, "operand disagrees with the world size");
+	}
+	if (xs != xs_small)
+		free((void *)xs);
+	return st;
+}
+
+fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
+				   int world, const fz_tensor *inputs, int n_in,
+				   fz_tensor *outputs, int n_out, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!t) {
+		set_err(err, "fz_trace_interpret: trace is NULL");
+		return FZ_EINVAL;
+	}
+	if (world < 1 || world != t->world) {
+		set_err(err, "trace '%s' is written for world %d; %d rank%s given",
+			t->name, t->world, world, world == 1 ? "" : "s");
+		return FZ_EINVAL;
+	}
+	if (n_out != t->n_outputs || (n_out > 0 && !outputs)) {
+		set_err(err, "trace '%s' returns %d value%s; %d output slot%s given",
+			t->name, t->n_outputs, t->n_outputs == 1 ? "" : "s", n_out,
+			n_out == 1 ? "" : "s");
+		return FZ_EINVAL;
+	}
+	int64_t syms[FZ_MAX_SYMS], rs[FZ_MAX_SYMS];
+	for (int s = 0; s < t->n_syms; s++)
+		syms[s] = sym_sizes ? sym_sizes[s] : -1;
+	fz_status st = bind_into(t, inputs, n_in, syms, err);
+	for (int r = 1; r < world && st == FZ_OK; r++) {
+		for (int s = 0; s < t->n_syms; s++)
+			rs[s] = sym_sizes ? sym_sizes[s] : -1;
+		st = bind_into(t, inputs + (size_t)r * (size_t)n_in, n_in, rs, err);
+		for (int s = 0; s < t->n_syms && st == FZ_OK; s++)
+			if (rs[s] != syms[s]) {
+				set_err(err, "rank %d binds %s = %lld; rank 0 binds %lld: every "
+					"rank runs the same shapes", r, t->syms[s],
+					(long long)rs[s], (long long)syms[s]);
+				st = FZ_EINVAL;
+			}
+	}
+	if (st != FZ_OK)
+		return st;
+	interp *R = calloc((size_t)world, sizeof *R);
+	if (!R) {
+		set_err(err, "out of memory");
+		return FZ_ENOMEM;
+	}
+	for (int r = 0; r < world; r++)
+		R[r].t = t;
+	for (int r = 0; r < world && st == FZ_OK; r++)
+		st = rank_setup(&R[r], t, syms, inputs + (size_t)r * (size_t)n_in, err);
+	for (int k = 0; k < t->n_nodes && st == FZ_OK; k++) {
+		const fz_node *n = t->nodes[k];
+		for (int r = 0; r < world && st == FZ_OK; r++)
+			st = alloc_outputs(&R[r], n);
+		if (st != FZ_OK)
+			break;
+		if (fz_ops[n->op].cls == FZ_CLASS_COLLECTIVE) {
+			st = run_collective(R, world, n);
+		} else {
+			for (int r = 0; r < world && st == FZ_OK; r++) {
+				st = run_node(&R[r], n);
+				if (st != FZ_OK && world > 1 && err && *err) {
+					char *m = *err;
+					*err = NULL;
+					set_err(err, "rank %d: %s", r, m);
+					free(m);
+				}
+			}
+		}
+		for (int r = 0; r < world && st == FZ_OK; r++)
+			release_after(&R[r], n);
+	}
+	int done = 0;
+	for (; done < world && st == FZ_OK; done++)
+		st = rank_outputs(&R[done], outputs + (size_t)done * (size_t)n_out);
+	if (st != FZ_OK) /* give back what earlier ranks handed over */
+		for (int r = 0; r < done - 1; r++)
+			for (int k = 0; k < n_out; k++) {
+				fz_tensor *o = &outputs[(size_t)r * (size_t)n_out + (size_t)k];
+				bool dup = false;
+				for (int j = 0; j < k; j++)
+					dup |= outputs[(size_t)r * (size_t)n_out + (size_t)j].data == o->data;
+				if (!dup)
+					free(o->data);
+				o->data = NULL;
+			}
+	for (int r = 0; r < world; r++)
+		rank_free(&R[r]);
+	free(R);
+	return st;
+}
+
+fz_status fz_trace_interpret(const fz_trace *t, const int64_t *sym_sizes,
+			     const fz_tensor *inputs, int n_in,
+			     fz_tensor *outputs, int n_out, char **err)
+{
+	if (t && t->world > 1) {
+		if (err)
+			*err = NULL;
+		set_err(err, "trace '%s' declares world %d: interpret its %d ranks "
+			"together (fz_trace_interpret_world)", t->name, t->world,
+			t->world);
+		return FZ_EUNSUPPORTED;
+	}
+	return fz_trace_interpret_world(t, sym_sizes, 1, inputs, n_in, outputs,
+					n_out, err);
 }

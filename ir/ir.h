@@ -340,6 +340,19 @@ typedef struct fz_buf {
 	bool oom;
 } fz_buf;
 
+/* What collective `op` gives rank `rank` of `world`, whose operands (one
+ * per rank, each of dtype dt and extents xshape[0..nd)) are xs[0..world),
+ * into y (ir/collective.c): exact, the same for the interpreter and the
+ * CPU communicator. FZ_EINVAL for a bad op, rank or dim. */
+fz_status fz_collective_eval(fz_opcode op, fz_dtype dt, int nd,
+			     const int64_t *xshape, int dim, int world, int rank,
+			     const void *const *xs, void *y);
+
+/* The trace as text with its nodes in `order` (a topological order of all
+ * t->n_nodes nodes), so a scheduled order can be written and read back. */
+fz_status fz_trace_print_ordered(const fz_trace *t, const fz_node *const *order,
+				 char **out);
+
 void fz_buf_printf(fz_buf *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 void fz_buf_puts(fz_buf *b, const char *s);

@@ -7,6 +7,10 @@
  *       schedule    an order of regions that keeps peak live bytes low
  *       horizontal  independent sibling kernels become one, where the
  *                   planned peak does not rise (then schedules again)
+ *       waits       communication (comm.c): each wait right before its
+ *       prefetch    first consumer, all-gathers in order of first use under
+ *       scatter     a cap on bytes in flight, reduce-scatters as soon as
+ *       bucket      their gradient is complete, small gathers coalesced
  *       memplan     an offset in one arena for every buffer
  *
  * The pipeline is the flat list of calls in fz_plan; each pass may dump the
@@ -38,7 +42,8 @@ const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
 };
 
 const char *const fz_pass_names[FZ_PASS_COUNT] = {
-	"partition", "bookend", "schedule", "horizontal", "memplan",
+	"partition", "bookend", "schedule", "horizontal", "waits", "prefetch",
+	"scatter", "bucket", "memplan",
 };
 
 int fz_pass_from_name(const char *name, fz_pass *out)
@@ -57,6 +62,9 @@ void fz_plan_defaults(fz_plan_options *o)
 	memset(o, 0, sizeof *o);
 	o->dump_after = -1;
 	o->horizontal = true;
+	o->comm_waits = o->comm_prefetch = o->comm_scatter = true;
+	o->max_inflight_bytes = (int64_t)1 << 30;
+	o->bucket_bytes = 25 << 20;
 }
 
 fz_value *fz_view_root(const fz_program *p, fz_value *v)
@@ -369,7 +377,9 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 		  fz_program **out, char **err)
 {
 	static fz_status (*const passes[FZ_PASS_COUNT])(fz_program *) = {
-		fz_partition, fz_bookend, fz_schedule, fz_horizontal, fz_memplan,
+		fz_partition, fz_bookend, fz_schedule, fz_horizontal,
+		fz_comm_waits, fz_comm_prefetch, fz_comm_scatter, fz_comm_bucket,
+		fz_memplan,
 	};
 	*out = NULL;
 	fz_program *p = calloc(1, sizeof *p);

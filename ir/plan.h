@@ -3,7 +3,7 @@
  * every intermediate lives.
  *
  * The passes (ir/partition.c, ir/bookend.c, ir/schedule.c,
- * ir/horizontal.c, ir/memplan.c) run in order from fz_plan (ir/plan.c),
+ * ir/horizontal.c, ir/comm.c, ir/memplan.c) run in order from fz_plan (ir/plan.c),
  * each able to dump its result. The
  * code generator reads one region at a time: its nodes (a topological
  * order), the values it reads from outside and the values it makes for
@@ -67,7 +67,10 @@ typedef struct fz_region {
 	int n_nodes;
 	fz_node **nodes;  /* in topological order */
 	int n_in;
-	fz_value **in;    /* read here, defined outside (params or other regions) */
+	fz_value **in;    /* read here, defined outside (params or other regions);
+	                   * a wait region also lists the operands of the
+	                   * collectives it waits on (comm.c: they are read on
+	                   * the communication stream until then) */
 	int n_out;
 	fz_value **out;   /* defined here, used by other regions or returned */
 } fz_region;
@@ -76,6 +79,7 @@ typedef struct fz_region {
 
 typedef enum fz_pass {
 	FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_HORIZONTAL,
+	FZ_PASS_WAITS, FZ_PASS_PREFETCH, FZ_PASS_SCATTER, FZ_PASS_BUCKET,
 	FZ_PASS_MEMPLAN, FZ_PASS_COUNT
 } fz_pass;
 
@@ -101,6 +105,16 @@ typedef struct fz_plan_options {
 	bool horizontal;
 	/* The exact scheduler gives up past this many downsets (0: 200000). */
 	int exact_max_states;
+	/* Communication scheduling (ir/comm.c), each pass on by default:
+	 * waits right before their first consumer; all-gathers issued in
+	 * order of first use, as early as max_inflight_bytes of gathered,
+	 * not yet released bytes allow (default 1 GiB; 0: no cap); reduce-scatters and
+	 * all-reduces issued as soon as their operand is complete; back-to-back
+	 * all-gathers smaller than bucket_bytes coalesced into buckets of at
+	 * most bucket_bytes (0: no buckets; default 25 MiB). */
+	bool comm_waits, comm_prefetch, comm_scatter;
+	int64_t max_inflight_bytes;
+	int64_t bucket_bytes;
 } fz_plan_options;
 
 void fz_plan_defaults(fz_plan_options *o);
@@ -186,6 +200,11 @@ typedef struct fz_program {
 	 * peak would rise or because one depends on the other. */
 	int horizontal_merged, horizontal_refused_peak, horizontal_refused_path;
 
+	/* Communication scheduling: the most gathered, not yet released bytes
+	 * the prefetch order holds at once, and the buckets made. */
+	int64_t comm_peak_inflight;
+	int comm_buckets;
+
 	char *dump;                  /* text of --dump-after, or NULL */
 	double pass_seconds[FZ_PASS_COUNT]; /* wall time of each pass */
 	/* Work of each pass, counted: nodes, regions and edges visited, heap
@@ -207,7 +226,7 @@ static inline int64_t fz_nlogn(int64_t n)
 }
 
 /* Plans trace t (verified): partition, bookend, schedule, horizontal,
- * memplan. */
+ * waits, prefetch, scatter, bucket, memplan. */
 fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
                   fz_program **out, char **err);
 void fz_program_free(fz_program *p);
@@ -217,7 +236,16 @@ fz_status fz_partition(fz_program *p);
 fz_status fz_bookend(fz_program *p);
 fz_status fz_schedule(fz_program *p);
 fz_status fz_horizontal(fz_program *p);
+fz_status fz_comm_waits(fz_program *p);
+fz_status fz_comm_prefetch(fz_program *p);
+fz_status fz_comm_scatter(fz_program *p);
+fz_status fz_comm_bucket(fz_program *p);
 fz_status fz_memplan(fz_program *p);
+
+/* The trace with its nodes in the order the program runs them (regions in
+ * scheduled order, each region's nodes in order): a trace that parses back
+ * and plans to the same order. */
+fz_status fz_program_print_trace(const fz_program *p, char **out);
 
 /* Shared by the passes (plan.c). */
 /* Rebuilds every region's in and out from its nodes and the views. */

@@ -141,7 +141,8 @@ static const char **make_names(const fz_trace *t)
 	return names;
 }
 
-static void print_trace(fz_buf *b, const fz_trace *t, const char **names)
+static void print_trace(fz_buf *b, const fz_trace *t, const char **names,
+			const fz_node *const *order)
 {
 	char ty[512];
 	fz_buf_printf(b, "trace %s(", t->name);
@@ -155,7 +156,7 @@ static void print_trace(fz_buf *b, const fz_trace *t, const char **names)
 		fz_buf_printf(b, " world %d", t->world);
 	fz_buf_puts(b, " {\n");
 	for (int i = 0; i < t->n_nodes; i++) {
-		const fz_node *nd = t->nodes[i];
+		const fz_node *nd = order ? order[i] : t->nodes[i];
 		fz_buf_puts(b, "  ");
 		for (int k = 0; k < nd->n_out; k++)
 			fz_buf_printf(b, "%s%s", k ? ", " : "", names[nd->out[k]->id]);
@@ -192,20 +193,32 @@ static void free_names(const fz_trace *t, const char **names)
 	free(names);
 }
 
-static fz_status print_into(fz_buf *b, const fz_trace *t)
+static fz_status print_into(fz_buf *b, const fz_trace *t,
+			    const fz_node *const *order)
 {
 	const char **names = make_names(t);
 	if (!names)
 		return FZ_ENOMEM;
-	print_trace(b, t, names);
+	print_trace(b, t, names, order);
 	free_names(t, names);
 	return b->oom ? FZ_ENOMEM : FZ_OK;
+}
+
+fz_status fz_trace_print_ordered(const fz_trace *t,
+				  const fz_node *const *order, char **out)
+{
+	fz_buf b = {0};
+	fz_status st = print_into(&b, t, order);
+	*out = fz_buf_take(&b);
+	if (st == FZ_OK && !*out)
+		st = FZ_ENOMEM;
+	return st;
 }
 
 fz_status fz_trace_print(const fz_trace *t, char **out)
 {
 	fz_buf b = {0};
-	fz_status st = print_into(&b, t);
+	fz_status st = print_into(&b, t, NULL);
 	*out = fz_buf_take(&b);
 	if (st == FZ_OK && !*out)
 		st = FZ_ENOMEM;
@@ -219,7 +232,7 @@ fz_status fz_module_print(const fz_module *m, char **out)
 	for (int i = 0; i < m->n_traces && st == FZ_OK; i++) {
 		if (i)
 			fz_buf_puts(&b, "\n");
-		st = print_into(&b, m->traces[i]);
+		st = print_into(&b, m->traces[i], NULL);
 	}
 	*out = fz_buf_take(&b);
 	if (st == FZ_OK && !*out)

@@ -418,6 +418,7 @@ static fz_status cu_download(fz_device *dev, void *dst, const void *src,
 	                                    (CUstream)stream);
 	if (r == FZ_CUDA_SUCCESS) {
 		call = "cuStreamSynchronize";
+		fz_host_sync_note(); /* the host waits: counted (target.h) */
 		r = d->cu->StreamSynchronize((CUstream)stream);
 	}
 	LEAVE(d);
@@ -833,6 +834,7 @@ static fz_status cu_sync(fz_device *dev, void *stream, char **err)
 {
 	cu_dev *d = cu_of(dev);
 	ENTER(d, err, "a sync");
+	fz_host_sync_note(); /* counted (target.h): never inside a run */
 	CUresult r = d->cu->StreamSynchronize((CUstream)stream);
 	LEAVE(d);
 	return r == FZ_CUDA_SUCCESS

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "exec.h"
 
 #define EXEC_MAGIC 0x66e7ec01u
@@ -67,7 +68,7 @@ typedef struct slot {
 	int64_t off;         /* bytes from the base */
 } slot;
 
-enum { S_KERNEL, S_MATMUL, S_COLL, S_COPY };
+enum { S_KERNEL, S_MATMUL, S_COLL, S_COPY, S_WAIT };
 
 typedef struct step {
 	uint8_t kind;
@@ -120,6 +121,9 @@ struct fz_exec {
 	int n_plans;
 	fz_exec_stats st;
 	char device[16];
+	struct fz_comm *comm; /* fz_exec_set_comm: world N; NULL: world 1 */
+	int rank;
+	long host_syncs;      /* the device's host syncs inside runs */
 };
 
 static void pplan_free(fz_exec *x, pplan *pp)
@@ -155,6 +159,8 @@ typedef struct builder {
 	const int64_t *syms;
 	fz_status st;
 	char **err;
+	int *ev_of;          /* per region: its collective's event, or -1 */
+	int n_ev;            /* events handed out: one per collective region */
 } builder;
 
 static void fail(builder *B, fz_status st, char *msg)
@@ -372,40 +378,70 @@ static void add_library(builder *B, const fz_region *reg)
 	}
 }
 
+static bool same_place(const pplan *pp, int a, int b)
+{
+	const slot *x = &pp->slots[a], *y = &pp->slots[b];
+	return a == b || (x->base == y->base && x->idx == y->idx && x->off == y->off);
+}
+
+/* A collective region (one collective, or a bucket of all-gathers: one
+ * step each, back to back) or a wait region (a wait, or a bucket's waits):
+ * the compute stream waits on the collective's event, then the future's
+ * bytes become the tensor's, in place where memplan gave the wait the
+ * future's buffer (ir/comm.c), else by a copy. */
 static void add_collective(builder *B, const fz_region *reg)
 {
-	const fz_node *n = reg->nodes[0];
-	const fz_value *x = n->in[0], *y = n->out[0];
-	int sx = need(B, x), sy = out_slot(B, y);
-	step *s = add_step(B, reg->kind == FZ_REGION_WAIT ? S_COPY : S_COLL, reg->id);
-	if (!s)
-		return;
-	s->sx = sx;
-	s->sy = sy;
-	s->es = fz_dtype_size(x->type.dtype);
-	if (reg->kind == FZ_REGION_WAIT) {
-		/* the future's bytes become the tensor's (a copy at world 1) */
-		if (!fz_layout_contiguous(x, B->syms, &s->lay))
-			fail(B, FZ_EINVAL, fz_strdup("a tensor too large to lay out"));
-		return;
-	}
-	fz_collective *c = &s->co;
-	c->region = reg->id;
-	c->dtype = x->type.dtype;
-	c->kind = n->op == FZ_OP_ALL_GATHER ? FZ_COLL_ALL_GATHER
-		  : n->op == FZ_OP_REDUCE_SCATTER ? FZ_COLL_REDUCE_SCATTER
-		  : FZ_COLL_ALL_REDUCE;
-	int dim = n->op == FZ_OP_ALL_REDUCE ? -1 : (int)n->attrs.dim;
-	c->outer = c->inner = 1;
-	c->extent = 1;
-	for (int d = 0; d < x->type.rank; d++) {
-		int64_t e = fz_ext_eval(x->type.dims[d], B->syms);
-		if (dim < 0 || d == dim)
-			c->extent *= e;
-		else if (d < dim)
-			c->outer *= e;
-		else
-			c->inner *= e;
+	for (int j = 0; j < reg->n_nodes && B->st == FZ_OK; j++) {
+		const fz_node *n = reg->nodes[j];
+		const fz_value *x = n->in[0], *y = n->out[0];
+		int sx = need(B, x), sy = out_slot(B, y);
+		if (B->st != FZ_OK)
+			return;
+		/* events numbered by collective region, in order: a bucket's
+		 * members and their waits share one */
+		int cr = B->p->region_of[(reg->kind == FZ_REGION_WAIT ? x->def : n)->id];
+		if (reg->kind == FZ_REGION_COLLECTIVE && j == 0)
+			B->ev_of[cr] = B->n_ev++;
+		int ev = B->ev_of[cr];
+		if (reg->kind == FZ_REGION_WAIT) {
+			step *w = add_step(B, S_WAIT, reg->id);
+			if (!w)
+				return;
+			w->co.event = ev;
+			if (same_place(B->pp, sx, sy))
+				continue;
+		}
+		step *s = add_step(B, reg->kind == FZ_REGION_WAIT ? S_COPY : S_COLL,
+				   reg->id);
+		if (!s)
+			return;
+		s->sx = sx;
+		s->sy = sy;
+		s->es = fz_dtype_size(x->type.dtype);
+		if (reg->kind == FZ_REGION_WAIT) {
+			if (!fz_layout_contiguous(x, B->syms, &s->lay))
+				fail(B, FZ_EINVAL, fz_strdup("a tensor too large to lay out"));
+			continue;
+		}
+		fz_collective *c = &s->co;
+		c->region = reg->id;
+		c->event = ev;
+		c->dtype = x->type.dtype;
+		c->kind = n->op == FZ_OP_ALL_GATHER ? FZ_COLL_ALL_GATHER
+			  : n->op == FZ_OP_REDUCE_SCATTER ? FZ_COLL_REDUCE_SCATTER
+			  : FZ_COLL_ALL_REDUCE;
+		int dim = n->op == FZ_OP_ALL_REDUCE ? -1 : (int)n->attrs.dim;
+		c->outer = c->inner = 1;
+		c->extent = 1;
+		for (int d = 0; d < x->type.rank; d++) {
+			int64_t e = fz_ext_eval(x->type.dims[d], B->syms);
+			if (dim < 0 || d == dim)
+				c->extent *= e;
+			else if (d < dim)
+				c->outer *= e;
+			else
+				c->inner *= e;
+		}
 	}
 }
 
@@ -491,7 +527,10 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		return st;
 	}
 	const fz_program *p = pp->p;
-	builder B = {x, pp, t, p, pp->syms, FZ_OK, err};
+	builder B = {x, pp, t, p, pp->syms, FZ_OK, err, NULL, 0};
+	B.ev_of = fz_arena_alloc(&pp->mem, sizeof(int) * ((size_t)p->n_regions + 1));
+	if (!B.ev_of)
+		fail(&B, FZ_ENOMEM, NULL);
 	pp->vslot = malloc(sizeof *pp->vslot * ((size_t)t->n_values + 1));
 	pp->pstage = calloc((size_t)t->n_params + 1, sizeof *pp->pstage);
 	if (!pp->vslot || !pp->pstage)
@@ -860,6 +899,31 @@ static fz_status bad_index(fz_exec *x, int region, int32_t flag, char **err)
 	return FZ_ERANGE;
 }
 
+void fz_exec_set_comm(fz_exec *x, struct fz_comm *c, int rank)
+{
+	x->comm = c;
+	x->rank = rank;
+}
+
+long fz_exec_host_syncs(const fz_exec *x) { return x->host_syncs; }
+
+/* A trace declared `world N` runs only as one of N ranks. */
+static fz_status check_world(const fz_exec *x, char **err)
+{
+	int world = x->comm ? fz_comm_world(x->comm) : 1;
+	if (x->t->world == world)
+		return FZ_OK;
+	fz_set_err(err, fz_strdup_printf("trace '%s' is written for world %d; this "
+				      "program runs %d rank%s", x->t->name,
+				      x->t->world, world, world == 1 ? "" :
+				      "s"));
+	return FZ_EINVAL;
+}
+
+static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
+			  const fz_tensor *in, int n_in, fz_tensor *out,
+			  int n_out, void *stream, char **err);
+
 fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 		      int n_in, fz_tensor *out, int n_out, void *stream, char **err)
 {
@@ -867,6 +931,20 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 		*err = NULL;
 	if (!live(x, err))
 		return FZ_EINVAL;
+	fz_status st = check_world(x, err);
+	long syncs = fz_host_sync_count();
+	if (st == FZ_OK)
+		st = exec_run(x, sym_sizes, in, n_in, out, n_out, stream, err);
+	x->host_syncs += fz_host_sync_count() - syncs;
+	if (st != FZ_OK && x->comm) /* the other ranks must not wait for us */
+		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
+	return st;
+}
+
+static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
+			  const fz_tensor *in, int n_in, fz_tensor *out,
+			  int n_out, void *stream, char **err)
+{
 	int64_t syms[FZ_MAX_SYMS];
 	pplan *pp = NULL;
 	fz_status st = bind_plan(x, sym_sizes, in, n_in, syms, &pp, err);
@@ -925,7 +1003,12 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 		case S_COLL:
 			s->co.x = ptr[s->sx];
 			s->co.y = ptr[s->sy];
+			s->co.comm = x->comm;
+			s->co.rank = x->rank;
 			st = tg->collective(dev, &s->co, stream, err);
+			break;
+		case S_WAIT: /* the compute stream waits; the host does not */
+			st = tg->event_wait(dev, s->co.event, stream, err);
 			break;
 		case S_COPY:
 			st = tg->copy(dev, ptr[s->sy], ptr[s->sx], s->es, &s->lay, stream,

@@ -33,4 +33,14 @@ const fz_program *fz_exec_plan(const fz_exec *x);
 fz_status fz_exec_prepare(fz_exec *x, const int64_t *sym_sizes,
                           const fz_tensor *inputs, int n_in, char **err);
 
+/* Makes the runner rank `rank` of communicator c (comm.h), for a trace
+ * declared `world N` with N the communicator's world: its collectives go
+ * through c, one thread per rank. */
+struct fz_comm;
+void fz_exec_set_comm(fz_exec *x, struct fz_comm *c, int rank);
+/* Host synchronizations the device performed inside this runner's runs
+ * (fz_exec_sync, which the caller asks for, is not counted): 0 is the
+ * contract. */
+long fz_exec_host_syncs(const fz_exec *x);
+
 #endif

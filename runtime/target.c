@@ -85,3 +85,9 @@ void fz_device_release(fz_device *dev)
 	pthread_mutex_destroy(&dev->mu);
 	dev->tg->close(dev);
 }
+
+static _Thread_local long host_syncs;
+
+void fz_host_sync_note(void) { host_syncs++; }
+
+long fz_host_sync_count(void) { return host_syncs; }

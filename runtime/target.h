@@ -58,6 +58,13 @@ typedef struct fz_device {
 	char native_tag[16];
 } fz_device;
 
+/* A target calls this whenever it blocks the host on the device (a stream
+ * or context synchronization, a blocking copy); counted per thread, so
+ * fz_exec_run can report the ones inside its runs (the contract: 0) even
+ * with ranks on threads sharing one device. */
+void fz_host_sync_note(void);
+long fz_host_sync_count(void);
+
 /* A kernel's code as the cache or the compiler hands it over. */
 typedef struct fz_kcode {
 	const void *obj;        /* host or emu: a relocatable object */
@@ -104,6 +111,18 @@ typedef struct fz_collective {
 	int64_t outer, extent, inner;
 	const void *x;
 	void *y;
+	/* The runner's communicator and rank (NULL: world 1, the identity;
+	 * cpu: runtime/comm.h across threads), and the event the target
+	 * records on its communication stream when this collective is done:
+	 * the wait makes the compute stream wait on it (event_wait). A device
+	 * target must first make its communication stream wait for the
+	 * compute stream's work so far: then the operand is ready, and the
+	 * buffer memplan gives the result (freed by an earlier step) is no
+	 * longer read. memplan keeps the operand live until the wait
+	 * (ir/comm.c), so nothing overwrites it while the collective reads. */
+	struct fz_comm *comm;
+	int rank;
+	int event;
 } fz_collective;
 
 struct fz_target {

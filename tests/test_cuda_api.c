@@ -525,7 +525,7 @@ START_TEST(collective_world_one_copies)
 	float x[24], y[24] = {0};
 	for (int i = 0; i < 24; i++)
 		x[i] = (float)i;
-	fz_collective c = {1, FZ_COLL_ALL_REDUCE, FZ_F32, 2, 3, 4, x, y};
+	fz_collective c = {1, FZ_COLL_ALL_REDUCE, FZ_F32, 2, 3, 4, x, y, NULL, 0, 0};
 	char *err = NULL;
 	ck_assert_int_eq(fz_target_cuda.collective(d, &c, NULL, &err), FZ_OK);
 	ck_assert_int_eq(memcmp(x, y, sizeof x), 0);
@@ -844,6 +844,44 @@ START_TEST(device_flag_read_at_sync)
 }
 END_TEST
 
+/* Collectives and waits through fz_exec on the fake device: the waits are
+ * event waits on the stream, and no run makes the host wait (the count
+ * the target keeps, target.h); fz_exec_sync, asked for after, does. */
+START_TEST(no_host_sync_inside_runs)
+{
+	use_fake();
+	const char *text = "trace c(x: f32[64, 64]) {\n"
+	                   "  g = wait(all_gather(x, dim=0))\n"
+	                   "  r = wait(all_reduce(g))\n"
+	                   "  y = wait(reduce_scatter(r, dim=0))\n"
+	                   "  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "c.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	static _Alignas(256) float xs[64 * 64], ys[64 * 64];
+	for (int i = 0; i < 64 * 64; i++)
+		xs[i] = (float)i;
+	fz_tensor in = {xs, FZ_F32, 2, {64, 64}, {64, 1}};
+	fz_tensor out = {ys, FZ_F32, 2, {64, 64}, {64, 1}};
+	for (int it = 0; it < 3; it++) {
+		fz_status st = fz_exec_run(x, NULL, &in, 1, &out, 1, NULL, &err);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	}
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	long before = fz_host_sync_count();
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_gt(fz_host_sync_count(), before);
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 /* A program of library calls only runs whole on the fake (its cuBLASLt
  * computes f32 on the host): the runner's fz_matmul, the workspace it
  * reserves and the target's mapping, against the interpreter. */
@@ -982,6 +1020,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, matmul_batched_broadcast);
 	tcase_add_test(b, matmul_types);
 	tcase_add_test(b, program_of_matmuls);
+	tcase_add_test(b, no_host_sync_inside_runs);
 	suite_add_tcase(s, b);
 	return s;
 }

@@ -3,7 +3,8 @@
  *
  *     fusec plan FILE [--bind B=8,T=2048] [--json] [--dot OUT] [--no-horizontal]
  *                     [--dump-after=partition|bookend|schedule|horizontal|
- *                                   memplan]
+ *                                   waits|prefetch|scatter|bucket|memplan]
+ *                     [--print-trace] [communication flags]
  *
  * The plan itself is a library feature (fz_plan, ir/plan.c); this command
  * prints it: a table of regions (kind, ops, inputs, outputs, bytes read and
@@ -27,6 +28,10 @@ const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	cmd_plan,
 	 "usage: fusec plan FILE [--bind B=8,T=2048] [--world N] [--json]\n"
 	 "                       [--dot OUT] [--dump-after=PASS] [--no-horizontal]\n"
+	 "                       [--print-trace] [--max-inflight-bytes SIZE]\n"
+	 "                       [--bucket-bytes SIZE] [--no-prefetch]\n"
+	 "                       [--no-comm-waits] [--no-early-scatter]\n"
+	 "                       [--no-comm-schedule]\n"
 	 "\n"
 	 "Partition every trace of FILE into regions (kernels, library calls,\n"
 	 "collectives, waits, views), order them to keep peak memory low, and\n"
@@ -35,8 +40,8 @@ const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	 "\n"
 	 "  --bind LIST       sizes of symbolic extents, NAME=SIZE[,...]; a\n"
 	 "                    symbol left unbound counts as 1 (and is listed)\n"
-	 "  --world N         accepted for symmetry with sim; plans do not\n"
-	 "                    depend on it\n"
+	 "  --world N         the world the run will have: an error when a\n"
+	 "                    trace declares another\n"
 	 "  --json            one JSON object: regions, kernels, library_calls,\n"
 	 "                    collectives, views, peak_bytes,\n"
 	 "                    peak_bytes_trace_order, arena_bytes,\n"
@@ -45,8 +50,26 @@ const fz_command fz_cmd_plan = {"plan", "partition and schedule a trace",
 	 "  --no-horizontal   keep independent sibling kernels apart (to see\n"
 	 "                    what horizontal fusion merged)\n"
 	 "  --dump-after=PASS print the program after partition, bookend,\n"
-	 "                    schedule, horizontal or memplan (to stderr with\n"
-	 "                    --json)\n"};
+	 "                    schedule, horizontal, waits, prefetch, scatter,\n"
+	 "                    bucket or memplan (to stderr with --json)\n"
+	 "  --print-trace     print the scheduled trace instead: the nodes in\n"
+	 "                    the order the program runs them (a trace that\n"
+	 "                    parses back and plans to the same order)\n"
+	 "\n"
+	 "Communication scheduling (FSDP / ZeRO-3 traces), on by default:\n"
+	 "  --max-inflight-bytes SIZE  cap on all-gathered bytes not yet\n"
+	 "                    released; gathers are issued in order of first use\n"
+	 "                    as early as the cap allows (default 1G; 0: no cap)\n"
+	 "  --bucket-bytes SIZE  coalesce back-to-back all-gathers smaller than\n"
+	 "                    SIZE into buckets of at most SIZE (default 25M; 0:\n"
+	 "                    off)\n"
+	 "  --no-comm-waits   leave each wait where the memory scheduler put it\n"
+	 "                    (default: right before its first consumer)\n"
+	 "  --no-prefetch     leave all-gathers where they are\n"
+	 "  --no-early-scatter  leave reduce-scatters and all-reduces where they\n"
+	 "                    are (default: right after their operand)\n"
+	 "  --no-comm-schedule  all four off\n"
+	 "SIZE: bytes, or with K, M, G (powers of 1024).\n"};
 
 typedef struct plan_opts {
 	tool_binding binds[FZ_MAX_SYMS];
@@ -55,6 +78,9 @@ typedef struct plan_opts {
 	const char *dot;
 	int dump_after;
 	bool no_horizontal;
+	bool print_trace;
+	int world;
+	fz_plan_options po;
 } plan_opts;
 
 static int64_t read_bytes(const fz_program *p, const fz_value *v)
@@ -163,6 +189,10 @@ static void print_human(const fz_program *p)
 		       "rise), %d refused (a path between them)\n",
 		       p->horizontal_merged, p->horizontal_refused_peak,
 		       p->horizontal_refused_path);
+	if (fz_program_count(p, FZ_REGION_COLLECTIVE))
+		printf("  communication: %d buckets, at most %lld gathered bytes "
+		       "not yet released\n", p->comm_buckets,
+		       (long long)p->comm_peak_inflight);
 }
 
 static void print_json_one(const fz_program *p)
@@ -187,7 +217,9 @@ static void print_json_one(const fz_program *p)
 	       p->peak_proven_optimal ? "true" : "false", p->horizontal_merged,
 	       p->horizontal_refused_peak, p->horizontal_refused_path);
 	print_unbound(p, stdout, true);
-	printf("], \"order\": [");
+	printf("], \"comm_buckets\": %d, \"comm_peak_inflight_bytes\": %lld",
+	       p->comm_buckets, (long long)p->comm_peak_inflight);
+	printf(", \"order\": [");
 	for (int s = 0; s < p->n_regions; s++)
 		printf("%s%d", s ? ", " : "", p->order[s]);
 	printf("], \"region_list\": [");
@@ -248,12 +280,20 @@ static int cmd_plan(int argc, char **argv)
 {
 	const fz_command *c = &fz_cmd_plan;
 	plan_opts o = {.dump_after = -1};
+	fz_plan_defaults(&o.po);
 	const char *file = NULL;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool has_next = i + 1 < argc;
+		int took = tool_comm_option(c, argc, argv, &i, &o.po);
+		if (took < 0)
+			return EXIT_USAGE;
+		if (took)
+			continue;
 		if (!strcmp(a, "--json")) {
 			o.json = true;
+		} else if (!strcmp(a, "--print-trace")) {
+			o.print_trace = true;
 		} else if (!strcmp(a, "--no-horizontal")) {
 			o.no_horizontal = true;
 		} else if (!strcmp(a, "--bind") && has_next) {
@@ -264,8 +304,9 @@ static int cmd_plan(int argc, char **argv)
 		} else if (!strcmp(a, "--world") && has_next) {
 			char *end;
 			long w = strtol(argv[++i], &end, 10);
-			if (*end || w < 1)
+			if (*end || w < 1 || w > 1 << 20)
 				return tool_usage_error(c, "bad world size '%s'", argv[i]);
+			o.world = (int)w;
 		} else if (!strcmp(a, "--dot") && has_next) {
 			o.dot = argv[++i];
 		} else if (!strncmp(a, "--dump-after=", 13) ||
@@ -274,7 +315,8 @@ static int cmd_plan(int argc, char **argv)
 			fz_pass ps;
 			if (!fz_pass_from_name(name, &ps))
 				return tool_usage_error(c, "--dump-after takes partition, "
-						   "bookend, schedule, horizontal or memplan, "
+						   "bookend, schedule, horizontal, waits, "
+						   "prefetch, scatter, bucket or memplan, "
 						   "not '%s'", name);
 			o.dump_after = (int)ps;
 		} else if (a[0] == '-' && a[1]) {
@@ -287,9 +329,16 @@ static int cmd_plan(int argc, char **argv)
 	}
 	if (!file)
 		return tool_usage_error(c, "no FILE given%s", "");
+	if (o.print_trace && (o.json || o.dot))
+		return tool_usage_error(c, "--print-trace prints a trace; it does not "
+				   "go with --json or --dot%s", "");
 	fz_module *m = tool_load(file);
 	if (!m)
 		return EXIT_BAD;
+	if (tool_check_world("plan", m, o.world)) {
+		fz_module_free(m);
+		return EXIT_BAD;
+	}
 	FILE *dot = NULL;
 	if (o.dot && !(dot = fopen(o.dot, "w"))) {
 		perror(o.dot);
@@ -310,8 +359,7 @@ static int cmd_plan(int argc, char **argv)
 		const fz_trace *t = fz_module_trace(m, i);
 		int64_t syms[FZ_MAX_SYMS];
 		tool_bind_symbols(t, o.binds, o.n_binds, syms);
-		fz_plan_options po;
-		fz_plan_defaults(&po);
+		fz_plan_options po = o.po;
 		po.sym_sizes = syms;
 		po.dump_after = o.dump_after;
 		po.horizontal = !o.no_horizontal;
@@ -325,8 +373,17 @@ static int cmd_plan(int argc, char **argv)
 			break;
 		}
 		if (p->dump)
-			fputs(p->dump, o.json ? stderr : stdout);
-		if (o.json) {
+			fputs(p->dump, o.json || o.print_trace ? stderr : stdout);
+		if (o.print_trace) {
+			char *text = NULL;
+			if (fz_program_print_trace(p, &text) != FZ_OK) {
+				fprintf(stderr, "fusec plan: out of memory\n");
+				rc = EXIT_BAD;
+			} else {
+				fputs(text, stdout);
+			}
+			fz_free(text);
+		} else if (o.json) {
 			if (i)
 				printf(", ");
 			print_json_one(p);

@@ -59,6 +59,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
+#include "comm.h"
 #include "cuda_target.h"
 #include "exec.h"
 #include "target.h"
@@ -85,7 +88,8 @@ const fz_command fz_cmd_check = {"check", "parse and verify trace files",
 const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "usage: fusec run FILE [--device auto|cuda|cpu|emu] [--bind B=8,T=2048]\n"
 	 "                      [--seed N] [--iters N] [--check] [--json]\n"
-	 "                      [--cache-dir DIR] [--no-cache]\n"
+	 "                      [--cache-dir DIR] [--no-cache] [--world N]\n"
+	 "                      [--timeout S]\n"
 	 "\n"
 	 "Run every trace of FILE on random inputs: floats from a normal\n"
 	 "distribution, index inputs within the extent they index, bools both\n"
@@ -103,11 +107,20 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "               print the worst error and exit 1 on a mismatch\n"
 	 "  --json       print one JSON object: device, ok, max_abs_err,\n"
 	 "               max_rel_err, seconds_per_iter, worst_output,\n"
-	 "               worst_index, compiled, cache_hits, unique\n"
+	 "               worst_index, compiled, cache_hits, unique,\n"
+	 "               host_syncs_in_steps (host synchronizations the target\n"
+	 "               made inside the runs; the contract is 0)\n"
 	 "  --cache-dir DIR  the kernel cache (default $FUSEC_CACHE_DIR, else\n"
 	 "               $XDG_CACHE_HOME/fusec, else ~/.cache/fusec); kernels\n"
 	 "               found there are linked, not compiled\n"
-	 "  --no-cache   use no disk cache: compile every distinct kernel\n"};
+	 "  --no-cache   use no disk cache: compile every distinct kernel\n"
+	 "  --world N    run N ranks (a trace declared `world N`; default: the\n"
+	 "               world the trace declares): on the CPU, N threads with\n"
+	 "               exact collectives; each rank gets its own inputs (seed\n"
+	 "               + rank), and --check compares every rank's outputs with\n"
+	 "               the interpreter running all N ranks\n"
+	 "  --timeout S  a rank that does not join a collective within S seconds\n"
+	 "               (default 60) fails the run, naming the rank\n"};
 
 static int cmd_check(int argc, char **argv)
 {
@@ -262,8 +275,11 @@ typedef struct run_opts {
 	bool check, json;
 	const char *cache_dir;  /* --cache-dir */
 	bool no_cache;          /* --no-cache */
+	int world;              /* --world, 0: the trace's */
+	double timeout;         /* --timeout */
 	int compiled, cache_hits, unique; /* kernels, summed over the traces */
 	double setup_seconds;   /* preparing: plan, kernels, arena */
+	long host_syncs;        /* host synchronizations inside steps */
 	char ran_on[16];        /* the target that ran */
 } run_opts;
 
@@ -340,6 +356,9 @@ static void compare(const fz_trace *t, int k, const fz_tensor *got,
 	}
 }
 
+static int run_trace_world(const fz_trace *t, run_opts *o, int world,
+			   const int64_t *syms, double *spi, check_result *cr);
+
 static void on_notice(void *ctx, const char *msg)
 {
 	(void)ctx;
@@ -385,6 +404,15 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			return EXIT_BAD;
 		}
 	}
+	int world = fz_trace_world(t);
+	if (o->world && o->world != world) {
+		fprintf(stderr, "fusec run: trace '%s' is written for world %d (its "
+			"collectives gather and scatter over %d ranks); --world %d does "
+			"not match\n", fz_trace_name(t), world, world, o->world);
+		return EXIT_BAD;
+	}
+	if (world > 1)
+		return run_trace_world(t, o, world, syms, spi, cr);
 	fz_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
 	fz_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
 	fz_tensor *ref = calloc((size_t)n_out + 1, sizeof *ref);
@@ -456,6 +484,7 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			compare(t, k, &out[k], &ref[k], cr);
 	}
 	const fz_exec_stats *es = fz_exec_stats_of(x);
+	o->host_syncs += fz_exec_host_syncs(x);
 	o->compiled += es->k.compiled;
 	o->cache_hits += es->k.cache_hits;
 	o->unique += es->k.unique;
@@ -501,6 +530,187 @@ done:
 	return rc;
 }
 
+/* ---- N ranks on threads ---- */
+
+typedef struct rank_job {
+	const fz_trace *t;
+	run_opts *o;
+	fz_comm *comm;
+	int rank;
+	const int64_t *syms;
+	fz_tensor *in, *out;
+	fz_status st;
+	char *err;
+	fz_exec_stats stats;
+	double seconds;
+	long host_syncs;      /* inside the runs' steps: 0 */
+} rank_job;
+
+static void quiet(void *ctx, const char *msg)
+{
+	(void)ctx;
+	(void)msg;
+}
+
+static void *rank_main(void *arg)
+{
+	rank_job *j = arg;
+	int n_in = fz_trace_param_count(j->t), n_out = fz_trace_output_count(j->t);
+	fz_exec *x = NULL;
+	fz_exec_options xo;
+	fz_exec_options_init(&xo);
+	xo.disk_cache = !j->o->no_cache;
+	xo.cache_dir = j->o->cache_dir;
+	xo.warn = j->rank ? quiet : on_notice; /* one notice, not one per rank */
+	xo.max_plans = 1;
+	j->st = fz_exec_new(j->t, j->o->device, &xo, &x, &j->err);
+	if (j->st != FZ_OK) {
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "could not start");
+		return NULL;
+	}
+	if (strcmp(fz_exec_device(x), "cpu")) {
+		j->err = fz_strdup_printf("--world %d: ranks run emulated on the cpu "
+					  "in this build (device '%s' has no "
+					  "communicator wired)", fz_comm_world(j->comm),
+					  fz_exec_device(x));
+		j->st = FZ_EUNSUPPORTED;
+		fz_comm_abort(j->comm, j->rank, j->err);
+		fz_exec_free(x);
+		return NULL;
+	}
+	fz_exec_set_comm(x, j->comm, j->rank);
+	j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
+	double t0 = tool_now();
+	for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
+		j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (j->st != FZ_OK)
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(j->st));
+	j->seconds = (tool_now() - t0) / (double)j->o->iters;
+	j->stats = *fz_exec_stats_of(x);
+	j->host_syncs = fz_exec_host_syncs(x);
+	fz_exec_free(x);
+	return NULL;
+}
+
+static int run_trace_world(const fz_trace *t, run_opts *o, int world,
+			   const int64_t *syms, double *spi, check_result *cr)
+{
+	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
+	size_t W = (size_t)world;
+	fz_tensor *in = calloc(W * (size_t)n_in + 1, sizeof *in);
+	fz_tensor *out = calloc(W * (size_t)n_out + 1, sizeof *out);
+	fz_tensor *ref = calloc(W * (size_t)n_out + 1, sizeof *ref);
+	rank_job *jobs = calloc(W, sizeof *jobs);
+	pthread_t *th = calloc(W, sizeof *th);
+	bool *started = calloc(W, sizeof *started);
+	fz_comm *comm = NULL;
+	char *err = NULL;
+	int rc = EXIT_BAD;
+	if (!in || !out || !ref || !jobs || !th || !started) {
+		fprintf(stderr, "fusec run: out of memory\n");
+		goto done;
+	}
+	for (int r = 0; r < world; r++)
+		if (make_inputs(t, syms, o->seed + (uint64_t)r * 1000003u,
+				in + (size_t)r * (size_t)n_in) < 0 ||
+		    make_outputs(t, syms, out + (size_t)r * (size_t)n_out) < 0)
+			goto done;
+	if (fz_comm_new(world, o->timeout, &comm) != FZ_OK) {
+		fprintf(stderr, "fusec run: out of memory\n");
+		goto done;
+	}
+	for (int r = 0; r < world; r++) {
+		jobs[r] = (rank_job){t, o, comm, r, syms, in + (size_t)r * (size_t)n_in,
+				     out + (size_t)r * (size_t)n_out, FZ_OK, NULL, {0}, 0, 0};
+		if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
+			fz_comm_abort(comm, r, "could not start its thread");
+			break;
+		}
+		started[r] = true;
+	}
+	bool failed = false;
+	for (int r = 0; r < world; r++) {
+		if (started[r])
+			pthread_join(th[r], NULL);
+		failed |= !started[r] || jobs[r].st != FZ_OK;
+	}
+	if (failed) {
+		/* the cause first: a rank's own error, then those it took down */
+		for (int pass = 0; pass < 2; pass++)
+			for (int r = 0; r < world; r++) {
+				const char *e = jobs[r].err ? jobs[r].err :
+						!started[r] ? "not started" : NULL;
+				if (!e || (jobs[r].st == FZ_OK && started[r]))
+					continue;
+				bool echo = strstr(e, "gave up") != NULL;
+				if (echo == (pass == 1))
+					fprintf(stderr, "fusec run: trace '%s': rank %d: %s\n",
+						fz_trace_name(t), r, e);
+			}
+		goto done;
+	}
+	double per = 0;
+	for (int r = 0; r < world; r++)
+		if (jobs[r].seconds > per)
+			per = jobs[r].seconds;
+	*spi += per;
+	if (o->check) {
+		fz_status st = fz_trace_interpret_world(t, syms, world, in, n_in, ref,
+							n_out, &err);
+		if (st != FZ_OK) {
+			fprintf(stderr, "fusec run: trace '%s': the interpreter: %s\n",
+				fz_trace_name(t), err ? err : fz_status_name(st));
+			goto done;
+		}
+		for (int r = 0; r < world; r++)
+			for (int k = 0; k < n_out; k++)
+				compare(t, k, &out[(size_t)r * (size_t)n_out + (size_t)k],
+					&ref[(size_t)r * (size_t)n_out + (size_t)k], cr);
+	}
+	long syncs = 0;
+	for (int r = 0; r < world; r++) {
+		o->compiled += jobs[r].stats.k.compiled;
+		o->cache_hits += jobs[r].stats.k.cache_hits;
+		syncs += jobs[r].host_syncs;
+	}
+	o->unique += jobs[0].stats.k.unique;
+	o->setup_seconds += jobs[0].stats.prepare_seconds;
+	o->host_syncs += syncs;
+	snprintf(o->ran_on, sizeof o->ran_on, "%s", "cpu");
+	if (!o->json)
+		printf("trace %s: world %d, %d ranks on the cpu (threads, exact "
+		       "collectives): %.3f ms per iteration (%d regions, %d kernel keys; "
+		       "%ld host synchronizations inside the steps)\n",
+		       fz_trace_name(t), world, world, per * 1e3, jobs[0].stats.regions,
+		       jobs[0].stats.k.unique, syncs);
+	rc = 0;
+done:
+	for (size_t i = 0; in && i < W * (size_t)n_in; i++)
+		free(in[i].data);
+	for (size_t i = 0; out && i < W * (size_t)n_out; i++)
+		free(out[i].data);
+	for (size_t i = 0; ref && i < W * (size_t)n_out; i++) {
+		bool dup = false; /* a value returned twice is one buffer per rank */
+		for (size_t j = i - i % (size_t)(n_out ? n_out : 1); j < i && !dup; j++)
+			dup = ref[j].data == ref[i].data;
+		if (!dup)
+			fz_free(ref[i].data);
+	}
+	for (int r = 0; jobs && r < world; r++)
+		fz_free(jobs[r].err);
+	free(in);
+	free(out);
+	free(ref);
+	free(jobs);
+	free(th);
+	free(started);
+	fz_comm_free(comm);
+	fz_free(err);
+	return rc;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const fz_command *c = &fz_cmd_run;
@@ -517,6 +727,19 @@ static int cmd_run(int argc, char **argv)
 			o.cache_dir = argv[++i];
 		} else if (!strcmp(a, "--json")) {
 			o.json = true;
+		} else if (!strcmp(a, "--world") && has_next) {
+			char *end;
+			long w = strtol(argv[++i], &end, 10);
+			if (*end || w < 1 || w > 4096)
+				return tool_usage_error(c, "bad world size '%s' (1 to 4096)",
+						   argv[i]);
+			o.world = (int)w;
+		} else if (!strcmp(a, "--timeout") && has_next) {
+			char *end;
+			double v = strtod(argv[++i], &end);
+			if (*end || !(v > 0) || v > 86400)
+				return tool_usage_error(c, "bad timeout '%s' (seconds)", argv[i]);
+			o.timeout = v;
 		} else if (!strcmp(a, "--device") && has_next) {
 			o.device = argv[++i];
 			if (strcmp(o.device, "auto") && strcmp(o.device, "cuda") &&
@@ -574,8 +797,9 @@ static int cmd_run(int argc, char **argv)
 		       "\"seconds_per_iter\": %.9g", o.ran_on, ok ? "true" : "false",
 		       cr.max_abs, cr.max_rel, spi);
 		printf(", \"compiled\": %d, \"cache_hits\": %d, \"unique\": %d, "
-		       "\"setup_seconds\": %.6f", o.compiled, o.cache_hits, o.unique,
-		       o.setup_seconds);
+		       "\"setup_seconds\": %.6f, \"host_syncs_in_steps\": %ld",
+		       o.compiled, o.cache_hits, o.unique, o.setup_seconds,
+		       o.host_syncs);
 		if (o.check && cr.worst_ratio > 0)
 			printf(", \"worst_output\": \"%s\", \"worst_index\": %lld, "
 			       "\"worst_got\": %.9g, \"worst_want\": %.9g",

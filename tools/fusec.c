@@ -22,6 +22,7 @@ static const fz_command *const commands[] = {
 	&fz_cmd_emit,
 	&fz_cmd_compile,
 	&fz_cmd_run,
+	&fz_cmd_sim,
 };
 
 #define N_COMMANDS (sizeof commands / sizeof *commands)

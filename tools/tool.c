@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "ir.h"
+#include "plan.h"
 #include "tool.h"
 
 int tool_usage_error(const fz_command *c, const char *fmt, const char *arg)
@@ -124,4 +125,90 @@ void tool_json_str(const char *s)
 			putchar(*s);
 	}
 	putchar('"');
+}
+
+int64_t tool_parse_size(const char *s)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (end == s || errno || v < 0)
+		return -1;
+	double mul = 1;
+	if (*end) {
+		switch (*end) {
+		case 'k': case 'K': mul = 1024.0; break;
+		case 'm': case 'M': mul = 1024.0 * 1024; break;
+		case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+		case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+		default: return -1;
+		}
+		end++;
+		if (*end == 'i')
+			end++;
+		if (*end == 'B')
+			end++;
+		if (*end)
+			return -1;
+	}
+	v *= mul;
+	if (v > 9.0e18)
+		return -1;
+	return (int64_t)v;
+}
+
+int tool_comm_option(const fz_command *c, int argc, char **argv, int *i,
+		     fz_plan_options *po)
+{
+	const char *a = argv[*i];
+	if (!strcmp(a, "--no-comm-waits")) {
+		po->comm_waits = false;
+		return 1;
+	}
+	if (!strcmp(a, "--no-prefetch")) {
+		po->comm_prefetch = false;
+		return 1;
+	}
+	if (!strcmp(a, "--no-early-scatter")) {
+		po->comm_scatter = false;
+		return 1;
+	}
+	if (!strcmp(a, "--no-comm-schedule")) {
+		po->comm_waits = po->comm_prefetch = po->comm_scatter = false;
+		po->bucket_bytes = 0;
+		return 1;
+	}
+	bool inflight = !strcmp(a, "--max-inflight-bytes");
+	bool bucket = !strcmp(a, "--bucket-bytes");
+	if (!inflight && !bucket)
+		return 0;
+	if (*i + 1 >= argc) {
+		tool_usage_error(c, "%s needs a size (bytes, or 512K, 64M, 2G)", a);
+		return -1;
+	}
+	int64_t v = tool_parse_size(argv[++*i]);
+	if (v < 0) {
+		tool_usage_error(c, "bad size '%s' (bytes, or 512K, 64M, 2G)", argv[*i]);
+		return -1;
+	}
+	if (inflight)
+		po->max_inflight_bytes = v;
+	else
+		po->bucket_bytes = v;
+	return 1;
+}
+
+int tool_check_world(const char *cmd, const fz_module *m, int world)
+{
+	for (int i = 0; i < fz_module_count(m); i++) {
+		const fz_trace *t = fz_module_trace(m, i);
+		if (world > 0 && fz_trace_world(t) != world) {
+			fprintf(stderr, "fusec %s: error: trace '%s' is written for world %d "
+				"(its collectives gather and scatter over %d ranks); "
+				"--world %d does not match\n", cmd, fz_trace_name(t),
+				fz_trace_world(t), fz_trace_world(t), world);
+			return EXIT_BAD;
+		}
+	}
+	return 0;
 }

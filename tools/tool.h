@@ -25,7 +25,7 @@ typedef struct fz_command {
 } fz_command;
 
 extern const fz_command fz_cmd_check, fz_cmd_run, fz_cmd_plan, fz_cmd_emit,
-	fz_cmd_compile;
+	fz_cmd_compile, fz_cmd_sim;
 
 /* Prints "fusec NAME: " + fmt(arg) + the usage to stderr; returns 2. */
 int tool_usage_error(const fz_command *c, const char *fmt, const char *arg);
@@ -50,6 +50,23 @@ void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
                        int64_t *sym_sizes);
 
 double tool_now(void);
+
+/* "4096", "512K", "64M", "2G" (powers of 1024; "MiB", "MB" accepted)
+ * into bytes; -1 if malformed. */
+int64_t tool_parse_size(const char *s);
+
+/* The communication scheduling flags shared by plan and sim (--no-comm-waits,
+ * --no-prefetch, --no-early-scatter, --no-comm-schedule,
+ * --max-inflight-bytes SIZE, --bucket-bytes SIZE) at argv[*i]: 1 if taken
+ * (advancing *i past a value), 0 if not one of them, -1 after printing a
+ * usage error. */
+struct fz_plan_options;
+int tool_comm_option(const fz_command *c, int argc, char **argv, int *i,
+		     struct fz_plan_options *po);
+
+/* 0 when every trace of m declares world `world` (or world <= 0); else
+ * prints an error and returns EXIT_BAD. */
+int tool_check_world(const char *cmd, const fz_module *m, int world);
 
 /* Prints s on stdout as a JSON string, quoted and escaped. */
 void tool_json_str(const char *s);

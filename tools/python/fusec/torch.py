@@ -93,7 +93,36 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-__all__ = ["export", "ExportError", "op_counts"]
+__all__ = ["export", "ExportError", "op_counts", "nccl_unique_id"]
+
+
+def nccl_unique_id(group=None):
+    """The NCCL unique id (128 bytes) every rank of `group` (a
+    torch.distributed process group, default the world) agrees on: rank 0
+    of the group makes it (fz_nccl_unique_id, libnccl.so.2 opened by the
+    library) and broadcasts it over the group, so ranks that torchrun
+    started on several machines can form fusec's NCCL communicator with no
+    file and no NCCL_COMM_ID. Every rank of the group must call it.
+    (The communicator itself needs a GPU; that part is untested.)"""
+    import ctypes
+
+    import torch.distributed as dist
+
+    from . import FusecError, _lib
+    lib = _lib.load()
+    obj = [None]
+    if dist.get_rank(group) == 0:
+        buf = ctypes.create_string_buffer(128)
+        err = ctypes.c_void_p()
+        st = lib.fz_nccl_unique_id(buf, ctypes.byref(err))
+        if st != 0:
+            msg = _lib.take_string(lib, err.value)
+            raise FusecError(msg or "fz_nccl_unique_id failed",
+                             lib.fz_status_name(st).decode())
+        obj[0] = buf.raw
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(obj, src=src, group=group)
+    return obj[0]
 
 aten = torch.ops.aten
 
