@@ -68,7 +68,7 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
-	fz_cg_options cg = {FZ_CG_HOST, 0, false, false};
+	fz_cg_options cg = {.target = FZ_CG_HOST};
 	int threads = o && o->threads > 0 ? o->threads : 0;
 	const char *env = getenv("FUSEC_THREADS");
 	if (threads == 0 && env && atoi(env) > 0)
