@@ -47,12 +47,6 @@ void fz_cache_build_times(fz_build_times *out)
 	pthread_mutex_unlock(&times_mu);
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 {
@@ -227,11 +221,11 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	fz_buf meta = {0};
 	const fz_cg_options *o = fz_compiler_options(c);
 	bool host = o->target != FZ_CG_NVPTX;
-	double t0 = now();
+	double t0 = fz_now();
 	fz_status st = fz_compiler_build(c, t, &view, &k, err);
 	if (st == FZ_OK)
 		st = fz_compiler_optimize(c, k, err);
-	double t1 = now();
+	double t1 = fz_now();
 	info->llvm_seconds = t1 - t0;
 	if (st == FZ_OK && host) {
 		char name[64];
@@ -250,7 +244,7 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 			code_len = code ? strlen(code) : 0;
 		}
 	}
-	info->code_seconds = now() - t1;
+	info->code_seconds = fz_now() - t1;
 	if (st != FZ_OK)
 		goto done;
 	fz_section sec[3];
@@ -268,10 +262,10 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	sec[n++].len = meta.len;
 	if (!host && cubins && fz_jitlink_available()) {
 		char *jerr = NULL;
-		double t2 = now();
+		double t2 = fz_now();
 		fz_status cst = fz_jitlink_cubin(code, code_len, o->sm, &cubin,
 						 &cubin_len, &jerr);
-		info->cubin_seconds = now() - t2;
+		info->cubin_seconds = fz_now() - t2;
 		if (cst == FZ_OK) {
 			snprintf(sec[n].tag, FZ_SECTION_TAG, "cubin.sm_%d", o->sm);
 			sec[n].data = cubin;
@@ -286,10 +280,10 @@ fz_status fz_cache_build(fz_compiler *c, fz_disk *d, const fz_trace *t,
 	}
 	info->code_bytes = code_len;
 	info->cubin_bytes = cubin_len;
-	double t3 = now();
+	double t3 = fz_now();
 	if (d)
 		st = fz_disk_store(d, cn->key, cn->text, cn->len, sec, n);
-	info->store_seconds = now() - t3;
+	info->store_seconds = fz_now() - t3;
 	if (st == FZ_OK) {
 		info->kernel = *k;
 		info->kernel.mod = NULL;

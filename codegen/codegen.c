@@ -32,21 +32,6 @@
 #include "cg.h"
 #include "llvm.h"
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void set_err(char **err, char *msg)
-{
-	if (err)
-		*err = msg;
-	else
-		free(msg);
-}
-
 fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err)
 {
 	memset(o, 0, sizeof *o);
@@ -66,7 +51,7 @@ fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err)
 		o->sm = sm;
 		return FZ_OK;
 	}
-	set_err(err, fz_strdup_printf("unknown target '%s': expected host, "
+	fz_set_err(err, fz_strdup_printf("unknown target '%s': expected host, "
 				      "sm_70 ... sm_90, or emu[-sm_NN]", target));
 	return FZ_EINVAL;
 }
@@ -97,7 +82,7 @@ fz_status cg_llvm_error(fz_compiler *c, void *e, const char *what, int region,
 			char **err)
 {
 	char *m = LLVMGetErrorMessage((LLVMErrorRef)e);
-	set_err(err, fz_strdup_printf("region %d: %s: %s%s%s", region, what,
+	fz_set_err(err, fz_strdup_printf("region %d: %s: %s%s%s", region, what,
 				      m ? m : "?", c->diag[0] ? "; " : "", c->diag));
 	LLVMDisposeErrorMessage(m);
 	c->diag[0] = 0;
@@ -164,7 +149,7 @@ static bool kernel_op(fz_opclass c)
 fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *r,
 			    fz_kernel **out, char **err)
 {
-	double t0 = now();
+	double t0 = fz_now();
 	if (err)
 		*err = NULL;
 	*out = NULL;
@@ -301,10 +286,10 @@ done:
 	free(g.cse);
 	if (g.st != FZ_OK) {
 		fz_kernel_free(k);
-		set_err(err, fz_strdup(g.msg));
+		fz_set_err(err, fz_strdup(g.msg));
 		return g.st;
 	}
-	k->t_build = now() - t0;
+	k->t_build = fz_now() - t0;
 	*out = k;
 	return FZ_OK;
 }
@@ -341,7 +326,7 @@ fz_status fz_compiler_optimize(fz_compiler *c, fz_kernel *k, char **err)
 {
 	if (err)
 		*err = NULL;
-	double t0 = now();
+	double t0 = fz_now();
 	const char *pipeline = getenv("FUSEC_CODEGEN_PASSES");
 	if (!pipeline || !pipeline[0])
 		pipeline = c->o.target == FZ_CG_NVPTX ? PIPELINE_NVPTX : PIPELINE_HOST;
@@ -350,7 +335,7 @@ fz_status fz_compiler_optimize(fz_compiler *c, fz_kernel *k, char **err)
 	LLVMDisposePassBuilderOptions(po);
 	if (e)
 		return cg_llvm_error(c, e, "optimizing", k->region, err);
-	k->t_opt = now() - t0;
+	k->t_opt = fz_now() - t0;
 	return FZ_OK;
 }
 
@@ -360,7 +345,7 @@ fz_status fz_kernel_llvm(const fz_kernel *k, char **out, char **err)
 		*err = NULL;
 	*out = NULL;
 	if (!k->mod) {
-		set_err(err, fz_strdup_printf("region %d: the module was already "
+		fz_set_err(err, fz_strdup_printf("region %d: the module was already "
 					      "emitted", k->region));
 		return FZ_EINVAL;
 	}

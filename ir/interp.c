@@ -61,8 +61,7 @@ static void set_err(char **err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof buf, fmt, ap);
 	va_end(ap);
-	free(*err);
-	*err = fz_strdup(buf);
+	fz_set_err(err, fz_strdup(buf));
 }
 
 /* "take at 3:7" or "take": how a node is named in messages. */

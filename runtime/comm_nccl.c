@@ -149,12 +149,6 @@ FZ_API fz_status fz_nccl_unique_id(unsigned char id[FZ_NCCL_ID_BYTES], char **er
 	return FZ_OK;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
 				 unsigned char id[FZ_NCCL_ID_BYTES], char **err)
@@ -184,7 +178,7 @@ fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
 		free(tmp);
 		return ok ? FZ_OK : FZ_EINVAL;
 	}
-	double end = now() + timeout_s;
+	double end = fz_now() + timeout_s;
 	for (;;) {
 		FILE *f = fopen(path, "rb");
 		if (f) {
@@ -193,7 +187,7 @@ fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
 			if (n == FZ_NCCL_ID_BYTES)
 				return FZ_OK;
 		}
-		if (now() > end) {
+		if (fz_now() > end) {
 			if (err)
 				*err = fz_strdup_printf("rank %d: rank 0 did not publish the "
 							"NCCL id in %s within %g s", rank,
@@ -238,13 +232,13 @@ fz_status fz_nccl_new(int world, int rank, const unsigned char id[FZ_NCCL_ID_BYT
 		free(c);
 		return nccl_fail(rc, "ncclCommInitRankConfig", err);
 	}
-	double end = now() + (timeout_s > 0 ? timeout_s : 60);
+	double end = fz_now() + (timeout_s > 0 ? timeout_s : 60);
 	int state = NCCL_IN_PROGRESS;
 	while (state == NCCL_IN_PROGRESS) {
 		rc = api.get_async_error(c->comm, &state);
 		if (rc != NCCL_SUCCESS)
 			state = rc;
-		if (state == NCCL_IN_PROGRESS && now() > end) {
+		if (state == NCCL_IN_PROGRESS && fz_now() > end) {
 			api.abort(c->comm);
 			free(c);
 			if (err)

@@ -78,13 +78,6 @@ typedef struct emu_device {
 	int64_t max_grid;       /* FUSEC_EMU_MAX_GRID (0: none) */
 } emu_device;
 
-static void set_err(char **err, char *m)
-{
-	if (err)
-		*err = m;
-	else
-		free(m);
-}
 
 /* ---- settings --------------------------------------------------------------------- */
 
@@ -107,7 +100,7 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 	snprintf(name, sizeof name, "emu-%s", sm && sm[0] ? sm : "sm_90");
 	char *m = NULL;
 	if (fz_cg_options_parse(name, o, &m) != FZ_OK) {
-		set_err(err, fz_strdup_printf("FUSEC_EMU_SM='%s': %s", sm, m ? m : "?"));
+		fz_set_err(err, fz_strdup_printf("FUSEC_EMU_SM='%s': %s", sm, m ? m : "?"));
 		free(m);
 		return FZ_EINVAL;
 	}
@@ -117,7 +110,7 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 		char *end;
 		long v = strtol(n, &end, 10);
 		if (*end || v < 1 || v > 1024) {
-			set_err(err, fz_strdup_printf("FUSEC_EMU_SM_COUNT='%s': expected a "
+			fz_set_err(err, fz_strdup_printf("FUSEC_EMU_SM_COUNT='%s': expected a "
 						      "number of multiprocessors, 1 to 1024", n));
 			return FZ_EINVAL;
 		}
@@ -132,7 +125,7 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 		while (i < FZ_EMU_FAULT_COUNT && strcmp(f, faults[i]))
 			i++;
 		if (i == FZ_EMU_FAULT_COUNT) {
-			set_err(err, fz_strdup_printf("FUSEC_EMU_FAULT='%s': expected none, "
+			fz_set_err(err, fz_strdup_printf("FUSEC_EMU_FAULT='%s': expected none, "
 						      "barrier, load, store or shfl", f));
 			return FZ_EINVAL;
 		}
@@ -140,7 +133,7 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 	}
 	const char *ib = getenv("FUSEC_EMU_INDEX_BITS");
 	if (ib && ib[0] && strcmp(ib, "32") && strcmp(ib, "64")) {
-		set_err(err, fz_strdup_printf("FUSEC_EMU_INDEX_BITS='%s': expected 32 "
+		fz_set_err(err, fz_strdup_printf("FUSEC_EMU_INDEX_BITS='%s': expected 32 "
 					      "(the runner's choice) or 64", ib));
 		return FZ_EINVAL;
 	}
@@ -195,7 +188,7 @@ static fz_status emu_open(const fz_exec_options *o, fz_device **out, char **err)
 	e = calloc(1, sizeof *e);
 	if (!e) {
 		st = FZ_ENOMEM;
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		goto fail;
 	}
 	pthread_mutex_init(&e->run_mu, NULL);
@@ -210,7 +203,7 @@ static fz_status emu_open(const fz_exec_options *o, fz_device **out, char **err)
 		long long v = strtoll(mg, &end, 10);
 		if (*end || v < 1) {
 			st = FZ_EINVAL;
-			set_err(err, fz_strdup_printf("FUSEC_EMU_MAX_GRID='%s': expected a "
+			fz_set_err(err, fz_strdup_printf("FUSEC_EMU_MAX_GRID='%s': expected a "
 						      "number of blocks, 1 or more", mg));
 			goto fail;
 		}
@@ -246,7 +239,7 @@ static fz_status emu_alloc(fz_device *d, size_t bytes, void **p, char **err)
 	size_t n = (bytes + 255) / 256 * 256;
 	*p = aligned_alloc(256, n ? n : 256);
 	if (!*p) {
-		set_err(err, fz_strdup_printf("emu: out of memory (%zu bytes)", bytes));
+		fz_set_err(err, fz_strdup_printf("emu: out of memory (%zu bytes)", bytes));
 		return FZ_ENOMEM;
 	}
 	memset(*p, e->poison ? 0xff : 0, n ? n : 256);
@@ -295,7 +288,7 @@ static fz_status emu_load(fz_device *d, const fz_kernel *k, const fz_kcode *code
 {
 	emu_device *e = (emu_device *)d;
 	if (!code->obj || !code->obj_len) {
-		set_err(err, fz_strdup_printf("region %d: no emu object to load", k->region));
+		fz_set_err(err, fz_strdup_printf("region %d: no emu object to load", k->region));
 		return FZ_EINVAL;
 	}
 	for (int i = 0; i < k->n_entries; i++) {
@@ -380,7 +373,7 @@ static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char
 		free(B);
 		free(Bt);
 		free(C);
-		set_err(err, fz_strdup_printf("region %d: emu: out of memory", m->region));
+		fz_set_err(err, fz_strdup_printf("region %d: emu: out of memory", m->region));
 		return FZ_ENOMEM;
 	}
 	int64_t bi[FZ_MAX_RANK] = {0};

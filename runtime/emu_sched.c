@@ -182,13 +182,6 @@ struct fz_emu_sched {
 	fz_emu_stats stats;
 };
 
-static void set_err(char **err, char *m)
-{
-	if (err)
-		*err = m;
-	else
-		free(m);
-}
 
 /* ---- violations ------------------------------------------------------------------ */
 
@@ -645,7 +638,7 @@ fz_status fz_emu_sched_new(fz_emu_sched **out, char **err)
 	*out = NULL;
 	fz_emu_sched *s = aligned_alloc(64, sizeof *s);
 	if (!s) {
-		set_err(err, fz_strdup("out of memory"));
+		fz_set_err(err, fz_strdup("out of memory"));
 		return FZ_ENOMEM;
 	}
 	memset(s, 0, sizeof *s);
@@ -672,14 +665,14 @@ fz_status fz_emu_run(fz_emu_sched *s, const fz_emu_launch *L, char **err)
 	if (err)
 		*err = NULL;
 	if (L->block < 1 || L->block > MAX_BLOCK || L->grid < 1 || L->grid > INT32_MAX) {
-		set_err(err, fz_strdup_printf("emu: kernel %s (region %d): launch of %lld "
+		fz_set_err(err, fz_strdup_printf("emu: kernel %s (region %d): launch of %lld "
 					      "blocks of %d threads is outside the GPU's limits",
 					      L->kernel, L->region, (long long)L->grid, L->block));
 		return FZ_EINVAL;
 	}
 	if (L->fibers) {
 		if (fibers_grow(s, L->block) != FZ_OK) {
-			set_err(err, fz_strdup("emu: out of memory for fiber stacks"));
+			fz_set_err(err, fz_strdup("emu: out of memory for fiber stacks"));
 			return FZ_ENOMEM;
 		}
 		if (s->dirty)
@@ -710,6 +703,6 @@ fz_status fz_emu_run(fz_emu_sched *s, const fz_emu_launch *L, char **err)
 		return FZ_OK;
 	/* fibers blocked mid-kernel are abandoned: fresh stacks next time */
 	s->dirty = L->fibers;
-	set_err(err, fz_strdup(s->msg));
+	fz_set_err(err, fz_strdup(s->msg));
 	return FZ_ERUNTIME;
 }

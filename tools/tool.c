@@ -106,12 +106,7 @@ void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
 	}
 }
 
-double tool_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+double tool_now(void) { return fz_now(); }
 
 void tool_json_str(const char *s)
 {

@@ -35,12 +35,6 @@
 #include "ir.h"
 #include "target.h"
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int64_t realtime_ns(void)
 {
@@ -109,9 +103,9 @@ static int bench_launch(int iters, const char *json)
 	for (int i = 0; i < iters + 100; i++) {
 		if (i % 256 == 0)
 			cu->StreamSynchronize(NULL);
-		double t0 = now_s();
+		double t0 = fz_now();
 		r = cu->LaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
-		double t1 = now_s();
+		double t1 = fz_now();
 		if (r != FZ_CUDA_SUCCESS) {
 			char *err = NULL;
 			fz_cu_fail(cu, &err, r, "cuLaunchKernel", "the empty kernel");
@@ -140,9 +134,9 @@ static int bench_launch(int iters, const char *json)
 	for (int i = 0; i < iters + 100; i++) {
 		if (i % 256 == 0 && fz_exec_sync(ex, NULL, &err) != FZ_OK)
 			die("fz_exec_sync", err);
-		double t0 = now_s();
+		double t0 = fz_now();
 		fz_status st = fz_exec_run(ex, NULL, &in, 1, &out, 1, NULL, &err);
-		double t1 = now_s();
+		double t1 = fz_now();
 		if (st != FZ_OK)
 			die("fz_exec_run", err);
 		if (i >= 100)
@@ -256,11 +250,11 @@ static int bench_warmstart(const char *path, const char *bind, int64_t t0_ns,
 		die("fz_exec_sync", err);
 	double t_done = (double)(realtime_ns() - t0_ns) * 1e-9;
 	/* a second run: the steady state, for comparison */
-	double r0 = now_s();
+	double r0 = fz_now();
 	if (fz_exec_run(ex, syms, in, ni, out, no, NULL, &err) != FZ_OK ||
 	    fz_exec_sync(ex, NULL, &err) != FZ_OK)
 		die("second run", err);
-	double t_second = now_s() - r0;
+	double t_second = fz_now() - r0;
 	printf("%s at %s (%.2f GB of tensors):\n", path, bind, bytes / 1e9);
 	printf("  process start to main            %.4f s\n", t_open);
 	printf("  parsed                           %.4f s\n", t_parsed);

@@ -22,12 +22,6 @@
 
 #include "plan.h"
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* CPU time of this thread: a busy machine's other work does not enter it */
 static double cpu_now(void)
@@ -102,9 +96,9 @@ int main(int argc, char **argv)
 		int regions = 0, kernels = 0;
 		for (int r = 0; r < reps && ms; r++) {
 			fz_program *p = NULL;
-			double t0 = now(), c0 = cpu_now();
+			double t0 = fz_now(), c0 = cpu_now();
 			fz_status st = fz_plan(t, &o, &p, NULL);
-			ms[r] = (now() - t0) * 1e3;
+			ms[r] = (fz_now() - t0) * 1e3;
 			double c = (cpu_now() - c0) * 1e3;
 			if (!r || c < cpu_best)
 				cpu_best = c;

@@ -34,12 +34,6 @@
 #include "exec.h"
 #include "plan.h"
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* CPU time of the process: what a shared machine's other load does not
  * inflate (a phase that waits on threads or the disk shows less here) */
@@ -124,14 +118,14 @@ int main(int argc, char **argv)
 	}
 	int rc = 0, kernels = 0, ops = 0;
 	for (int r = -1; r < reps && !rc; r++) {
-		double c0 = cpu(), t0 = now();
+		double c0 = cpu(), t0 = fz_now();
 		fz_module *m = NULL;
 		char *diag = NULL;
 		if (fz_module_parse_file(file, &m, &diag) != FZ_OK) {
 			fprintf(stderr, "%s", diag ? diag : "parse failed\n");
 			return 1;
 		}
-		double t1 = now(), c1 = cpu();
+		double t1 = fz_now(), c1 = cpu();
 		const fz_trace *tr = fz_module_trace(m, 0);
 		ops = fz_trace_op_count(tr);
 		void *form = NULL;
@@ -139,14 +133,14 @@ int main(int argc, char **argv)
 		fz_plan_form(tr, NULL, &form, &len);
 		(void)fz_key_of(form, len);
 		free(form);
-		double t2 = now(), c2 = cpu();
+		double t2 = fz_now(), c2 = cpu();
 		fz_program *p = NULL;
 		bool hit = false;
 		if (fz_plan_cached(d, tr, NULL, &p, &hit, &err) != FZ_OK) {
 			fprintf(stderr, "plan: %s\n", err ? err : "?");
 			return 1;
 		}
-		double t3 = now(), c3 = cpu();
+		double t3 = fz_now(), c3 = cpu();
 		if (r >= 0 && !hit) {
 			fprintf(stderr, "the program was not found in the cache\n");
 			rc = 1;
@@ -169,20 +163,20 @@ int main(int argc, char **argv)
 			fz_canon_free(cn);
 			kernels++;
 		}
-		double t4 = now(), c4 = cpu();
+		double t4 = fz_now(), c4 = cpu();
 		fz_canon **cs = NULL;
 		bool khit = false;
 		if (fz_program_canons(d, p, &co, &cs, &khit, &err) != FZ_OK) {
 			fprintf(stderr, "keys: %s\n", err ? err : "?");
 			rc = 1;
 		}
-		double t5 = now(), c5 = cpu();
+		double t5 = fz_now(), c5 = cpu();
 		if (r >= 0 && !khit) {
 			fprintf(stderr, "the kernel keys were not found in the cache\n");
 			rc = 1;
 		}
 		fz_program_canons_free(p, cs);
-		double t6 = now(), t7 = t6, c6 = cpu(), c7 = c6;
+		double t6 = fz_now(), t7 = t6, c6 = cpu(), c7 = c6;
 		if (exec_dev) {
 			fz_exec_options eo;
 			fz_exec_options_init(&eo);
@@ -214,7 +208,7 @@ int main(int argc, char **argv)
 					"lacks them\n", fz_exec_stats_of(x)->k.compiled);
 				rc = 1;
 			}
-			t7 = now();
+			t7 = fz_now();
 			c7 = cpu();
 			fz_exec_free(x);
 			free(in);
