@@ -427,3 +427,44 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 	*out = p;
 	return FZ_OK;
 }
+
+bool fz_layout_is_contiguous(const fz_layout *l)
+{
+	int64_t acc = 1;
+	for (int d = l->rank - 1; d >= 0; d--) {
+		if (l->shape[d] != 1 && l->strides[d] != acc)
+			return false;
+		acc *= l->shape[d];
+	}
+	return true;
+}
+
+void fz_layout_gather(void *dst, const void *src, size_t es, const fz_layout *lay)
+{
+	int rank = lay->rank;
+	int64_t n = 1, idx[FZ_MAX_RANK] = {0}, off = lay->offset;
+	for (int i = 0; i < rank; i++)
+		n *= lay->shape[i];
+	if (n <= 0)
+		return;
+	/* the innermost run of contiguous elements moves in one memcpy */
+	int inner = rank;
+	int64_t run = 1;
+	while (inner > 0 && (lay->shape[inner - 1] == 1 ||
+			     lay->strides[inner - 1] == run)) {
+		run *= lay->shape[inner - 1];
+		inner--;
+	}
+	const char *s = src;
+	char *o = dst;
+	for (int64_t i = 0; i < n; i += run) {
+		memcpy(o + (size_t)i * es, s + off * (int64_t)es, (size_t)run * es);
+		for (int k = inner - 1; k >= 0; k--) {
+			off += lay->strides[k];
+			if (++idx[k] < lay->shape[k])
+				break;
+			off -= lay->strides[k] * lay->shape[k];
+			idx[k] = 0;
+		}
+	}
+}

@@ -128,6 +128,13 @@ typedef struct fz_layout {
 	int64_t offset;
 } fz_layout;
 
+/* Is lay row-major contiguous (extents of 1 may have any stride)? */
+bool fz_layout_is_contiguous(const fz_layout *lay);
+/* Copies the elements of src seen through lay (offset included, strides in
+ * elements of es bytes) into contiguous host memory dst: the strided copy
+ * of the host-memory targets. Runs of contiguous elements move in one
+ * memcpy. */
+void fz_layout_gather(void *dst, const void *src, size_t es, const fz_layout *lay);
 /* The contiguous layout of a value at sizes; false on overflow. */
 bool fz_layout_contiguous(const fz_value *v, const int64_t *sizes,
                           fz_layout *out);

@@ -131,32 +131,7 @@ static fz_status cpu_copy(fz_device *d, void *dst, const void *src, size_t es,
 	(void)d;
 	(void)stream;
 	(void)err;
-	int rank = lay->rank;
-	int64_t n = 1, idx[FZ_MAX_RANK] = {0}, off = lay->offset;
-	for (int i = 0; i < rank; i++)
-		n *= lay->shape[i];
-	if (n <= 0)
-		return FZ_OK;
-	/* the innermost run of contiguous elements moves in one memcpy */
-	int inner = rank;
-	int64_t run = 1;
-	while (inner > 0 && (lay->shape[inner - 1] == 1 ||
-			     lay->strides[inner - 1] == run)) {
-		run *= lay->shape[inner - 1];
-		inner--;
-	}
-	const char *s = src;
-	char *o = dst;
-	for (int64_t i = 0; i < n; i += run) {
-		memcpy(o + (size_t)i * es, s + off * (int64_t)es, (size_t)run * es);
-		for (int k = inner - 1; k >= 0; k--) {
-			off += lay->strides[k];
-			if (++idx[k] < lay->shape[k])
-				break;
-			off -= lay->strides[k] * lay->shape[k];
-			idx[k] = 0;
-		}
-	}
+	fz_layout_gather(dst, src, es, lay);
 	return FZ_OK;
 }
 

@@ -265,19 +265,7 @@ static fz_status emu_copy(fz_device *d, void *dst, const void *src, size_t es,
 			  const fz_layout *lay, void *stream, char **err)
 {
 	(void)d; (void)stream; (void)err;
-	int64_t n = 1, idx[FZ_MAX_RANK] = {0}, off = lay->offset;
-	for (int k = 0; k < lay->rank; k++)
-		n *= lay->shape[k];
-	for (int64_t i = 0; i < n; i++) {
-		memcpy((char *)dst + (size_t)i * es, (const char *)src + off * (int64_t)es, es);
-		for (int k = lay->rank - 1; k >= 0; k--) {
-			off += lay->strides[k];
-			if (++idx[k] < lay->shape[k])
-				break;
-			off -= lay->strides[k] * lay->shape[k];
-			idx[k] = 0;
-		}
-	}
+	fz_layout_gather(dst, src, es, lay);
 	return FZ_OK;
 }
 

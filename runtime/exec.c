@@ -227,16 +227,6 @@ static int64_t value_bytes(builder *B, const fz_value *v)
 	return (n > 0 ? n : 0) * (int64_t)fz_dtype_size(v->type.dtype);
 }
 
-static bool contiguous(const fz_layout *l)
-{
-	int64_t acc = 1;
-	for (int d = l->rank - 1; d >= 0; d--) {
-		if (l->shape[d] != 1 && l->strides[d] != acc)
-			return false;
-		acc *= l->shape[d];
-	}
-	return true;
-}
 
 static void add_kernel(builder *B, const fz_kinst *ki);
 
@@ -275,7 +265,7 @@ static int need(builder *B, const fz_value *v)
 	}
 	size_t es = fz_dtype_size(v->type.dtype);
 	int s;
-	if (contiguous(&lay)) {
+	if (fz_layout_is_contiguous(&lay)) {
 		slot r = pp->slots[rs];
 		s = add_slot(B, r.base, r.idx, r.off + lay.offset * (int64_t)es);
 	} else {

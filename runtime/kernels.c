@@ -181,16 +181,6 @@ void fz_kset_free(fz_kset *ks)
 	free(ks);
 }
 
-static bool contiguous(const fz_layout *l)
-{
-	int64_t acc = 1;
-	for (int d = l->rank - 1; d >= 0; d--) {
-		if (l->shape[d] != 1 && l->strides[d] != acc)
-			return false;
-		acc *= l->shape[d];
-	}
-	return true;
-}
 
 /* Will the buffer of v handed to a kernel be 16-byte aligned? The arena's
  * blocks and parameters are (the runner copies a parameter that is not),
@@ -203,7 +193,7 @@ static bool value_aligned(const fz_program *p, const fz_value *v, const int64_t 
 	if (!p->view_of || !p->view_of[v->id])
 		return true;
 	fz_layout lay;
-	if (fz_view_eval(p, v, syms, &lay) != FZ_OK || !contiguous(&lay))
+	if (fz_view_eval(p, v, syms, &lay) != FZ_OK || !fz_layout_is_contiguous(&lay))
 		return true;
 	return lay.offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
 }
