@@ -84,6 +84,18 @@ size_t fz_cache_spec(const fz_cg_options *o, const fz_region *r, uint8_t *buf,
 	return n;
 }
 
+fz_status fz_cache_canon(const fz_trace *t, const fz_region *r,
+			 const fz_cg_options *o, const char *target,
+			 fz_canon **out, char **err)
+{
+	uint8_t spec[2 + 256];
+	fz_key_params kp;
+	fz_key_params_init(&kp, target, FZ_CODEGEN_VERSION);
+	kp.spec = spec;
+	kp.n_spec = fz_cache_spec(o, r, spec, sizeof spec);
+	return fz_canon_region(t, r, &kp, out, err);
+}
+
 static void meta_text(const fz_kernel *k, fz_buf *b)
 {
 	fz_buf_printf(b, "fusec-kernel 1\nentries %d", k->n_entries);

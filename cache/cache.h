@@ -321,6 +321,14 @@ void fz_cache_target(const struct fz_cg_options *o, char *buf, size_t n);
 size_t fz_cache_spec(const struct fz_cg_options *o, const fz_region *r,
                      uint8_t *buf, size_t cap);
 
+/* The canonical form (and key) of region r of t compiled with options o
+ * for the key target `target` (fz_cache_target of o): the one place that
+ * puts the code generator's version and specialization into a key, for
+ * the kernel module, the program cache and the benchmarks alike. */
+fz_status fz_cache_canon(const fz_trace *t, const fz_region *r,
+                         const struct fz_cg_options *o, const char *target,
+                         fz_canon **out, char **err);
+
 typedef struct fz_build_info {
 	bool want_code;        /* in: hand the code back (object, or ptx and cubin) */
 	bool cubin;            /* a cubin was built and stored */

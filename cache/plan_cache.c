@@ -643,12 +643,7 @@ static fz_status canons_compute(const fz_program *p, const fz_cg_options *o,
 		const fz_region *R = p->regions[r];
 		if (!fz_region_is_kernel(R->kind))
 			continue;
-		uint8_t spec[2 + 256];
-		fz_key_params kp;
-		fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
-		kp.spec = spec;
-		kp.n_spec = fz_cache_spec(o, R, spec, sizeof spec);
-		fz_status st = fz_canon_region(p->trace, R, &kp, &cs[r], err);
+		fz_status st = fz_cache_canon(p->trace, R, o, tname, &cs[r], err);
 		if (st != FZ_OK)
 			return st;
 	}

@@ -256,12 +256,7 @@ static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_kinst *ki, char **
 	fz_cg_options o = cx->o.cg;
 	o.idx32 = ki->variant >= 2;
 	o.vectorize = ki->variant & 1;
-	uint8_t spec[2 + 256];
-	fz_key_params kp;
-	fz_key_params_init(&kp, cx->target, FZ_CODEGEN_VERSION);
-	kp.spec = spec;
-	kp.n_spec = fz_cache_spec(&o, &ki->src, spec, sizeof spec);
-	fz_status st = fz_canon_region(t, &ki->src, &kp, &ki->cn, err);
+	fz_status st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
 	if (st == FZ_OK)
 		fz_canon_region_view(ki->cn, &ki->src, &ki->view);
 	return st;

@@ -152,13 +152,8 @@ int main(int argc, char **argv)
 			const fz_region *R = p->regions[i];
 			if (!fz_region_is_kernel(R->kind))
 				continue;
-			uint8_t spec[2 + 256];
-			fz_key_params kp;
-			fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
-			kp.spec = spec;
-			kp.n_spec = fz_cache_spec(&co, R, spec, sizeof spec);
 			fz_canon *cn = NULL;
-			if (fz_canon_region(tr, R, &kp, &cn, &err) != FZ_OK)
+			if (fz_cache_canon(tr, R, &co, tname, &cn, &err) != FZ_OK)
 				rc = 1;
 			fz_canon_free(cn);
 			kernels++;
