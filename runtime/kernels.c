@@ -458,7 +458,6 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		cx->st.unique++;
 		if (dev && (rec = fz_lru_get(dev->store->map, &probe)) != NULL) {
 			cx->st.mem_hits++;
-			ki->code = rec;
 			fz_kcode_rec *seen = rec_new(ki->cn);
 			if (!seen || fz_lru_put(cx->seen, seen, seen) != FZ_OK) {
 				st = FZ_ENOMEM;
