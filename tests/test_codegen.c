@@ -400,6 +400,14 @@ START_TEST(ptx_layer_norm_vectorized)
 	ck_assert_ptr_nonnull(strstr(p, "ld.global.nc.v4"));
 	ck_assert_ptr_nonnull(strstr(p, "shfl.sync.bfly"));
 	ck_assert_ptr_null(strstr(p, ".local"));
+	/* sm_80 and later round to bf16 with one cvt, the vector loads kept */
+	ck_assert_ptr_nonnull(strstr(p, "cvt.rn.bf16.f32"));
+	free(p);
+	p = ptx_of("trace f(x: bf16[16, 128, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+		   "  r0 = layer_norm(x, w, b, dims=[2], eps=1e-5)\n"
+		   "  return r0\n}\n", "sm_75");
+	ck_assert_ptr_null(strstr(p, ".bf16"));
+	ck_assert_ptr_nonnull(strstr(p, "ld.global.nc.v4"));
 	free(p);
 }
 END_TEST
