@@ -15,6 +15,10 @@
  *                  at an offset may not be);
  *   3. key         the canonical form of the region under that variant
  *                  (cache/canon.c), so the 32 layers of a Llama share keys;
+ *                  a whole region's form comes from the program's forms
+ *                  (fz_program_canons: one cache entry when the program
+ *                  was keyed before), respecialized to the variant, so a
+ *                  warm start canonicalizes nothing;
  *   4. find        per distinct key: the device's store (loaded by another
  *                  program of this process), else the disk cache, else
  *                  compile on `jobs` threads and store; a key whose region
@@ -251,12 +255,27 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 			      n->n_out, n->out};
 }
 
-static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_kinst *ki, char **err)
+/* The instance's key: a whole region's from the program's forms (cs,
+ * from the cache when the program was keyed before) under the instance's
+ * spec, anything else canonicalized here. */
+static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
+			   fz_kinst *ki, char **err)
 {
 	fz_cg_options o = cx->o.cg;
 	o.idx32 = ki->variant >= 2;
 	o.vectorize = ki->variant & 1;
-	fz_status st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	fz_status st;
+	if (cs && ki->op == -1 && ki->region >= 0 && cs[ki->region]) {
+		uint8_t spec[2 + 256];
+		size_t n = fz_cache_spec(&o, &ki->src, spec, sizeof spec);
+		st = fz_canon_respec(cs[ki->region], spec, n, &ki->cn);
+		if (st == FZ_ENOMEM)
+			fz_set_err(err, fz_strdup("out of memory"));
+		else if (st != FZ_OK)
+			st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	} else {
+		st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	}
 	if (st == FZ_OK)
 		fz_canon_region_view(ki->cn, &ki->src, &ki->view);
 	return st;
@@ -425,8 +444,8 @@ static fz_status load_rec(fz_kctx *cx, fz_kcode_rec *rec, const fz_kcode *code,
 
 /* Resolves every instance of ks from index `from` on: found, compiled or
  * loaded; sets ki->code. */
-static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
-			 char **err)
+static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
+			 fz_kset *ks, int from, char **err)
 {
 	fz_device *dev = cx->o.dev;
 	int n = ks->n_inst - from;
@@ -446,7 +465,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		pthread_mutex_lock(&dev->mu);
 	for (int i = from; i < ks->n_inst && st == FZ_OK; i++) {
 		fz_kinst *ki = ks->inst[i];
-		if ((st = kinst_key(cx, t, ki, err)) != FZ_OK)
+		if ((st = kinst_key(cx, t, cs, ki, err)) != FZ_OK)
 			break;
 		fz_kcode_rec probe = {.key = ki->cn->key, .canon = ki->cn->text,
 				      .len = ki->cn->len};
@@ -648,8 +667,14 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 				ks->copy[v] = ki;
 		}
 	}
-	/* 4: find or compile */
-	fz_status st = resolve(cx, t, ks, 0, err);
+	/* 3-4: keyed from the program's forms (one lookup in the cache when
+	 * this program was keyed before: a warm start canonicalizes nothing),
+	 * then found or compiled */
+	fz_canon **cs = NULL;
+	fz_status st = fz_program_canons(cx->o.disk, p, &cx->o.cg, &cs, NULL, err);
+	if (st == FZ_OK)
+		st = resolve(cx, t, cs, ks, 0, err);
+	fz_program_canons_free(p, cs);
 	/* 5: split what the skeletons do not take whole */
 	int first_op = ks->n_inst;
 	for (int i = 0; i < first_op && st == FZ_OK; i++) {
@@ -672,7 +697,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		}
 	}
 	if (st == FZ_OK && ks->n_inst > first_op)
-		st = resolve(cx, t, ks, first_op, err);
+		st = resolve(cx, t, NULL, ks, first_op, err);
 	for (int i = first_op; i < ks->n_inst && st == FZ_OK; i++) {
 		fz_kinst *oi = ks->inst[i];
 		if (oi->code->unsupported) {

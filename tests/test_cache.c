@@ -302,6 +302,54 @@ START_TEST(key_describe)
 }
 END_TEST
 
+/* A form respecialized is the form made with that spec: same text, same
+ * key, same order of nodes and operands; and the keys of two specs
+ * differ. */
+START_TEST(key_respec)
+{
+	fz_module *m = parse(base_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	whole w;
+	whole_region(t, &w);
+	static const uint8_t sa[] = {0, 1, 0x10, 0x10}, sb[] = {1, 0, 0x10};
+	fz_key_params ka, kb;
+	fz_key_params_init(&ka, "sm_90", 1);
+	fz_key_params_init(&kb, "sm_90", 1);
+	ka.spec = sa;
+	ka.n_spec = sizeof sa;
+	kb.spec = sb;
+	kb.n_spec = sizeof sb;
+	fz_canon *a, *b, *r;
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &ka, &a, NULL), FZ_OK);
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &kb, &b, NULL), FZ_OK);
+	ck_assert(!fz_key_eq(a->key, b->key));
+	ck_assert_int_eq(fz_canon_respec(a, sb, sizeof sb, &r), FZ_OK);
+	ck_assert_str_eq(r->text, b->text);
+	ck_assert_uint_eq(r->len, b->len);
+	ck_assert(fz_key_eq(r->key, b->key));
+	ck_assert_int_eq(r->n_nodes, b->n_nodes);
+	for (int i = 0; i < r->n_nodes; i++)
+		ck_assert_ptr_eq(r->nodes[i], b->nodes[i]);
+	for (int i = 0; i < r->n_in; i++)
+		ck_assert_int_eq(r->in_pos[i], b->in_pos[i]);
+	for (int i = 0; i < r->n_out; i++)
+		ck_assert_ptr_eq(r->out[i], b->out[i]);
+	fz_canon_free(r);
+	/* and back; no spec line: refused */
+	ck_assert_int_eq(fz_canon_respec(b, sa, sizeof sa, &r), FZ_OK);
+	ck_assert_str_eq(r->text, a->text);
+	fz_canon_free(r);
+	fz_canon c0 = *a;
+	c0.text = "fusec-canon 1\nkind pointwise\n";
+	c0.len = strlen(c0.text);
+	ck_assert_int_eq(fz_canon_respec(&c0, sa, sizeof sa, &r), FZ_EINVAL);
+	ck_assert_ptr_null(r);
+	fz_canon_free(a);
+	fz_canon_free(b);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(key_region_view)
 {
 	fz_module *m = parse(base_src);
@@ -1740,6 +1788,7 @@ static Suite *cache_suite(void)
 	TCase *tc = tcase_create("keys");
 	tcase_add_checked_fixture(tc, NULL, release_modules);
 	tcase_add_test(tc, key_hex_roundtrip);
+	tcase_add_test(tc, key_respec);
 	tcase_add_test(tc, key_invariant_rename_reorder);
 	tcase_add_test(tc, key_invariant_symbol_names);
 	tcase_add_test(tc, key_symmetric_operands);
