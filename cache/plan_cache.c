@@ -541,7 +541,8 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 	const fz_section *s = e ? fz_entry_section(e, "plan") : NULL;
 	if (s && fz_plan_deserialize(t, o, s->data, s->len, out) == FZ_OK) {
 		fz_entry_free(e);
-		free(form);
+		(*out)->cache_form = form;
+		(*out)->cache_form_len = form_len;
 		if (hit)
 			*hit = true;
 		return FZ_OK;
@@ -561,7 +562,8 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 		fz_disk_store(d, key, form, form_len, &sec, 1);
 	}
 	free(data);
-	free(form);
+	(*out)->cache_form = form;
+	(*out)->cache_form_len = form_len;
 	return FZ_OK;
 }
 
@@ -586,17 +588,23 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 static fz_status keys_form(const fz_program *p, const fz_cg_options *o,
 			   const char *tname, void **form, size_t *len)
 {
-	/* the program's form, with the sizes it was planned at */
-	int64_t sizes[FZ_MAX_SYMS];
-	for (int s = 0; s < FZ_MAX_SYMS; s++)
-		sizes[s] = p->unbound_syms >> s & 1 ? -1 : p->sym_sizes[s];
-	fz_plan_options po = p->opts;
-	po.sym_sizes = sizes;
-	void *pf = NULL;
-	size_t pl = 0;
-	fz_status st = fz_plan_form(p->trace, &po, &pf, &pl);
-	if (st != FZ_OK)
-		return st;
+	/* the program's form: the one the plan cache filed it under (what
+	 * determines the program), else made with the sizes it was planned
+	 * at */
+	const void *pf = p->cache_form;
+	void *own = NULL;
+	size_t pl = p->cache_form_len;
+	if (!pf) {
+		int64_t sizes[FZ_MAX_SYMS];
+		for (int s = 0; s < FZ_MAX_SYMS; s++)
+			sizes[s] = p->unbound_syms >> s & 1 ? -1 : p->sym_sizes[s];
+		fz_plan_options po = p->opts;
+		po.sym_sizes = sizes;
+		fz_status st = fz_plan_form(p->trace, &po, &own, &pl);
+		if (st != FZ_OK)
+			return st;
+		pf = own;
+	}
 	wbuf b = {0};
 	char line[256];
 	fz_key_params kp;
@@ -617,7 +625,7 @@ static fz_status keys_form(const fz_program *p, const fz_cg_options *o,
 	}
 	put_str(&b, "\nprogram\n");
 	put(&b, pf, pl);
-	free(pf);
+	free(own);
 	if (b.oom) {
 		free(b.p);
 		return FZ_ENOMEM;

@@ -186,26 +186,81 @@ void fz_kset_free(fz_kset *ks)
 }
 
 
+/* The layouts of a program's views at sizes, each computed once from its
+ * source's (values are numbered in topological order, so one pass in id
+ * order): fz_view_eval per value walks the whole chain of views under it,
+ * once per region input that reads it. ok[k] false: the view cannot be
+ * evaluated at these sizes (a reshape that must be copied). */
+typedef struct views {
+	int *at;            /* value id -> index in lay, -1: not a view */
+	fz_layout *lay;
+	bool *ok;
+} views;
+
+static void views_free(views *w)
+{
+	free(w->at);
+	free(w->lay);
+	free(w->ok);
+	memset(w, 0, sizeof *w);
+}
+
+static fz_status views_eval(const fz_program *p, const int64_t *syms, views *w)
+{
+	const fz_trace *t = p->trace;
+	memset(w, 0, sizeof *w);
+	if (!p->view_of)
+		return FZ_OK;
+	int n = 0;
+	for (int v = 0; v < t->n_values; v++)
+		n += p->view_of[v] != NULL;
+	w->at = malloc(sizeof *w->at * ((size_t)t->n_values + 1));
+	w->lay = malloc(sizeof *w->lay * ((size_t)n + 1));
+	w->ok = malloc(sizeof *w->ok * ((size_t)n + 1));
+	if (!w->at || !w->lay || !w->ok) {
+		views_free(w);
+		return FZ_ENOMEM;
+	}
+	int k = 0;
+	for (int v = 0; v < t->n_values; v++) {
+		const fz_view *vw = p->view_of[v];
+		w->at[v] = -1;
+		if (!vw)
+			continue;
+		const fz_value *src = vw->node->in[0];
+		int j = src->id < v ? w->at[src->id] : -2;
+		fz_layout in;
+		bool ok;
+		if (j == -2) /* not in id order: the general walk */
+			ok = fz_view_eval(p, src, syms, &in) == FZ_OK;
+		else if (j >= 0)
+			ok = w->ok[j] && (in = w->lay[j], true);
+		else
+			ok = fz_layout_contiguous(src, syms, &in);
+		w->ok[k] = ok && fz_meta_layout(vw->node, syms, &in, &w->lay[k]);
+		w->at[v] = k++;
+	}
+	return FZ_OK;
+}
+
 /* Will the buffer of v handed to a kernel be 16-byte aligned? The arena's
  * blocks and parameters are (the runner copies a parameter that is not),
  * a strided view is gathered into an arena block, a reshape that is not a
  * view is copied into one; a contiguous view points into its root at its
  * offset. exec.c binds exactly what this predicts. Unbound sizes: judged
  * at the plan's probe sizes. */
-static bool value_aligned(const fz_program *p, const fz_value *v, const int64_t *syms)
+static bool value_aligned(const views *w, const fz_value *v)
 {
-	if (!p->view_of || !p->view_of[v->id])
+	int k = w->at ? w->at[v->id] : -1;
+	if (k < 0 || !w->ok[k] || !fz_layout_is_contiguous(&w->lay[k]))
 		return true;
-	fz_layout lay;
-	if (fz_view_eval(p, v, syms, &lay) != FZ_OK || !fz_layout_is_contiguous(&lay))
-		return true;
-	return lay.offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
+	return w->lay[k].offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
 }
 
-static int vectorize_of(const fz_program *p, const fz_region *r, const int64_t *syms)
+static int vectorize_of(const views *w, const fz_region *r)
 {
 	for (int i = 0; i < r->n_in; i++)
-		if (!value_aligned(p, r->in[i], syms))
+		if (!value_aligned(w, r->in[i]))
 			return 0;
 	return 1;
 }
@@ -614,6 +669,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	*out = NULL;
 	double t0 = fz_now();
 	const fz_trace *t = p->trace;
+	views vw = {0};
 	fz_kset *ks = calloc(1, sizeof *ks);
 	if (!ks)
 		goto oom;
@@ -635,13 +691,15 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	if (!bound)
 		widths[n_widths++] = 2;
 
+	if (views_eval(p, at, &vw) != FZ_OK)
+		goto oom;
 	/* 1-3: whole regions and reshape copies */
 	for (int i = 0; i < p->n_regions; i++) {
 		const fz_region *r = p->regions[p->order[i]];
 		if (!fz_region_is_kernel(r->kind))
 			continue;
 		cx->st.regions++;
-		int vec = vectorize_of(p, r, at);
+		int vec = vectorize_of(&vw, r);
 		for (int w = 0; w < n_widths; w++) {
 			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec);
 			if (!ki)
@@ -652,9 +710,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		}
 	}
 	for (int v = 0; v < t->n_values; v++) {
-		fz_layout lay;
-		if (!p->view_of || !p->view_of[v] ||
-		    fz_view_eval(p, t->values[v], at, &lay) == FZ_OK)
+		if (!vw.at || vw.at[v] < 0 || vw.ok[vw.at[v]])
 			continue;
 		fz_node *n = p->view_of[v]->node;
 		for (int w = 0; w < n_widths; w++) {
@@ -662,7 +718,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!ki)
 				goto oom;
 			kinst_one_op(ki, n, -1);
-			ki->variant += vectorize_of(p, &ki->src, at);
+			ki->variant += vectorize_of(&vw, &ki->src);
 			if (w == 0)
 				ks->copy[v] = ki;
 		}
@@ -691,11 +747,12 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!oi)
 				goto oom;
 			kinst_one_op(oi, r->nodes[j], r->id);
-			oi->variant += vectorize_of(p, &oi->src, at);
+			oi->variant += vectorize_of(&vw, &oi->src);
 			if (main_width)
 				ks->ops[r->id][j] = oi;
 		}
 	}
+	views_free(&vw);
 	if (st == FZ_OK && ks->n_inst > first_op)
 		st = resolve(cx, t, NULL, ks, first_op, err);
 	for (int i = first_op; i < ks->n_inst && st == FZ_OK; i++) {
@@ -722,6 +779,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	*out = ks;
 	return FZ_OK;
 oom:
+	views_free(&vw);
 	fz_kset_free(ks);
 	fz_set_err(err, fz_strdup("out of memory"));
 	return FZ_ENOMEM;
