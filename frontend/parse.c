@@ -87,16 +87,19 @@ typedef enum tkind {
 	TK_EOF,
 } tkind;
 
+/* 40 bytes: a 32-layer Llama has 146k tokens, and memory first touched
+ * costs a page fault (offsets fit 32 bits: input is at most 1 GiB) */
 typedef struct token {
-	tkind kind;
-	size_t pos, len;    /* bytes src[pos..pos+len) */
-	size_t line_start;  /* offset of the first byte of its line */
+	uint32_t pos, len;  /* bytes src[pos..pos+len) */
+	uint32_t line_start; /* offset of the first byte of its line */
 	int line, col;      /* 1-based; col counts bytes */
+	unsigned char kind; /* tkind */
 	bool bol;           /* the first token on its line */
 	bool overflow;      /* INT beyond int64, NUMBER beyond double */
 	int64_t i;          /* TK_INT */
 	double f;           /* TK_INT and TK_NUMBER */
 } token;
+_Static_assert(sizeof(token) <= 40, "token grew");
 
 /* A name bound in the current trace: where it was defined, or that the
  * statement defining it failed. */
