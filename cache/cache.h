@@ -302,6 +302,14 @@ struct fz_cg_options;
 fz_status fz_program_canons(fz_disk *d, const fz_program *p,
                             const struct fz_cg_options *o, fz_canon ***out,
                             bool *hit, char **err);
+/* The same for regions rs[r] in place of p->regions[r] (NULL: none; a
+ * kernel region with the views it reads folded in, as runtime/kernels.c
+ * compiles it: its nodes are its own and those of the views), filed under
+ * their node and input counts beside the specs. */
+fz_status fz_program_canons_of(fz_disk *d, const fz_program *p,
+                               const fz_region *const *rs,
+                               const struct fz_cg_options *o, fz_canon ***out,
+                               bool *hit, char **err);
 void fz_program_canons_free(const fz_program *p, fz_canon **cs);
 
 /* ---- Cubins through nvJitLink -------------------------------------------- */

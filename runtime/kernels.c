@@ -394,10 +394,10 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 	return true;
 }
 
-/* The instance's key: a whole region that reads no folded view from the
- * program's forms (cs, from the cache when the program was keyed before)
- * under the instance's spec; anything else (a region with views folded
- * in is not the program's region) canonicalized here. */
+/* The instance's key: a whole region's (its views folded in, the same at
+ * every width) from the program's forms (cs, from the cache when the
+ * program was keyed before) under the instance's spec; anything else
+ * canonicalized here. */
 static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
 			   fz_kinst *ki, char **err)
 {
@@ -405,7 +405,7 @@ static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
 	o.idx32 = ki->variant >= 2;
 	o.vectorize = ki->variant & 1;
 	fz_status st;
-	if (cs && ki->op == -1 && ki->region >= 0 && !ki->folded && cs[ki->region]) {
+	if (cs && ki->op == -1 && ki->region >= 0 && cs[ki->region]) {
 		uint8_t spec[2 + 256];
 		size_t n = fz_cache_spec(&o, &ki->src, spec, sizeof spec);
 		st = fz_canon_respec(cs[ki->region], spec, n, &ki->cn);
@@ -811,10 +811,18 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	 * this program was keyed before: a warm start canonicalizes nothing),
 	 * then found or compiled */
 	fz_canon **cs = NULL;
-	fz_status st = fz_program_canons(cx->o.disk, p, &cx->o.cg, &cs, NULL, err);
+	const fz_region **srcs = calloc((size_t)p->n_regions + 1, sizeof *srcs);
+	if (!srcs)
+		goto oom;
+	for (int r = 0; r < p->n_regions; r++)
+		if (ks->whole[r])
+			srcs[r] = &ks->whole[r]->src; /* views folded in */
+	fz_status st = fz_program_canons_of(cx->o.disk, p, srcs, &cx->o.cg, &cs,
+					    NULL, err);
 	if (st == FZ_OK)
 		st = resolve(cx, t, cs, ks, 0, err);
 	fz_program_canons_free(p, cs);
+	free(srcs);
 	/* 5: split what the skeletons do not take whole */
 	int first_op = ks->n_inst;
 	for (int i = 0; i < first_op && st == FZ_OK; i++) {

@@ -1775,6 +1775,37 @@ START_TEST(program_canons_cached)
 	ck_assert_int_eq(fz_program_canons(NULL, p, &o, &cs, &hit, &err), FZ_OK);
 	ck_assert(!hit);
 	fz_program_canons_free(p, cs);
+	/* other regions in place of the program's (here: only the first
+	 * kernel region): filed apart from the program's own forms, each
+	 * region's form as fz_canon_region makes it, a hit the second time */
+	const fz_region **rs = calloc((size_t)p->n_regions + 1, sizeof *rs);
+	int first = -1, nk = 0;
+	for (int r = 0; r < p->n_regions; r++)
+		if (fz_region_is_kernel(p->regions[r]->kind) && nk++ == 0)
+			rs[first = r] = p->regions[r];
+	ck_assert_int_ge(first, 0);
+	for (int round = 0; round < 2; round++) {
+		ck_assert_int_eq(fz_program_canons_of(d, p, rs, &o, &cs, &hit, &err), FZ_OK);
+		/* (one kernel region: the program's own forms, stored above) */
+		ck_assert_msg(hit == (round == 1 || nk == 1), "subset round %d: hit %d",
+			      round, hit);
+		for (int r = 0; r < p->n_regions; r++)
+			if (r != first)
+				ck_assert_ptr_null(cs[r]);
+		char tname[160];
+		fz_cache_target(&o, tname, sizeof tname);
+		uint8_t spec[2 + 256];
+		fz_key_params kp;
+		fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+		kp.spec = spec;
+		kp.n_spec = fz_cache_spec(&o, rs[first], spec, sizeof spec);
+		fz_canon *c = NULL;
+		ck_assert_int_eq(fz_canon_region(t, rs[first], &kp, &c, &err), FZ_OK);
+		canon_same(c, cs[first]);
+		fz_canon_free(c);
+		fz_program_canons_free(p, cs);
+	}
+	free(rs);
 	fz_program_free(p);
 	fz_disk_close(d);
 	fz_module_free(m);
