@@ -110,6 +110,13 @@ typedef struct fz_canon {
 fz_status fz_canon_region(const fz_trace *t, const fz_region *r,
                           const fz_key_params *kp, fz_canon **out, char **err);
 void fz_canon_free(fz_canon *c);
+/* c under another specialization: the same form with its "spec" line
+ * written from spec[0..n_spec) and the key hashed again, exactly what
+ * fz_canon_region makes with that spec, at the cost of a copy (a
+ * program's cached forms serve every variant of its kernels). FZ_EINVAL
+ * when c has no spec line. */
+fz_status fz_canon_respec(const fz_canon *c, const uint8_t *spec, size_t n_spec,
+                          fz_canon **out);
 /* *out = *r with nodes, in and out in canonical order (arrays borrowed
  * from c, valid while c lives). */
 void fz_canon_region_view(const fz_canon *c, const fz_region *r,
@@ -295,6 +302,14 @@ struct fz_cg_options;
 fz_status fz_program_canons(fz_disk *d, const fz_program *p,
                             const struct fz_cg_options *o, fz_canon ***out,
                             bool *hit, char **err);
+/* The same for regions rs[r] in place of p->regions[r] (NULL: none; a
+ * kernel region with the views it reads folded in, as runtime/kernels.c
+ * compiles it: its nodes are its own and those of the views), filed under
+ * their node and input counts beside the specs. */
+fz_status fz_program_canons_of(fz_disk *d, const fz_program *p,
+                               const fz_region *const *rs,
+                               const struct fz_cg_options *o, fz_canon ***out,
+                               bool *hit, char **err);
 void fz_program_canons_free(const fz_program *p, fz_canon **cs);
 
 /* ---- Cubins through nvJitLink -------------------------------------------- */

@@ -672,6 +672,51 @@ fail:
 	return st;
 }
 
+fz_status fz_canon_respec(const fz_canon *c, const uint8_t *spec, size_t n_spec,
+			  fz_canon **out)
+{
+	*out = NULL;
+	const char *line = strstr(c->text, "\nspec ");
+	const char *end = line ? strchr(line + 6, '\n') : NULL;
+	if (!end)
+		return FZ_EINVAL;
+	size_t head = (size_t)(line + 6 - c->text), tail = c->len - (size_t)(end - c->text);
+	fz_canon *d = calloc(1, sizeof *d);
+	if (!d)
+		return FZ_ENOMEM;
+	*d = *c;
+	d->text = NULL;
+	d->nodes = NULL;
+	d->in = d->out = NULL;
+	d->in_pos = d->out_pos = NULL;
+	d->len = head + 2 * n_spec + tail;
+	d->text = malloc(d->len + 1);
+	d->nodes = malloc(sizeof *d->nodes * ((size_t)c->n_nodes + 1));
+	d->in = malloc(sizeof *d->in * ((size_t)c->n_in + 1));
+	d->out = malloc(sizeof *d->out * ((size_t)c->n_out + 1));
+	d->in_pos = malloc(sizeof *d->in_pos * ((size_t)c->n_in + 1));
+	d->out_pos = malloc(sizeof *d->out_pos * ((size_t)c->n_out + 1));
+	if (!d->text || !d->nodes || !d->in || !d->out || !d->in_pos || !d->out_pos) {
+		fz_canon_free(d);
+		return FZ_ENOMEM;
+	}
+	static const char hex[] = "0123456789abcdef";
+	memcpy(d->text, c->text, head);
+	for (size_t i = 0; i < n_spec; i++) {
+		d->text[head + 2 * i] = hex[spec[i] >> 4];
+		d->text[head + 2 * i + 1] = hex[spec[i] & 15];
+	}
+	memcpy(d->text + head + 2 * n_spec, end, tail + 1);
+	memcpy(d->nodes, c->nodes, sizeof *d->nodes * (size_t)c->n_nodes);
+	memcpy(d->in, c->in, sizeof *d->in * (size_t)c->n_in);
+	memcpy(d->out, c->out, sizeof *d->out * (size_t)c->n_out);
+	memcpy(d->in_pos, c->in_pos, sizeof *d->in_pos * (size_t)c->n_in);
+	memcpy(d->out_pos, c->out_pos, sizeof *d->out_pos * (size_t)c->n_out);
+	d->key = fz_key_of(d->text, d->len);
+	*out = d;
+	return FZ_OK;
+}
+
 void fz_canon_free(fz_canon *c)
 {
 	if (!c)

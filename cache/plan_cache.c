@@ -541,7 +541,8 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 	const fz_section *s = e ? fz_entry_section(e, "plan") : NULL;
 	if (s && fz_plan_deserialize(t, o, s->data, s->len, out) == FZ_OK) {
 		fz_entry_free(e);
-		free(form);
+		(*out)->cache_form = form;
+		(*out)->cache_form_len = form_len;
 		if (hit)
 			*hit = true;
 		return FZ_OK;
@@ -561,7 +562,8 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 		fz_disk_store(d, key, form, form_len, &sec, 1);
 	}
 	free(data);
-	free(form);
+	(*out)->cache_form = form;
+	(*out)->cache_form_len = form_len;
 	return FZ_OK;
 }
 
@@ -581,22 +583,29 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
  * permutation; the key the hash of its form) and builds the same fz_canon
  * that fz_canon_region makes.
  */
-#define KEYS_FORMAT 1
+#define KEYS_FORMAT 2
 
-static fz_status keys_form(const fz_program *p, const fz_cg_options *o,
-			   const char *tname, void **form, size_t *len)
+static fz_status keys_form(const fz_program *p, const fz_region *const *rs,
+			   const fz_cg_options *o, const char *tname, void **form,
+			   size_t *len)
 {
-	/* the program's form, with the sizes it was planned at */
-	int64_t sizes[FZ_MAX_SYMS];
-	for (int s = 0; s < FZ_MAX_SYMS; s++)
-		sizes[s] = p->unbound_syms >> s & 1 ? -1 : p->sym_sizes[s];
-	fz_plan_options po = p->opts;
-	po.sym_sizes = sizes;
-	void *pf = NULL;
-	size_t pl = 0;
-	fz_status st = fz_plan_form(p->trace, &po, &pf, &pl);
-	if (st != FZ_OK)
-		return st;
+	/* the program's form: the one the plan cache filed it under (what
+	 * determines the program), else made with the sizes it was planned
+	 * at */
+	const void *pf = p->cache_form;
+	void *own = NULL;
+	size_t pl = p->cache_form_len;
+	if (!pf) {
+		int64_t sizes[FZ_MAX_SYMS];
+		for (int s = 0; s < FZ_MAX_SYMS; s++)
+			sizes[s] = p->unbound_syms >> s & 1 ? -1 : p->sym_sizes[s];
+		fz_plan_options po = p->opts;
+		po.sym_sizes = sizes;
+		fz_status st = fz_plan_form(p->trace, &po, &own, &pl);
+		if (st != FZ_OK)
+			return st;
+		pf = own;
+	}
 	wbuf b = {0};
 	char line[256];
 	fz_key_params kp;
@@ -606,18 +615,21 @@ static fz_status keys_form(const fz_program *p, const fz_cg_options *o,
 		 FZ_CODEGEN_VERSION, kp.llvm_major, kp.llvm_minor, kp.llvm_patch);
 	put_str(&b, line);
 	for (int r = 0; r < p->n_regions; r++) {
-		const fz_region *R = p->regions[r];
-		if (!fz_region_is_kernel(R->kind))
+		const fz_region *R = rs[r];
+		if (!R || !fz_region_is_kernel(R->kind))
 			continue;
 		uint8_t spec[2 + 256];
 		size_t n = fz_cache_spec(o, R, spec, sizeof spec);
 		put_i32(&b, r);
 		put_i32(&b, (int32_t)n);
 		put(&b, spec, n);
+		/* what is keyed: the region, or its form with views folded in */
+		put_i32(&b, R->n_nodes);
+		put_i32(&b, R->n_in);
 	}
 	put_str(&b, "\nprogram\n");
 	put(&b, pf, pl);
-	free(pf);
+	free(own);
 	if (b.oom) {
 		free(b.p);
 		return FZ_ENOMEM;
@@ -636,12 +648,13 @@ void fz_program_canons_free(const fz_program *p, fz_canon **cs)
 	free(cs);
 }
 
-static fz_status canons_compute(const fz_program *p, const fz_cg_options *o,
-				const char *tname, fz_canon **cs, char **err)
+static fz_status canons_compute(const fz_program *p, const fz_region *const *rs,
+				const fz_cg_options *o, const char *tname,
+				fz_canon **cs, char **err)
 {
 	for (int r = 0; r < p->n_regions; r++) {
-		const fz_region *R = p->regions[r];
-		if (!fz_region_is_kernel(R->kind))
+		const fz_region *R = rs[r];
+		if (!R || !fz_region_is_kernel(R->kind))
 			continue;
 		fz_status st = fz_cache_canon(p->trace, R, o, tname, &cs[r], err);
 		if (st != FZ_OK)
@@ -724,8 +737,8 @@ static bool perm_ok(const int *pos, int n, int *seen, int stamp)
 	return true;
 }
 
-static fz_status canons_deserialize(const fz_program *p, const void *data,
-				    size_t len, fz_canon **cs)
+static fz_status canons_deserialize(const fz_program *p, const fz_region *const *rs,
+				    const void *data, size_t len, fz_canon **cs)
 {
 	const fz_trace *t = p->trace;
 	rbuf rd = {data, len, 0, false}, *r = &rd;
@@ -735,7 +748,8 @@ static fz_status canons_deserialize(const fz_program *p, const void *data,
 	fz_key *keys = calloc((size_t)n_texts + 1, sizeof *keys);
 	int nmax = t->n_nodes > t->n_values ? t->n_nodes : t->n_values;
 	int *seen = calloc((size_t)nmax + 1, sizeof(int)), stamp = 0;
-	if (!texts || !lens || !keys || !seen)
+	int *member = calloc((size_t)t->n_nodes + 1, sizeof(int));
+	if (!texts || !lens || !keys || !seen || !member)
 		r->bad = true;
 	for (int k = 0; k < n_texts && !r->bad; k++) {
 		int64_t l = get_i64(r);
@@ -753,13 +767,16 @@ static fz_status canons_deserialize(const fz_program *p, const void *data,
 		int reg = get_i32(r);
 		if (reg == -1)
 			break;
-		if (reg <= last || reg >= p->n_regions ||
-		    !fz_region_is_kernel(p->regions[reg]->kind)) {
+		if (reg <= last || reg >= p->n_regions || !rs[reg] ||
+		    !fz_region_is_kernel(rs[reg]->kind)) {
 			r->bad = true;
 			break;
 		}
 		last = reg;
-		const fz_region *R = p->regions[reg];
+		const fz_region *R = rs[reg];
+		for (int j = 0; j < R->n_nodes; j++)
+			if (R->nodes[j]->id >= 0 && R->nodes[j]->id < t->n_nodes)
+				member[R->nodes[j]->id] = reg + 1;
 		int k = get_in(r, 0, n_texts);
 		fz_canon *c = calloc(1, sizeof *c);
 		if (!c) {
@@ -779,7 +796,7 @@ static fz_status canons_deserialize(const fz_program *p, const void *data,
 		stamp++;
 		for (int j = 0; c->nodes && j < c->n_nodes && !r->bad; j++) {
 			int id = get_in(r, 0, t->n_nodes);
-			if (p->region_of[id] != reg || seen[id] == stamp)
+			if (member[id] != reg + 1 || seen[id] == stamp)
 				r->bad = true;
 			seen[id] = stamp;
 			c->nodes[j] = t->nodes[id];
@@ -815,8 +832,9 @@ static fz_status canons_deserialize(const fz_program *p, const void *data,
 		r->bad = true;
 	/* every kernel region has its form */
 	for (int reg = 0; reg < p->n_regions && !r->bad; reg++)
-		if (fz_region_is_kernel(p->regions[reg]->kind) && !cs[reg])
+		if (rs[reg] && fz_region_is_kernel(rs[reg]->kind) && !cs[reg])
 			r->bad = true;
+	free(member);
 	free(texts);
 	free(lens);
 	free(keys);
@@ -827,6 +845,14 @@ static fz_status canons_deserialize(const fz_program *p, const void *data,
 fz_status fz_program_canons(fz_disk *d, const fz_program *p,
 			    const fz_cg_options *o, fz_canon ***out, bool *hit,
 			    char **err)
+{
+	return fz_program_canons_of(d, p, (const fz_region *const *)p->regions, o,
+				    out, hit, err);
+}
+
+fz_status fz_program_canons_of(fz_disk *d, const fz_program *p,
+			       const fz_region *const *rs, const fz_cg_options *o,
+			       fz_canon ***out, bool *hit, char **err)
 {
 	*out = NULL;
 	if (hit)
@@ -842,13 +868,13 @@ fz_status fz_program_canons(fz_disk *d, const fz_program *p,
 	fz_status st;
 	bool cached = d && !fz_disk_disabled(d);
 	if (cached) {
-		if ((st = keys_form(p, o, tname, &form, &form_len)) != FZ_OK)
+		if ((st = keys_form(p, rs, o, tname, &form, &form_len)) != FZ_OK)
 			goto fail;
 		key = fz_key_of(form, form_len);
 		fz_entry *e = NULL;
 		fz_disk_lookup(d, key, form, form_len, &e);
 		const fz_section *s = e ? fz_entry_section(e, "keys") : NULL;
-		if (s && canons_deserialize(p, s->data, s->len, cs) == FZ_OK) {
+		if (s && canons_deserialize(p, rs, s->data, s->len, cs) == FZ_OK) {
 			fz_entry_free(e);
 			free(form);
 			if (hit)
@@ -862,7 +888,7 @@ fz_status fz_program_canons(fz_disk *d, const fz_program *p,
 			cs[r] = NULL;
 		}
 	}
-	if ((st = canons_compute(p, o, tname, cs, err)) != FZ_OK)
+	if ((st = canons_compute(p, rs, o, tname, cs, err)) != FZ_OK)
 		goto fail;
 	if (cached) {
 		void *data = NULL;

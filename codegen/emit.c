@@ -90,7 +90,20 @@ LLVMTypeRef cg_stype(cg *g, fz_dtype d)
 }
 
 /* bf16 <-> f32 on the bits: exact one way, round-to-nearest-even the other,
- * NaN kept quiet. Done in integers so neither target needs a libcall. */
+ * NaN kept quiet. Done in integers so neither target needs a libcall;
+ * except on sm_80 and later, where the GPU converts with one instruction
+ * (cvt.rn.bf16.f32: round to nearest even, subnormals kept, as the integer
+ * form; a NaN becomes a NaN, not necessarily of the integer form's
+ * payload) and the conversions are LLVM's fptrunc and fpext to and from
+ * bfloat, so that LLVM folds a rounding of a value already rounded
+ * (fptrunc of fpext). The integer form is eight instructions a
+ * conversion, and a bf16 row kernel rounds every op's result: they were
+ * half its PTX. */
+static bool bf16_native(const cg *g)
+{
+	return g->o.target == FZ_CG_NVPTX && g->o.sm >= 80;
+}
+
 static V bf16_to_f32(cg *g, V h)
 {
 	return bitcast(g, shl(g, zext(g, h, t_i32(g)), c_i32(g, 16)), t_f32(g));
@@ -98,6 +111,8 @@ static V bf16_to_f32(cg *g, V h)
 
 static V f32_to_bf16(cg *g, V x)
 {
+	if (bf16_native(g))
+		return bitcast(g, fptrunc(g, x, t_bf16(g)), t_i16(g));
 	V u = bitcast(g, x, t_i32(g));
 	V lsb = and_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 1));
 	V r = lshr(g, add(g, u, add(g, lsb, c_i32(g, 0x7fff))), c_i32(g, 16));
@@ -111,6 +126,8 @@ static V round_to(cg *g, V x, fz_dtype d)
 {
 	if (d == FZ_F16)
 		return fpext(g, fptrunc(g, x, t_f16(g)), t_f32(g));
+	if (d == FZ_BF16 && bf16_native(g))
+		return fpext(g, fptrunc(g, x, t_bf16(g)), t_f32(g));
 	if (d == FZ_BF16)
 		return bf16_to_f32(g, f32_to_bf16(g, x));
 	return x;

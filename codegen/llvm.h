@@ -32,6 +32,7 @@ static inline T t_i16(cg *g) { return LLVMInt16TypeInContext(g->ctx); }
 static inline T t_i32(cg *g) { return LLVMInt32TypeInContext(g->ctx); }
 static inline T t_i64(cg *g) { return LLVMInt64TypeInContext(g->ctx); }
 static inline T t_f16(cg *g) { return LLVMHalfTypeInContext(g->ctx); }
+static inline T t_bf16(cg *g) { return LLVMBFloatTypeInContext(g->ctx); }
 static inline T t_f32(cg *g) { return LLVMFloatTypeInContext(g->ctx); }
 static inline T t_f64(cg *g) { return LLVMDoubleTypeInContext(g->ctx); }
 static inline T t_ptr(cg *g, unsigned as) { return LLVMPointerTypeInContext(g->ctx, as); }

@@ -25,7 +25,8 @@
  *   erf     in f64, the Taylor series (56 terms) for |x| < 3.95, which
  *           loses at most 6 of f64's 16 digits to cancellation; 1 above
  *   pow     exp2(b log2 |a|) with C's special cases (negative base with an
- *           integer exponent, b = 0, a = 1)
+ *           integer exponent, b = 0, a = 1); a constant b of 0, 1, 2 or -1
+ *           is 1, a, a a or 1/a, the correctly rounded result
  *   fmod    in f64: a - trunc(a/b) b, corrected by one b when the quotient
  *           rounded up; exact while the quotient is below 2^29
  *
@@ -337,9 +338,38 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 	return x;
 }
 
+/* pow by a constant exponent that C's pow gives exactly as one IEEE
+ * operation: b = 0 (1, NaN base included), 1 (a), 2 (a a: one rounding of
+ * the exact square, as pow's correctly rounded result), -1 (1/a, infinite
+ * with a zero base's sign, as pow's). NULL for any other b. RMS norms
+ * square through pow(x, 2): the general form below is exp2 and log2 with
+ * special cases, 60-odd instructions an element that the row skeleton
+ * unrolls per lane and step (the 32-layer Llama's row kernels were
+ * 150 KB of PTX, nearly all of it pow; nvJitLink's time goes with it). */
+static V pow_const(cg *g, V a, V b)
+{
+	if (!LLVMIsAConstantFP(b))
+		return NULL;
+	LLVMBool loses = 0;
+	double y = LLVMConstRealGetDouble(b, &loses);
+	T t = type_of(a);
+	if (y == 0.0)
+		return c_real(t, 1.0);
+	if (y == 1.0)
+		return a;
+	if (y == 2.0)
+		return fmul_exact(g, a, a);
+	if (y == -1.0)
+		return fdiv(g, c_real(t, 1.0), a);
+	return NULL;
+}
+
 LLVMValueRef cg_math_pow(cg *g, V a, V b)
 {
 	T t = type_of(a);
+	V k = pow_const(g, a, b);
+	if (k)
+		return k;
 	if (t == t_f64(g)) {
 		if (cg_gpu(g)) {
 			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 pow has no GPU lowering");

@@ -87,16 +87,19 @@ typedef enum tkind {
 	TK_EOF,
 } tkind;
 
+/* 40 bytes: a 32-layer Llama has 146k tokens, and memory first touched
+ * costs a page fault (offsets fit 32 bits: input is at most 1 GiB) */
 typedef struct token {
-	tkind kind;
-	size_t pos, len;    /* bytes src[pos..pos+len) */
-	size_t line_start;  /* offset of the first byte of its line */
+	uint32_t pos, len;  /* bytes src[pos..pos+len) */
+	uint32_t line_start; /* offset of the first byte of its line */
 	int line, col;      /* 1-based; col counts bytes */
+	unsigned char kind; /* tkind */
 	bool bol;           /* the first token on its line */
 	bool overflow;      /* INT beyond int64, NUMBER beyond double */
 	int64_t i;          /* TK_INT */
 	double f;           /* TK_INT and TK_NUMBER */
 } token;
+_Static_assert(sizeof(token) <= 40, "token grew");
 
 /* A name bound in the current trace: where it was defined, or that the
  * statement defining it failed. */
@@ -104,6 +107,7 @@ typedef struct binding {
 	const char *name;
 	int line;
 	bool poisoned;
+	fz_value *value;    /* what the name is bound to (NULL: poisoned) */
 } binding;
 
 typedef struct parser {
@@ -611,13 +615,15 @@ static binding *bind_find(parser *P, const char *name)
 	}
 }
 
-/* Records name (a scratch string) as defined at line, or as poisoned. */
-static void bind_add(parser *P, const char *name, int line, bool poisoned)
+/* Records name (a scratch string) as defined at line as value v, or as
+ * poisoned (v NULL). */
+static void bind_add(parser *P, const char *name, int line, fz_value *v)
 {
+	bool poisoned = v == NULL;
 	binding *b = bind_find(P, name);
 	if (b) {
 		if (b->poisoned && !poisoned) /* defined again after an error */
-			*b = (binding){name, line, false};
+			*b = (binding){name, line, false, v};
 		return;
 	}
 	if (2 * (P->nbinds + 1) > P->cap_binds) {
@@ -642,7 +648,7 @@ static void bind_add(parser *P, const char *name, int line, bool poisoned)
 	size_t j = hash_str(name) & (P->cap_binds - 1);
 	while (P->binds[j].name)
 		j = (j + 1) & (P->cap_binds - 1);
-	P->binds[j] = (binding){name, line, poisoned};
+	P->binds[j] = (binding){name, line, poisoned, v};
 	P->nbinds++;
 }
 
@@ -666,7 +672,7 @@ static fz_value *use_name(parser *P, const token *tk)
 	binding *b = bind_find(P, name);
 	if (b && b->poisoned)
 		return NULL;
-	fz_value *v = b ? fz_lookup(P->t, name) : NULL;
+	fz_value *v = b ? b->value : NULL;
 	if (!v && !P->header_failed) {
 		char q[64];
 		sem_error(P, tk, "undefined value %s",
@@ -705,10 +711,8 @@ static void *vec_push(parser *P, vec *v)
 /* Whether the op table has an op of this name (primitive or composite). */
 static bool is_op(const char *name)
 {
-	for (int i = 0; i < FZ_OP_COUNT; i++)
-		if (strcmp(fz_ops[i].name, name) == 0)
-			return true;
-	return false;
+	fz_opcode op;
+	return fz_op_from_name(name, &op);
 }
 
 /* An extent written as a product, as the printer writes a reshaped
@@ -1111,7 +1115,7 @@ static bool parse_stmt(parser *P)
 			sem_error(P, lhs[i], "%s", fz_trace_error(P->t));
 			goto out;
 		}
-		bind_add(P, tok_str(P, lhs[i]), lhs[i]->line, false);
+		bind_add(P, tok_str(P, lhs[i]), lhs[i]->line, outs[i]);
 	}
 	free(names.data);
 	return true;
@@ -1120,7 +1124,7 @@ out:
 	 * of it fail quietly. */
 	for (int i = 0; i < names.n; i++) {
 		token *tk = ((token **)names.data)[i];
-		bind_add(P, tok_str(P, tk), tk->line, true);
+		bind_add(P, tok_str(P, tk), tk->line, NULL);
 	}
 	free(names.data);
 	return good;
@@ -1210,20 +1214,21 @@ static bool parse_param(parser *P)
 	fz_dim dims[FZ_MAX_RANK];
 	bool ok = true;
 	if (!parse_type(P, &dtype, &rank, dims, &ok)) {
-		bind_add(P, name, tk->line, true);
+		bind_add(P, name, tk->line, NULL);
 		return false;
 	}
 	if (!check_new_name(P, tk, name))
 		return true;
 	if (ok) {
 		stamp(P, tk);
-		if (fz_param(P->t, name, dtype, rank, dims)) {
-			bind_add(P, name, tk->line, false);
+		fz_value *v = fz_param(P->t, name, dtype, rank, dims);
+		if (v) {
+			bind_add(P, name, tk->line, v);
 			return true;
 		}
 		sem_error(P, tk, "%s", fz_trace_error(P->t));
 	}
-	bind_add(P, name, tk->line, true);
+	bind_add(P, name, tk->line, NULL);
 	return true;
 }
 

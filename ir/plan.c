@@ -369,6 +369,7 @@ void fz_program_free(fz_program *p)
 	if (!p)
 		return;
 	free(p->dump);
+	free(p->cache_form);
 	fz_arena_release(&p->arena);
 	free(p);
 }

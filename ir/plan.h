@@ -213,6 +213,12 @@ typedef struct fz_program {
 	int comm_buckets;
 
 	char *dump;                  /* text of --dump-after, or NULL */
+	/* The form the plan cache found or stored this program under
+	 * (cache/plan_cache.c), kept so that the program's kernel keys
+	 * (fz_program_canons) are filed under it without making it again;
+	 * NULL for a program planned without the cache. */
+	void *cache_form;
+	size_t cache_form_len;
 	double pass_seconds[FZ_PASS_COUNT]; /* wall time of each pass */
 	/* Work of each pass, counted: nodes, regions and edges visited, heap
 	 * and sort steps. A count per op that stays flat as the trace grows is

@@ -21,6 +21,11 @@ bool fz_ext_mul(fz_ext a, fz_ext b, fz_ext *out)
 	int64_t c;
 	if (__builtin_mul_overflow(a.c, b.c, &c) || c > INT64_MAX / 2)
 		return false;
+	if (!a.syms || !b.syms) { /* no power to add: the common case */
+		out->c = c;
+		out->syms = a.syms | b.syms;
+		return true;
+	}
 	uint64_t syms = 0;
 	for (int s = 0; s < FZ_MAX_SYMS; s++) {
 		uint64_t p = (uint64_t)(fz_ext_power(a, s) + fz_ext_power(b, s));

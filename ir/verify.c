@@ -47,8 +47,8 @@ fz_status fz_trace_verify(const fz_trace *t, char **err)
 		const fz_node *nd = t->nodes[i];
 		const fz_opinfo *oi = &fz_ops[nd->op];
 		fz_type types[2];
-		where_(nd, at, sizeof at);
 		if ((unsigned)nd->op >= FZ_OP_COUNT || oi->cls == FZ_CLASS_COMPOSITE) {
+			where_(nd, at, sizeof at); /* only on the error path */
 			snprintf(msg, sizeof msg, "%snode %d is not a primitive op", at, i);
 			goto done;
 		}
@@ -56,6 +56,7 @@ fz_status fz_trace_verify(const fz_trace *t, char **err)
 			const fz_value *v = nd->in[k];
 			if (!v || v->id < 0 || v->id >= t->n_values || t->values[v->id] != v ||
 			    !defined[v->id]) {
+				where_(nd, at, sizeof at); /* only on the error path */
 				snprintf(msg, sizeof msg, "%s%s: operand %d is used before it "
 					 "is defined", at, oi->name, k + 1);
 				goto done;
@@ -68,11 +69,13 @@ fz_status fz_trace_verify(const fz_trace *t, char **err)
 		if (n < 0) {
 			char tmp[FZ_ERRLEN];
 			memcpy(tmp, msg, sizeof tmp);
+			where_(nd, at, sizeof at); /* only on the error path */
 			snprintf(msg, sizeof msg, "%s%.*s", at,
 				 (int)(sizeof msg - sizeof at), tmp);
 			goto done;
 		}
 		if (n != nd->n_out) {
+			where_(nd, at, sizeof at); /* only on the error path */
 			snprintf(msg, sizeof msg, "%s%s: %d results stored; expected %d", at,
 				 oi->name, nd->n_out, n);
 			goto done;
@@ -80,6 +83,7 @@ fz_status fz_trace_verify(const fz_trace *t, char **err)
 		for (int k = 0; k < n; k++) {
 			const fz_value *v = nd->out[k];
 			if (!fz_type_eq(&v->type, &types[k])) {
+				where_(nd, at, sizeof at); /* only on the error path */
 				snprintf(msg, sizeof msg, "%s%s: result %d has type %s; the op "
 					 "gives %s", at, oi->name, k + 1,
 					 fz_type_str(t, &v->type, ty1, sizeof ty1),
@@ -87,6 +91,7 @@ fz_status fz_trace_verify(const fz_trace *t, char **err)
 				goto done;
 			}
 			if (v->def != nd || defined[v->id]) {
+				where_(nd, at, sizeof at); /* only on the error path */
 				snprintf(msg, sizeof msg, "%s%s: result %d is defined twice",
 					 at, oi->name, k + 1);
 				goto done;

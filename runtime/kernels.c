@@ -17,6 +17,10 @@
  *                  at an offset may not be);
  *   3. key         the canonical form of the region under that variant
  *                  (cache/canon.c), so the 32 layers of a Llama share keys;
+ *                  a whole region's form comes from the program's forms
+ *                  (fz_program_canons: one cache entry when the program
+ *                  was keyed before), respecialized to the variant, so a
+ *                  warm start canonicalizes nothing;
  *   4. find        per distinct key: the device's store (loaded by another
  *                  program of this process), else the disk cache, else
  *                  compile on `jobs` threads and store; a key whose region
@@ -186,26 +190,81 @@ void fz_kset_free(fz_kset *ks)
 }
 
 
+/* The layouts of a program's views at sizes, each computed once from its
+ * source's (values are numbered in topological order, so one pass in id
+ * order): fz_view_eval per value walks the whole chain of views under it,
+ * once per region input that reads it. ok[k] false: the view cannot be
+ * evaluated at these sizes (a reshape that must be copied). */
+typedef struct views {
+	int *at;            /* value id -> index in lay, -1: not a view */
+	fz_layout *lay;
+	bool *ok;
+} views;
+
+static void views_free(views *w)
+{
+	free(w->at);
+	free(w->lay);
+	free(w->ok);
+	memset(w, 0, sizeof *w);
+}
+
+static fz_status views_eval(const fz_program *p, const int64_t *syms, views *w)
+{
+	const fz_trace *t = p->trace;
+	memset(w, 0, sizeof *w);
+	if (!p->view_of)
+		return FZ_OK;
+	int n = 0;
+	for (int v = 0; v < t->n_values; v++)
+		n += p->view_of[v] != NULL;
+	w->at = malloc(sizeof *w->at * ((size_t)t->n_values + 1));
+	w->lay = malloc(sizeof *w->lay * ((size_t)n + 1));
+	w->ok = malloc(sizeof *w->ok * ((size_t)n + 1));
+	if (!w->at || !w->lay || !w->ok) {
+		views_free(w);
+		return FZ_ENOMEM;
+	}
+	int k = 0;
+	for (int v = 0; v < t->n_values; v++) {
+		const fz_view *vw = p->view_of[v];
+		w->at[v] = -1;
+		if (!vw)
+			continue;
+		const fz_value *src = vw->node->in[0];
+		int j = src->id < v ? w->at[src->id] : -2;
+		fz_layout in;
+		bool ok;
+		if (j == -2) /* not in id order: the general walk */
+			ok = fz_view_eval(p, src, syms, &in) == FZ_OK;
+		else if (j >= 0)
+			ok = w->ok[j] && (in = w->lay[j], true);
+		else
+			ok = fz_layout_contiguous(src, syms, &in);
+		w->ok[k] = ok && fz_meta_layout(vw->node, syms, &in, &w->lay[k]);
+		w->at[v] = k++;
+	}
+	return FZ_OK;
+}
+
 /* Will the buffer of v handed to a kernel be 16-byte aligned? The arena's
  * blocks and parameters are (the runner copies a parameter that is not),
  * a strided view is gathered into an arena block, a reshape that is not a
  * view is copied into one; a contiguous view points into its root at its
  * offset. exec.c binds exactly what this predicts. Unbound sizes: judged
  * at the plan's probe sizes. */
-static bool value_aligned(const fz_program *p, const fz_value *v, const int64_t *syms)
+static bool value_aligned(const views *w, const fz_value *v)
 {
-	if (!p->view_of || !p->view_of[v->id])
+	int k = w->at ? w->at[v->id] : -1;
+	if (k < 0 || !w->ok[k] || !fz_layout_is_contiguous(&w->lay[k]))
 		return true;
-	fz_layout lay;
-	if (fz_view_eval(p, v, syms, &lay) != FZ_OK || !fz_layout_is_contiguous(&lay))
-		return true;
-	return lay.offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
+	return w->lay[k].offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
 }
 
-static int vectorize_of(const fz_program *p, const fz_region *r, const int64_t *syms)
+static int vectorize_of(const views *w, const fz_region *r)
 {
 	for (int i = 0; i < r->n_in; i++)
-		if (!value_aligned(p, r->in[i], syms))
+		if (!value_aligned(w, r->in[i]))
 			return 0;
 	return 1;
 }
@@ -338,12 +397,28 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 	return true;
 }
 
-static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_kinst *ki, char **err)
+/* The instance's key: a whole region's (its views folded in, the same at
+ * every width) from the program's forms (cs, from the cache when the
+ * program was keyed before) under the instance's spec; anything else
+ * canonicalized here. */
+static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
+			   fz_kinst *ki, char **err)
 {
 	fz_cg_options o = cx->o.cg;
 	o.idx32 = ki->variant >= 2;
 	o.vectorize = ki->variant & 1;
-	fz_status st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	fz_status st;
+	if (cs && ki->op == -1 && ki->region >= 0 && cs[ki->region]) {
+		uint8_t spec[2 + 256];
+		size_t n = fz_cache_spec(&o, &ki->src, spec, sizeof spec);
+		st = fz_canon_respec(cs[ki->region], spec, n, &ki->cn);
+		if (st == FZ_ENOMEM)
+			fz_set_err(err, fz_strdup("out of memory"));
+		else if (st != FZ_OK)
+			st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	} else {
+		st = fz_cache_canon(t, &ki->src, &o, cx->target, &ki->cn, err);
+	}
 	if (st == FZ_OK)
 		fz_canon_region_view(ki->cn, &ki->src, &ki->view);
 	return st;
@@ -512,8 +587,8 @@ static fz_status load_rec(fz_kctx *cx, fz_kcode_rec *rec, const fz_kcode *code,
 
 /* Resolves every instance of ks from index `from` on: found, compiled or
  * loaded; sets ki->code. */
-static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
-			 char **err)
+static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_canon **cs,
+			 fz_kset *ks, int from, char **err)
 {
 	fz_device *dev = cx->o.dev;
 	int n = ks->n_inst - from;
@@ -533,7 +608,7 @@ static fz_status resolve(fz_kctx *cx, const fz_trace *t, fz_kset *ks, int from,
 		pthread_mutex_lock(&dev->mu);
 	for (int i = from; i < ks->n_inst && st == FZ_OK; i++) {
 		fz_kinst *ki = ks->inst[i];
-		if ((st = kinst_key(cx, t, ki, err)) != FZ_OK)
+		if ((st = kinst_key(cx, t, cs, ki, err)) != FZ_OK)
 			break;
 		fz_kcode_rec probe = {.key = ki->cn->key, .canon = ki->cn->text,
 				      .len = ki->cn->len};
@@ -682,6 +757,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	*out = NULL;
 	double t0 = fz_now();
 	const fz_trace *t = p->trace;
+	views vw = {0};
 	fz_kset *ks = calloc(1, sizeof *ks);
 	if (!ks)
 		goto oom;
@@ -703,13 +779,15 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	if (!bound)
 		widths[n_widths++] = 2;
 
+	if (views_eval(p, at, &vw) != FZ_OK)
+		goto oom;
 	/* 1-3: whole regions and reshape copies */
 	for (int i = 0; i < p->n_regions; i++) {
 		const fz_region *r = p->regions[p->order[i]];
 		if (!fz_region_is_kernel(r->kind))
 			continue;
 		cx->st.regions++;
-		int vec = vectorize_of(p, r, at);
+		int vec = vectorize_of(&vw, r);
 		for (int w = 0; w < n_widths; w++) {
 			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec);
 			if (!ki || !kinst_fold_views(ki, p, r))
@@ -719,9 +797,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		}
 	}
 	for (int v = 0; v < t->n_values; v++) {
-		fz_layout lay;
-		if (!p->view_of || !p->view_of[v] ||
-		    fz_view_eval(p, t->values[v], at, &lay) == FZ_OK)
+		if (!vw.at || vw.at[v] < 0 || vw.ok[vw.at[v]])
 			continue;
 		fz_node *n = p->view_of[v]->node;
 		for (int w = 0; w < n_widths; w++) {
@@ -729,13 +805,27 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!ki)
 				goto oom;
 			kinst_one_op(ki, n, -1);
-			ki->variant += vectorize_of(p, &ki->src, at);
+			ki->variant += vectorize_of(&vw, &ki->src);
 			if (w == 0)
 				ks->copy[v] = ki;
 		}
 	}
-	/* 4: find or compile */
-	fz_status st = resolve(cx, t, ks, 0, err);
+	/* 3-4: keyed from the program's forms (one lookup in the cache when
+	 * this program was keyed before: a warm start canonicalizes nothing),
+	 * then found or compiled */
+	fz_canon **cs = NULL;
+	const fz_region **srcs = calloc((size_t)p->n_regions + 1, sizeof *srcs);
+	if (!srcs)
+		goto oom;
+	for (int r = 0; r < p->n_regions; r++)
+		if (ks->whole[r])
+			srcs[r] = &ks->whole[r]->src; /* views folded in */
+	fz_status st = fz_program_canons_of(cx->o.disk, p, srcs, &cx->o.cg, &cs,
+					    NULL, err);
+	if (st == FZ_OK)
+		st = resolve(cx, t, cs, ks, 0, err);
+	fz_program_canons_free(p, cs);
+	free(srcs);
 	/* 5: split what the skeletons do not take whole */
 	int first_op = ks->n_inst;
 	for (int i = 0; i < first_op && st == FZ_OK; i++) {
@@ -752,13 +842,14 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!oi)
 				goto oom;
 			kinst_one_op(oi, r->nodes[j], r->id);
-			oi->variant += vectorize_of(p, &oi->src, at);
+			oi->variant += vectorize_of(&vw, &oi->src);
 			if (main_width)
 				ks->ops[r->id][j] = oi;
 		}
 	}
+	views_free(&vw);
 	if (st == FZ_OK && ks->n_inst > first_op)
-		st = resolve(cx, t, ks, first_op, err);
+		st = resolve(cx, t, NULL, ks, first_op, err);
 	for (int i = first_op; i < ks->n_inst && st == FZ_OK; i++) {
 		fz_kinst *oi = ks->inst[i];
 		if (oi->code->unsupported) {
@@ -783,6 +874,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	*out = ks;
 	return FZ_OK;
 oom:
+	views_free(&vw);
 	fz_kset_free(ks);
 	fz_set_err(err, fz_strdup("out of memory"));
 	return FZ_ENOMEM;

@@ -302,6 +302,54 @@ START_TEST(key_describe)
 }
 END_TEST
 
+/* A form respecialized is the form made with that spec: same text, same
+ * key, same order of nodes and operands; and the keys of two specs
+ * differ. */
+START_TEST(key_respec)
+{
+	fz_module *m = parse(base_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	whole w;
+	whole_region(t, &w);
+	static const uint8_t sa[] = {0, 1, 0x10, 0x10}, sb[] = {1, 0, 0x10};
+	fz_key_params ka, kb;
+	fz_key_params_init(&ka, "sm_90", 1);
+	fz_key_params_init(&kb, "sm_90", 1);
+	ka.spec = sa;
+	ka.n_spec = sizeof sa;
+	kb.spec = sb;
+	kb.n_spec = sizeof sb;
+	fz_canon *a, *b, *r;
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &ka, &a, NULL), FZ_OK);
+	ck_assert_int_eq(fz_canon_region(t, &w.r, &kb, &b, NULL), FZ_OK);
+	ck_assert(!fz_key_eq(a->key, b->key));
+	ck_assert_int_eq(fz_canon_respec(a, sb, sizeof sb, &r), FZ_OK);
+	ck_assert_str_eq(r->text, b->text);
+	ck_assert_uint_eq(r->len, b->len);
+	ck_assert(fz_key_eq(r->key, b->key));
+	ck_assert_int_eq(r->n_nodes, b->n_nodes);
+	for (int i = 0; i < r->n_nodes; i++)
+		ck_assert_ptr_eq(r->nodes[i], b->nodes[i]);
+	for (int i = 0; i < r->n_in; i++)
+		ck_assert_int_eq(r->in_pos[i], b->in_pos[i]);
+	for (int i = 0; i < r->n_out; i++)
+		ck_assert_ptr_eq(r->out[i], b->out[i]);
+	fz_canon_free(r);
+	/* and back; no spec line: refused */
+	ck_assert_int_eq(fz_canon_respec(b, sa, sizeof sa, &r), FZ_OK);
+	ck_assert_str_eq(r->text, a->text);
+	fz_canon_free(r);
+	fz_canon c0 = *a;
+	c0.text = "fusec-canon 1\nkind pointwise\n";
+	c0.len = strlen(c0.text);
+	ck_assert_int_eq(fz_canon_respec(&c0, sa, sizeof sa, &r), FZ_EINVAL);
+	ck_assert_ptr_null(r);
+	fz_canon_free(a);
+	fz_canon_free(b);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(key_region_view)
 {
 	fz_module *m = parse(base_src);
@@ -1727,6 +1775,37 @@ START_TEST(program_canons_cached)
 	ck_assert_int_eq(fz_program_canons(NULL, p, &o, &cs, &hit, &err), FZ_OK);
 	ck_assert(!hit);
 	fz_program_canons_free(p, cs);
+	/* other regions in place of the program's (here: only the first
+	 * kernel region): filed apart from the program's own forms, each
+	 * region's form as fz_canon_region makes it, a hit the second time */
+	const fz_region **rs = calloc((size_t)p->n_regions + 1, sizeof *rs);
+	int first = -1, nk = 0;
+	for (int r = 0; r < p->n_regions; r++)
+		if (fz_region_is_kernel(p->regions[r]->kind) && nk++ == 0)
+			rs[first = r] = p->regions[r];
+	ck_assert_int_ge(first, 0);
+	for (int round = 0; round < 2; round++) {
+		ck_assert_int_eq(fz_program_canons_of(d, p, rs, &o, &cs, &hit, &err), FZ_OK);
+		/* (one kernel region: the program's own forms, stored above) */
+		ck_assert_msg(hit == (round == 1 || nk == 1), "subset round %d: hit %d",
+			      round, hit);
+		for (int r = 0; r < p->n_regions; r++)
+			if (r != first)
+				ck_assert_ptr_null(cs[r]);
+		char tname[160];
+		fz_cache_target(&o, tname, sizeof tname);
+		uint8_t spec[2 + 256];
+		fz_key_params kp;
+		fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
+		kp.spec = spec;
+		kp.n_spec = fz_cache_spec(&o, rs[first], spec, sizeof spec);
+		fz_canon *c = NULL;
+		ck_assert_int_eq(fz_canon_region(t, rs[first], &kp, &c, &err), FZ_OK);
+		canon_same(c, cs[first]);
+		fz_canon_free(c);
+		fz_program_canons_free(p, cs);
+	}
+	free(rs);
 	fz_program_free(p);
 	fz_disk_close(d);
 	fz_module_free(m);
@@ -1740,6 +1819,7 @@ static Suite *cache_suite(void)
 	TCase *tc = tcase_create("keys");
 	tcase_add_checked_fixture(tc, NULL, release_modules);
 	tcase_add_test(tc, key_hex_roundtrip);
+	tcase_add_test(tc, key_respec);
 	tcase_add_test(tc, key_invariant_rename_reorder);
 	tcase_add_test(tc, key_invariant_symbol_names);
 	tcase_add_test(tc, key_symmetric_operands);

@@ -226,6 +226,24 @@ START_TEST(pointwise_math_close)
 }
 END_TEST
 
+/* pow by 0, 1, 2 and -1 is one IEEE operation (1, x, x x, 1/x), the
+ * correctly rounded result, so it matches the interpreter's f64 pow
+ * rounded to f32 bit for bit, specials (NaN base, zeros) included */
+START_TEST(pointwise_pow_constant)
+{
+	EXACT("trace f(x: f32[B, 16]) {\n"
+	      "  a = pow(x, 2.0)\n"
+	      "  b = pow(x, 1.0)\n"
+	      "  c = pow(div(x, 0.0), 0.0)\n"
+	      "  d = pow(x, -1.0)\n"
+	      "  e = pow(sub(x, x), -1.0)\n"
+	      "  return a, b, c, d, e\n}\n", 5);
+	EXACT("trace f(x: bf16[B, 16]) {\n"
+	      "  a = pow(x, 2.0)\n"
+	      "  return a\n}\n", 3);
+}
+END_TEST
+
 /* ---- reductions and normalizations ------------------------------------------ */
 
 START_TEST(reduction_inner_outer)
@@ -382,7 +400,33 @@ START_TEST(ptx_layer_norm_vectorized)
 	ck_assert_ptr_nonnull(strstr(p, "ld.global.nc.v4"));
 	ck_assert_ptr_nonnull(strstr(p, "shfl.sync.bfly"));
 	ck_assert_ptr_null(strstr(p, ".local"));
+	/* sm_80 and later round to bf16 with one cvt, the vector loads kept */
+	ck_assert_ptr_nonnull(strstr(p, "cvt.rn.bf16.f32"));
 	free(p);
+	p = ptx_of("trace f(x: bf16[16, 128, 1600], w: bf16[1600], b: bf16[1600]) {\n"
+		   "  r0 = layer_norm(x, w, b, dims=[2], eps=1e-5)\n"
+		   "  return r0\n}\n", "sm_75");
+	ck_assert_ptr_null(strstr(p, ".bf16"));
+	ck_assert_ptr_nonnull(strstr(p, "ld.global.nc.v4"));
+	free(p);
+}
+END_TEST
+
+/* pow(x, 2) on the GPU is the square, not exp2(2 log2 |x|): the same PTX
+ * as mul(x, x) (an RMS norm's row kernel was 150 KB of PTX of pow) */
+START_TEST(ptx_pow_square)
+{
+	char *p = ptx_of("trace f(x: f32[B, 64]) {\n  r = pow(x, 2.0)\n  return r\n}\n",
+			 "sm_90");
+	char *q = ptx_of("trace f(x: f32[B, 64]) {\n  r = mul(x, x)\n  return r\n}\n",
+			 "sm_90");
+	ck_assert_str_eq(p, q);
+	free(q);
+	q = ptx_of("trace f(x: f32[B, 64]) {\n  r = pow(x, 3.0)\n  return r\n}\n",
+		   "sm_90");
+	ck_assert_uint_gt(strlen(q), 2 * strlen(p)); /* the general form */
+	free(p);
+	free(q);
 }
 END_TEST
 
@@ -676,6 +720,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_meta);
 	tcase_add_test(pw, pointwise_uniform_iota);
 	tcase_add_test(pw, pointwise_math_close);
+	tcase_add_test(pw, pointwise_pow_constant);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
@@ -690,6 +735,7 @@ static Suite *codegen_suite(void)
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
 	tcase_add_test(px, ptx_targets_and_errors);
+	tcase_add_test(px, ptx_pow_square);
 	tcase_add_test(px, ptx_row_in_registers);
 	tcase_add_test(px, ptx_scan_select);
 	tcase_add_test(px, launch_dims_properties);

@@ -768,8 +768,10 @@ START_TEST(cubin_stored_back)
 	ck_assert_int_eq(F->ptx_loads, 0);
 	int total = 0;
 	ck_assert_int_eq(entries_with(dir, "cubin.sm_120", &total), 1);
-	ck_assert_int_eq(total, 2); /* the kernel, and the program
-	                             * (cache/plan_cache.c) */
+	ck_assert_int_eq(total, 3); /* the kernel, the program and its
+	                             * kernel keys (cache/plan_cache.c) */
+	ck_assert_int_eq(entries_with(dir, "plan", &total), 1);
+	ck_assert_int_eq(entries_with(dir, "keys", &total), 1);
 	/* the next "process" (the device was closed) loads the stored cubin:
 	 * nothing linked, nothing JIT-compiled */
 	prepare_on_fake(dir);
