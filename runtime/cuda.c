@@ -17,11 +17,15 @@
  *              PTX through the driver's JIT; one module per kernel key per
  *              process (kernels.c calls load once per key), every entry
  *              point looked up once
- *     launch   cuLaunchKernel per entry, the grid from
- *              fz_kernel_launch_dims (the code generator's, shared with the
- *              emulator), the parameters pointed at in place: the buffer
- *              pointers, the flag word, then the kernel's symbols' sizes;
- *              nothing is allocated or copied per launch
+ *     pack     once per kernel step when a plan is prepared: the grid
+ *              from fz_kernel_launch_dims_on (the code generator's, shared
+ *              with the emulator) at the plan's sizes and this device's
+ *              multiprocessor count, and one parameter block: the buffer
+ *              pointers (pointed at in the runner's array, which a run
+ *              refills), the flag word, then the kernel's symbols' sizes
+ *     launch   cuLaunchKernel per entry over the packed block: a run
+ *              builds, allocates and computes nothing per launch
+ *     zero     cuMemsetD32Async (the flag word's reset)
  *     matmul   cuBLASLt (cublaslt.c), heuristics cached per shape
  *     copy     a strided view made contiguous by a small gather kernel
  *              written here in PTX (four entries by element size)
@@ -668,7 +672,7 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 		 * kernel was compiled to */
 		int64_t zero[FZ_MAX_SYMS] = {0}, grid;
 		int block = 0, maxt = 0;
-		fz_kernel_launch_dims(k, e, zero, &grid, &block);
+		fz_kernel_launch_dims_on(k, e, zero, d->hd.sm_count, &grid, &block);
 		if ((r = d->cu->FuncGetAttribute(&maxt, FZ_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
 		                                 f)) != FZ_CUDA_SUCCESS) {
 			st = fz_cu_fail(d->cu, err, r, "cuFuncGetAttribute", what);
@@ -693,44 +697,125 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 
 #define MAX_PARAMS (2 * 64 + 1 + FZ_MAX_SYMS)
 
-static fz_status cu_launch(fz_device *dev, const fz_kernel *k, void *const *fn,
+/* A launch fixed at prepare (fz_target.pack): per entry its function and
+ * geometry, from the code generator's launch dims at the plan's sizes and
+ * this device's multiprocessors; one parameter block, args[], pointing at
+ * the runner's buffer array (refilled per run), the flag word and the
+ * kernel's symbols' sizes kept here. cuLaunchKernel copies the values
+ * when it queues the launch, so one block serves every run. */
+typedef struct cu_packed {
+	int region, n_entries;
+	char names[2][sizeof ((fz_kernel *)0)->names[0]];
+	CUfunction fn[2];
+	unsigned grid[2], block[2];
+	int32_t *flag;
+	int64_t sym[FZ_MAX_SYMS];
+	void *args[MAX_PARAMS];
+} cu_packed;
+
+static fz_status pack_into(cu_dev *d, const fz_kernel *k, void *const *fn,
                            void **bufs, const int64_t *syms, int32_t *flag,
-                           void *stream, char **err)
+                           cu_packed *p, char **err)
 {
-	cu_dev *d = cu_of(dev);
 	int nb = k->n_in + k->n_out;
-	if (nb + 1 + k->n_syms > MAX_PARAMS) {
+	if (nb + 1 + k->n_syms > MAX_PARAMS || k->n_entries > 2) {
 		fz_set_err(err, fz_strdup_printf("region %d: %d parameters are more than "
 		                              "a launch takes", k->region, nb + 1 + k->n_syms));
 		return FZ_EUNSUPPORTED;
 	}
-	/* the parameters are pointed at where they are: the driver copies
-	 * them when the launch is queued */
-	void *args[MAX_PARAMS];
-	for (int i = 0; i < nb; i++)
-		args[i] = &bufs[i];
-	args[nb] = &flag;
-	for (int j = 0; j < k->n_syms; j++)
-		args[nb + 1 + j] = (void *)&syms[k->syms[j]];
-	ENTER(d, err, "a launch");
+	p->region = k->region;
+	p->n_entries = k->n_entries;
+	p->flag = flag;
 	for (int e = 0; e < k->n_entries; e++) {
 		int64_t grid;
 		int block;
-		fz_kernel_launch_dims(k, e, syms, &grid, &block);
-		if (grid > INT32_MAX)
-			grid = INT32_MAX;
-		CUresult r = d->cu->LaunchKernel((CUfunction)fn[e], (unsigned)grid, 1, 1,
-		                                 (unsigned)block, 1, 1, 0,
-		                                 (CUstream)stream, args, NULL);
+		fz_kernel_launch_dims_on(k, e, syms, d->hd.sm_count, &grid, &block);
+		p->fn[e] = (CUfunction)fn[e];
+		p->grid[e] = (unsigned)(grid > INT32_MAX ? INT32_MAX : grid);
+		p->block[e] = (unsigned)block;
+		memcpy(p->names[e], k->names[e], sizeof p->names[e]);
+	}
+	for (int i = 0; i < nb; i++)
+		p->args[i] = &bufs[i];
+	p->args[nb] = &p->flag;
+	for (int j = 0; j < k->n_syms; j++) {
+		p->sym[j] = syms[k->syms[j]];
+		p->args[nb + 1 + j] = &p->sym[j];
+	}
+	return FZ_OK;
+}
+
+static fz_status launch_packed(cu_dev *d, cu_packed *p, void *stream, char **err)
+{
+	ENTER(d, err, "a launch");
+	for (int e = 0; e < p->n_entries; e++) {
+		CUresult r = d->cu->LaunchKernel(p->fn[e], p->grid[e], 1, 1, p->block[e],
+		                                 1, 1, 0, (CUstream)stream, p->args, NULL);
 		if (r != FZ_CUDA_SUCCESS) {
 			LEAVE(d);
 			char what[160];
-			snprintf(what, sizeof what, "region %d, %s, grid %" PRId64 " x %d",
-			         k->region, k->names[e], grid, block);
+			snprintf(what, sizeof what, "region %d, %s, grid %u x %u",
+			         p->region, p->names[e], p->grid[e], p->block[e]);
 			return fz_cu_fail(d->cu, err, r, "cuLaunchKernel", what);
 		}
 	}
 	LEAVE(d);
+	return FZ_OK;
+}
+
+static fz_status cu_pack(fz_device *dev, const fz_kernel *k, void *const *fn,
+                         void **bufs, const int64_t *syms, int32_t *flag,
+                         void **pk, char **err)
+{
+	*pk = NULL;
+	cu_packed *p = calloc(1, sizeof *p);
+	if (!p) {
+		fz_set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	fz_status st = pack_into(cu_of(dev), k, fn, bufs, syms, flag, p, err);
+	if (st != FZ_OK) {
+		free(p);
+		return st;
+	}
+	*pk = p;
+	return FZ_OK;
+}
+
+static fz_status cu_launch_packed(fz_device *dev, void *pk, void *stream, char **err)
+{
+	return launch_packed(cu_of(dev), pk, stream, err);
+}
+
+static void cu_unpack(fz_device *dev, void *pk)
+{
+	(void)dev;
+	free(pk);
+}
+
+/* The same launch packed on the spot (a caller with no prepared plan). */
+static fz_status cu_launch(fz_device *dev, const fz_kernel *k, void *const *fn,
+                           void **bufs, const int64_t *syms, int32_t *flag,
+                           void *stream, char **err)
+{
+	cu_packed p;
+	fz_status st = pack_into(cu_of(dev), k, fn, bufs, syms, flag, &p, err);
+	return st == FZ_OK ? launch_packed(cu_of(dev), &p, stream, err) : st;
+}
+
+static fz_status cu_zero(fz_device *dev, void *p, size_t n, void *stream,
+                         char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a reset");
+	CUresult r = d->cu->MemsetD32Async((CUdeviceptr)(uintptr_t)p, 0, n / 4,
+	                                   (CUstream)stream);
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS) {
+		char what[64];
+		snprintf(what, sizeof what, "a reset of %zu bytes", n);
+		return fz_cu_fail(d->cu, err, r, "cuMemsetD32Async", what);
+	}
 	return FZ_OK;
 }
 
@@ -900,6 +985,10 @@ const fz_target fz_target_cuda = {
 	.copy = cu_copy,
 	.load = cu_load,
 	.launch = cu_launch,
+	.pack = cu_pack,
+	.launch_packed = cu_launch_packed,
+	.unpack = cu_unpack,
+	.zero = cu_zero,
 	.native = cu_native,
 	.matmul = cu_matmul,
 	.collective = cu_collective,

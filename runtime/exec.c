@@ -9,6 +9,8 @@
  *     its kernels, keyed, found or compiled, loaded   kernels.c
  *     a slot per value: where its bytes are           below
  *     a list of steps with their argument slots
+ *     each launch packed where the target can (target.h: pack):
+ *       geometry and parameter block fixed, only pointers refilled
  *     one arena for the plan (memplan's offsets, then staging)
  *
  * and a run only binds pointers and walks the steps:
@@ -40,8 +42,9 @@
  * emulated targets run the very same walk. A kernel that meets an index
  * out of range writes 1 + the op's node id into the flag word; host-memory
  * targets check it after each launch, device targets at fz_exec_sync,
- * which also clears it (so a run on a GPU queues no copy for the flag:
- * it is cleared once when its arena is new, then only after an error).
+ * which also clears it (so a run on a GPU queues nothing for the flag:
+ * it is cleared once when its arena is new, then only after an error, by
+ * the target's zero where it has one, else an upload).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +81,7 @@ typedef struct step {
 	int n_args;
 	int *args;           /* slots, in the kernel's parameter order */
 	void **bufs;         /* their pointers, per run */
+	void *pk;            /* the target's packed launch (tg->pack), or NULL */
 	/* S_MATMUL */
 	fz_matmul mm;
 	int sa, sb, sbias;   /* -1: no bias */
@@ -131,6 +135,9 @@ static void pplan_free(fz_exec *x, pplan *pp)
 	if (!pp)
 		return;
 	fz_device *dev = x->dev;
+	for (int i = 0; i < pp->n_steps; i++)
+		if (pp->steps[i].pk)
+			dev->tg->unpack(dev, pp->steps[i].pk);
 	if (pp->arena) {
 		if (x->o.release)
 			x->o.release(x->o.alloc_ctx, pp->arena);
@@ -578,6 +585,16 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 			B.st = dev->tg->alloc(dev, (size_t)pp->arena_bytes, &pp->arena, err);
 		}
 	}
+	/* a target that can fixes each launch now: geometry, parameters */
+	int32_t *flag = pp->arena ? (int32_t *)((char *)pp->arena + pp->flag_off) : NULL;
+	for (int i = 0; i < pp->n_steps && B.st == FZ_OK && x->dev->tg->pack; i++) {
+		step *s = &pp->steps[i];
+		if (s->kind != S_KERNEL)
+			continue;
+		const fz_kcode_rec *c = s->ki->code;
+		B.st = x->dev->tg->pack(x->dev, &c->k, c->fn, s->bufs, pp->syms, flag,
+					&s->pk, err);
+	}
 	if (B.st != FZ_OK) {
 		pplan_free(x, pp);
 		return B.st;
@@ -957,7 +974,8 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	if (st == FZ_OK && tg->host_memory)
 		*flag = 0;
 	else if (st == FZ_OK && !pp->flag_clear &&
-		 (st = tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		 (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
+			: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
@@ -975,7 +993,9 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 			for (int a = 0; a < s->n_args; a++)
 				s->bufs[a] = ptr[s->args[a]];
 			const fz_kcode_rec *c = s->ki->code;
-			st = tg->launch(dev, &c->k, c->fn, s->bufs, syms, flag, stream, err);
+			st = s->pk ? tg->launch_packed(dev, s->pk, stream, err)
+				   : tg->launch(dev, &c->k, c->fn, s->bufs, syms, flag,
+						stream, err);
 			launches++;
 			if (st == FZ_OK && tg->host_memory && *flag)
 				st = bad_index(x, s->region, *flag, err);

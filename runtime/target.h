@@ -15,6 +15,8 @@
  *     tg->alloc(dev, arena_bytes, &arena, &err);         once per plan
  *     tg->load(dev, &k, &code, fn, &err);                once per key
  *     tg->launch(dev, &k, fn, bufs, syms, flag, stream, &err);
+ *       or, fixed at prepare: tg->pack(..., bufs, syms, flag, &pk, &err),
+ *       then per run tg->launch_packed(dev, pk, stream, &err)
  *     tg->matmul(dev, &mm, stream, &err);
  *     tg->sync(dev, stream, &err);
  *     fz_device_release(dev);
@@ -159,6 +161,23 @@ struct fz_target {
 	fz_status (*launch)(fz_device *dev, const fz_kernel *k, void *const *fn,
 	                    void **bufs, const int64_t *syms, int32_t *flag,
 	                    void *stream, char **err);
+	/* Optional (NULL: launch is called per run): a kernel's launch fixed
+	 * when a plan is prepared. pack reads k, fn, the plan's sizes syms
+	 * and flag once (the geometry, the parameter block) and keeps the
+	 * address of bufs, the step's array that the runner refills with a
+	 * run's pointers before each launch_packed: a run builds nothing.
+	 * *pk lives until unpack; k and fn outlive it (the device's store). */
+	fz_status (*pack)(fz_device *dev, const fz_kernel *k, void *const *fn,
+	                  void **bufs, const int64_t *syms, int32_t *flag,
+	                  void **pk, char **err);
+	fz_status (*launch_packed)(fz_device *dev, void *pk, void *stream,
+	                           char **err);
+	void (*unpack)(fz_device *dev, void *pk);
+	/* Optional (NULL: an upload of zeros): n bytes at p (a multiple of
+	 * 4) set to 0 on the stream, without the host's bytes (the flag
+	 * word's reset). */
+	fz_status (*zero)(fz_device *dev, void *p, size_t n, void *stream,
+	                  char **err);
 	/* Optional (NULL: none): machine code for this device made from
 	 * code's portable form (PTX), for a cache entry that has none under
 	 * native_tag; kernels.c stores it back so that the next process

@@ -12,7 +12,9 @@
  * to the PTX when the cubin is refused, and a PTX the driver rejects is an
  * error carrying the call, the region and the JIT's log; a launch passes
  * the buffers, the flag word and the kernel's symbols in parameter order
- * with fz_kernel_launch_dims's geometry; a strided copy coalesces its
+ * with fz_kernel_launch_dims_on's geometry for the device's SM count, from
+ * one parameter block packed at prepare whose pointers a run refills;
+ * the flag word is reset by a device memset; a strided copy coalesces its
  * dims before the gather; matmul and linear, batched with broadcast, with
  * bias, match a row-major reference; heuristics are cached per shape; the
  * gather's PTX passes ptxas.
@@ -435,10 +437,19 @@ START_TEST(cubin_from_ptx)
 }
 END_TEST
 
+/* The parameter values of launch x (8 bytes each). */
+static void params_of(const fake_launch *x, uint64_t *v, int n)
+{
+	for (int i = 0; i < n; i++)
+		memcpy(&v[i], x->param[i], 8);
+}
+
 START_TEST(launch_packs_parameters)
 {
 	use_fake()->n_params = 6;
+	F->sms = 4; /* a small GPU: the grid-stride entry gets 4 x 32 blocks */
 	fz_device *d = open_dev(NULL);
+	ck_assert_int_eq(d->sm_count, 4);
 	fz_kernel k = two_entry_kernel();
 	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
 	void *fn[2];
@@ -447,30 +458,54 @@ START_TEST(launch_packs_parameters)
 	void *bufs[3] = {(void *)0x1000, (void *)0x2000, (void *)0x3000};
 	int64_t syms[4] = {-1, 17, -1, 5};
 	int32_t *flag = (int32_t *)0x4000;
-	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, flag, (void *)0x99,
-	                                       &err), FZ_OK);
-	ck_assert_int_eq(F->n_launches, 2);
-	for (int e = 0; e < 2; e++) {
+	/* packed once, as at prepare; the sizes are read now */
+	void *pk = NULL;
+	ck_assert_int_eq(fz_target_cuda.pack(d, &k, fn, bufs, syms, flag, &pk, &err),
+	                 FZ_OK);
+	syms[3] = 99; /* a later change of the array is not the plan's */
+	ck_assert_int_eq(F->n_launches, 0);
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, (void *)0x99, &err), FZ_OK);
+	/* a run refills the pointers only */
+	bufs[0] = (void *)0x5000;
+	bufs[2] = (void *)0x7000;
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, (void *)0x98, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 4);
+	syms[3] = 5;
+	unsigned want_grid[2] = {128, 2}; /* 100000 / 256 capped at 4 x 32; 300 / 256 */
+	for (int e = 0; e < 4; e++) {
 		fake_launch *x = &F->launch[e];
-		ck_assert_str_eq(x->fn, k.names[e]);
-		ck_assert_ptr_eq(x->stream, (void *)0x99);
+		int en = e % 2;
+		ck_assert_str_eq(x->fn, k.names[en]);
+		ck_assert_ptr_eq(x->stream, (void *)(uintptr_t)(e < 2 ? 0x99 : 0x98));
 		int64_t grid;
 		int block;
-		fz_kernel_launch_dims(&k, e, syms, &grid, &block);
+		fz_kernel_launch_dims_on(&k, en, syms, 4, &grid, &block);
 		ck_assert_uint_eq(x->grid[0], (unsigned)grid);
+		ck_assert_uint_eq(x->grid[0], want_grid[en]);
 		ck_assert_uint_eq(x->block[0], (unsigned)block);
 		ck_assert_uint_eq(x->grid[1] * x->grid[2] * x->block[1] * x->block[2], 1);
 		ck_assert_uint_eq(x->shmem, 0);
+		/* one parameter block for every launch of the step */
+		ck_assert_ptr_eq(x->params, F->launch[0].params);
 		uint64_t v[6];
-		for (int i = 0; i < 6; i++)
-			memcpy(&v[i], x->param[i], 8);
-		ck_assert_uint_eq(v[0], 0x1000);
+		params_of(x, v, 6);
+		ck_assert_uint_eq(v[0], e < 2 ? 0x1000 : 0x5000);
 		ck_assert_uint_eq(v[1], 0x2000);
-		ck_assert_uint_eq(v[2], 0x3000);
+		ck_assert_uint_eq(v[2], e < 2 ? 0x3000 : 0x7000);
 		ck_assert_uint_eq(v[3], 0x4000);
 		ck_assert_uint_eq(v[4], 5);  /* k.syms[0] = trace symbol 3 */
 		ck_assert_uint_eq(v[5], 17); /* k.syms[1] = trace symbol 1 */
 	}
+	fz_target_cuda.unpack(d, pk);
+	/* the unpacked slot launches the same geometry and values */
+	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, flag, NULL, &err),
+	                 FZ_OK);
+	ck_assert_uint_eq(F->launch[4].grid[0], 128);
+	ck_assert_uint_eq(F->launch[5].grid[0], 2);
+	uint64_t v[6];
+	params_of(&F->launch[4], v, 6);
+	ck_assert_uint_eq(v[0], 0x5000);
+	ck_assert_uint_eq(v[4], 5);
 	ck_assert_int_eq(F->pushes, F->pops);
 	fz_device_release(d);
 }
@@ -809,11 +844,14 @@ START_TEST(device_flag_read_at_sync)
 	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
 	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
 	ck_assert_int_eq(F->n_launches, 1);
-	int uploads = F->uploads; /* the flag's first clearing */
-	ck_assert_int_ge(uploads, 1);
-	/* a clean run queues no copy for the flag */
+	/* the flag's first clearing: a memset on the device, no host bytes */
+	ck_assert_int_eq(F->memsets, 1);
+	ck_assert_int_eq(F->uploads, 0);
+	/* a clean run queues nothing for the flag, and launches from the
+	 * parameter block packed at prepare */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	ck_assert_int_eq(F->uploads, uploads);
+	ck_assert_int_eq(F->memsets, 1);
+	ck_assert_ptr_eq(F->launch[1].params, F->launch[0].params);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	/* the kernel's parameters: w, i, y, the flag, N */
 	int32_t *flag;
@@ -835,7 +873,7 @@ START_TEST(device_flag_read_at_sync)
 	err = NULL;
 	/* the next run clears it, and its sync is clean */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	ck_assert_int_eq(F->uploads, uploads + 1);
+	ck_assert_int_eq(F->memsets, 2);
 	ck_assert_int_eq(*flag, 0);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	ck_assert_int_eq(F->pushes, F->pops);

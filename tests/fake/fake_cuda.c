@@ -212,6 +212,7 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
 		l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
 		l->shmem = sh;
 		l->stream = stream;
+		l->params = params;
 		for (int i = 0; i < fake_cuda.n_params && i < FAKE_MAX_PARAMS; i++) {
 			int sz = fake_cuda.param_size[i] ? fake_cuda.param_size[i] : 8;
 			memset(l->param[i], 0, 8);
@@ -237,6 +238,17 @@ API CUresult cuMemFree_v2(unsigned long long p) { free((void *)(uintptr_t)p); fa
 API CUresult cuMemsetD8_v2(unsigned long long p, unsigned char c, size_t n)
 {
 	memset((void *)(uintptr_t)p, c, n);
+	return 0;
+}
+
+API CUresult cuMemsetD32Async(unsigned long long p, unsigned v, size_t n, void *st)
+{
+	(void)st;
+	if (p % 4)
+		return 1; /* CUDA_ERROR_INVALID_VALUE: not 4-byte aligned */
+	for (size_t i = 0; i < n; i++)
+		((uint32_t *)(uintptr_t)p)[i] = v;
+	fake_cuda.memsets++;
 	return 0;
 }
 
@@ -271,3 +283,32 @@ API CUresult cuEventRecord(void *e, void *s) { (void)e, (void)s; fake_cuda.recor
 API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 /* the old name only, as a driver before 12.8 has it */
 API CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a, (void)b; *ms = 0.5f; return 0; }
+
+/* Streams: a handle per cuStreamCreate; the fake runs all work at once, in
+ * call order, which is one order the device could choose. */
+API CUresult cuStreamCreate(void **s, unsigned flags)
+{
+	(void)flags;
+	*s = malloc(16);
+	if (!*s)
+		return 2;
+	fake_cuda.streams++;
+	return 0;
+}
+
+API CUresult cuStreamDestroy_v2(void *s)
+{
+	if (!s)
+		return 400; /* CUDA_ERROR_INVALID_HANDLE */
+	free(s);
+	fake_cuda.streams--;
+	return 0;
+}
+
+/* Graphs: not faked yet (CUDA_ERROR_NOT_SUPPORTED). */
+API CUresult cuStreamBeginCapture_v2(void *s, int mode) { (void)s, (void)mode; return 801; }
+API CUresult cuStreamEndCapture(void *s, void **g) { (void)s; *g = NULL; return 801; }
+API CUresult cuGraphInstantiateWithFlags(void **x, void *g, unsigned long long f) { (void)g, (void)f; *x = NULL; return 801; }
+API CUresult cuGraphLaunch(void *x, void *s) { (void)x, (void)s; return 801; }
+API CUresult cuGraphExecDestroy(void *x) { (void)x; return 801; }
+API CUresult cuGraphDestroy(void *g) { (void)g; return 801; }

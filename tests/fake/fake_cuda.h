@@ -24,6 +24,7 @@ typedef struct fake_launch {
 	const char *fn;               /* the entry point's name */
 	unsigned grid[3], block[3], shmem;
 	void *stream;
+	void **params;                /* the array the launch was given */
 	unsigned char param[FAKE_MAX_PARAMS][8]; /* the first n_params values */
 } fake_launch;
 
@@ -51,7 +52,8 @@ typedef struct fake_state {
 	/* counted */
 	int retains, releases, pushes, pops;
 	int cubin_loads, ptx_loads, links, unloads;
-	int allocs, frees, syncs, events, records, waits, uploads;
+	int allocs, frees, syncs, events, records, waits, uploads, memsets;
+	int streams;            /* created and not destroyed */
 	int n_launches;
 	fake_launch launch[FAKE_MAX_LAUNCHES];
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
