@@ -12,7 +12,10 @@
  * (ir/collective.c: sums in f64 in rank order, one rounding), so N
  * emulated ranks are checked element by element against the interpreter.
  * NCCL (comm_nccl.c, opened at run time) is the GPU's engine: the CUDA
- * target enqueues its collectives on a communication stream.
+ * target enqueues its collectives on a communication stream, through the
+ * rank's fz_nccl that the caller set on the communicator (fz_comm_set_nccl);
+ * the host rendezvous then only starts ranks together (fz_comm_barrier)
+ * and spreads an abort.
  */
 #ifndef FUSEC_RUNTIME_COMM_H
 #define FUSEC_RUNTIME_COMM_H
@@ -38,11 +41,23 @@ fz_status fz_comm_collective(fz_comm *c, int rank, fz_opcode op, fz_dtype dt,
 /* Rank `rank` gives up (an error of its own); every rank waiting in, or
  * later entering, a collective fails at once with `why`. */
 void fz_comm_abort(fz_comm *c, int rank, const char *why);
+/* Waits until every rank has arrived (the same deadline and abort as a
+ * collective); on the host, outside any step: how ranks agree that all
+ * are ready before a device engine (NCCL) gets work no rank may abandon. */
+fz_status fz_comm_barrier(fz_comm *c, int rank, char **err);
 
-/* ---- NCCL (comm_nccl.c): untested on a GPU ---- */
+/* A device engine per rank (NCCL), kept beside the host rendezvous: the
+ * CUDA target enqueues rank r's collectives through fz_comm_nccl(c, r),
+ * and fz_comm_collective is then not used. NULL (the default): none; c
+ * does not own it. */
+typedef struct fz_nccl fz_nccl;
+void fz_comm_set_nccl(fz_comm *c, int rank, fz_nccl *n);
+fz_nccl *fz_comm_nccl(const fz_comm *c, int rank);
+
+/* ---- NCCL (comm_nccl.c): tested against a fake libnccl (tests/fake),
+ * never yet on a GPU ---- */
 
 #define FZ_NCCL_ID_BYTES 128
-typedef struct fz_nccl fz_nccl;
 
 /* Rank 0's ncclGetUniqueId (with NCCL_COMM_ID set, every rank's). Loads
  * libnccl.so.2 on first use: FZ_EUNSUPPORTED, saying so, where absent. */

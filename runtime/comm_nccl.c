@@ -1,12 +1,13 @@
 /*
  * comm_nccl.c: NCCL as the GPU's communication engine, opened at run time.
  *
- * UNTESTED ON A GPU. This build's machines have no GPU: what runs here is
- * the part that needs none (loading the library, making a unique id, the
- * file bootstrap; tests/test_comm.c). Forming a communicator and the
- * collectives are written against NCCL 2.x's documented API and have never
- * executed. The CUDA target (another part) calls them on its communication
- * stream.
+ * UNTESTED ON A GPU. This build's machines have no GPU. Written against
+ * NCCL 2.x's documented API (nccl.h), and run here against a fake libnccl
+ * (tests/fake/fake_nccl.c: the documented semantics on host memory, with
+ * threads as ranks; tests/test_cuda_api.c and tests/cuda_fake_run.sh) and,
+ * where a real libnccl is installed, for the unique id and the file
+ * bootstrap (tests/test_comm.c). The CUDA target (cuda.c) calls the
+ * collectives on its communication stream.
  *
  * Loading. libnccl.so.2 is opened with dlopen ($FUSEC_NCCL_LIBRARY first),
  * so the library builds and links with no NCCL installed, and its absence
@@ -271,6 +272,28 @@ void fz_nccl_free(fz_nccl *c)
 	free(c);
 }
 
+/* A non-blocking communicator may answer a call with ncclInProgress: the
+ * call is being enqueued, and NCCL asks that the caller poll
+ * ncclCommGetAsyncError until it is done before the next call. This waits
+ * for the host-side enqueue, not for the device. */
+static fz_status enqueued(fz_nccl *c, const char *what, char **err)
+{
+	double end = fz_now() + 60;
+	int state = NCCL_IN_PROGRESS;
+	while (state == NCCL_IN_PROGRESS) {
+		int rc = api.get_async_error(c->comm, &state);
+		if (rc != NCCL_SUCCESS)
+			state = rc;
+		if (state == NCCL_IN_PROGRESS && fz_now() > end) {
+			if (err)
+				*err = fz_strdup_printf("%s: NCCL did not enqueue it within "
+							"60 s", what);
+			return FZ_ERUNTIME;
+		}
+	}
+	return state == NCCL_SUCCESS ? FZ_OK : nccl_fail(state, what, err);
+}
+
 static int nccl_dtype(fz_dtype d)
 {
 	switch (d) {
@@ -328,7 +351,9 @@ fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t oute
 	default:
 		return FZ_EINVAL;
 	}
-	if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS)
+	if (rc == NCCL_IN_PROGRESS)
+		return enqueued(c, fz_ops[op].name, err);
+	if (rc != NCCL_SUCCESS)
 		return nccl_fail(rc, fz_ops[op].name, err);
 	return FZ_OK;
 }

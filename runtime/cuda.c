@@ -27,6 +27,11 @@
  *              builds, allocates and computes nothing per launch
  *     zero     cuMemsetD32Async (the flag word's reset)
  *     matmul   cuBLASLt (cublaslt.c), heuristics cached per shape
+ *     collective  through the rank's NCCL communicator (comm.h) on the
+ *              device's communication stream, which first waits for the
+ *              compute stream (an event); an event recorded after it is
+ *              what the trace's `wait` makes the compute stream wait on.
+ *              No communicator: world 1, the identity (a copy)
  *     copy     a strided view made contiguous by a small gather kernel
  *              written here in PTX (four entries by element size)
  *     sync     cuStreamSynchronize
@@ -55,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "cuda_api.h"
 #include "cuda_target.h"
 #include "ir.h"
@@ -339,6 +345,10 @@ static void cu_close(fz_device *dev)
 		for (int i = 0; i < 2; i++)
 			if (d->timer[i])
 				d->cu->EventDestroy(d->timer[i]);
+		if (d->fork)
+			d->cu->EventDestroy(d->fork);
+		if (d->comm)
+			d->cu->StreamDestroy(d->comm);
 		for (int i = 0; i < d->n_mods; i++)
 			d->cu->ModuleUnload(d->mods[i]);
 		if (d->copy_mod)
@@ -841,26 +851,112 @@ static fz_status cu_matmul(fz_device *dev, const fz_matmul *m, void *stream,
 	return st;
 }
 
-/* One process, one device: a collective over a world of 1 is the identity
- * (all_gather and reduce_scatter of one rank keep every element). */
+static fz_status event_of(cu_dev *d, int ev, CUevent *out, char **err);
+
+/* The communication stream and the fork event, made once per device. */
+static fz_status comm_stream(cu_dev *d, char **err)
+{
+	pthread_mutex_lock(&d->mu);
+	CUresult r = FZ_CUDA_SUCCESS;
+	const char *call = "cuStreamCreate";
+	if (!d->comm)
+		r = d->cu->StreamCreate(&d->comm, FZ_CU_STREAM_NON_BLOCKING);
+	if (r == FZ_CUDA_SUCCESS && !d->fork) {
+		call = "cuEventCreate";
+		r = d->cu->EventCreate(&d->fork, FZ_CU_EVENT_DISABLE_TIMING);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, call,
+	                                         "the communication stream");
+}
+
+/* A collective. Without a communicator (one process, one device, world 1)
+ * it is the identity: all_gather and reduce_scatter of one rank keep every
+ * element, a copy on the compute stream. With one, through the rank's
+ * NCCL engine on the communication stream:
+ *
+ *     compute:  ... producer of x ... record(fork)
+ *     comm:     wait(fork) -> nccl op(x -> y) -> record(event)
+ *     compute:  (the wait step) wait(event) -> consumers of y
+ *
+ * so the operand is complete before NCCL reads it, the result's buffer is
+ * no longer read by earlier work, and nothing blocks the host. */
 static fz_status cu_collective(fz_device *dev, const fz_collective *c,
                                void *stream, char **err)
 {
 	cu_dev *d = cu_of(dev);
-	if (c->x == c->y)
-		return FZ_OK;
-	size_t n = (size_t)(c->outer * c->extent * c->inner) * fz_dtype_size(c->dtype);
-	if (!n)
-		return FZ_OK;
-	char what[64];
+	char what[96];
 	snprintf(what, sizeof what, "the collective of region %d", c->region);
+	struct fz_nccl *nc = c->comm ? fz_comm_nccl(c->comm, c->rank) : NULL;
+	if (c->comm && !nc) {
+		fz_set_err(err, fz_strdup_printf("%s: rank %d of %d has no NCCL "
+		                              "communicator (the CUDA target runs "
+		                              "collectives through NCCL: "
+		                              "fz_cuda_nccl_new, fz_comm_set_nccl)",
+		                              what, c->rank, fz_comm_world(c->comm)));
+		return FZ_EINVAL;
+	}
+	size_t n = (size_t)(c->outer * c->extent * c->inner) * fz_dtype_size(c->dtype);
+	if (!nc && (c->x == c->y || !n))
+		return FZ_OK;
 	ENTER(d, err, what);
-	CUresult r = d->cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->y,
-	                                    (CUdeviceptr)(uintptr_t)c->x, n,
-	                                    (CUstream)stream);
+	CUresult r = FZ_CUDA_SUCCESS;
+	if (!nc) {
+		r = d->cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->y,
+		                           (CUdeviceptr)(uintptr_t)c->x, n,
+		                           (CUstream)stream);
+		LEAVE(d);
+		return r == FZ_CUDA_SUCCESS
+		           ? FZ_OK
+		           : fz_cu_fail(d->cu, err, r, "cuMemcpyDtoDAsync", what);
+	}
+	fz_status st = comm_stream(d, err);
+	CUevent done = NULL;
+	if (st == FZ_OK)
+		st = event_of(d, c->event, &done, err);
+	const char *call = "cuEventRecord";
+	if (st == FZ_OK && (r = d->cu->EventRecord(d->fork, (CUstream)stream)) ==
+	                       FZ_CUDA_SUCCESS) {
+		call = "cuStreamWaitEvent";
+		r = d->cu->StreamWaitEvent(d->comm, d->fork, 0);
+	}
+	if (st == FZ_OK && r != FZ_CUDA_SUCCESS)
+		st = fz_cu_fail(d->cu, err, r, call, what);
+	fz_opcode op = c->kind == FZ_COLL_ALL_GATHER ? FZ_OP_ALL_GATHER
+	               : c->kind == FZ_COLL_REDUCE_SCATTER ? FZ_OP_REDUCE_SCATTER
+	               : FZ_OP_ALL_REDUCE;
+	if (st == FZ_OK && (st = fz_nccl_collective(nc, op, c->dtype, c->outer,
+	                                            c->extent * c->inner, c->x, c->y,
+	                                            d->comm, err)) != FZ_OK &&
+	    err && *err)
+		fz_set_err(err, fz_strdup_printf("%s: %s", what, *err));
+	if (st == FZ_OK && (r = d->cu->EventRecord(done, d->comm)) != FZ_CUDA_SUCCESS)
+		st = fz_cu_fail(d->cu, err, r, "cuEventRecord", what);
 	LEAVE(d);
-	return r == FZ_CUDA_SUCCESS ? FZ_OK
-	                            : fz_cu_fail(d->cu, err, r, "cuMemcpyDtoDAsync", what);
+	return st;
+}
+
+fz_status fz_cuda_nccl_new(fz_device *dev, int world, int rank,
+                           const unsigned char *id, double timeout_s,
+                           struct fz_nccl **out, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*out = NULL;
+	ENTER(d, err, "the NCCL communicator");
+	fz_status st = fz_nccl_new(world, rank, id, timeout_s, out, err);
+	LEAVE(d);
+	return st;
+}
+
+void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!n || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	fz_nccl_free(n);
+	fz_cuda_leave(d, pushed);
 }
 
 /* Event ev, created (without timing) on first use. */

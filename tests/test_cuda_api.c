@@ -17,7 +17,12 @@
  * the flag word is reset by a device memset; a strided copy coalesces its
  * dims before the gather; matmul and linear, batched with broadcast, with
  * bias, match a row-major reference; heuristics are cached per shape; the
- * gather's PTX passes ptxas.
+ * gather's PTX passes ptxas. Two ranks on two fake devices run an
+ * FSDP-shaped step through the fake NCCL (tests/fake/fake_nccl.c): their
+ * outputs match the interpreter running both ranks, no host sync happens
+ * inside a run, and the log of device calls shows each collective on the
+ * device's communication stream, after a wait on an event the compute
+ * stream recorded, followed by an event the compute stream waits on.
  *
  * Each test runs in a forked child (Check's default), so each opens the
  * driver afresh with the fake it configured.
@@ -25,6 +30,7 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +38,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "comm.h"
 #include "cuda_api.h"
 #include "exec.h"
 #include "cuda_target.h"
@@ -920,6 +927,278 @@ START_TEST(no_host_sync_inside_runs)
 }
 END_TEST
 
+/* ---- world 2 through NCCL -------------------------------------------------- */
+
+/* An FSDP-shaped step of library calls and collectives only (the fake
+ * driver runs no kernels, its cuBLASLt and NCCL compute): sharded weights
+ * all-gathered before their linear, a "gradient" reduce-scattered back to
+ * a shard, an activation all-reduced. */
+static const char FSDP[] =
+	"trace fsdp(x: f32[B, 16], w1_s: f32[8, 16], w2_s: f32[4, 16], b_s: f32[4])"
+	" world 2 {\n"
+	"  w1 = wait(all_gather(w1_s, dim=0))\n"
+	"  h = linear(x, w1)\n"
+	"  w2 = wait(all_gather(w2_s, dim=0))\n"
+	"  b = wait(all_gather(b_s, dim=0))\n"
+	"  y = linear(h, w2, b)\n"
+	"  g = linear(w1, w1)\n"
+	"  gs = wait(reduce_scatter(g, dim=0))\n"
+	"  s = wait(all_reduce(y))\n"
+	"  return s, gs\n}\n";
+
+typedef struct rank_run {
+	const fz_trace *t;
+	fz_comm *comm;
+	int rank;
+	const char *idpath;
+	bool with_nccl;
+	int64_t syms[FZ_MAX_SYMS];
+	fz_tensor in[4], out[2];
+	fz_status st;
+	char *err;
+	long host_syncs;
+	int launches_per_run;
+} rank_run;
+
+static void *rank_thread(void *arg)
+{
+	rank_run *r = arg;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.device = r->rank; /* one device per rank */
+	fz_exec *x = NULL;
+	struct fz_nccl *nc = NULL;
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	r->st = fz_exec_new(r->t, "cuda", &o, &x, &r->err);
+	if (r->st == FZ_OK) {
+		fz_exec_set_comm(x, r->comm, r->rank);
+		r->st = fz_exec_prepare(x, r->syms, r->in, 4, &r->err);
+	}
+	if (r->st == FZ_OK)
+		r->st = fz_comm_barrier(r->comm, r->rank, &r->err);
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_nccl_bootstrap_file(r->rank, r->idpath, 10, id, &r->err);
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_cuda_nccl_new(fz_exec_dev(x), 2, r->rank, id, 10, &nc, &r->err);
+	if (r->st == FZ_OK)
+		fz_comm_set_nccl(r->comm, r->rank, nc);
+	for (int it = 0; it < 3 && r->st == FZ_OK; it++)
+		r->st = fz_exec_run(x, r->syms, r->in, 4, r->out, 2, NULL, &r->err);
+	if (x)
+		r->host_syncs = fz_exec_host_syncs(x);
+	if (r->st == FZ_OK)
+		r->st = fz_exec_sync(x, NULL, &r->err);
+	if (nc)
+		fz_cuda_nccl_free(fz_exec_dev(x), nc);
+	fz_exec_free(x);
+	return NULL;
+}
+
+/* Runs FSDP as two ranks on two fake devices; rr[] keeps the results. */
+static void run_world2(const fz_trace *t, bool with_nccl, rank_run rr[2],
+                       const char *idpath)
+{
+	fz_comm *comm = NULL;
+	ck_assert_int_eq(fz_comm_new(2, 10, &comm), FZ_OK);
+	pthread_t th[2];
+	for (int r = 0; r < 2; r++) {
+		rr[r].t = t;
+		rr[r].comm = comm;
+		rr[r].rank = r;
+		rr[r].idpath = idpath;
+		rr[r].with_nccl = with_nccl;
+		ck_assert_int_eq(pthread_create(&th[r], NULL, rank_thread, &rr[r]), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	fz_comm_free(comm);
+}
+
+static void make_rank_tensors(const fz_trace *t, int64_t b, rank_run *r)
+{
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		r->syms[s] = b;
+	for (int i = 0; i < 4; i++) {
+		fz_value *v = fz_trace_param(t, i);
+		r->in[i] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = r->in[i].rank - 1; d >= 0; d--) {
+			r->in[i].shape[d] = fz_value_extent(v, d, r->syms);
+			r->in[i].strides[d] = n;
+			n *= r->in[i].shape[d];
+		}
+		r->in[i].data = filled(n);
+	}
+	for (int k = 0; k < 2; k++) {
+		fz_value *v = fz_trace_output(t, k);
+		r->out[k] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = r->out[k].rank - 1; d >= 0; d--) {
+			r->out[k].shape[d] = fz_value_extent(v, d, r->syms);
+			r->out[k].strides[d] = n;
+			n *= r->out[k].shape[d];
+		}
+		r->out[k].data = filled(n);
+	}
+}
+
+/* The last log entry before i on device dev, or -1. */
+static int prev_on(int i, int dev)
+{
+	while (--i >= 0 && F->log[i].dev != dev)
+		;
+	return i;
+}
+
+static int next_on(int i, int dev)
+{
+	while (++i < F->n_log && F->log[i].dev != dev)
+		;
+	return i < F->n_log ? i : -1;
+}
+
+START_TEST(world2_through_nccl)
+{
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 3, &rr[r]);
+	char idpath[] = "/tmp/fusec-nccl-fake-XXXXXX";
+	int fd = mkstemp(idpath);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(idpath); /* rank 0 publishes it */
+	run_world2(t, true, rr, idpath);
+	unlink(idpath);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(rr[r].st == FZ_OK, "rank %d: %s", r,
+		              rr[r].err ? rr[r].err : "?");
+		/* the contract: no host synchronization inside a step */
+		ck_assert_int_eq(rr[r].host_syncs, 0);
+	}
+	ck_assert_int_eq(F->nccl_no_device, 0);
+	ck_assert_int_eq(F->nccl_wrong_device, 0);
+	ck_assert_int_eq(F->nccl_comms, 0); /* destroyed */
+	ck_assert_int_eq(F->streams, 0);    /* the devices closed theirs */
+	/* 5 collectives per run, 3 runs, 2 ranks */
+	ck_assert_int_eq(F->nccl_ops, 5 * 3 * 2);
+	ck_assert_int_lt(F->n_log, FAKE_MAX_LOG);
+	/* every rank's outputs against the interpreter running both */
+	fz_tensor in[8], ref[4];
+	for (int r = 0; r < 2; r++)
+		for (int i = 0; i < 4; i++)
+			in[r * 4 + i] = rr[r].in[i];
+	ck_assert_int_eq(fz_trace_interpret_world(t, rr[0].syms, 2, in, 4, ref, 2, &err),
+	                 FZ_OK);
+	for (int r = 0; r < 2; r++)
+		for (int k = 0; k < 2; k++) {
+			const fz_tensor *g = &rr[r].out[k], *w = &ref[r * 2 + k];
+			int64_t n = 1;
+			for (int d = 0; d < w->rank; d++) {
+				ck_assert_int_eq(g->shape[d], w->shape[d]);
+				n *= w->shape[d];
+			}
+			for (int64_t i = 0; i < n; i++) {
+				float a = ((float *)g->data)[i], b = ((float *)w->data)[i];
+				ck_assert_msg(fabsf(a - b) <= 1e-5f * (1 + fabsf(b)),
+				              "rank %d output %d [%lld] = %g, want %g", r, k,
+				              (long long)i, a, b);
+			}
+		}
+	/* the order each device saw: per collective, the compute stream
+	 * (NULL here) records the fork event, the communication stream waits
+	 * on it, NCCL runs there, and an event recorded after it is what the
+	 * compute stream later waits on; no host sync before the last op */
+	for (int dev = 0; dev < 2; dev++) {
+		void *cs = NULL;
+		int n_coll = 0, last_work = -1, first_sync = -1;
+		for (int i = 0; i < F->n_log; i++) {
+			const fake_op *o = &F->log[i];
+			if (o->dev != dev)
+				continue;
+			if (strchr("KMND", o->kind))
+				last_work = i;
+			if (strchr("SE", o->kind) && first_sync < 0)
+				first_sync = i;
+			if (o->kind != 'N')
+				continue;
+			n_coll++;
+			ck_assert_ptr_nonnull(o->stream);
+			if (!cs)
+				cs = o->stream;
+			ck_assert_ptr_eq(o->stream, cs); /* one communication stream */
+			int w = prev_on(i, dev), f = prev_on(w, dev), e = next_on(i, dev);
+			ck_assert_int_ge(f, 0);
+			ck_assert_int_ge(e, 0);
+			ck_assert_msg(F->log[w].kind == 'W' && F->log[w].stream == cs &&
+			              F->log[f].kind == 'R' && F->log[f].stream == NULL &&
+			              F->log[f].event == F->log[w].event,
+			              "collective %d of device %d: not preceded by the "
+			              "compute stream's fork", n_coll, dev);
+			ck_assert_msg(F->log[e].kind == 'R' && F->log[e].stream == cs,
+			              "collective %d of device %d: no event recorded after",
+			              n_coll, dev);
+			bool waited = false;
+			for (int j = e + 1; j < F->n_log && !waited; j++)
+				waited = F->log[j].dev == dev && F->log[j].kind == 'W' &&
+				         F->log[j].stream == NULL &&
+				         F->log[j].event == F->log[e].event;
+			ck_assert_msg(waited, "collective %d of device %d: the compute "
+			              "stream never waits for it", n_coll, dev);
+		}
+		ck_assert_int_eq(n_coll, 15);
+		ck_assert_int_gt(first_sync, last_work);
+	}
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
+	for (int i = 0; i < 4; i++)
+		if (i % 2 == 0 || ref[i].data != ref[i - 1].data)
+			fz_free(ref[i].data);
+	fz_module_free(m);
+}
+END_TEST
+
+/* A communicator without NCCL engines: the CUDA target says what is
+ * missing instead of running collectives the other ranks never see. */
+START_TEST(world2_without_nccl_is_an_error)
+{
+	use_fake()->devices = 2;
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 2, &rr[r]);
+	run_world2(t, false, rr, NULL);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(rr[r].st, FZ_EINVAL);
+		ck_assert_msg(strstr(rr[r].err, "no NCCL communicator"), "%s", rr[r].err);
+		fz_free(rr[r].err);
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
+	ck_assert_int_eq(F->nccl_ops, 0);
+	fz_module_free(m);
+}
+END_TEST
+
 /* A program of library calls only runs whole on the fake (its cuBLASLt
  * computes f32 on the host): the runner's fz_matmul, the workspace it
  * reserves and the target's mapping, against the interpreter. */
@@ -1060,6 +1339,10 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, program_of_matmuls);
 	tcase_add_test(b, no_host_sync_inside_runs);
 	suite_add_tcase(s, b);
+	TCase *w = tcase_create("world");
+	tcase_add_test(w, world2_through_nccl);
+	tcase_add_test(w, world2_without_nccl_is_an_error);
+	suite_add_tcase(s, w);
 	return s;
 }
 

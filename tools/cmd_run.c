@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "cuda_target.h"
@@ -116,7 +117,9 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "  --no-cache   use no disk cache: compile every distinct kernel\n"
 	 "  --world N    run N ranks (a trace declared `world N`; default: the\n"
 	 "               world the trace declares): on the CPU, N threads with\n"
-	 "               exact collectives; each rank gets its own inputs (seed\n"
+	 "               exact collectives; on CUDA, rank r on device r, its\n"
+	 "               collectives through NCCL on a communication stream\n"
+	 "               (N = 1 included); each rank gets its own inputs (seed\n"
 	 "               + rank), and --check compares every rank's outputs with\n"
 	 "               the interpreter running all N ranks\n"
 	 "  --timeout S  a rank that does not join a collective within S seconds\n"
@@ -411,7 +414,8 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			"not match\n", fz_trace_name(t), world, world, o->world);
 		return EXIT_BAD;
 	}
-	if (world > 1)
+	/* --world given, even 1: the ranks' path (on CUDA: through NCCL) */
+	if (world > 1 || o->world)
 		return run_trace_world(t, o, world, syms, spi, cr);
 	fz_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
 	fz_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
@@ -536,6 +540,7 @@ typedef struct rank_job {
 	const fz_trace *t;
 	run_opts *o;
 	fz_comm *comm;
+	const char *idpath;   /* the NCCL id's file (CUDA ranks) */
 	int rank;
 	const int64_t *syms;
 	fz_tensor *in, *out;
@@ -552,6 +557,65 @@ static void quiet(void *ctx, const char *msg)
 	(void)msg;
 }
 
+/* Rank j->rank on CUDA device j->rank: its inputs copied to the device,
+ * NCCL joined through the id file once every rank is prepared (so no rank
+ * gives NCCL work that a failed rank would never match), the runs, the
+ * outputs copied back. */
+static fz_status rank_cuda(rank_job *j, fz_exec *x, int n_in, int n_out)
+{
+	fz_device *dev = fz_exec_dev(x);
+	int world = fz_comm_world(j->comm);
+	fz_tensor *din = calloc((size_t)n_in + 1, sizeof *din);
+	fz_tensor *dout = calloc((size_t)n_out + 1, sizeof *dout);
+	struct fz_nccl *nc = NULL;
+	fz_status st = din && dout ? FZ_OK : FZ_ENOMEM;
+	for (int k = 0; st == FZ_OK && k < n_in + n_out; k++) {
+		const fz_tensor *h = k < n_in ? &j->in[k] : &j->out[k - n_in];
+		fz_tensor *d = k < n_in ? &din[k] : &dout[k - n_in];
+		*d = *h;
+		d->data = NULL;
+		size_t bytes = (size_t)tensor_numel(h) * fz_dtype_size(h->dtype);
+		st = dev->tg->alloc(dev, bytes, &d->data, &j->err);
+		if (st == FZ_OK && k < n_in)
+			st = dev->tg->upload(dev, d->data, h->data, bytes, NULL, &j->err);
+	}
+	if (st == FZ_OK)
+		st = fz_exec_prepare(x, j->syms, din, n_in, &j->err);
+	if (st == FZ_OK)
+		st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	if (st == FZ_OK)
+		st = fz_nccl_bootstrap_file(j->rank, j->idpath, j->o->timeout, id, &j->err);
+	if (st == FZ_OK)
+		st = fz_cuda_nccl_new(dev, world, j->rank, id, j->o->timeout, &nc, &j->err);
+	if (st == FZ_OK)
+		fz_comm_set_nccl(j->comm, j->rank, nc);
+	double t0 = tool_now();
+	for (long it = 0; it < j->o->iters && st == FZ_OK; it++)
+		st = fz_exec_run(x, j->syms, din, n_in, dout, n_out, NULL, &j->err);
+	j->host_syncs = fz_exec_host_syncs(x);
+	if (st == FZ_OK)
+		st = fz_exec_sync(x, NULL, &j->err);
+	j->seconds = (tool_now() - t0) / (double)j->o->iters;
+	for (int k = 0; st == FZ_OK && k < n_out; k++)
+		st = dev->tg->download(dev, j->out[k].data, dout[k].data,
+				       (size_t)tensor_numel(&j->out[k]) *
+				       fz_dtype_size(j->out[k].dtype), NULL, &j->err);
+	if (nc) {
+		fz_comm_set_nccl(j->comm, j->rank, NULL);
+		fz_cuda_nccl_free(dev, nc);
+	}
+	for (int k = 0; din && k < n_in; k++)
+		dev->tg->release(dev, din[k].data);
+	for (int k = 0; dout && k < n_out; k++)
+		dev->tg->release(dev, dout[k].data);
+	free(din);
+	free(dout);
+	if (st == FZ_ENOMEM && !j->err)
+		j->err = fz_strdup("out of memory");
+	return st;
+}
+
 static void *rank_main(void *arg)
 {
 	rank_job *j = arg;
@@ -563,33 +627,41 @@ static void *rank_main(void *arg)
 	xo.cache_dir = j->o->cache_dir;
 	xo.warn = j->rank ? quiet : on_notice; /* one notice, not one per rank */
 	xo.max_plans = 1;
+	xo.device = j->rank; /* on GPUs: one device per rank */
 	j->st = fz_exec_new(j->t, j->o->device, &xo, &x, &j->err);
 	if (j->st != FZ_OK) {
 		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "could not start");
 		return NULL;
 	}
-	if (strcmp(fz_exec_device(x), "cpu")) {
-		j->err = fz_strdup_printf("--world %d: ranks run emulated on the cpu "
-					  "in this build (device '%s' has no "
-					  "communicator wired)", fz_comm_world(j->comm),
-					  fz_exec_device(x));
+	const char *on = fz_exec_device(x);
+	if (strcmp(on, "cpu") && strcmp(on, "cuda")) {
+		j->err = fz_strdup_printf("--world %d: ranks run on the cpu (emulated) "
+					  "or on CUDA devices through NCCL, not on '%s'",
+					  fz_comm_world(j->comm), on);
 		j->st = FZ_EUNSUPPORTED;
 		fz_comm_abort(j->comm, j->rank, j->err);
 		fz_exec_free(x);
 		return NULL;
 	}
+	if (!j->rank)
+		snprintf(j->o->ran_on, sizeof j->o->ran_on, "%s", on);
 	fz_exec_set_comm(x, j->comm, j->rank);
-	j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
-	double t0 = tool_now();
-	for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
-		j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL, &j->err);
-	if (j->st == FZ_OK)
-		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (!strcmp(on, "cuda")) {
+		j->st = rank_cuda(j, x, n_in, n_out);
+	} else {
+		j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
+		double t0 = tool_now();
+		for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
+			j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL,
+					    &j->err);
+		if (j->st == FZ_OK)
+			j->st = fz_exec_sync(x, NULL, &j->err);
+		j->seconds = (tool_now() - t0) / (double)j->o->iters;
+		j->host_syncs = fz_exec_host_syncs(x);
+	}
 	if (j->st != FZ_OK)
 		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(j->st));
-	j->seconds = (tool_now() - t0) / (double)j->o->iters;
 	j->stats = *fz_exec_stats_of(x);
-	j->host_syncs = fz_exec_host_syncs(x);
 	fz_exec_free(x);
 	return NULL;
 }
@@ -607,6 +679,7 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	bool *started = calloc(W, sizeof *started);
 	fz_comm *comm = NULL;
 	char *err = NULL;
+	char idpath[64] = "";
 	int rc = EXIT_BAD;
 	if (!in || !out || !ref || !jobs || !th || !started) {
 		fprintf(stderr, "fusec run: out of memory\n");
@@ -621,8 +694,17 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 		fprintf(stderr, "fusec run: out of memory\n");
 		goto done;
 	}
+	/* where the ranks are CUDA devices, rank 0 publishes NCCL's id here */
+	char iddir[] = "/tmp/fusec-nccl-XXXXXX";
+	if (!mkdtemp(iddir)) {
+		fprintf(stderr, "fusec run: cannot make a folder for the NCCL id: %s\n",
+			strerror(errno));
+		goto done;
+	}
+	snprintf(idpath, sizeof idpath, "%s/id", iddir);
 	for (int r = 0; r < world; r++) {
-		jobs[r] = (rank_job){t, o, comm, r, syms, in + (size_t)r * (size_t)n_in,
+		jobs[r] = (rank_job){t, o, comm, idpath, r, syms,
+				     in + (size_t)r * (size_t)n_in,
 				     out + (size_t)r * (size_t)n_out, FZ_OK, NULL, {0}, 0, 0};
 		if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
 			fz_comm_abort(comm, r, "could not start its thread");
@@ -678,13 +760,14 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	o->unique += jobs[0].stats.k.unique;
 	o->setup_seconds += jobs[0].stats.prepare_seconds;
 	o->host_syncs += syncs;
-	snprintf(o->ran_on, sizeof o->ran_on, "%s", "cpu");
+	bool gpus = !strcmp(o->ran_on, "cuda");
 	if (!o->json)
-		printf("trace %s: world %d, %d ranks on the cpu (threads, exact "
-		       "collectives): %.3f ms per iteration (%d regions, %d kernel keys; "
-		       "%ld host synchronizations inside the steps)\n",
-		       fz_trace_name(t), world, world, per * 1e3, jobs[0].stats.regions,
-		       jobs[0].stats.k.unique, syncs);
+		printf("trace %s: world %d, %d ranks %s: %.3f ms per iteration (%d "
+		       "regions, %d kernel keys; %ld host synchronizations inside the "
+		       "steps)\n", fz_trace_name(t), world, world, gpus ?
+		       "on CUDA devices 0.. (NCCL, a communication stream each)" :
+		       "on the cpu (threads, exact collectives)", per * 1e3,
+		       jobs[0].stats.regions, jobs[0].stats.k.unique, syncs);
 	rc = 0;
 done:
 	for (size_t i = 0; in && i < W * (size_t)n_in; i++)
@@ -707,6 +790,11 @@ done:
 	free(th);
 	free(started);
 	fz_comm_free(comm);
+	if (idpath[0]) {
+		unlink(idpath);
+		*strrchr(idpath, '/') = 0;
+		rmdir(idpath);
+	}
 	fz_free(err);
 	return rc;
 }

@@ -19,8 +19,8 @@ typedef struct desc { int compute, scale, transa, transb, epilogue; const void *
 typedef struct layout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; } layout;
 typedef struct pref { uint64_t ws; uint32_t align[4]; } pref;
 
-API int cublasLtCreate(void **h) { *h = malloc(1); fake_cuda.lt_creates++; return 0; }
-API int cublasLtDestroy(void *h) { free(h); fake_cuda.lt_destroys++; return 0; }
+API int cublasLtCreate(void **h) { *h = malloc(1); __atomic_fetch_add(&fake_cuda.lt_creates, 1, __ATOMIC_RELAXED); return 0; }
+API int cublasLtDestroy(void *h) { free(h); __atomic_fetch_add(&fake_cuda.lt_destroys, 1, __ATOMIC_RELAXED); return 0; }
 API size_t cublasLtGetVersion(void) { return 130000; }
 API const char *cublasLtGetStatusName(int s)
 {
@@ -86,7 +86,7 @@ API int cublasLtMatmulAlgoGetHeuristic(void *h, desc *d, layout *a, layout *b, l
                                        layout *dd, pref *p, int req, heur *res, int *got)
 {
 	(void)h, (void)d, (void)a, (void)b, (void)c, (void)dd, (void)req;
-	fake_cuda.lt_heuristics++;
+	__atomic_fetch_add(&fake_cuda.lt_heuristics, 1, __ATOMIC_RELAXED);
 	memcpy(fake_cuda.align, p->align, sizeof p->align);
 	memset(res, 0, sizeof *res);
 	res->a.data[0] = 42;
@@ -112,7 +112,7 @@ API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layou
                        layout *lc, void *D, layout *ld, const algo *al, void *ws,
                        size_t wsn, void *stream)
 {
-	(void)h, (void)C, (void)lc, (void)stream, (void)ws;
+	(void)h, (void)C, (void)lc, (void)ws;
 	if (!al || al->data[0] != 42)
 		return 7;
 	uint64_t m = d->transa ? la->cols : la->rows, k = d->transa ? la->rows : la->cols;
@@ -120,12 +120,17 @@ API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layou
 	if (k != kb || ld->rows != m || ld->cols != n || la->batch != ld->batch ||
 	    lb->batch != ld->batch)
 		return 7;
-	if (fake_cuda.n_matmuls < FAKE_MAX_LAUNCHES)
-		fake_cuda.mm[fake_cuda.n_matmuls] = (fake_matmul){
+	fake_op *o = fake_log('M', stream);
+	if (o) {
+		o->x = A;
+		o->y = D;
+	}
+	int at = __atomic_fetch_add(&fake_cuda.n_matmuls, 1, __ATOMIC_RELAXED);
+	if (at < FAKE_MAX_LAUNCHES)
+		fake_cuda.mm[at] = (fake_matmul){
 			d->compute, d->scale, d->transa, d->transb, d->epilogue, la->type,
 			m, n, k, la->ld, lb->ld, ld->ld, ld->batch, la->stride, lb->stride,
 			ld->stride, A, B, D, d->bias, wsn};
-	fake_cuda.n_matmuls++;
 	int t = la->type;
 	if (t != 0 && t != 1)
 		return 0; /* only f32 and f64 are computed */

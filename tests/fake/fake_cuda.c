@@ -18,6 +18,21 @@ API fake_state fake_cuda = {.devices = 1, .cc_major = 9, .cc_minor = 0,
                            .sms = 132, .max_threads = 1024};
 
 static _Thread_local CUcontext cur;
+
+fake_op *fake_log(char kind, void *stream)
+{
+	int i = __atomic_fetch_add(&fake_cuda.n_log, 1, __ATOMIC_RELAXED);
+	if (i >= FAKE_MAX_LOG)
+		return NULL;
+	fake_op *o = &fake_cuda.log[i];
+	o->kind = kind;
+	o->dev = cur ? (int)((uintptr_t)cur - 0x1000) : -1;
+	o->stream = stream;
+	return o;
+}
+
+int fake_current_device(void) { return cur ? (int)((uintptr_t)cur - 0x1000) : -1; }
+#define BUMP(field) __atomic_fetch_add(&fake_cuda.field, 1, __ATOMIC_RELAXED)
 static _Thread_local CUcontext stack[16];
 static _Thread_local int depth;
 
@@ -28,7 +43,16 @@ static const char *names[] = {
 	[701] = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
 };
 
-API CUresult cuInit(unsigned flags) { (void)flags; return fake_cuda.init_result; }
+/* A tool run under the fake (tests/cuda_fake_run.sh) sets the device
+ * count through FAKE_CUDA_DEVICES. */
+API CUresult cuInit(unsigned flags)
+{
+	(void)flags;
+	const char *n = getenv("FAKE_CUDA_DEVICES");
+	if (n && *n)
+		fake_cuda.devices = atoi(n);
+	return fake_cuda.init_result;
+}
 API CUresult cuDriverGetVersion(int *v) { *v = 12080; return 0; }
 
 API CUresult cuGetErrorName(CUresult r, const char **s)
@@ -205,8 +229,10 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
 		return 201;
 	if (fake_cuda.launch_result)
 		return fake_cuda.launch_result;
-	if (fake_cuda.n_launches < FAKE_MAX_LAUNCHES) {
-		fake_launch *l = &fake_cuda.launch[fake_cuda.n_launches];
+	fake_log('K', stream);
+	int at = BUMP(n_launches);
+	if (at < FAKE_MAX_LAUNCHES) {
+		fake_launch *l = &fake_cuda.launch[at];
 		l->fn = f;
 		l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
 		l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
@@ -219,7 +245,6 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
 			memcpy(l->param[i], params[i], (size_t)sz);
 		}
 	}
-	fake_cuda.n_launches++;
 	return 0;
 }
 
@@ -248,51 +273,101 @@ API CUresult cuMemsetD32Async(unsigned long long p, unsigned v, size_t n, void *
 		return 1; /* CUDA_ERROR_INVALID_VALUE: not 4-byte aligned */
 	for (size_t i = 0; i < n; i++)
 		((uint32_t *)(uintptr_t)p)[i] = v;
-	fake_cuda.memsets++;
+	fake_log('Z', st);
+	BUMP(memsets);
 	return 0;
 }
 
 API CUresult cuMemcpyHtoDAsync_v2(unsigned long long d, const void *s, size_t n, void *st)
 {
-	(void)st;
 	memcpy((void *)(uintptr_t)d, s, n);
-	fake_cuda.uploads++;
+	fake_log('H', st);
+	BUMP(uploads);
 	return 0;
 }
 
 API CUresult cuMemcpyDtoHAsync_v2(void *d, unsigned long long s, size_t n, void *st)
 {
-	(void)st;
 	memcpy(d, (void *)(uintptr_t)s, n);
+	fake_log('h', st);
 	return 0;
 }
 
 API CUresult cuMemcpyDtoDAsync_v2(unsigned long long d, unsigned long long s, size_t n,
                                   void *st)
 {
-	(void)st;
 	memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+	fake_op *o = fake_log('D', st);
+	if (o) {
+		o->x = (const void *)(uintptr_t)s;
+		o->y = (void *)(uintptr_t)d;
+	}
 	return 0;
 }
 
-API CUresult cuStreamSynchronize(void *s) { (void)s; fake_cuda.syncs++; return 0; }
-API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)f; fake_cuda.waits++; return 0; }
-API CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = malloc(1); fake_cuda.events++; return 0; }
+API CUresult cuStreamSynchronize(void *s)
+{
+	fake_log('S', s);
+	BUMP(syncs);
+	return 0;
+}
+
+API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f)
+{
+	if (!e || f)
+		return 1; /* CUDA_ERROR_INVALID_VALUE: flags must be 0 */
+	fake_op *o = fake_log('W', s);
+	if (o)
+		o->event = e;
+	BUMP(waits);
+	return 0;
+}
+
+API CUresult cuEventCreate(void **e, unsigned f)
+{
+	(void)f;
+	*e = malloc(1);
+	BUMP(events);
+	return 0;
+}
+
 API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-API CUresult cuEventRecord(void *e, void *s) { (void)e, (void)s; fake_cuda.records++; return 0; }
-API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+
+API CUresult cuEventRecord(void *e, void *s)
+{
+	if (!e)
+		return 400; /* CUDA_ERROR_INVALID_HANDLE */
+	fake_op *o = fake_log('R', s);
+	if (o)
+		o->event = e;
+	BUMP(records);
+	return 0;
+}
+
+API CUresult cuEventSynchronize(void *e)
+{
+	fake_op *o = fake_log('E', NULL);
+	if (o)
+		o->event = e;
+	BUMP(syncs);
+	return 0;
+}
 /* the old name only, as a driver before 12.8 has it */
 API CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a, (void)b; *ms = 0.5f; return 0; }
 
-/* Streams: a handle per cuStreamCreate; the fake runs all work at once, in
- * call order, which is one order the device could choose. */
+/* Streams: a handle per cuStreamCreate holding the device it was made on
+ * (the current context's); the fake runs all work at once, in call order,
+ * which is one order the device could choose. */
 API CUresult cuStreamCreate(void **s, unsigned flags)
 {
 	(void)flags;
+	if (!cur)
+		return 201; /* CUDA_ERROR_INVALID_CONTEXT */
 	*s = malloc(16);
 	if (!*s)
 		return 2;
-	fake_cuda.streams++;
+	*(int *)*s = fake_current_device(); /* the stream's device */
+	BUMP(streams);
 	return 0;
 }
 
@@ -301,7 +376,7 @@ API CUresult cuStreamDestroy_v2(void *s)
 	if (!s)
 		return 400; /* CUDA_ERROR_INVALID_HANDLE */
 	free(s);
-	fake_cuda.streams--;
+	__atomic_fetch_sub(&fake_cuda.streams, 1, __ATOMIC_RELAXED);
 	return 0;
 }
 

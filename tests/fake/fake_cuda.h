@@ -4,7 +4,11 @@
  *
  * "Device memory" is host memory (cuMemAlloc is aligned_alloc), kernels
  * never run (cuLaunchKernel records what it was asked), and
- * cublasLtMatmul computes f32 and f64 products on the host exactly as
+ * ncclAllGather, ncclReduceScatter and ncclAllReduce (fake_nccl.c) perform
+ * the collective across the calling threads (one rank each) on that host
+ * memory, as NCCL documents them, and every device call is logged in
+ * order with its stream and event, so tests check the ordering a GPU
+ * would see. cublasLtMatmul computes f32 and f64 products on the host exactly as
  * cuBLASLt documents them: column-major, op(A) m x k, op(B) k x n, D m x n,
  * strided batches, the bias epilogue adding bias[i] to row i of D. So the
  * target's row-major-to-column-major mapping, batching and broadcast are
@@ -27,6 +31,21 @@ typedef struct fake_launch {
 	void **params;                /* the array the launch was given */
 	unsigned char param[FAKE_MAX_PARAMS][8]; /* the first n_params values */
 } fake_launch;
+
+/* What a device was asked to do, in call order across threads: the
+ * ordering tests read it (which stream, which event, which device). */
+#define FAKE_MAX_LOG 4096
+typedef struct fake_op {
+	char kind;      /* K launch, R event record, W stream waits on event,
+	                   Z memset, D device copy, H host-to-device copy,
+	                   h device-to-host copy, S stream sync, E event sync,
+	                   M matmul, N an NCCL collective */
+	int dev;        /* the calling thread's current device (-1: none) */
+	void *stream;
+	void *event;    /* R, W */
+	const void *x;  /* N: the operand; D: the source */
+	void *y;        /* N: the result; D: the destination */
+} fake_op;
 
 typedef struct fake_matmul {
 	int compute, scale, transa, transb, epilogue, type;
@@ -59,6 +78,16 @@ typedef struct fake_state {
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
 	fake_matmul mm[FAKE_MAX_LAUNCHES];
 	uint32_t align[4];      /* the last preference's alignments */
+	int n_log;
+	fake_op log[FAKE_MAX_LOG];
+	/* NCCL (fake_nccl.c) */
+	int nccl_comms;         /* communicators formed and not destroyed */
+	int nccl_ops;           /* collectives performed */
+	int nccl_no_device;     /* communicators asked for with no device current */
+	int nccl_wrong_device;  /* collectives on another device's stream */
 } fake_state;
+
+/* Appends to the log (thread-safe); the entry, or NULL when full. */
+fake_op *fake_log(char kind, void *stream);
 
 #endif

@@ -32,6 +32,11 @@
 #   5. torch        where a Python with torch and CUDA is at $PYTHON:
 #                   tools/gpu/torch_cuda_check.py (fusec.Program on CUDA
 #                   tensors against PyTorch CUDA, three models, fwd+bwd)
+#   6. NCCL         FSDP Llama traces (tools/gen/fsdp_llama.py, f32 and
+#                   bf16) through NCCL: `--world 1 --check` on device 0,
+#                   and `--world 2 --check` where there are two GPUs; each
+#                   must report 0 host synchronizations inside the steps
+#                   (needs libnccl.so.2, or $FUSEC_NCCL_LIBRARY)
 #
 # Exit status: 0 when every check passed, 1 when any failed, 77 with no GPU.
 set -u
@@ -203,6 +208,41 @@ else
 	echo "run_gpu_checks: no Python with torch and CUDA at \$PYTHON=$PYTHON:" \
 		"fusec.Program(device=\"cuda\") against PyTorch is not checked"
 fi
+
+# ---- 6. NCCL: world 1 (and 2 where two GPUs are) -------------------------------------------
+gpus=1
+command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L | grep -c '^GPU')
+nccl="$tmp/nccl.jsonl"
+: >"$nccl"
+for w in 1 2; do
+	[ $w -le "$gpus" ] || { echo "run_gpu_checks: one GPU: world $w through NCCL not run"; continue; }
+	for dt in f32 bf16; do
+		f="$tmp/fsdp_w${w}_$dt.trace"
+		"$PYTHON" "$REPO/tools/gen/fsdp_llama.py" --world $w --layers 2 --hidden 256 \
+			--heads 4 --intermediate 688 --vocab 512 --dtype $dt -o "$f" || continue
+		out=$("$FUSEC" run "$f" --device "$DEVICE" --world $w --bind B=2,T=64 \
+			--iters 5 --check --json 2>&1)
+		rc=$?
+		ok=true
+		if [ $rc -ne 0 ] || ! printf '%s' "$out" | grep -Eq '"host_syncs_in_steps": 0[,}]'; then
+			ok=false
+			failures=$((failures + 1))
+			echo "FAIL nccl world $w $dt:"
+			printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+		else
+			echo "ok   nccl world $w $dt, 0 host syncs inside steps"
+		fi
+		printf '{"world": %d, "dtype": "%s", "ok": %s, "output": %s}\n' $w $dt $ok \
+			"$(json_str "$(printf '%s' "$out" | tail -c 2000)")" >>"$nccl"
+	done
+done
+{
+	printf '{\n'
+	header
+	printf ',\n  "check": "fusec run --device %s --world N --check (NCCL), 0 host syncs",\n  "results": [\n' "$DEVICE"
+	sed -e '$!s/$/,/' -e 's/^/    /' "$nccl"
+	printf '  ]\n}\n'
+} >"$RESULTS/nccl_$stamp.json"
 
 echo "run_gpu_checks: $failures failure(s)"
 [ $failures -eq 0 ]
