@@ -35,6 +35,9 @@
  *     copy     a strided view made contiguous by a small gather kernel
  *              written here in PTX (four entries by element size)
  *     sync     cuStreamSynchronize
+ *     graphs   cuStreamBeginCapture (thread-local mode), cuStreamEndCapture,
+ *              cuGraphInstantiate, cuGraphLaunch: fz_exec_run_graph
+ *              captures a whole run on the caller's stream and replays it
  *
  * Every driver call's status is checked and reported with the call and
  * what it was for: "cuLaunchKernel (region 12, fz_3f2a..., grid 528 x 256):
@@ -1024,6 +1027,92 @@ static fz_status cu_sync(fz_device *dev, void *stream, char **err)
 	                        "the work queued on the stream");
 }
 
+/* ---- graphs ------------------------------------------------------------------ */
+
+/* Thread-local capture mode: other threads (PyTorch's, other ranks') may
+ * use the driver freely meanwhile; a call of this thread that is not
+ * allowed during a capture fails instead of being captured. */
+static fz_status cu_capture_begin(fz_device *dev, void *stream, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a graph capture");
+	CUresult r = d->cu->StreamBeginCapture((CUstream)stream,
+	                                       FZ_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+	LEAVE(d);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, "cuStreamBeginCapture",
+	                                         "a program's run");
+}
+
+static fz_status cu_capture_end(fz_device *dev, void *stream, void **graph,
+                                char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*graph = NULL;
+	ENTER(d, err, "a graph capture");
+	CUgraph g = NULL;
+	CUgraphExec x = NULL;
+	const char *call = "cuStreamEndCapture";
+	CUresult r = d->cu->StreamEndCapture((CUstream)stream, &g);
+	if (r == FZ_CUDA_SUCCESS) {
+		call = "cuGraphInstantiate";
+		r = d->cu->GraphInstantiate(&x, g, 0);
+	}
+	if (g)
+		d->cu->GraphDestroy(g); /* the instance is independent of it */
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS)
+		return fz_cu_fail(d->cu, err, r, call, "a program's run");
+	*graph = x;
+	return FZ_OK;
+}
+
+static fz_status cu_graph_launch(fz_device *dev, void *graph, void *stream,
+                                 char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a graph launch");
+	CUresult r = d->cu->GraphLaunch((CUgraphExec)graph, (CUstream)stream);
+	LEAVE(d);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, "cuGraphLaunch",
+	                                         "a program's graph");
+}
+
+static void cu_graph_free(fz_device *dev, void *graph)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!graph || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	d->cu->GraphExecDestroy((CUgraphExec)graph);
+	fz_cuda_leave(d, pushed);
+}
+
+fz_status fz_cuda_stream_new(fz_device *dev, void **stream, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*stream = NULL;
+	ENTER(d, err, "a stream");
+	CUstream s = NULL;
+	CUresult r = d->cu->StreamCreate(&s, FZ_CU_STREAM_NON_BLOCKING);
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS)
+		return fz_cu_fail(d->cu, err, r, "cuStreamCreate", "a stream");
+	*stream = s;
+	return FZ_OK;
+}
+
+void fz_cuda_stream_free(fz_device *dev, void *stream)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!stream || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	d->cu->StreamDestroy((CUstream)stream);
+	fz_cuda_leave(d, pushed);
+}
+
 /* ---- what tools and benchmarks ask ------------------------------------------ */
 
 fz_status fz_cuda_timer(fz_device *dev, void *stream, bool stop, double *ms,
@@ -1088,6 +1177,10 @@ const fz_target fz_target_cuda = {
 	.native = cu_native,
 	.matmul = cu_matmul,
 	.collective = cu_collective,
+	.capture_begin = cu_capture_begin,
+	.capture_end = cu_capture_end,
+	.graph_launch = cu_graph_launch,
+	.graph_free = cu_graph_free,
 	.event_record = cu_event_record,
 	.event_wait = cu_event_wait,
 	.sync = cu_sync,

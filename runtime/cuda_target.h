@@ -84,6 +84,11 @@ fz_status fz_cuda_nccl_new(fz_device *dev, int world, int rank,
                            struct fz_nccl **out, char **err);
 void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n);
 
+/* A stream of dev's own (non-blocking), for a caller with none, such as
+ * `fusec run --graph` (the legacy stream cannot be captured). */
+fz_status fz_cuda_stream_new(fz_device *dev, void **stream, char **err);
+void fz_cuda_stream_free(fz_device *dev, void *stream);
+
 /* The gather kernels' PTX (tests check it with ptxas); free it. */
 char *fz_cuda_copy_ptx(void);
 

@@ -22,6 +22,11 @@
  *     every slot = its base + its byte offset
  *     for each step: launch / matmul / collective / copy, through the target
  *
+ * or, on a target with graphs (fz_exec_run_graph, CUDA), that whole walk
+ * captured once into a graph on the caller's stream and replayed while
+ * the inputs' and outputs' pointers and layouts are unchanged; a change
+ * captures again
+ *
  * Slots. A value lives in one of three places: a parameter (the caller's
  * input, read in place), an output (the caller's buffer, written in place
  * when the output is a value with storage of its own), or the arena at
@@ -112,6 +117,10 @@ typedef struct pplan {
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
 	int launches;
+	void *graph;         /* fz_exec_run_graph: the run captured, or NULL */
+	fz_tensor *g_in;     /* the inputs it was captured with */
+	void **g_out;        /* and the outputs' pointers */
+	int g_n_in, g_n_out;
 } pplan;
 
 struct fz_exec {
@@ -138,6 +147,10 @@ static void pplan_free(fz_exec *x, pplan *pp)
 	for (int i = 0; i < pp->n_steps; i++)
 		if (pp->steps[i].pk)
 			dev->tg->unpack(dev, pp->steps[i].pk);
+	if (pp->graph)
+		dev->tg->graph_free(dev, pp->graph);
+	free(pp->g_in);
+	free(pp->g_out);
 	if (pp->arena) {
 		if (x->o.release)
 			x->o.release(x->o.alloc_ctx, pp->arena);
@@ -862,8 +875,7 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 
 /* An input read in place, or its copy when it is strided or misaligned
  * (a kernel takes contiguous, 16-byte-aligned buffers). */
-static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
-		       void *stream, fz_status *st, char **err)
+static bool in_place(const fz_tensor *in)
 {
 	int64_t acc = 1;
 	bool ok = ((uintptr_t)in->data % 16) == 0;
@@ -871,7 +883,13 @@ static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
 		ok = in->shape[d] == 1 || in->strides[d] == acc;
 		acc *= in->shape[d];
 	}
-	if (ok)
+	return ok;
+}
+
+static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
+		       void *stream, fz_status *st, char **err)
+{
+	if (in_place(in))
 		return in->data;
 	fz_device *dev = x->dev;
 	size_t es = fz_dtype_size(in->dtype);
@@ -1034,6 +1052,134 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	x->st.arena_bytes = pp->arena_bytes;
 	if (st != FZ_OK && err && !*err)
 		fz_set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
+	return st;
+}
+
+/* ---- graphs -------------------------------------------------------------------- */
+
+static bool same_tensor(const fz_tensor *a, const fz_tensor *b)
+{
+	if (a->data != b->data || a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (int d = 0; d < a->rank; d++)
+		if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d])
+			return false;
+	return true;
+}
+
+/* Whether pp's graph was captured with these inputs and outputs. */
+static bool graph_fits(const pplan *pp, const fz_tensor *in, int n_in,
+		       const fz_tensor *out, int n_out)
+{
+	if (!pp->graph || pp->g_n_in != n_in || pp->g_n_out != n_out)
+		return false;
+	for (int i = 0; i < n_in; i++)
+		if (!same_tensor(&pp->g_in[i], &in[i]))
+			return false;
+	for (int k = 0; k < n_out; k++)
+		if (pp->g_out[k] != out[k].data)
+			return false;
+	return true;
+}
+
+/* Captures one run of pp on stream as its graph. What a run would
+ * allocate or reset on the way (staging for strided inputs, the flag
+ * word) is done first, outside the capture. */
+static fz_status capture(fz_exec *x, pplan *pp, const int64_t *syms,
+			 const fz_tensor *in, int n_in, fz_tensor *out, int n_out,
+			 void *stream, char **err)
+{
+	fz_device *dev = x->dev;
+	const fz_target *tg = dev->tg;
+	if (pp->graph) {
+		tg->graph_free(dev, pp->graph);
+		pp->graph = NULL;
+	}
+	fz_status st = FZ_OK;
+	for (int i = 0; i < n_in && st == FZ_OK; i++) {
+		int64_t n = fz_type_numel_at(&x->t->params[i]->type, pp->syms);
+		if (!in_place(&in[i]) && !pp->pstage[i])
+			st = tg->alloc(dev, (size_t)(n > 0 ? n : 1) * fz_dtype_size(in[i].dtype),
+				       &pp->pstage[i], err);
+	}
+	fz_tensor *gi = malloc(sizeof *gi * ((size_t)n_in + 1));
+	void **go = malloc(sizeof *go * ((size_t)n_out + 1));
+	if (st == FZ_OK && (!gi || !go)) {
+		fz_set_err(err, fz_strdup("out of memory"));
+		st = FZ_ENOMEM;
+	}
+	if (st == FZ_OK)
+		st = tg->capture_begin(dev, stream, err);
+	if (st == FZ_OK) {
+		st = exec_run(x, syms, in, n_in, out, n_out, stream, err);
+		void *g = NULL;
+		fz_status end = tg->capture_end(dev, stream, &g, st == FZ_OK ? err : NULL);
+		if (st == FZ_OK)
+			st = end;
+		if (st == FZ_OK) {
+			pp->graph = g;
+			memcpy(gi, in, sizeof *gi * (size_t)n_in);
+			for (int k = 0; k < n_out; k++)
+				go[k] = out[k].data;
+			free(pp->g_in);
+			free(pp->g_out);
+			pp->g_in = gi;
+			pp->g_out = go;
+			pp->g_n_in = n_in;
+			pp->g_n_out = n_out;
+			gi = NULL;
+			go = NULL;
+			x->st.graph_captures++;
+		} else if (g) {
+			tg->graph_free(dev, g);
+		}
+	}
+	free(gi);
+	free(go);
+	return st;
+}
+
+fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
+			    const fz_tensor *in, int n_in, fz_tensor *out,
+			    int n_out, void *stream, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!live(x, err))
+		return FZ_EINVAL;
+	fz_device *dev = x->dev;
+	const fz_target *tg = dev->tg;
+	if (!tg->capture_begin) {
+		fz_set_err(err, fz_strdup_printf("device '%s' cannot capture a run into "
+			"a graph (graphs are CUDA graphs: device cuda)", x->device));
+		return FZ_EUNSUPPORTED;
+	}
+	if (!stream) {
+		fz_set_err(err, fz_strdup("a graph is captured on a stream of the "
+			"caller's; the legacy default stream (NULL) cannot be captured"));
+		return FZ_EINVAL;
+	}
+	long syncs = fz_host_sync_count();
+	int64_t syms[FZ_MAX_SYMS];
+	pplan *pp = NULL;
+	fz_status st = check_world(x, err);
+	if (st == FZ_OK)
+		st = bind_plan(x, sym_sizes, in, n_in, syms, &pp, err);
+	if (st == FZ_OK)
+		st = check_outputs(x, syms, out, n_out, err);
+	static const int32_t zero = 0;
+	int32_t *flag = pp ? (int32_t *)((char *)pp->arena + pp->flag_off) : NULL;
+	if (st == FZ_OK && !pp->flag_clear &&
+	    (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
+		: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		pp->flag_clear = true;
+	if (st == FZ_OK && !graph_fits(pp, in, n_in, out, n_out))
+		st = capture(x, pp, syms, in, n_in, out, n_out, stream, err);
+	if (st == FZ_OK && (st = tg->graph_launch(dev, pp->graph, stream, err)) == FZ_OK)
+		x->st.graph_launches++;
+	x->host_syncs += fz_host_sync_count() - syncs;
+	if (st != FZ_OK && x->comm)
+		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
 	return st;
 }
 

@@ -178,6 +178,17 @@ struct fz_target {
 	 * word's reset). */
 	fz_status (*zero)(fz_device *dev, void *p, size_t n, void *stream,
 	                  char **err);
+	/* Optional (NULL: no graphs): the work queued on stream between
+	 * capture_begin and capture_end is not run but kept as one graph
+	 * (*graph), which graph_launch replays on a stream as a whole (CUDA
+	 * graphs); graph_free frees it. capture_end always ends the capture,
+	 * even when it fails. */
+	fz_status (*capture_begin)(fz_device *dev, void *stream, char **err);
+	fz_status (*capture_end)(fz_device *dev, void *stream, void **graph,
+	                         char **err);
+	fz_status (*graph_launch)(fz_device *dev, void *graph, void *stream,
+	                          char **err);
+	void (*graph_free)(fz_device *dev, void *graph);
 	/* Optional (NULL: none): machine code for this device made from
 	 * code's portable form (PTX), for a cache entry that has none under
 	 * native_tag; kernels.c stores it back so that the next process

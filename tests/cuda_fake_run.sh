@@ -14,7 +14,10 @@
 #     running both ranks, with 0 host synchronizations inside the steps;
 #   - world 1 through NCCL (--world 1) passes --check, 0 host syncs;
 #   - world 2 on one device is a clear error naming the missing device,
-#     and a trace's world that --world contradicts is refused.
+#     and a trace's world that --world contradicts is refused;
+#   - --graph (world 1, and world 2 through NCCL): the run captured once
+#     per process or rank and launched per iteration, the same check, 0
+#     host syncs; --device cpu --graph is refused.
 set -eu
 fusec=$1
 fake=$2
@@ -76,6 +79,29 @@ if FAKE_CUDA_DEVICES=2 "$fusec" run "$work/fsdp2.trace" --device cuda --world 1 
 	fail "--world 1 on a world-2 trace ran"
 fi
 grep -q "is written for world 2" "$work/mismatch.out" || fail "the world mismatch message"
+
+# --graph: captured once, launched per iteration (one process, and per rank
+# through NCCL), the same check; a device without graphs refuses it
+for w in 1 2; do
+	if FAKE_CUDA_DEVICES=2 "$fusec" run "$work/fsdp$w.trace" --device cuda \
+		--bind B=3 --iters 4 --graph --check --json >"$work/graph$w.json" \
+		2>"$work/graph$w.err"; then
+		grep -q '"ok": true' "$work/graph$w.json" || fail "--graph world $w: check"
+		grep -q "\"graph_captures\": $w, \"graph_launches\": $((4 * w))" \
+			"$work/graph$w.json" || fail "--graph world $w: captures and launches"
+		grep -Eq '"host_syncs_in_steps": 0[,}]' "$work/graph$w.json" ||
+			fail "--graph world $w: host syncs"
+	else
+		cat "$work/graph$w.json" "$work/graph$w.err"
+		fail "--graph world $w"
+	fi
+done
+if "$fusec" run "$work/fsdp1.trace" --device cpu --bind B=2 --graph \
+	>"$work/cpugraph.out" 2>&1; then
+	fail "--graph on the cpu ran"
+fi
+grep -q "device 'cpu' cannot capture a run into a graph" "$work/cpugraph.out" ||
+	{ cat "$work/cpugraph.out"; fail "--graph on the cpu: the message"; }
 
 [ $fails -eq 0 ] && echo "cuda_fake_run: ok"
 exit $fails

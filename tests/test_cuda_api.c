@@ -70,6 +70,27 @@ static fz_device *open_dev(const fz_exec_options *o)
 	return dev;
 }
 
+/* A stream of d's (the driver's, as a caller such as PyTorch makes one). */
+static void *make_stream(fz_device *d)
+{
+	cu_dev *cd = (cu_dev *)d;
+	bool pushed = false;
+	ck_assert_int_eq(fz_cuda_enter(cd, &pushed), 0);
+	CUstream s = NULL;
+	ck_assert_int_eq(cd->cu->StreamCreate(&s, FZ_CU_STREAM_NON_BLOCKING), 0);
+	fz_cuda_leave(cd, pushed);
+	return s;
+}
+
+static void free_stream(fz_device *d, void *s)
+{
+	cu_dev *cd = (cu_dev *)d;
+	bool pushed = false;
+	ck_assert_int_eq(fz_cuda_enter(cd, &pushed), 0);
+	ck_assert_int_eq(cd->cu->StreamDestroy(s), 0);
+	fz_cuda_leave(cd, pushed);
+}
+
 static void expect_open_fails(fz_status want, const char *part1, const char *part2)
 {
 	fz_device *dev = NULL;
@@ -271,12 +292,13 @@ START_TEST(copy_strided_launches_gather)
 	 * over strides [5, 7, 30, 1]; the unit dim drops and nothing merges */
 	fz_layout l = {4, {6, 1, 4, 5}, {5, 7, 30, 1}, 0};
 	char *err = NULL;
-	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &l, (void *)0x77, &err),
+	void *stream = make_stream(d);
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &l, stream, &err),
 	                 FZ_OK);
 	ck_assert_int_eq(F->n_launches, 1);
 	fake_launch *x = &F->launch[0];
 	ck_assert_str_eq(x->fn, "fz_copy_b16");
-	ck_assert_ptr_eq(x->stream, (void *)0x77);
+	ck_assert_ptr_eq(x->stream, stream);
 	ck_assert_uint_eq(x->block[0], 256);
 	ck_assert_uint_ge(x->grid[0], 1);
 	uint64_t v[20];
@@ -313,6 +335,7 @@ START_TEST(copy_strided_launches_gather)
 	                 FZ_EUNSUPPORTED);
 	ck_assert_ptr_nonnull(strstr(err, "3-byte"));
 	free(err);
+	free_stream(d, stream);
 	fz_device_release(d);
 }
 END_TEST
@@ -471,11 +494,12 @@ START_TEST(launch_packs_parameters)
 	                 FZ_OK);
 	syms[3] = 99; /* a later change of the array is not the plan's */
 	ck_assert_int_eq(F->n_launches, 0);
-	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, (void *)0x99, &err), FZ_OK);
+	void *s1 = make_stream(d), *s2 = make_stream(d);
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, s1, &err), FZ_OK);
 	/* a run refills the pointers only */
 	bufs[0] = (void *)0x5000;
 	bufs[2] = (void *)0x7000;
-	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, (void *)0x98, &err), FZ_OK);
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, s2, &err), FZ_OK);
 	ck_assert_int_eq(F->n_launches, 4);
 	syms[3] = 5;
 	unsigned want_grid[2] = {128, 2}; /* 100000 / 256 capped at 4 x 32; 300 / 256 */
@@ -483,7 +507,7 @@ START_TEST(launch_packs_parameters)
 		fake_launch *x = &F->launch[e];
 		int en = e % 2;
 		ck_assert_str_eq(x->fn, k.names[en]);
-		ck_assert_ptr_eq(x->stream, (void *)(uintptr_t)(e < 2 ? 0x99 : 0x98));
+		ck_assert_ptr_eq(x->stream, e < 2 ? s1 : s2);
 		int64_t grid;
 		int block;
 		fz_kernel_launch_dims_on(&k, en, syms, 4, &grid, &block);
@@ -513,6 +537,8 @@ START_TEST(launch_packs_parameters)
 	params_of(&F->launch[4], v, 6);
 	ck_assert_uint_eq(v[0], 0x5000);
 	ck_assert_uint_eq(v[4], 5);
+	free_stream(d, s1);
+	free_stream(d, s2);
 	ck_assert_int_eq(F->pushes, F->pops);
 	fz_device_release(d);
 }
@@ -952,6 +978,8 @@ typedef struct rank_run {
 	int rank;
 	const char *idpath;
 	bool with_nccl;
+	bool graph;             /* through fz_exec_run_graph on a stream */
+	int captures;
 	int64_t syms[FZ_MAX_SYMS];
 	fz_tensor in[4], out[2];
 	fz_status st;
@@ -983,12 +1011,21 @@ static void *rank_thread(void *arg)
 		r->st = fz_cuda_nccl_new(fz_exec_dev(x), 2, r->rank, id, 10, &nc, &r->err);
 	if (r->st == FZ_OK)
 		fz_comm_set_nccl(r->comm, r->rank, nc);
+	void *stream = NULL;
+	if (r->st == FZ_OK && r->graph)
+		r->st = fz_cuda_stream_new(fz_exec_dev(x), &stream, &r->err);
 	for (int it = 0; it < 3 && r->st == FZ_OK; it++)
-		r->st = fz_exec_run(x, r->syms, r->in, 4, r->out, 2, NULL, &r->err);
-	if (x)
+		r->st = r->graph ? fz_exec_run_graph(x, r->syms, r->in, 4, r->out, 2, stream,
+		                                     &r->err)
+		                 : fz_exec_run(x, r->syms, r->in, 4, r->out, 2, NULL, &r->err);
+	if (x) {
 		r->host_syncs = fz_exec_host_syncs(x);
+		r->captures = fz_exec_stats_of(x)->graph_captures;
+	}
 	if (r->st == FZ_OK)
-		r->st = fz_exec_sync(x, NULL, &r->err);
+		r->st = fz_exec_sync(x, stream, &r->err);
+	if (stream)
+		fz_cuda_stream_free(fz_exec_dev(x), stream);
 	if (nc)
 		fz_cuda_nccl_free(fz_exec_dev(x), nc);
 	fz_exec_free(x);
@@ -996,8 +1033,8 @@ static void *rank_thread(void *arg)
 }
 
 /* Runs FSDP as two ranks on two fake devices; rr[] keeps the results. */
-static void run_world2(const fz_trace *t, bool with_nccl, rank_run rr[2],
-                       const char *idpath)
+static void run_world2(const fz_trace *t, bool with_nccl, bool graph,
+                       rank_run rr[2], const char *idpath)
 {
 	fz_comm *comm = NULL;
 	ck_assert_int_eq(fz_comm_new(2, 10, &comm), FZ_OK);
@@ -1008,6 +1045,7 @@ static void run_world2(const fz_trace *t, bool with_nccl, rank_run rr[2],
 		rr[r].rank = r;
 		rr[r].idpath = idpath;
 		rr[r].with_nccl = with_nccl;
+		rr[r].graph = graph;
 		ck_assert_int_eq(pthread_create(&th[r], NULL, rank_thread, &rr[r]), 0);
 	}
 	for (int r = 0; r < 2; r++)
@@ -1060,6 +1098,10 @@ static int next_on(int i, int dev)
 
 START_TEST(world2_through_nccl)
 {
+	/* _i = 1: each rank through a graph of its run, captured once and
+	 * replayed: the communication stream forks into the capture and
+	 * joins back, NCCL's collectives replay with the graph */
+	bool graph = _i == 1;
 	use_fake()->devices = 2;
 	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
 	fz_module *m = NULL;
@@ -1076,14 +1118,16 @@ START_TEST(world2_through_nccl)
 	ck_assert_int_ge(fd, 0);
 	close(fd);
 	unlink(idpath); /* rank 0 publishes it */
-	run_world2(t, true, rr, idpath);
+	run_world2(t, true, graph, rr, idpath);
 	unlink(idpath);
 	for (int r = 0; r < 2; r++) {
 		ck_assert_msg(rr[r].st == FZ_OK, "rank %d: %s", r,
 		              rr[r].err ? rr[r].err : "?");
 		/* the contract: no host synchronization inside a step */
 		ck_assert_int_eq(rr[r].host_syncs, 0);
+		ck_assert_int_eq(rr[r].captures, graph ? 1 : 0);
 	}
+	ck_assert_int_eq(F->graph_launches, graph ? 6 : 0);
 	ck_assert_int_eq(F->nccl_no_device, 0);
 	ck_assert_int_eq(F->nccl_wrong_device, 0);
 	ck_assert_int_eq(F->nccl_comms, 0); /* destroyed */
@@ -1118,7 +1162,7 @@ START_TEST(world2_through_nccl)
 	 * on it, NCCL runs there, and an event recorded after it is what the
 	 * compute stream later waits on; no host sync before the last op */
 	for (int dev = 0; dev < 2; dev++) {
-		void *cs = NULL;
+		void *cs = NULL, *compute = NULL;
 		int n_coll = 0, last_work = -1, first_sync = -1;
 		for (int i = 0; i < F->n_log; i++) {
 			const fake_op *o = &F->log[i];
@@ -1138,8 +1182,11 @@ START_TEST(world2_through_nccl)
 			int w = prev_on(i, dev), f = prev_on(w, dev), e = next_on(i, dev);
 			ck_assert_int_ge(f, 0);
 			ck_assert_int_ge(e, 0);
+			if (n_coll == 1)
+				compute = F->log[f].stream;
+			ck_assert_ptr_ne(compute, cs);
 			ck_assert_msg(F->log[w].kind == 'W' && F->log[w].stream == cs &&
-			              F->log[f].kind == 'R' && F->log[f].stream == NULL &&
+			              F->log[f].kind == 'R' && F->log[f].stream == compute &&
 			              F->log[f].event == F->log[w].event,
 			              "collective %d of device %d: not preceded by the "
 			              "compute stream's fork", n_coll, dev);
@@ -1149,7 +1196,7 @@ START_TEST(world2_through_nccl)
 			bool waited = false;
 			for (int j = e + 1; j < F->n_log && !waited; j++)
 				waited = F->log[j].dev == dev && F->log[j].kind == 'W' &&
-				         F->log[j].stream == NULL &&
+				         F->log[j].stream == compute &&
 				         F->log[j].event == F->log[e].event;
 			ck_assert_msg(waited, "collective %d of device %d: the compute "
 			              "stream never waits for it", n_coll, dev);
@@ -1184,7 +1231,7 @@ START_TEST(world2_without_nccl_is_an_error)
 	memset(rr, 0, sizeof rr);
 	for (int r = 0; r < 2; r++)
 		make_rank_tensors(t, 2, &rr[r]);
-	run_world2(t, false, rr, NULL);
+	run_world2(t, false, false, rr, NULL);
 	for (int r = 0; r < 2; r++) {
 		ck_assert_int_eq(rr[r].st, FZ_EINVAL);
 		ck_assert_msg(strstr(rr[r].err, "no NCCL communicator"), "%s", rr[r].err);
@@ -1195,6 +1242,122 @@ START_TEST(world2_without_nccl_is_an_error)
 			free(rr[r].out[k].data);
 	}
 	ck_assert_int_eq(F->nccl_ops, 0);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- graphs ---------------------------------------------------------------- */
+
+/* fz_exec_run_graph on the fake: the run is captured once and replayed
+ * (the fake runs a graph's nodes at each launch, so the replays compute
+ * from the inputs' current contents), captured again when an output
+ * pointer changes, the flag word reset outside the graph, the legacy
+ * stream and a target without graphs refused. */
+START_TEST(graph_captured_once_replayed)
+{
+	use_fake()->n_params = 4;
+	const char *t2 = "trace g(x: f32[B, 16], w: f32[24, 16], b: f32[24], i: i64[4]) {\n"
+	                 "  y = linear(x, w, b)\n"
+	                 "  a = wait(all_reduce(y))\n"
+	                 "  z = take(a, i, dim=1)\n"
+	                 "  return a, z\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(t2, strlen(t2), "g.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cuda", &o, &x, &err), FZ_OK);
+	fz_device *d = fz_exec_dev(x);
+	int64_t syms[FZ_MAX_SYMS] = {3};
+	float *xs = filled(48), *w = filled(24 * 16), *b = filled(24);
+	static _Alignas(256) int64_t idx[4] = {0, 5, 23, 7};
+	fz_tensor in[4] = {{xs, FZ_F32, 2, {3, 16}, {16, 1}},
+	                   {w, FZ_F32, 2, {24, 16}, {16, 1}},
+	                   {b, FZ_F32, 1, {24}, {1}},
+	                   {idx, FZ_I64, 1, {4}, {1}}};
+	float *a1 = filled(72), *z1 = filled(12), *a2 = filled(72), *z2 = filled(12);
+	fz_tensor out[2] = {{a1, FZ_F32, 2, {3, 24}, {24, 1}},
+	                    {z1, FZ_F32, 2, {3, 4}, {4, 1}}};
+	/* the legacy stream cannot be captured */
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, NULL, &err), FZ_EINVAL);
+	ck_assert_msg(strstr(err, "legacy default stream"), "%s", err);
+	free(err);
+	err = NULL;
+	void *s = make_stream(d);
+	fz_tensor ref[2];
+	for (int it = 0; it < 3; it++) {
+		fz_status st = fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+		/* a replay reads the inputs as they are now */
+		ck_assert_int_eq(fz_trace_interpret(t, syms, in, 4, ref, 2, &err), FZ_OK);
+		for (int i = 0; i < 72; i++)
+			ck_assert_msg(fabsf(a1[i] - ((float *)ref[0].data)[i]) <=
+			              1e-5f * (1 + fabsf(((float *)ref[0].data)[i])),
+			              "run %d: a[%d] = %g, want %g", it, i, a1[i],
+			              ((float *)ref[0].data)[i]);
+		fz_free(ref[0].data);
+		fz_free(ref[1].data);
+		for (int i = 0; i < 48; i++)
+			xs[i] = frand();
+	}
+	const fz_exec_stats *es = fz_exec_stats_of(x);
+	ck_assert_int_eq(es->graph_captures, 1);
+	ck_assert_int_eq(es->graph_launches, 3);
+	ck_assert_int_eq(F->captures, 1);
+	ck_assert_int_eq(F->graph_launches, 3);
+	ck_assert_int_eq(F->execs, 1);
+	ck_assert_int_eq(F->graphs, 0); /* instantiated, then freed */
+	/* the take's launch, replayed with the values captured: a, i, z, flag */
+	ck_assert_int_eq(F->n_launches, 3);
+	for (int i = 0; i < 3; i++) {
+		uint64_t v[4];
+		params_of(&F->launch[i], v, 4);
+		ck_assert_uint_eq(v[2], (uintptr_t)z1);
+	}
+	ck_assert_int_eq(F->memsets, 1); /* the flag, once, outside the graph */
+	/* new output buffers: captured again, the old graph freed */
+	out[0].data = a2;
+	out[1].data = z2;
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err), FZ_OK);
+	ck_assert_int_eq(F->captures, 2);
+	ck_assert_int_eq(F->execs, 1);
+	uint64_t v[4];
+	params_of(&F->launch[3], v, 4);
+	ck_assert_uint_eq(v[2], (uintptr_t)z2);
+	ck_assert_int_eq(fz_trace_interpret(t, syms, in, 4, ref, 2, &err), FZ_OK);
+	for (int i = 0; i < 72; i++)
+		ck_assert(fabsf(a2[i] - ((float *)ref[0].data)[i]) <=
+		          1e-5f * (1 + fabsf(((float *)ref[0].data)[i])));
+	fz_free(ref[0].data);
+	fz_free(ref[1].data);
+	/* a bad index "met" by the kernel: reported at sync; the next run
+	 * resets the flag outside the graph and replays it as it is */
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_OK);
+	int32_t *flag = (int32_t *)(uintptr_t)v[3];
+	*flag = 1;
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_ERANGE);
+	free(err);
+	err = NULL;
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err), FZ_OK);
+	ck_assert_int_eq(*flag, 0);
+	ck_assert_int_eq(F->memsets, 2);
+	ck_assert_int_eq(F->captures, 2);
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	free_stream(d, s);
+	fz_exec_free(x);
+	ck_assert_int_eq(F->execs, 0); /* freed with the plan */
+	/* a target without graphs says so */
+	ck_assert_int_eq(fz_exec_new(t, "cpu", &o, &x, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, (void *)1, &err),
+	                 FZ_EUNSUPPORTED);
+	ck_assert_msg(strstr(err, "'cpu' cannot capture"), "%s", err);
+	free(err);
+	fz_exec_free(x);
+	free(xs), free(w), free(b), free(a1), free(z1), free(a2), free(z2);
 	fz_module_free(m);
 }
 END_TEST
@@ -1340,8 +1503,9 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, no_host_sync_inside_runs);
 	suite_add_tcase(s, b);
 	TCase *w = tcase_create("world");
-	tcase_add_test(w, world2_through_nccl);
+	tcase_add_loop_test(w, world2_through_nccl, 0, 2);
 	tcase_add_test(w, world2_without_nccl_is_an_error);
+	tcase_add_test(w, graph_captured_once_replayed);
 	suite_add_tcase(s, w);
 	return s;
 }

@@ -107,6 +107,51 @@ static void put(int type, void *p, int64_t i, double v)
 		((float *)p)[i] = (float)v;
 }
 
+/* A product with its descriptors copied: what a captured call keeps. */
+typedef struct mm_args {
+	desc d;
+	layout la, lb, ld;
+	const void *A, *B;
+	void *D;
+	double alpha, beta;
+	uint64_t m, n, k;
+} mm_args;
+
+static void run_matmul(void *ctx, void *stream)
+{
+	mm_args *a = ctx;
+	const desc *d = &a->d;
+	const layout *la = &a->la, *lb = &a->lb, *ld = &a->ld;
+	fake_op *o = fake_log('M', stream);
+	if (o) {
+		o->x = a->A;
+		o->y = a->D;
+	}
+	int t = la->type;
+	if (t != 0 && t != 1)
+		return; /* only f32 and f64 are computed */
+	uint64_t m = a->m, n = a->n, k = a->k;
+	for (int bt = 0; bt < ld->batch; bt++)
+		for (uint64_t j = 0; j < n; j++)
+			for (uint64_t i = 0; i < m; i++) {
+				double s = 0;
+				for (uint64_t l = 0; l < k; l++) {
+					int64_t ia = d->transa ? (int64_t)(l + i * la->ld)
+					                       : (int64_t)(i + l * la->ld);
+					int64_t ib = d->transb ? (int64_t)(j + l * lb->ld)
+					                       : (int64_t)(l + j * lb->ld);
+					s += get(t, a->A, bt * la->stride + ia) *
+					     get(t, a->B, bt * lb->stride + ib);
+				}
+				int64_t id = bt * ld->stride + (int64_t)(i + j * ld->ld);
+				double v = a->alpha * s +
+				           (a->beta != 0 ? a->beta * get(t, a->D, id) : 0);
+				if (d->epilogue == 4)
+					v += get(t, d->bias, (int64_t)i);
+				put(t, a->D, id, v);
+			}
+}
+
 API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layout *la,
                        const void *B, layout *lb, const void *beta, const void *C,
                        layout *lc, void *D, layout *ld, const algo *al, void *ws,
@@ -120,11 +165,6 @@ API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layou
 	if (k != kb || ld->rows != m || ld->cols != n || la->batch != ld->batch ||
 	    lb->batch != ld->batch)
 		return 7;
-	fake_op *o = fake_log('M', stream);
-	if (o) {
-		o->x = A;
-		o->y = D;
-	}
 	int at = __atomic_fetch_add(&fake_cuda.n_matmuls, 1, __ATOMIC_RELAXED);
 	if (at < FAKE_MAX_LAUNCHES)
 		fake_cuda.mm[at] = (fake_matmul){
@@ -132,27 +172,15 @@ API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layou
 			m, n, k, la->ld, lb->ld, ld->ld, ld->batch, la->stride, lb->stride,
 			ld->stride, A, B, D, d->bias, wsn};
 	int t = la->type;
-	if (t != 0 && t != 1)
-		return 0; /* only f32 and f64 are computed */
-	double al1 = t == 1 ? *(const double *)alpha : *(const float *)alpha;
-	double be = t == 1 ? *(const double *)beta : *(const float *)beta;
-	for (int bt = 0; bt < ld->batch; bt++)
-		for (uint64_t j = 0; j < n; j++)
-			for (uint64_t i = 0; i < m; i++) {
-				double s = 0;
-				for (uint64_t l = 0; l < k; l++) {
-					int64_t ia = d->transa ? (int64_t)(l + i * la->ld)
-					                       : (int64_t)(i + l * la->ld);
-					int64_t ib = d->transb ? (int64_t)(j + l * lb->ld)
-					                       : (int64_t)(l + j * lb->ld);
-					s += get(t, A, bt * la->stride + ia) *
-					     get(t, B, bt * lb->stride + ib);
-				}
-				int64_t id = bt * ld->stride + (int64_t)(i + j * ld->ld);
-				double v = al1 * s + (be != 0 ? be * get(t, D, id) : 0);
-				if (d->epilogue == 4)
-					v += get(t, d->bias, (int64_t)i);
-				put(t, D, id, v);
-			}
+	mm_args a = {*d, *la, *lb, *ld, A, B, D, 0, 0, m, n, k};
+	if (t == 0 || t == 1) {
+		a.alpha = t == 1 ? *(const double *)alpha : *(const float *)alpha;
+		a.beta = t == 1 ? *(const double *)beta : *(const float *)beta;
+	}
+	int r = fake_defer(stream, 'M', run_matmul, &a, sizeof a);
+	if (r > 1)
+		return 14; /* CUBLAS_STATUS_INTERNAL_ERROR */
+	if (r == 0)
+		run_matmul(&a, stream);
 	return 0;
 }

@@ -39,7 +39,8 @@ typedef struct fake_op {
 	char kind;      /* K launch, R event record, W stream waits on event,
 	                   Z memset, D device copy, H host-to-device copy,
 	                   h device-to-host copy, S stream sync, E event sync,
-	                   M matmul, N an NCCL collective */
+	                   M matmul, N an NCCL collective, G graph launch
+	                   (its nodes follow, logged as they replay) */
 	int dev;        /* the calling thread's current device (-1: none) */
 	void *stream;
 	void *event;    /* R, W */
@@ -73,6 +74,9 @@ typedef struct fake_state {
 	int cubin_loads, ptx_loads, links, unloads;
 	int allocs, frees, syncs, events, records, waits, uploads, memsets;
 	int streams;            /* created and not destroyed */
+	int captures;           /* cuStreamBeginCapture calls */
+	int graphs, execs;      /* graphs and instances alive */
+	int graph_launches;
 	int n_launches;
 	fake_launch launch[FAKE_MAX_LAUNCHES];
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
@@ -89,5 +93,11 @@ typedef struct fake_state {
 
 /* Appends to the log (thread-safe); the entry, or NULL when full. */
 fake_op *fake_log(char kind, void *stream);
+/* For a stream-ordered call: 0 when it is to run now; 1 when stream is
+ * capturing and run(copy of ctx, stream) became a node of the graph; else
+ * the CUresult the call fails with. */
+int fake_defer(void *stream, char kind, void (*run)(void *ctx, void *stream),
+               const void *ctx, size_t size);
+int fake_current_device(void);
 
 #endif

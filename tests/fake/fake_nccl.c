@@ -34,7 +34,9 @@
  * calling thread). Each collective is logged ('N', fake_cuda.log) with
  * its stream, so tests check where it was enqueued and what ordered it.
  * A rank that never arrives makes the others fail after 20 s with
- * ncclSystemError rather than hang a test.
+ * ncclSystemError rather than hang a test. A collective enqueued on a
+ * capturing stream becomes a node of the graph (fake_defer) and is
+ * performed at each launch of it, as NCCL's captured kernels are.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -258,9 +260,30 @@ static void put(int t, void *p, size_t i, double v)
 	}
 }
 
-/* Performs rank c's part of post me with every rank. */
+typedef struct deferred {
+	comm *c;
+	post p;
+	void *stream;
+} deferred;
+
+static int perform(comm *c, post me, void *stream);
+
+static void run_deferred(void *ctx, void *stream)
+{
+	deferred *d = ctx;
+	(void)perform(d->c, d->p, stream); /* a replay has no status to give */
+}
+
+/* Performs rank c's part of post me with every rank (now, or at each
+ * launch of the graph the stream is capturing). */
 static int perform(comm *c, post me, void *stream)
 {
+	deferred dd = {c, me, stream};
+	int captured = fake_defer(stream, 'N', run_deferred, &dd, sizeof dd);
+	if (captured > 1)
+		return INVALID_USAGE;
+	if (captured == 1)
+		return OK;
 	clique *q = c->q;
 	size_t es = elem_size(me.dtype);
 	if (!es || (me.kind != AG && (me.dtype == 3 || me.dtype == 5 || me.dtype == 6)) ||
@@ -319,11 +342,6 @@ static int perform(comm *c, post me, void *stream)
 }
 
 /* ncclGroupStart/End: this thread's deferred calls. */
-typedef struct deferred {
-	comm *c;
-	post p;
-	void *stream;
-} deferred;
 static _Thread_local int group_depth;
 static _Thread_local deferred group_ops[64];
 static _Thread_local int group_n;

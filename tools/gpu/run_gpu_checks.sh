@@ -37,6 +37,11 @@
 #                   and `--world 2 --check` where there are two GPUs; each
 #                   must report 0 host synchronizations inside the steps
 #                   (needs libnccl.so.2, or $FUSEC_NCCL_LIBRARY)
+#   7. graphs       `fusec run --graph --check` (the run captured once into
+#                   a CUDA graph, replayed per iteration) on the Llama
+#                   block and a 2-layer bf16 Llama at two sizes, and the
+#                   time per iteration with and without --graph (200
+#                   iterations, CUDA events): the gain goes in the note
 #
 # Exit status: 0 when every check passed, 1 when any failed, 77 with no GPU.
 set -u
@@ -243,6 +248,48 @@ done
 	sed -e '$!s/$/,/' -e 's/^/    /' "$nccl"
 	printf '  ]\n}\n'
 } >"$RESULTS/nccl_$stamp.json"
+
+# ---- 7. CUDA graphs: --graph replay, checked, and timed against plain runs -------------------
+graphs="$tmp/graphs.jsonl"
+: >"$graphs"
+"$PYTHON" "$REPO/tools/gen/llama.py" --layers 2 --hidden 512 --heads 8 \
+	--intermediate 1376 --vocab 4096 --dtype bf16 -o "$tmp/llama2_bf16.trace" \
+	2>/dev/null || cp "$REPO/tests/traces/llama_block.trace" "$tmp/llama2_bf16.trace"
+gtraces="$REPO/tests/traces/llama_block.trace $tmp/llama2_bf16.trace"
+if [ "$DEVICE" != cuda ]; then # a dry run: graphs are CUDA's
+	echo "run_gpu_checks: --graph needs --device cuda: part 7 not run on $DEVICE"
+	gtraces=
+fi
+for f in $gtraces; do
+	for bt in 1,1 8,512; do
+		b=${bt%,*} t=${bt#*,}
+		g=$("$FUSEC" run "$f" --device "$DEVICE" --bind "B=$b,T=$t" --iters 200 \
+			--graph --check --json 2>&1)
+		grc=$?
+		p=$("$FUSEC" run "$f" --device "$DEVICE" --bind "B=$b,T=$t" --iters 200 \
+			--json 2>&1)
+		ok=true
+		if [ $grc -ne 0 ] || ! printf '%s' "$g" | grep -q '"graph_captures": 1,'; then
+			ok=false
+			failures=$((failures + 1))
+			echo "FAIL --graph $(basename "$f") at $bt:"
+			printf '%s\n' "$g" | tail -5 | sed 's/^/    /'
+		else
+			echo "ok   --graph $(basename "$f") at $bt"
+		fi
+		printf '{"trace": %s, "bind": "B=%s,T=%s", "ok": %s, "graph": %s, "plain": %s}\n' \
+			"$(json_str "$(basename "$f")")" "$b" "$t" $ok \
+			"$(json_str "$(printf '%s' "$g" | tail -c 1500)")" \
+			"$(json_str "$(printf '%s' "$p" | tail -c 1500)")" >>"$graphs"
+	done
+done
+{
+	printf '{\n'
+	header
+	printf ',\n  "check": "fusec run --graph --check --iters 200 vs plain --iters 200 (seconds_per_iter from CUDA events)",\n  "results": [\n'
+	sed -e '$!s/$/,/' -e 's/^/    /' "$graphs"
+	printf '  ]\n}\n'
+} >"$RESULTS/graphs_$stamp.json"
 
 echo "run_gpu_checks: $failures failure(s)"
 [ $failures -eq 0 ]
