@@ -6,8 +6,10 @@
 #
 # The tool finds the fake as it would find the real libraries: dlopen of
 # libcuda.so.1 and libcublasLt.so.13 through LD_LIBRARY_PATH, and NCCL
-# through FUSEC_NCCL_LIBRARY. The fake runs no kernels, so the traces are
-# collectives, waits and library calls (linear), in the FSDP pattern:
+# through FUSEC_NCCL_LIBRARY. Under the tool the fake runs no generated
+# kernels (a test's hook does that: test_cuda_api's fsdp_llama_world2_on_fake),
+# so the traces are collectives, waits and library calls (linear), in the
+# FSDP pattern:
 # sharded weights all-gathered, a gradient reduce-scattered, an activation
 # all-reduced. Checked:
 #   - world 2 on two fake devices passes --check against the interpreter

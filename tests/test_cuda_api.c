@@ -22,7 +22,12 @@
  * outputs match the interpreter running both ranks, no host sync happens
  * inside a run, and the log of device calls shows each collective on the
  * device's communication stream, after a wait on an event the compute
- * stream recorded, followed by an event the compute stream waits on.
+ * stream recorded, followed by an event the compute stream waits on. A
+ * generated FSDP Llama training step (tools/gen/fsdp_llama.py) runs whole
+ * at world 2 on the fake, its kernels run through the fake's hook by the
+ * emulator's build of the same kernels, and matches the interpreter.
+ * fz_exec_run_graph captures once, replays, and captures again when a
+ * pointer changes.
  *
  * Each test runs in a forked child (Check's default), so each opens the
  * driver afresh with the fake it configured.
@@ -287,7 +292,10 @@ START_TEST(copy_strided_launches_gather)
 	F->n_params = 20;
 	F->param_size[3] = 4; /* rank: a u32 */
 	fz_device *d = open_dev(NULL);
-	static uint16_t src[4 * 6 * 5], dst[4 * 6 * 5];
+	/* room for the 8-byte copy below; the fake runs the gather */
+	static _Alignas(256) uint16_t src[4 * 120], dst[4 * 120];
+	for (int i = 0; i < 4 * 120; i++)
+		src[i] = (uint16_t)(i * 7 + 1);
 	/* [4, 6, 5] permuted to [6, 4, 5], with a unit dim: [6, 1, 4, 5]
 	 * over strides [5, 7, 30, 1]; the unit dim drops and nothing merges */
 	fz_layout l = {4, {6, 1, 4, 5}, {5, 7, 30, 1}, 0};
@@ -312,6 +320,11 @@ START_TEST(copy_strided_launches_gather)
 		ck_assert_uint_eq(v[4 + i], sh[i]);
 		ck_assert_uint_eq(v[12 + i], st[i]);
 	}
+	/* the gather's result: dst[a][b][c] = src[b][a][c] of [4, 6, 5] */
+	for (int a = 0; a < 6; a++)
+		for (int b = 0; b < 4; b++)
+			for (int c = 0; c < 5; c++)
+				ck_assert_uint_eq(dst[(a * 4 + b) * 5 + c], src[b * 30 + a * 5 + c]);
 	/* a slice [2, 3, 4] of [2, 6, 4] at offset 4: the inner two dims
 	 * merge into 12 contiguous elements; the source pointer carries the
 	 * offset in bytes */
@@ -1246,6 +1259,321 @@ START_TEST(world2_without_nccl_is_an_error)
 }
 END_TEST
 
+/* ---- generated kernels, run by the emulator ------------------------------- */
+
+/* The fake driver runs a launch through its hook: here, the same kernel
+ * compiled for the emulated GPU (runtime/emu.c, the NVPTX skeletons and
+ * launch contract compiled for this CPU). The CUDA target loads a plan's
+ * modules in the order of its kernel set's distinct keys (kernels.c), so
+ * the k-th module loaded on a fake device is the k-th distinct kernel of
+ * the emulator's kernel set for the same program; the launch's parameters
+ * (buffers, the flag word, the kernel's symbols) are unpacked back into
+ * the emulator's launch. So a whole generated program runs on the fake,
+ * through the CUDA target's loading, packing and launching. */
+typedef struct emu_kernels {
+	fz_device *emu;
+	fz_kctx *kx;
+	fz_kset *ks;
+	const fz_kcode_rec *code[512];
+	int n;
+	int failures;
+	char msg[512];
+	pthread_mutex_t mu;
+} emu_kernels;
+
+static const fz_kcode_rec *emu_code(emu_kernels *E, int module)
+{
+	return module >= 0 && module < E->n ? E->code[module] : NULL;
+}
+
+static int emu_params(void *ctx, int module, const char *name)
+{
+	(void)name;
+	const fz_kcode_rec *c = emu_code(ctx, module);
+	return c ? c->k.n_in + c->k.n_out + 1 + c->k.n_syms : 0;
+}
+
+static void emu_run(void *ctx, int module, const char *name, const uint64_t *vals)
+{
+	emu_kernels *E = ctx;
+	const fz_kcode_rec *c = emu_code(E, module);
+	char *err = NULL;
+	fz_status st = FZ_EINVAL;
+	if (c) {
+		const fz_kernel *k = &c->k;
+		/* the NVPTX entries are base and base_scatter; the emulator's
+		 * launch runs every entry, so it runs at the last one */
+		bool scatter = strstr(name, "_scatter") != NULL;
+		if (k->n_entries == 2 && !scatter)
+			return;
+		int nb = k->n_in + k->n_out;
+		void *bufs[FAKE_MAX_VALUES];
+		int64_t syms[FZ_MAX_SYMS];
+		for (int i = 0; i < nb; i++)
+			bufs[i] = (void *)(uintptr_t)vals[i];
+		for (int j = 0; j < FZ_MAX_SYMS; j++)
+			syms[j] = -1;
+		for (int j = 0; j < k->n_syms; j++)
+			syms[k->syms[j]] = (int64_t)vals[nb + 1 + j];
+		st = fz_target_emu.launch(E->emu, k, c->fn, bufs, syms,
+		                          (int32_t *)(uintptr_t)vals[nb], NULL, &err);
+	}
+	if (st != FZ_OK) {
+		pthread_mutex_lock(&E->mu);
+		if (!E->failures++)
+			snprintf(E->msg, sizeof E->msg, "module %d (%s): %s", module, name,
+			         err ? err : c ? "failed" : "no such kernel");
+		pthread_mutex_unlock(&E->mu);
+	}
+	free(err);
+}
+
+/* The emulator's kernels of trace t at syms, planned as fz_exec plans. */
+static void emu_kernels_new(emu_kernels *E, const fz_trace *t, const int64_t *syms)
+{
+	memset(E, 0, sizeof *E);
+	pthread_mutex_init(&E->mu, NULL);
+	char *err = NULL;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	ck_assert_int_eq(fz_target_emu.open(&o, &E->emu, &err), FZ_OK);
+	fz_kctx_options ko = {E->emu->cg, NULL, E->emu, false, 0, NULL, NULL};
+	ck_assert_int_eq(fz_kctx_new(&ko, &E->kx, &err), FZ_OK);
+	fz_plan_options po;
+	fz_plan_defaults(&po);
+	po.sym_sizes = syms;
+	fz_program *p = NULL;
+	ck_assert_int_eq(fz_plan_cached(NULL, t, &po, &p, NULL, &err), FZ_OK);
+	fz_status st = fz_kset_build(E->kx, p, syms, &E->ks, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	for (int i = 0; i < E->ks->n_inst; i++) {
+		const fz_kcode_rec *c = E->ks->inst[i]->code;
+		bool seen = c->unsupported;
+		for (int j = 0; j < E->n && !seen; j++)
+			seen = E->code[j] == c;
+		if (!seen) {
+			ck_assert_int_lt(E->n, 512);
+			E->code[E->n++] = c;
+		}
+	}
+	fz_program_free(p);
+	F->hook_params = emu_params;
+	F->hook_run = emu_run;
+	F->hook_ctx = E;
+}
+
+static void emu_kernels_free(emu_kernels *E)
+{
+	F->hook_params = NULL;
+	F->hook_run = NULL;
+	fz_kset_free(E->ks);
+	fz_kctx_free(E->kx);
+	fz_device_release(E->emu);
+	pthread_mutex_destroy(&E->mu);
+}
+
+/* Inputs a trace can use: floats normal-ish, integers within the extent
+ * they index (the FSDP trace's ids and targets: its vocabulary), masks
+ * causal. */
+static void fill_input(fz_tensor *x, int64_t vocab)
+{
+	int64_t n = 1;
+	for (int d = 0; d < x->rank; d++)
+		n *= x->shape[d];
+	size_t es = fz_dtype_size(x->dtype);
+	x->data = aligned_alloc(256, ((size_t)n * es + 255) / 256 * 256 + 256);
+	for (int64_t i = 0; i < n; i++) {
+		if (x->dtype == FZ_F32)
+			((float *)x->data)[i] = frand() * 0.5f;
+		else if (x->dtype == FZ_I64)
+			((int64_t *)x->data)[i] = (int64_t)((frand() + 1) * 0.5f * (float)vocab) %
+			                          vocab;
+		else if (x->dtype == FZ_BOOL)
+			((uint8_t *)x->data)[i] = x->rank == 2 &&
+			                          i % x->shape[1] <= i / x->shape[1];
+		else
+			ck_abort_msg("an input of %s", fz_dtype_name(x->dtype));
+	}
+}
+
+typedef struct fsdp_job {
+	const fz_trace *t;
+	fz_comm *comm;
+	int rank, n_in, n_out;
+	const char *idpath;
+	const int64_t *syms;
+	fz_tensor *in, *out;
+	fz_status st;
+	char *err;
+	long host_syncs;
+} fsdp_job;
+
+/* One rank on its fake device through NCCL: prepared, then NCCL joined
+ * once both are ready, two runs, a sync. */
+static void *fsdp_rank(void *arg)
+{
+	fsdp_job *j = arg;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.device = j->rank;
+	fz_exec *x = NULL;
+	struct fz_nccl *nc = NULL;
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	j->st = fz_exec_new(j->t, "cuda", &o, &x, &j->err);
+	if (j->st == FZ_OK) {
+		fz_exec_set_comm(x, j->comm, j->rank);
+		j->st = fz_exec_prepare(x, j->syms, j->in, j->n_in, &j->err);
+	}
+	if (j->st == FZ_OK)
+		j->st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_nccl_bootstrap_file(j->rank, j->idpath, 10, id, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_cuda_nccl_new(fz_exec_dev(x), 2, j->rank, id, 10, &nc, &j->err);
+	if (j->st == FZ_OK)
+		fz_comm_set_nccl(j->comm, j->rank, nc);
+	for (int it = 0; it < 2 && j->st == FZ_OK; it++)
+		j->st = fz_exec_run(x, j->syms, j->in, j->n_in, j->out, j->n_out, NULL,
+		                    &j->err);
+	if (x)
+		j->host_syncs = fz_exec_host_syncs(x);
+	if (j->st == FZ_OK)
+		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (j->st != FZ_OK)
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "failed");
+	if (nc)
+		fz_cuda_nccl_free(fz_exec_dev(x), nc);
+	fz_exec_free(x);
+	return NULL;
+}
+
+/* A generated FSDP Llama training step (tools/gen/fsdp_llama.py) at world
+ * 2 on two fake devices: every kernel is generated code run by the
+ * emulator, every linear the fake cuBLASLt's, every collective the fake
+ * NCCL's on the communication stream; both ranks' outputs (loss and every
+ * gradient shard) against the interpreter running both ranks. */
+START_TEST(fsdp_llama_world2_on_fake)
+{
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	char path[] = "/tmp/fusec-fsdp-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "python3 %s/tools/gen/fsdp_llama.py --world 2 "
+	         "--layers 1 --hidden 32 --heads 4 --intermediate 64 --vocab 64 "
+	         "--dtype f32 -o %s", FZ_SOURCE_DIR, path);
+	ck_assert_int_eq(system(cmd), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	static char text[1 << 16];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	unlink(path);
+	text[len] = 0;
+	ck_assert_int_eq(fz_module_parse(text, len, "fsdp.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = -1;
+	for (int s = 0; s < fz_trace_symbol_count(t); s++)
+		syms[s] = !strcmp(fz_trace_symbol(t, s), "B") ? 2 : 5;
+	emu_kernels E;
+	emu_kernels_new(&E, t, syms);
+	ck_assert_int_gt(E.n, 5);
+	fz_tensor *in = calloc((size_t)(2 * n_in), sizeof *in);
+	fz_tensor *out = calloc((size_t)(2 * n_out), sizeof *out);
+	fz_tensor *ref = calloc((size_t)(2 * n_out), sizeof *ref);
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < n_in; i++) {
+			fz_value *v = fz_trace_param(t, i);
+			fz_tensor *x = &in[r * n_in + i];
+			x->dtype = fz_value_dtype(v);
+			x->rank = fz_value_rank(v);
+			int64_t n = 1;
+			for (int d = x->rank - 1; d >= 0; d--) {
+				x->shape[d] = fz_value_extent(v, d, syms);
+				x->strides[d] = n;
+				n *= x->shape[d];
+			}
+			fill_input(x, 64);
+		}
+		for (int k = 0; k < n_out; k++) {
+			fz_value *v = fz_trace_output(t, k);
+			fz_tensor *y = &out[r * n_out + k];
+			int64_t shape[FZ_MAX_RANK], n = 1;
+			for (int d = 0; d < fz_value_rank(v); d++)
+				n *= shape[d] = fz_value_extent(v, d, syms);
+			fz_tensor_contiguous(y, aligned_alloc(256, ((size_t)n * 4 + 255) / 256 * 256),
+			                     fz_value_dtype(v), fz_value_rank(v), shape);
+		}
+	}
+	/* the two ranks, as rank_thread runs them, with all n_in inputs */
+	fz_comm *comm = NULL;
+	ck_assert_int_eq(fz_comm_new(2, 20, &comm), FZ_OK);
+	char idpath[] = "/tmp/fusec-nccl-fsdp-XXXXXX";
+	fd = mkstemp(idpath);
+	close(fd);
+	unlink(idpath);
+	fsdp_job jobs[2];
+	pthread_t th[2];
+	for (int r = 0; r < 2; r++) {
+		jobs[r] = (fsdp_job){t, comm, r, n_in, n_out, idpath, syms, in + r * n_in,
+		                     out + r * n_out, FZ_OK, NULL, 0};
+		ck_assert_int_eq(pthread_create(&th[r], NULL, fsdp_rank, &jobs[r]), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	unlink(idpath);
+	fz_comm_free(comm);
+	ck_assert_msg(E.failures == 0, "%d kernels failed: %s", E.failures, E.msg);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(jobs[r].st == FZ_OK, "rank %d: %s", r,
+		              jobs[r].err ? jobs[r].err : "?");
+		ck_assert_int_eq(jobs[r].host_syncs, 0);
+	}
+	ck_assert_int_gt(F->n_launches, 20);
+	ck_assert_int_gt(F->nccl_ops, 20);
+	ck_assert_int_eq(fz_trace_interpret_world(t, syms, 2, in, n_in, ref, n_out, &err),
+	                 FZ_OK);
+	for (int i = 0; i < 2 * n_out; i++) {
+		const fz_tensor *g = &out[i], *w = &ref[i];
+		int64_t n = 1;
+		for (int d = 0; d < w->rank; d++)
+			n *= w->shape[d];
+		double ss = 0;
+		for (int64_t j = 0; j < n; j++)
+			ss += (double)((float *)w->data)[j] * ((float *)w->data)[j];
+		double rms = n ? sqrt(ss / (double)n) : 0, atol = 1e-5 * (rms > 1 ? rms : 1);
+		for (int64_t j = 0; j < n; j++) {
+			double a = ((float *)g->data)[j], b = ((float *)w->data)[j];
+			ck_assert_msg(fabs(a - b) <= atol + 1e-5 * fabs(b),
+			              "rank %d, output %s[%lld] = %.9g, want %.9g", i / n_out,
+			              fz_value_name(fz_trace_output(t, i % n_out)),
+			              (long long)j, a, b);
+		}
+	}
+	for (int i = 0; i < 2 * n_in; i++)
+		free(in[i].data);
+	for (int i = 0; i < 2 * n_out; i++) {
+		free(out[i].data);
+		bool dup = false;
+		for (int j = i - i % n_out; j < i && !dup; j++)
+			dup = ref[j].data == ref[i].data;
+		if (!dup)
+			fz_free(ref[i].data);
+	}
+	free(in), free(out), free(ref);
+	emu_kernels_free(&E);
+	fz_module_free(m);
+}
+END_TEST
+
 /* ---- graphs ---------------------------------------------------------------- */
 
 /* fz_exec_run_graph on the fake: the run is captured once and replayed
@@ -1506,6 +1834,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_loop_test(w, world2_through_nccl, 0, 2);
 	tcase_add_test(w, world2_without_nccl_is_an_error);
 	tcase_add_test(w, graph_captured_once_replayed);
+	tcase_add_test(w, fsdp_llama_world2_on_fake);
 	suite_add_tcase(s, w);
 	return s;
 }

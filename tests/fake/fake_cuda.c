@@ -14,6 +14,18 @@
 typedef int CUresult;
 typedef struct CUctx_st *CUcontext;
 
+typedef struct fake_fn fake_fn;
+typedef struct fake_module {
+	int dev, index;         /* the index-th module loaded on dev */
+	int copy;               /* fusec's gather, which the fake runs */
+	fake_fn *fns;
+} fake_module;
+struct fake_fn {
+	char name[64];          /* first: tests read a function as its name */
+	fake_module *m;
+	fake_fn *next;
+};
+
 API fake_state fake_cuda = {.devices = 1, .cc_major = 9, .cc_minor = 0,
                            .sms = 132, .max_threads = 1024};
 
@@ -148,30 +160,54 @@ API CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *op
 		}
 		fake_cuda.ptx_loads++;
 	}
-	*m = malloc(1);
+	fake_module *fm = calloc(1, sizeof *fm);
+	if (!fm)
+		return 2;
+	fm->dev = fake_current_device();
+	/* fusec's strided gather (cuda.c) the fake runs itself; the others
+	 * are numbered per device in load order, for the kernel hook */
+	fm->copy = strstr(s, "fusec: strided gather") != NULL;
+	if (!fm->copy && fm->dev >= 0 && fm->dev < FAKE_MAX_DEVICES)
+		fm->index = __atomic_fetch_add(&fake_cuda.modules_loaded[fm->dev], 1,
+		                               __ATOMIC_RELAXED);
+	*m = fm;
 	return 0;
 }
 
-/* the names handed out, kept for the process (so never a leak) */
-static char fn_names[256][64];
-static int n_fn_names;
-
+/* A function: its entry's name first (tests read it as a string). */
 API CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 {
-	(void)m;
-	for (int i = 0; i < n_fn_names; i++)
-		if (!strcmp(fn_names[i], name)) {
-			*f = fn_names[i];
+	fake_module *fm = m;
+	for (fake_fn *g = fm->fns; g; g = g->next)
+		if (!strcmp(g->name, name)) {
+			*f = g;
 			return 0;
 		}
-	if (n_fn_names == 256 || strlen(name) >= 64)
+	if (strlen(name) >= sizeof ((fake_fn *)0)->name)
 		return 500; /* CUDA_ERROR_NOT_FOUND */
-	strcpy(fn_names[n_fn_names], name);
-	*f = fn_names[n_fn_names++];
+	fake_fn *g = calloc(1, sizeof *g);
+	if (!g)
+		return 2;
+	strcpy(g->name, name);
+	g->m = fm;
+	g->next = fm->fns;
+	fm->fns = g;
+	*f = g;
 	return 0;
 }
 
-API CUresult cuModuleUnload(void *m) { free(m); fake_cuda.unloads++; return 0; }
+API CUresult cuModuleUnload(void *m)
+{
+	fake_module *fm = m;
+	while (fm->fns) {
+		fake_fn *g = fm->fns;
+		fm->fns = g->next;
+		free(g);
+	}
+	free(fm);
+	BUMP(unloads);
+	return 0;
+}
 
 API CUresult cuFuncGetAttribute(int *v, int attr, void *f)
 {
@@ -319,20 +355,44 @@ int fake_defer(void *stream, char kind, void (*run)(void *, void *), const void 
 	} while (0)
 
 typedef struct launch_args {
-	void *f;
+	fake_fn *f;
 	unsigned g[3], b[3], sh;
 	unsigned char param[FAKE_MAX_PARAMS][8];
 	void **params;
+	int n_val;                   /* the values a run of the kernel reads */
+	uint64_t val[FAKE_MAX_VALUES];
 } launch_args;
+
+/* fusec's gather (cuda.c, fz_copy_b<bits>): dst[i] = src[offset of i's
+ * index in shape, innermost last, dotted with strides]. */
+static void run_gather(const launch_args *a)
+{
+	int bytes = atoi(a->f->name + strlen("fz_copy_b")) / 8;
+	char *dst = (char *)(uintptr_t)a->val[0];
+	const char *src = (const char *)(uintptr_t)a->val[1];
+	uint64_t n = a->val[2], rank = (uint32_t)a->val[3];
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t r = i, off = 0;
+		for (int d = (int)rank - 1; d >= 0; d--) {
+			off += (r % a->val[4 + d]) * a->val[12 + d];
+			r /= a->val[4 + d];
+		}
+		memcpy(dst + i * (uint64_t)bytes, src + off * (uint64_t)bytes, (size_t)bytes);
+	}
+}
 
 static void run_launch(void *ctx, void *stream)
 {
 	launch_args *a = ctx;
+	if (a->f->m->copy)
+		run_gather(a);
+	else if (fake_cuda.hook_run && a->n_val)
+		fake_cuda.hook_run(fake_cuda.hook_ctx, a->f->m->index, a->f->name, a->val);
 	fake_log('K', stream);
 	int at = BUMP(n_launches);
 	if (at < FAKE_MAX_LAUNCHES) {
 		fake_launch *l = &fake_cuda.launch[at];
-		l->fn = a->f;
+		l->fn = a->f->name;
 		memcpy(l->grid, a->g, sizeof l->grid);
 		memcpy(l->block, a->b, sizeof l->block);
 		l->shmem = a->sh;
@@ -352,11 +412,20 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
 	if (fake_cuda.launch_result)
 		return fake_cuda.launch_result;
 	/* the values are read now, as the driver reads them */
-	launch_args a = {f, {gx, gy, gz}, {bx, by, bz}, sh, {{0}}, params};
+	fake_fn *fn = f;
+	launch_args a = {fn, {gx, gy, gz}, {bx, by, bz}, sh, {{0}}, params, 0, {0}};
 	for (int i = 0; i < fake_cuda.n_params && i < FAKE_MAX_PARAMS; i++) {
 		int sz = fake_cuda.param_size[i] ? fake_cuda.param_size[i] : 8;
 		memcpy(a.param[i], params[i], (size_t)sz);
 	}
+	/* what the kernel itself will read: the gather's 20 (rank a u32),
+	 * or as many 8-byte values as the hook says the kernel takes */
+	a.n_val = fn->m->copy ? 20 : fake_cuda.hook_params ?
+	          fake_cuda.hook_params(fake_cuda.hook_ctx, fn->m->index, fn->name) : 0;
+	if (a.n_val > FAKE_MAX_VALUES)
+		return 1;
+	for (int i = 0; i < a.n_val; i++)
+		memcpy(&a.val[i], params[i], fn->m->copy && i == 3 ? 4 : 8);
 	STREAM_OP('K', stream, run_launch, a);
 }
 

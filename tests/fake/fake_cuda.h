@@ -3,7 +3,8 @@
  * the CUDA target's host side on machines with no GPU (tests/test_cuda_api.c).
  *
  * "Device memory" is host memory (cuMemAlloc is aligned_alloc), kernels
- * never run (cuLaunchKernel records what it was asked), and
+ * run only where a test supplies them (the hook below; fusec's own gather
+ * runs here), cuLaunchKernel records what it was asked, and
  * ncclAllGather, ncclReduceScatter and ncclAllReduce (fake_nccl.c) perform
  * the collective across the calling threads (one rank each) on that host
  * memory, as NCCL documents them, and every device call is logged in
@@ -23,6 +24,8 @@
 
 #define FAKE_MAX_LAUNCHES 64
 #define FAKE_MAX_PARAMS 64
+#define FAKE_MAX_VALUES 192
+#define FAKE_MAX_DEVICES 8
 
 typedef struct fake_launch {
 	const char *fn;               /* the entry point's name */
@@ -89,6 +92,16 @@ typedef struct fake_state {
 	int nccl_ops;           /* collectives performed */
 	int nccl_no_device;     /* communicators asked for with no device current */
 	int nccl_wrong_device;  /* collectives on another device's stream */
+	/* Kernels. fusec's own gather (cuda.c) runs here; other kernels run
+	 * only where a test sets the hook: hook_params says how many 8-byte
+	 * parameters the kernel `name` of module `module` (the module-th
+	 * loaded on this device, the gather's not counted) takes, so the
+	 * launch copies them when it is made (as the driver does); hook_run
+	 * runs it over those values when the launch executes. */
+	int modules_loaded[FAKE_MAX_DEVICES];
+	int (*hook_params)(void *ctx, int module, const char *name);
+	void (*hook_run)(void *ctx, int module, const char *name, const uint64_t *vals);
+	void *hook_ctx;
 } fake_state;
 
 /* Appends to the log (thread-safe); the entry, or NULL when full. */
