@@ -421,8 +421,8 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			"not match\n", fz_trace_name(t), world, world, o->world);
 		return EXIT_BAD;
 	}
-	/* --world given, even 1: the ranks' path (on CUDA: through NCCL) */
-	if (world > 1 || o->world)
+	/* --world 1 on CUDA (or auto) too: the ranks' path, through NCCL */
+	if (world > 1 || (o->world && strcmp(o->device, "cpu") && strcmp(o->device, "emu")))
 		return run_trace_world(t, o, world, syms, spi, cr);
 	fz_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
 	fz_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
