@@ -72,6 +72,10 @@ fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
 fz_status fz_nccl_new(int world, int rank, const unsigned char id[FZ_NCCL_ID_BYTES],
                       double timeout_s, fz_nccl **out, char **err);
 void fz_nccl_free(fz_nccl *c);
+/* ncclCommAbort, then frees c: what a rank does when a peer failed, so
+ * that collectives the peer will never join are cancelled on the device
+ * instead of waited for forever. */
+void fz_nccl_abort(fz_nccl *c);
 /* Enqueues op on `stream` (a cudaStream_t / CUstream) and returns: count is
  * the operand's elements (outer 1: along dim 0; all_reduce any). */
 fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t outer,

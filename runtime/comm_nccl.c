@@ -294,6 +294,15 @@ static fz_status enqueued(fz_nccl *c, const char *what, char **err)
 	return state == NCCL_SUCCESS ? FZ_OK : nccl_fail(state, what, err);
 }
 
+void fz_nccl_abort(fz_nccl *c)
+{
+	if (!c)
+		return;
+	if (c->comm)
+		api.abort(c->comm);
+	free(c);
+}
+
 static int nccl_dtype(fz_dtype d)
 {
 	switch (d) {

@@ -962,6 +962,20 @@ void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n)
 	fz_cuda_leave(d, pushed);
 }
 
+void fz_cuda_nccl_abort(fz_device *dev, struct fz_nccl *n)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!n)
+		return;
+	if (fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS) {
+		fz_nccl_abort(n);
+		return;
+	}
+	fz_nccl_abort(n);
+	fz_cuda_leave(d, pushed);
+}
+
 /* Event ev, created (without timing) on first use. */
 static fz_status event_of(cu_dev *d, int ev, CUevent *out, char **err)
 {

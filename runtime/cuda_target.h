@@ -83,6 +83,9 @@ fz_status fz_cuda_nccl_new(fz_device *dev, int world, int rank,
                            const unsigned char *id, double timeout_s,
                            struct fz_nccl **out, char **err);
 void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n);
+/* The same after a failure of this rank or a peer: ncclCommAbort cancels
+ * what the peers will never match (fz_nccl_abort). */
+void fz_cuda_nccl_abort(fz_device *dev, struct fz_nccl *n);
 
 /* A stream of dev's own (non-blocking), for a caller with none, such as
  * `fusec run --graph` (the legacy stream cannot be captured). */

@@ -992,6 +992,7 @@ typedef struct rank_run {
 	const char *idpath;
 	bool with_nccl;
 	bool graph;             /* through fz_exec_run_graph on a stream */
+	int fail_at;            /* > 0: this rank's run fail_at fails */
 	int captures;
 	int64_t syms[FZ_MAX_SYMS];
 	fz_tensor in[4], out[2];
@@ -1030,10 +1031,19 @@ static void *rank_thread(void *arg)
 	for (int it = 0; it < 3 && r->st == FZ_OK; it++)
 		r->st = r->graph ? fz_exec_run_graph(x, r->syms, r->in, 4, r->out, 2, stream,
 		                                     &r->err)
-		                 : fz_exec_run(x, r->syms, r->in, 4, r->out, 2, NULL, &r->err);
+		                 : fz_exec_run(x, r->syms, r->in, 4, r->out,
+		                               it + 1 == r->fail_at ? 1 : 2, NULL, &r->err);
 	if (x) {
 		r->host_syncs = fz_exec_host_syncs(x);
 		r->captures = fz_exec_stats_of(x)->graph_captures;
+	}
+	/* as `fusec run` does: all ranks done queueing, else NCCL aborted */
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_comm_barrier(r->comm, r->rank, &r->err);
+	if (r->st != FZ_OK && nc) {
+		fz_comm_abort(r->comm, r->rank, r->err ? r->err : "failed");
+		fz_cuda_nccl_abort(fz_exec_dev(x), nc);
+		nc = NULL;
 	}
 	if (r->st == FZ_OK)
 		r->st = fz_exec_sync(x, stream, &r->err);
@@ -1226,6 +1236,49 @@ START_TEST(world2_through_nccl)
 	for (int i = 0; i < 4; i++)
 		if (i % 2 == 0 || ref[i].data != ref[i - 1].data)
 			fz_free(ref[i].data);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Rank 1 fails its second run before queueing anything: rank 0, whose
+ * collectives rank 1 never joins, fails with a message instead of
+ * waiting forever (NCCL is aborted, the fake's pending collective
+ * returns), and nothing is left formed. */
+START_TEST(world2_rank_failure_aborts)
+{
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 2, &rr[r]);
+	rr[1].fail_at = 2;
+	char idpath[] = "/tmp/fusec-nccl-fail-XXXXXX";
+	int fd = mkstemp(idpath);
+	close(fd);
+	unlink(idpath);
+	double t0 = fz_now();
+	run_world2(t, true, false, rr, idpath);
+	unlink(idpath);
+	ck_assert_double_lt(fz_now() - t0, 15); /* not the fake's 20 s deadline */
+	ck_assert_int_eq(rr[1].st, FZ_EINVAL);
+	ck_assert_msg(strstr(rr[1].err, "returns 2 values; 1 output"), "%s", rr[1].err);
+	ck_assert_int_ne(rr[0].st, FZ_OK);
+	ck_assert_ptr_nonnull(rr[0].err);
+	ck_assert_int_eq(F->nccl_comms, 0);
+	ck_assert_int_eq(F->nccl_ops, 5 * 2); /* the first run, both ranks */
+	for (int r = 0; r < 2; r++) {
+		fz_free(rr[r].err);
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
 	fz_module_free(m);
 }
 END_TEST
@@ -1833,6 +1886,7 @@ Suite *cuda_api_suite(void)
 	TCase *w = tcase_create("world");
 	tcase_add_loop_test(w, world2_through_nccl, 0, 2);
 	tcase_add_test(w, world2_without_nccl_is_an_error);
+	tcase_add_test(w, world2_rank_failure_aborts);
 	tcase_add_test(w, graph_captured_once_replayed);
 	tcase_add_test(w, fsdp_llama_world2_on_fake);
 	suite_add_tcase(s, w);

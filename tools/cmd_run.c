@@ -626,6 +626,17 @@ static fz_status rank_cuda(rank_job *j, fz_exec *x, int n_in, int n_out)
 				 : fz_exec_run(x, j->syms, din, n_in, dout, n_out, NULL,
 					       &j->err);
 	j->host_syncs = fz_exec_host_syncs(x);
+	/* every rank has queued all its work: else a peer failed (or this
+	 * rank did), and NCCL is aborted rather than its collectives waited
+	 * for by a sync that would never return */
+	if (st == FZ_OK)
+		st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	if (st != FZ_OK && nc) {
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(st));
+		fz_comm_set_nccl(j->comm, j->rank, NULL);
+		fz_cuda_nccl_abort(dev, nc);
+		nc = NULL;
+	}
 	if (st == FZ_OK)
 		st = fz_exec_sync(x, stream, &j->err);
 	j->seconds = (tool_now() - t0) / (double)j->o->iters;
