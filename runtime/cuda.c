@@ -31,7 +31,9 @@
  *              device's communication stream, which first waits for the
  *              compute stream (an event); an event recorded after it is
  *              what the trace's `wait` makes the compute stream wait on.
- *              No communicator: world 1, the identity (a copy)
+ *              A bucket's members are one NCCL group (one launch), forked
+ *              and joined once. No communicator: world 1, the identity
+ *              (a copy)
  *     copy     a strided view made contiguous by a small gather kernel
  *              written here in PTX (four entries by element size)
  *     sync     cuStreamSynchronize
@@ -914,18 +916,23 @@ static fz_status cu_collective(fz_device *dev, const fz_collective *c,
 		           ? FZ_OK
 		           : fz_cu_fail(d->cu, err, r, "cuMemcpyDtoDAsync", what);
 	}
+	/* a bucket forks once, is one NCCL group, and joins once */
+	bool first = c->bucket <= 1, last = c->bucket == 0 || c->bucket == 3;
 	fz_status st = comm_stream(d, err);
 	CUevent done = NULL;
-	if (st == FZ_OK)
+	if (st == FZ_OK && last)
 		st = event_of(d, c->event, &done, err);
 	const char *call = "cuEventRecord";
-	if (st == FZ_OK && (r = d->cu->EventRecord(d->fork, (CUstream)stream)) ==
-	                       FZ_CUDA_SUCCESS) {
+	if (st == FZ_OK && first &&
+	    (r = d->cu->EventRecord(d->fork, (CUstream)stream)) == FZ_CUDA_SUCCESS) {
 		call = "cuStreamWaitEvent";
 		r = d->cu->StreamWaitEvent(d->comm, d->fork, 0);
 	}
 	if (st == FZ_OK && r != FZ_CUDA_SUCCESS)
 		st = fz_cu_fail(d->cu, err, r, call, what);
+	bool grouped = c->bucket >= 2;
+	if (st == FZ_OK && c->bucket == 1)
+		grouped = (st = fz_nccl_group(true, err)) == FZ_OK;
 	fz_opcode op = c->kind == FZ_COLL_ALL_GATHER ? FZ_OP_ALL_GATHER
 	               : c->kind == FZ_COLL_REDUCE_SCATTER ? FZ_OP_REDUCE_SCATTER
 	               : FZ_OP_ALL_REDUCE;
@@ -934,7 +941,14 @@ static fz_status cu_collective(fz_device *dev, const fz_collective *c,
 	                                            d->comm, err)) != FZ_OK &&
 	    err && *err)
 		fz_set_err(err, fz_strdup_printf("%s: %s", what, *err));
-	if (st == FZ_OK && (r = d->cu->EventRecord(done, d->comm)) != FZ_CUDA_SUCCESS)
+	if (grouped && (c->bucket == 3 || st != FZ_OK)) {
+		/* the group ends even after a failure inside it */
+		fz_status g = fz_nccl_group(false, st == FZ_OK ? err : NULL);
+		if (st == FZ_OK)
+			st = g;
+	}
+	if (st == FZ_OK && last &&
+	    (r = d->cu->EventRecord(done, d->comm)) != FZ_CUDA_SUCCESS)
 		st = fz_cu_fail(d->cu, err, r, "cuEventRecord", what);
 	LEAVE(d);
 	return st;

@@ -436,6 +436,7 @@ static void add_collective(builder *B, const fz_region *reg)
 		fz_collective *c = &s->co;
 		c->region = reg->id;
 		c->event = ev;
+		c->bucket = reg->n_nodes < 2 ? 0 : j == 0 ? 1 : j == reg->n_nodes - 1 ? 3 : 2;
 		c->dtype = x->type.dtype;
 		c->kind = n->op == FZ_OP_ALL_GATHER ? FZ_COLL_ALL_GATHER
 			  : n->op == FZ_OP_REDUCE_SCATTER ? FZ_COLL_REDUCE_SCATTER

@@ -125,6 +125,11 @@ typedef struct fz_collective {
 	struct fz_comm *comm;
 	int rank;
 	int event;
+	/* A bucket (one collective region of several, consecutive steps
+	 * sharing event): 1 its first member, 2 one inside, 3 its last; 0 a
+	 * collective alone. A target may issue a bucket as one group (NCCL:
+	 * ncclGroupStart/End, one launch). */
+	int bucket;
 } fz_collective;
 
 struct fz_target {

@@ -372,6 +372,8 @@ API int ncclGroupEnd(void)
 	if (--group_depth > 0)
 		return OK;
 	int r = OK;
+	if (group_n)
+		__atomic_fetch_add(&fake_cuda.nccl_groups, 1, __ATOMIC_RELAXED);
 	for (int i = 0; i < group_n && r == OK; i++)
 		r = perform(group_ops[i].c, group_ops[i].p, group_ops[i].stream);
 	group_n = 0;
