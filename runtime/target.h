@@ -30,6 +30,11 @@
  * runs on the caller's stream, and collectives on the device's
  * communication stream, ordered with events. A run never synchronizes the
  * host; sync is for the caller's asking.
+ *
+ * Optional slots a GPU target fills (NULL elsewhere): pack (a launch's
+ * geometry and parameter block fixed when a plan is prepared), zero (a
+ * device memset), and graphs (capture_begin ... capture_end, graph_launch:
+ * a whole run recorded once and replayed).
  */
 #ifndef FUSEC_RUNTIME_TARGET_H
 #define FUSEC_RUNTIME_TARGET_H
