@@ -11,7 +11,9 @@
  *
  * Loading. libnccl.so.2 is opened with dlopen ($FUSEC_NCCL_LIBRARY first),
  * so the library builds and links with no NCCL installed, and its absence
- * is a clear status, not a failed link.
+ * is a clear status, not a failed link. Where the build finds the
+ * toolkit's nccl.h, the types, constants and config layout used here are
+ * checked against it at compile time.
  *
  * Bootstrap: the ranks agree on one ncclUniqueId (128 bytes) made by rank 0
  * with ncclGetUniqueId, then each calls ncclCommInitRank. How the id
@@ -63,6 +65,50 @@ typedef struct nccl_config {
 
 enum { NCCL_SUCCESS = 0, NCCL_IN_PROGRESS = 7, NCCL_SUM = 0 };
 #define NCCL_UNDEF_INT (-2147483647 - 1)
+
+/* Where the build finds the toolkit's nccl.h, what is declared here is
+ * checked against it: the config prefix's layout, the constants, and the
+ * types of the entry points (as the driver's are in cuda_api.c). */
+#if defined(FZ_HAVE_CUDA_H) && defined(__has_include)
+#if __has_include(<nccl.h>)
+#include <stddef.h>
+#include <nccl.h>
+#define FZ_NCCL_SAME_AT(f1, f2) \
+	_Static_assert(offsetof(nccl_config, f1) == offsetof(ncclConfig_t, f2), \
+		       "ncclConfig_t." #f2 " is elsewhere than here");
+FZ_NCCL_SAME_AT(size, size)
+FZ_NCCL_SAME_AT(magic, magic)
+FZ_NCCL_SAME_AT(version, version)
+FZ_NCCL_SAME_AT(blocking, blocking)
+FZ_NCCL_SAME_AT(cga_cluster_size, cgaClusterSize)
+FZ_NCCL_SAME_AT(min_ctas, minCTAs)
+FZ_NCCL_SAME_AT(max_ctas, maxCTAs)
+FZ_NCCL_SAME_AT(net_name, netName)
+_Static_assert(sizeof(nccl_id) == sizeof(ncclUniqueId), "ncclUniqueId's size");
+_Static_assert((int)NCCL_SUCCESS == (int)ncclSuccess &&
+	       (int)NCCL_IN_PROGRESS == (int)ncclInProgress &&
+	       (int)NCCL_SUM == (int)ncclSum && NCCL_UNDEF_INT == NCCL_CONFIG_UNDEF_INT,
+	       "NCCL's constants");
+_Static_assert(ncclInt8 == 0 && ncclUint8 == 1 && ncclInt32 == 2 && ncclInt64 == 4 &&
+	       ncclFloat16 == 6 && ncclFloat32 == 7 && ncclFloat64 == 8 &&
+	       ncclBfloat16 == 9, "NCCL's data types");
+#define FZ_NCCL_TYPE(f, params) \
+	_Static_assert(_Generic(&f, ncclResult_t(*) params: 1, default: 0), \
+		       "the type of " #f " differs from nccl.h");
+FZ_NCCL_TYPE(ncclGetUniqueId, (ncclUniqueId *))
+FZ_NCCL_TYPE(ncclCommInitRankConfig, (ncclComm_t *, int, ncclUniqueId, int,
+				      ncclConfig_t *))
+FZ_NCCL_TYPE(ncclCommGetAsyncError, (ncclComm_t, ncclResult_t *))
+FZ_NCCL_TYPE(ncclCommAbort, (ncclComm_t))
+FZ_NCCL_TYPE(ncclCommDestroy, (ncclComm_t))
+FZ_NCCL_TYPE(ncclAllGather, (const void *, void *, size_t, ncclDataType_t,
+			     ncclComm_t, cudaStream_t))
+FZ_NCCL_TYPE(ncclReduceScatter, (const void *, void *, size_t, ncclDataType_t,
+				 ncclRedOp_t, ncclComm_t, cudaStream_t))
+FZ_NCCL_TYPE(ncclAllReduce, (const void *, void *, size_t, ncclDataType_t,
+			     ncclRedOp_t, ncclComm_t, cudaStream_t))
+#endif
+#endif
 
 static struct {
 	void *lib;
