@@ -81,7 +81,8 @@ void fz_nccl_abort(fz_nccl *c);
 fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t outer,
                              int64_t count, const void *x, void *y, void *stream,
                              char **err);
-/* ncclGroupStart (start) or ncclGroupEnd around a bucket's members. */
-fz_status fz_nccl_group(bool start, char **err);
+/* ncclGroupStart (start) or ncclGroupEnd around a bucket's members of
+ * communicator c (whose enqueueing ncclGroupEnd may leave in progress). */
+fz_status fz_nccl_group(fz_nccl *c, bool start, char **err);
 
 #endif

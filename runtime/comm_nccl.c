@@ -413,7 +413,7 @@ fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t oute
 	return FZ_OK;
 }
 
-fz_status fz_nccl_group(bool start, char **err)
+fz_status fz_nccl_group(fz_nccl *c, bool start, char **err)
 {
 	if (err)
 		*err = NULL;
@@ -421,6 +421,9 @@ fz_status fz_nccl_group(bool start, char **err)
 	if (st != FZ_OK)
 		return st;
 	int rc = start ? api.group_start() : api.group_end();
+	/* a group of a non-blocking communicator may still be enqueueing */
+	if (rc == NCCL_IN_PROGRESS && !start && c)
+		return enqueued(c, "ncclGroupEnd", err);
 	if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS)
 		return nccl_fail(rc, start ? "ncclGroupStart" : "ncclGroupEnd", err);
 	return FZ_OK;

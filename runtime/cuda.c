@@ -932,7 +932,7 @@ static fz_status cu_collective(fz_device *dev, const fz_collective *c,
 		st = fz_cu_fail(d->cu, err, r, call, what);
 	bool grouped = c->bucket >= 2;
 	if (st == FZ_OK && c->bucket == 1)
-		grouped = (st = fz_nccl_group(true, err)) == FZ_OK;
+		grouped = (st = fz_nccl_group(nc, true, err)) == FZ_OK;
 	fz_opcode op = c->kind == FZ_COLL_ALL_GATHER ? FZ_OP_ALL_GATHER
 	               : c->kind == FZ_COLL_REDUCE_SCATTER ? FZ_OP_REDUCE_SCATTER
 	               : FZ_OP_ALL_REDUCE;
@@ -943,7 +943,7 @@ static fz_status cu_collective(fz_device *dev, const fz_collective *c,
 		fz_set_err(err, fz_strdup_printf("%s: %s", what, *err));
 	if (grouped && (c->bucket == 3 || st != FZ_OK)) {
 		/* the group ends even after a failure inside it */
-		fz_status g = fz_nccl_group(false, st == FZ_OK ? err : NULL);
+		fz_status g = fz_nccl_group(nc, false, st == FZ_OK ? err : NULL);
 		if (st == FZ_OK)
 			st = g;
 	}

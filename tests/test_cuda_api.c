@@ -1153,6 +1153,7 @@ START_TEST(world2_through_nccl)
 	ck_assert_int_eq(F->graph_launches, graph ? 6 : 0);
 	ck_assert_int_eq(F->nccl_no_device, 0);
 	ck_assert_int_eq(F->nccl_wrong_device, 0);
+	ck_assert_int_eq(F->nccl_unpolled, 0); /* each ncclInProgress polled */
 	ck_assert_int_eq(F->nccl_comms, 0); /* destroyed */
 	ck_assert_int_eq(F->streams, 0);    /* the devices closed theirs */
 	/* 5 collectives per run, 3 runs, 2 ranks; the three all-gathers

@@ -91,6 +91,7 @@ typedef struct fake_state {
 	int nccl_comms;         /* communicators formed and not destroyed */
 	int nccl_ops;           /* collectives performed */
 	int nccl_groups;        /* ncclGroupEnd calls that performed some */
+	int nccl_unpolled;      /* calls made while one was in progress */
 	int nccl_no_device;     /* communicators asked for with no device current */
 	int nccl_wrong_device;  /* collectives on another device's stream */
 	/* Kernels. fusec's own gather (cuda.c) runs here; other kernels run

@@ -27,6 +27,11 @@
  *     the same counts and types: a mismatch is ncclInvalidUsage.
  *   - ncclGroupStart/End (per thread): the calls between are deferred to
  *     ncclGroupEnd, then performed in order.
+ *   - On a non-blocking communicator a collective (or ncclGroupEnd) may
+ *     answer ncclInProgress; the caller must then poll
+ *     ncclCommGetAsyncError before its next call on it. This fake always
+ *     answers so, and refuses a call made without polling
+ *     (nccl_unpolled).
  *
  * The device would run a collective later, on the stream; the fake driver
  * runs everything at once in call order, and so does this (a rank's call
@@ -90,6 +95,9 @@ typedef struct comm {
 	clique *q;
 	int rank, dev;
 	long seq;
+	int blocking;
+	int pending;            /* a call answered ncclInProgress, not yet
+	                           polled to completion */
 } comm;
 
 extern fake_state fake_cuda;
@@ -150,6 +158,7 @@ API int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank
 	c->q = q;
 	c->rank = rank;
 	c->dev = fake_current_device();
+	c->blocking = !cfg || cfg->blocking != 0;
 	pthread_mutex_lock(&q->mu);
 	q->joined++;
 	pthread_cond_broadcast(&q->cv);
@@ -162,6 +171,7 @@ API int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank
 
 API int ncclCommGetAsyncError(comm *c, int *state)
 {
+	c->pending = 0; /* polled: the enqueue is done */
 	pthread_mutex_lock(&c->q->mu);
 	*state = c->q->failed ? SYSTEM_ERROR : c->q->joined < c->q->world ? IN_PROGRESS
 	                                                                  : OK;
@@ -346,17 +356,29 @@ static _Thread_local int group_depth;
 static _Thread_local deferred group_ops[64];
 static _Thread_local int group_n;
 
+/* A non-blocking communicator answers ncclInProgress: the caller must
+ * poll ncclCommGetAsyncError before its next call, as NCCL asks; a call
+ * made before that is refused (nccl_unpolled). */
 static int call(comm *c, post p, void *stream)
 {
 	if (!c)
 		return INVALID_ARGUMENT;
+	if (c->pending) {
+		__atomic_fetch_add(&fake_cuda.nccl_unpolled, 1, __ATOMIC_RELAXED);
+		return INVALID_USAGE;
+	}
 	if (group_depth > 0) {
 		if (group_n == 64)
 			return INVALID_USAGE;
 		group_ops[group_n++] = (deferred){c, p, stream};
 		return OK;
 	}
-	return perform(c, p, stream);
+	int r = perform(c, p, stream);
+	if (r == OK && !c->blocking) {
+		c->pending = 1;
+		return IN_PROGRESS;
+	}
+	return r;
 }
 
 API int ncclGroupStart(void)
@@ -372,12 +394,18 @@ API int ncclGroupEnd(void)
 	if (--group_depth > 0)
 		return OK;
 	int r = OK;
+	bool nonblocking = false;
 	if (group_n)
 		__atomic_fetch_add(&fake_cuda.nccl_groups, 1, __ATOMIC_RELAXED);
-	for (int i = 0; i < group_n && r == OK; i++)
+	for (int i = 0; i < group_n && r == OK; i++) {
 		r = perform(group_ops[i].c, group_ops[i].p, group_ops[i].stream);
+		if (!group_ops[i].c->blocking) {
+			group_ops[i].c->pending = 1;
+			nonblocking = true;
+		}
+	}
 	group_n = 0;
-	return r;
+	return r == OK && nonblocking ? IN_PROGRESS : r;
 }
 
 API int ncclAllGather(const void *send, void *recv, size_t sendcount, int dtype,
