@@ -1895,6 +1895,9 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, no_host_sync_inside_runs);
 	suite_add_tcase(s, b);
 	TCase *w = tcase_create("world");
+	/* the FSDP step compiles its kernels for the emulator: seconds, and
+	 * tens of them under the sanitizers */
+	tcase_set_timeout(w, 300);
 	tcase_add_loop_test(w, world2_through_nccl, 0, 2);
 	tcase_add_test(w, world2_without_nccl_is_an_error);
 	tcase_add_test(w, world2_rank_failure_aborts);
