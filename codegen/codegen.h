@@ -93,8 +93,10 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 3 /* part of a kernel's cache key (3: host entry
-                              * points take a part of the grid) */
+#define FZ_CODEGEN_VERSION 4 /* part of a kernel's cache key (3: host entry
+                              * points take a part of the grid; 4: host row
+                              * passes take turns over four accumulators,
+                              * f32 sums in f64) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -258,6 +258,7 @@ typedef struct accum {
 	fz_opcode op;
 	T t, vt;               /* vt: <L x t> on the host, else NULL */
 	bool pair;
+	bool wide;             /* host: a float sum of f32 values kept in f64 */
 	V hi[FZ_VW_MAX], lo[FZ_VW_MAX];
 } accum;
 
@@ -273,9 +274,11 @@ static V splat(cg *g, V x, int n)
 static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
-	A->t = t;
-	A->pair = op == FZ_OP_SUM && t != t_i64(g);
-	A->vt = g->o.target == FZ_CG_HOST && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
+	bool host = g->o.target == FZ_CG_HOST;
+	A->wide = host && op == FZ_OP_SUM && t == t_f32(g);
+	A->t = t = A->wide ? t_f64(g) : t;
+	A->pair = op == FZ_OP_SUM && t != t_i64(g) && !A->wide;
+	A->vt = host && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
 	if (A->vt) {
 		A->hi[0] = cg_entry_alloca(g, A->vt);
 		store(g, splat(g, identity(g, op, t), R->L), A->hi[0], 8);
@@ -329,10 +332,32 @@ static void acc_add(cg *g, accum *A, int l, V v, V e)
 	store(g, e ? fadd_exact(g, lo, e) : lo, A->lo[l], 8);
 }
 
-/* The row's result: lanes combined in a tree, then threads; a pair's low
- * part in *lo (NULL for other ops). */
-static V acc_finish(cg *g, rows *R, accum *A, V *lo)
+/* b's sums into a's (accumulators that took turns over a row). */
+static void acc_merge(cg *g, rows *R, accum *a, const accum *b)
 {
+	T t = a->vt ? a->vt : a->t;
+	for (int l = 0; l < (a->vt ? 1 : R->L); l++) {
+		V h1 = load(g, t, a->hi[l], 8), h2 = load(g, t, b->hi[l], 8);
+		if (!a->pair) {
+			store(g, combine(g, a->op, h1, h2), a->hi[l], 8);
+			continue;
+		}
+		V lo;
+		V h = pair_add(g, h1, load(g, t, a->lo[l], 8), h2, load(g, t, b->lo[l], 8), &lo);
+		store(g, h, a->hi[l], 8);
+		store(g, lo, a->lo[l], 8);
+	}
+}
+
+/* The row's result from the n accumulators that took turns over it:
+ * merged in a tree, the lanes combined in a tree, then the threads; a
+ * pair's low part in *lo (NULL for other ops, 0 for a wide sum). */
+static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
+{
+	for (int w = 1; w < n; w *= 2)
+		for (int i = 0; i + w < n; i += 2 * w)
+			acc_merge(g, R, &As[i], &As[i + w]);
+	accum *A = &As[0];
 	V h[FZ_VW_MAX] = {NULL}, l[FZ_VW_MAX] = {NULL};
 	if (A->vt) {
 		V hv = load(g, A->vt, A->hi[0], 8);
@@ -350,15 +375,33 @@ static V acc_finish(cg *g, rows *R, accum *A, V *lo)
 		for (int i = 0; i + w < R->L; i += 2 * w)
 			h[i] = A->pair ? pair_add(g, h[i], l[i], h[i + w], l[i + w], &l[i]) :
 			       combine(g, A->op, h[i], h[i + w]);
-	*lo = l[0];
+	*lo = A->wide ? c_real(A->t, 0.0) : l[0];
 	return across_threads(g, R, A->op, h[0], A->pair ? lo : NULL);
 }
 
 /* Lanes vals of one step into A; with a mean (mh + ml, var_mean's second
  * pass) each lane adds its squared deviation, computed as a pair too:
- * d + de = x - mh - ml, d^2 = p + pe (fma), (d + de)^2 ~ p + (pe + 2 d de). */
+ * d + de = x - mh - ml, d^2 = p + pe (fma), (d + de)^2 ~ p + (pe + 2 d de).
+ * A wide sum (host, f32 values in f64) takes x, or (x - (mh + ml))^2 by
+ * one fma, in f64: exact enough that no pair is needed. */
 static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 {
+	if (A->wide) {
+		int L = R->L;
+		T t = A->vt ? A->vt : A->t;
+		V v = fpext(g, A->vt ? gather_lanes(g, t_vec(type_of(vals[0]), (unsigned)L),
+						    vals, L) : vals[0], t);
+		if (mh) {
+			V m = fadd_exact(g, fpext(g, mh, A->t), fpext(g, ml, A->t));
+			V d = fsub_exact(g, v, A->vt ? bcast(g, t, m, L) : m);
+			V a = load(g, t, A->hi[0], 8);
+			V fa[3] = {d, d, a};
+			store(g, call_intrinsic(g, "llvm.fma", t, t, fa, 3), A->hi[0], 8);
+			return;
+		}
+		acc_add(g, A, 0, v, NULL);
+		return;
+	}
 	if (A->vt && !valid) {
 		/* the same arithmetic on a vector of the lanes */
 		int L = R->L;
@@ -398,40 +441,69 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 }
 
 /* One pass: op-accumulate x over the row, or x's squared deviations from
- * mh + ml. The result; a float sum's low part in *lo. */
+ * mh + ml. The result; a float sum's low part in *lo.
+ *
+ * On the host a pass is a loop whose steps are vectors of L lanes, and
+ * FZ_HOST_ACCS accumulators take turns: one accumulator makes every step
+ * wait for the last one's add (3 to 4 cycles, where the core could start
+ * two adds per cycle); the row's last steps, fewer than a turn, go to the
+ * first. */
+#define FZ_HOST_ACCS 4
+
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo)
 {
-	accum A;
-	acc_init(g, R, &A, op, cg_ctype(g, x->type.dtype));
+	accum A[FZ_HOST_ACCS];
+	T t = cg_ctype(g, x->type.dtype);
 	V vals[FZ_VW_MAX];
+	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+	int n = g->o.target == FZ_CG_HOST ? FZ_HOST_ACCS : 1;
+	for (int i = 0; i < n; i++)
+		acc_init(g, R, &A[i], op, t);
 	if (R->S) {
 		for (int k = 0; k < R->S; k++) {
 			cg_value(g, x, R->L, &R->ix[k * R->L], vals);
-			acc_step(g, R, &A, vals, R->valid[k], mh, ml);
+			acc_step(g, R, &A[0], vals, R->valid[k], mh, ml);
 		}
-	} else {
-		cg_loop L;
-		row_loop_begin(g, R, &L);
-		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-		row_lanes(g, R, L.iv, ix);
-		cg_value(g, x, R->L, ix, vals);
-		acc_step(g, R, &A, vals, NULL, mh, ml);
-		cg_loop_end(g, &L);
+		return acc_finish(g, R, A, n, lo);
 	}
-	return acc_finish(g, R, &A, lo);
+	V rest = c_int(g->ity, 0);
+	if (n > 1) {
+		/* host: R's threads are one (tid_in_row 0, nthr 1) */
+		V turn = c_int(g->ity, n * R->L);
+		rest = mul(g, udiv(g, R->count, turn), turn);
+		cg_loop M;
+		cg_loop_begin(g, &M, c_int(g->ity, 0), rest, turn);
+		for (int i = 0; i < n; i++) {
+			row_lanes(g, R, add(g, M.iv, c_int(g->ity, i * R->L)), ix);
+			cg_value(g, x, R->L, ix, vals);
+			acc_step(g, R, &A[i], vals, NULL, mh, ml);
+		}
+		cg_loop_end(g, &M);
+	}
+	cg_loop L;
+	if (n > 1)
+		cg_loop_begin(g, &L, rest, R->count, c_int(g->ity, R->L));
+	else
+		row_loop_begin(g, R, &L);
+	row_lanes(g, R, L.iv, ix);
+	cg_value(g, x, R->L, ix, vals);
+	acc_step(g, R, &A[0], vals, NULL, mh, ml);
+	cg_loop_end(g, &L);
+	return acc_finish(g, R, A, n, lo);
 }
 
-/* hi + lo rounded once; divided by den (or not, NULL) in f64 for f32
- * data and rounded once, as the interpreter divides its f64 sum. */
-static V pair_value(cg *g, V hi, V lo, V den)
+/* hi + lo rounded once, in rt (the type of the values summed); divided by
+ * den (or not, NULL) in f64 for f32 data and rounded once, as the
+ * interpreter divides its f64 sum. A wide sum's hi is f64 already. */
+static V pair_value(cg *g, V hi, V lo, V den, T rt)
 {
-	T t = type_of(hi);
-	if (!den)
-		return pair_sum(g, hi, lo, t);
-	if (t != t_f32(g))
-		return fdiv(g, pair_sum(g, hi, lo, t), den);
+	if (rt != t_f32(g))
+		return den ? fdiv(g, pair_sum(g, hi, lo, rt), den) : pair_sum(g, hi, lo, rt);
+	if (!den && type_of(hi) == rt)
+		return pair_sum(g, hi, lo, rt);
 	T d = t_f64(g);
-	return fptrunc(g, fdiv(g, pair_sum(g, hi, lo, d), fpext(g, den, d)), t);
+	V s = pair_sum(g, hi, lo, d);
+	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
 static void reduce_node(cg *g, rows *R, const fz_node *n)
@@ -443,7 +515,8 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	V lo = NULL;
 	if (n->op != FZ_OP_VAR_MEAN) {
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo);
-		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL) : r, d);
+		T rt = cg_ctype(g, x->type.dtype);
+		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d);
 		return;
 	}
 	/* the mean in f64 (f32 data) and split into mh + ml, so that the
@@ -465,7 +538,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
-	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv), d);
+	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
 	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
 }
 

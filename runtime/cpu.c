@@ -14,15 +14,26 @@
  * copies are plain memory moves, events are no-ops and sync has nothing
  * to wait for; collectives are those of a world of one.
  *
+ * Fresh memory. A large block fresh from malloc (glibc maps anything of
+ * 32 MiB or more anew per call, so every torch.empty of a big output is
+ * one) faults on its first touch once per 4 KiB page: 8192 faults for a
+ * 32 MiB output, which on a VM cost more than the kernel that writes it
+ * (33 ms against 12 ms to fill 32 MiB, measured here). Arenas and the
+ * outputs a run is handed are advised to use transparent huge pages
+ * where the system leaves them to madvise, 512 times fewer faults.
+ *
  * There is one CPU device per process, shared by every program on it (the
  * kernel store then loads each key once); it lives while a program holds
  * it. Its pool has fz_exec_options.threads threads, else $FUSEC_THREADS,
  * else as many as the CPUs this process may run on, as the program that
  * opens it asks; programs that open it while it lives share that pool.
  */
+#define _DEFAULT_SOURCE /* madvise */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "blas.h"
 #include "comm.h"
@@ -94,15 +105,29 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 	return FZ_OK;
 }
 
-static fz_status cpu_alloc(fz_device *d, size_t n, void **p, char **err)
+#define THP_BYTES ((uintptr_t)2 << 20)  /* an x86-64 huge page */
+
+/* Huge pages for the whole huge pages inside p[0..n), if n is large. */
+static void cpu_fresh(fz_device *d, void *p, size_t n)
 {
 	(void)d;
+	if (n < 2 * THP_BYTES)
+		return;
+	uintptr_t a = ((uintptr_t)p + THP_BYTES - 1) & ~(THP_BYTES - 1);
+	uintptr_t e = ((uintptr_t)p + n) & ~(THP_BYTES - 1);
+	if (e > a)
+		(void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+}
+
+static fz_status cpu_alloc(fz_device *d, size_t n, void **p, char **err)
+{
 	n = (n + 255) / 256 * 256;
 	*p = aligned_alloc(256, n ? n : 256);
 	if (!*p) {
 		fz_set_err(err, fz_strdup_printf("out of memory (%zu bytes)", n));
 		return FZ_ENOMEM;
 	}
+	cpu_fresh(d, *p, n);
 	memset(*p, 0, n ? n : 256);
 	return FZ_OK;
 }
@@ -256,6 +281,7 @@ const fz_target fz_target_cpu = {
 	.upload = cpu_move,
 	.download = cpu_move,
 	.copy = cpu_copy,
+	.fresh = cpu_fresh,
 	.load = cpu_load,
 	.launch = cpu_launch,
 	.matmul = cpu_matmul,

@@ -987,6 +987,12 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	}
 	for (int i = 0; i < n_in && st == FZ_OK; i++)
 		ib[i] = input_ptr(x, pp, i, &in[i], stream, &st, err);
+	for (int k = 0; k < n_out && tg->fresh; k++) {
+		size_t n = fz_dtype_size(out[k].dtype);
+		for (int d = 0; d < out[k].rank; d++)
+			n *= (size_t)out[k].shape[d];
+		tg->fresh(dev, out[k].data, n);
+	}
 	char *arena = pp->arena;
 	int32_t *flag = (int32_t *)(arena + pp->flag_off);
 	static const int32_t zero = 0;

@@ -161,8 +161,10 @@ const char *fz_kctx_first_unsupported(const fz_kctx *cx)
 
 static void kinst_free(fz_kinst *ki)
 {
-	if (ki)
+	if (ki) {
 		fz_canon_free(ki->cn);
+		free(ki->folded);
+	}
 	free(ki);
 }
 
@@ -249,6 +251,88 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 	ki->node[0] = n;
 	ki->src = (fz_region){id, FZ_REGION_POINTWISE, 1, ki->node, ni, ki->ins,
 			      n->n_out, n->out};
+}
+
+/* Region r as its kernel computes it, with the strided views it reads
+ * folded in. A view the runner would otherwise gather into the arena
+ * before the launch (a weight broadcast over the rows of a layer_norm, a
+ * bias over a batch, a transposed operand) becomes the meta ops that make
+ * it from its base, so the kernel reads the base where its data lies and
+ * no copy runs: broadcast_in_dim, permute, slice and reshape are index
+ * arithmetic to the skeletons. A view made by reshapes alone stays an
+ * input (it points into its base at no cost). The choice depends on the
+ * trace alone, never on the sizes, so that `fusec compile` at symbolic
+ * sizes keys the kernels a run at bound sizes asks for. False: out of
+ * memory. */
+static bool in_list(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
+static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
+{
+	ki->src = *r;
+	if (!p->view_of || r->n_in > FZ_MAX_ARGS)
+		return true;
+	int cap = 0;
+	for (int i = 0; i < r->n_in; i++)
+		for (fz_value *x = r->in[i]; p->view_of[x->id]; x = p->view_of[x->id]->node->in[0])
+			cap++;
+	if (cap == 0)
+		return true;
+	fz_node **nodes = malloc(sizeof *nodes * (size_t)(cap + r->n_nodes));
+	if (!nodes)
+		return false;
+	int n_pre = 0;
+	for (int i = 0; i < r->n_in; i++) {
+		int first = n_pre;
+		bool ok = true, strided = false;
+		for (fz_value *x = r->in[i]; ok && p->view_of[x->id]; x = x->def->in[0]) {
+			fz_node *n = p->view_of[x->id]->node;
+			ok = n->n_in == 1 && n == x->def;
+			strided |= n->op != FZ_OP_RESHAPE && n->op != FZ_OP_SQUEEZE &&
+				   n->op != FZ_OP_UNSQUEEZE;
+			bool seen = false;
+			for (int k = 0; k < n_pre && !seen; k++)
+				seen = nodes[k] == n;
+			if (!seen)
+				nodes[n_pre++] = n;
+		}
+		if (!ok || !strided)
+			n_pre = first;
+		/* walked from v to its base: the ops in the order they run */
+		for (int j = first, k = n_pre - 1; j < k; j++, k--) {
+			fz_node *tmp = nodes[j];
+			nodes[j] = nodes[k];
+			nodes[k] = tmp;
+		}
+	}
+	if (n_pre == 0) {
+		free(nodes);
+		return true;
+	}
+	memcpy(nodes + n_pre, r->nodes, sizeof *nodes * (size_t)r->n_nodes);
+	/* the inputs now: what the nodes read that no node makes (what r's
+	 * own nodes read from outside r's inputs, r's nodes make) */
+	int n_in = 0;
+	for (int i = 0; i < n_pre + r->n_nodes; i++)
+		for (int k = 0; k < nodes[i]->n_in; k++) {
+			fz_value *v = nodes[i]->in[k];
+			bool made = i >= n_pre && !in_list(r->in, r->n_in, v);
+			for (int j = 0; j < n_pre && !made; j++)
+				made = nodes[j] == v->def;
+			if (!made && !in_list(ki->ins, n_in, v))
+				ki->ins[n_in++] = v;
+		}
+	ki->folded = nodes;
+	ki->src.n_nodes = n_pre + r->n_nodes;
+	ki->src.nodes = nodes;
+	ki->src.n_in = n_in;
+	ki->src.in = ki->ins;
+	return true;
 }
 
 static fz_status kinst_key(fz_kctx *cx, const fz_trace *t, fz_kinst *ki, char **err)
@@ -625,9 +709,8 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		int vec = vectorize_of(p, r, at);
 		for (int w = 0; w < n_widths; w++) {
 			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec);
-			if (!ki)
+			if (!ki || !kinst_fold_views(ki, p, r))
 				goto oom;
-			ki->src = *r;
 			if (w == 0)
 				ks->whole[r->id] = ki;
 		}

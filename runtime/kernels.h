@@ -33,7 +33,9 @@ typedef struct fz_kcode_rec {
 typedef struct fz_kinst {
 	fz_region src;              /* what it computes */
 	fz_node *node[1];           /* src's nodes when it is one op */
-	fz_value *ins[FZ_MAX_ARGS]; /* src's inputs when it is one op */
+	fz_value *ins[FZ_MAX_ARGS]; /* src's inputs when it is one op, or
+	                             * when strided views are folded in */
+	fz_node **folded;           /* src's nodes then (malloc) */
 	int region;                 /* plan region id (-1: a reshape copy) */
 	int op;                     /* -1: the whole region; else the op's index */
 	int variant;                /* idx32 * 2 + vectorize */

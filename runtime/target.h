@@ -160,6 +160,11 @@ struct fz_target {
 	                      void *stream, char **err);
 	fz_status (*copy)(fz_device *dev, void *dst, const void *src, size_t es,
 	                  const fz_layout *lay, void *stream, char **err);
+	/* Optional (NULL: none): p[0..n) is an output the caller handed a
+	 * run, about to be written whole; a host target may prepare fresh
+	 * memory for that (cpu: transparent huge pages). No status: it is
+	 * advice, and a run does the same without it. */
+	void (*fresh)(fz_device *dev, void *p, size_t n);
 
 	/* Kernels. load turns code into fn[0..k->n_entries) (host functions,
 	 * CUfunctions, ...); launch runs every entry of k in order over bufs
