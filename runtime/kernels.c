@@ -6,8 +6,10 @@
  * kernels of split regions and the copies of reshapes); now this file is
  * the one answer. For a plan at bound sizes:
  *
- *   1. enumerate   each kernel region; the copy kernel of every reshape
- *                  that is not a view at these sizes;
+ *   1. enumerate   each kernel region, with the strided views it reads
+ *                  folded in (kinst_fold_views: it reads their bases, so
+ *                  no gather runs before it); the copy kernel of every
+ *                  reshape that is not a view at these sizes;
  *   2. variant     32-bit indexing when every value of the trace has fewer
  *                  than 2^31/8 elements (unbound sizes: both widths), and
  *                  vectorized when every buffer the kernel reads will be
@@ -253,6 +255,14 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 			      n->n_out, n->out};
 }
 
+static bool in_list(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
 /* Region r as its kernel computes it, with the strided views it reads
  * folded in. A view the runner would otherwise gather into the arena
  * before the launch (a weight broadcast over the rows of a layer_norm, a
@@ -264,14 +274,6 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
  * trace alone, never on the sizes, so that `fusec compile` at symbolic
  * sizes keys the kernels a run at bound sizes asks for. False: out of
  * memory. */
-static bool in_list(fz_value *const *vs, int n, const fz_value *v)
-{
-	for (int i = 0; i < n; i++)
-		if (vs[i] == v)
-			return true;
-	return false;
-}
-
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
 {
 	ki->src = *r;
@@ -290,9 +292,10 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 	for (int i = 0; i < r->n_in; i++) {
 		int first = n_pre;
 		bool ok = true, strided = false;
-		for (fz_value *x = r->in[i]; ok && p->view_of[x->id]; x = x->def->in[0]) {
+		for (fz_value *x = r->in[i]; ok && p->view_of[x->id];
+		     x = p->view_of[x->id]->node->in[0]) {
 			fz_node *n = p->view_of[x->id]->node;
-			ok = n->n_in == 1 && n == x->def;
+			ok = n->n_in == 1;
 			strided |= n->op != FZ_OP_RESHAPE && n->op != FZ_OP_SQUEEZE &&
 				   n->op != FZ_OP_UNSQUEEZE;
 			bool seen = false;

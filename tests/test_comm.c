@@ -7,7 +7,8 @@
  * under the inflight cap, reduce-scatters right after their gradient with
  * their waits at the end, small gathers in buckets of at most bucket_bytes;
  * then the scheduled trace, printed, parsed and planned again, prints the
- * same. The communicator: exact results across threads, a rank that never
+ * same; counted work per op stays flat from 8 to 64 layers. The
+ * communicator: exact results across threads, a rank that never
  * joins is a timeout naming it, ranks that call different collectives are
  * an error, and an aborting rank frees the others at once.
  */
@@ -392,6 +393,75 @@ START_TEST(schedules_are_valid)
 }
 END_TEST
 
+/* An FSDP-shaped step of `layers` layers at world 2: each layer gathers a
+ * weight and a norm vector, and reduce-scatters its weight's gradient;
+ * written naively (every gather and wait at the top, every scatter and
+ * wait at the bottom). */
+static char *fsdp_step(int layers)
+{
+	fz_buf b = {0};
+	fz_buf_puts(&b, "trace s(h0: f32[16, 128]");
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, ", w%d_s: f32[64, 128], n%d_s: f32[64]", i, i);
+	fz_buf_puts(&b, ") world 2 {\n");
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, "  w%df = all_gather(w%d_s, dim=0)\n"
+			      "  n%df = all_gather(n%d_s, dim=0)\n", i, i, i, i);
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, "  w%d = wait(w%df)\n  n%d = wait(n%df)\n", i, i, i, i);
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, "  h%d = relu(mul(linear(h%d, w%d), n%d))\n", i + 1,
+			      i, i, i);
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, "  d%d = matmul(transpose(h%d, 0, 1), h%d)\n"
+			      "  d%df = reduce_scatter(d%d, dim=0)\n", i, i + 1, i, i, i);
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, "  g%d = wait(d%df)\n", i, i);
+	fz_buf_printf(&b, "  return h%d", layers);
+	for (int i = 0; i < layers; i++)
+		fz_buf_printf(&b, ", g%d", i);
+	fz_buf_puts(&b, "\n}\n");
+	char *src = fz_buf_take(&b);
+	ck_assert_ptr_nonnull(src);
+	return src;
+}
+
+static void fsdp_work(int layers, double *per_op)
+{
+	char *src = fsdp_step(layers);
+	fz_module *m = parse(src);
+	free(src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_plan_options o;
+	fz_plan_defaults(&o);
+	o.max_inflight_bytes = 3 * 128 * 128 * 4; /* a cap that binds */
+	fz_program *p = plan(t, &o);
+	int ops = fz_trace_op_count(t);
+	for (int k = FZ_PASS_WAITS; k <= FZ_PASS_BUCKET; k++) {
+		ck_assert_msg(p->pass_work[k] > 0, "%s counted no work", fz_pass_names[k]);
+		per_op[k] = (double)p->pass_work[k] / ops;
+	}
+	ck_assert_int_gt(p->comm_buckets, 0);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+
+/* Counted work per op of each communication pass at 64 layers is at most
+ * twice that at 8 (comm.c's essay: no scan of every collective per step). */
+START_TEST(comm_work_per_op_flat)
+{
+	double w8[FZ_PASS_COUNT], w64[FZ_PASS_COUNT];
+	fsdp_work(8, w8);
+	fsdp_work(64, w64);
+	for (int k = FZ_PASS_WAITS; k <= FZ_PASS_BUCKET; k++) {
+		fprintf(stderr, "work per op, %s: %.1f at 8 layers, %.1f at 64\n",
+			fz_pass_names[k], w8[k], w64[k]);
+		ck_assert_msg(w64[k] <= 2 * w8[k], "%s: %.1f steps per op at 64 "
+			      "layers, %.1f at 8", fz_pass_names[k], w64[k], w8[k]);
+	}
+}
+END_TEST
+
 START_TEST(dump_after_comm_passes)
 {
 	fz_module *m = parse(two_layers);
@@ -616,6 +686,7 @@ static Suite *comm_suite(void)
 	tcase_add_test(tc, scheduled_trace_round_trip);
 	tcase_add_test(tc, schedules_are_valid);
 	tcase_add_test(tc, dump_after_comm_passes);
+	tcase_add_test(tc, comm_work_per_op_flat);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("communicator");
 	tcase_add_test(tc, comm_exact);
