@@ -12,7 +12,10 @@
  * (ir/collective.c: sums in f64 in rank order, one rounding), so N
  * emulated ranks are checked element by element against the interpreter.
  * NCCL (comm_nccl.c, opened at run time) is the GPU's engine: the CUDA
- * target enqueues its collectives on a communication stream.
+ * target enqueues its collectives on a communication stream, through the
+ * rank's fz_nccl that the caller set on the communicator (fz_comm_set_nccl);
+ * the host rendezvous then only starts ranks together (fz_comm_barrier)
+ * and spreads an abort.
  */
 #ifndef FUSEC_RUNTIME_COMM_H
 #define FUSEC_RUNTIME_COMM_H
@@ -38,11 +41,23 @@ fz_status fz_comm_collective(fz_comm *c, int rank, fz_opcode op, fz_dtype dt,
 /* Rank `rank` gives up (an error of its own); every rank waiting in, or
  * later entering, a collective fails at once with `why`. */
 void fz_comm_abort(fz_comm *c, int rank, const char *why);
+/* Waits until every rank has arrived (the same deadline and abort as a
+ * collective); on the host, outside any step: how ranks agree that all
+ * are ready before a device engine (NCCL) gets work no rank may abandon. */
+fz_status fz_comm_barrier(fz_comm *c, int rank, char **err);
 
-/* ---- NCCL (comm_nccl.c): untested on a GPU ---- */
+/* A device engine per rank (NCCL), kept beside the host rendezvous: the
+ * CUDA target enqueues rank r's collectives through fz_comm_nccl(c, r),
+ * and fz_comm_collective is then not used. NULL (the default): none; c
+ * does not own it. */
+typedef struct fz_nccl fz_nccl;
+void fz_comm_set_nccl(fz_comm *c, int rank, fz_nccl *n);
+fz_nccl *fz_comm_nccl(const fz_comm *c, int rank);
+
+/* ---- NCCL (comm_nccl.c): tested against a fake libnccl (tests/fake),
+ * never yet on a GPU ---- */
 
 #define FZ_NCCL_ID_BYTES 128
-typedef struct fz_nccl fz_nccl;
 
 /* Rank 0's ncclGetUniqueId (with NCCL_COMM_ID set, every rank's). Loads
  * libnccl.so.2 on first use: FZ_EUNSUPPORTED, saying so, where absent. */
@@ -57,12 +72,17 @@ fz_status fz_nccl_bootstrap_file(int rank, const char *path, double timeout_s,
 fz_status fz_nccl_new(int world, int rank, const unsigned char id[FZ_NCCL_ID_BYTES],
                       double timeout_s, fz_nccl **out, char **err);
 void fz_nccl_free(fz_nccl *c);
+/* ncclCommAbort, then frees c: what a rank does when a peer failed, so
+ * that collectives the peer will never join are cancelled on the device
+ * instead of waited for forever. */
+void fz_nccl_abort(fz_nccl *c);
 /* Enqueues op on `stream` (a cudaStream_t / CUstream) and returns: count is
  * the operand's elements (outer 1: along dim 0; all_reduce any). */
 fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t outer,
                              int64_t count, const void *x, void *y, void *stream,
                              char **err);
-/* ncclGroupStart (start) or ncclGroupEnd around a bucket's members. */
-fz_status fz_nccl_group(bool start, char **err);
+/* ncclGroupStart (start) or ncclGroupEnd around a bucket's members of
+ * communicator c (whose enqueueing ncclGroupEnd may leave in progress). */
+fz_status fz_nccl_group(fz_nccl *c, bool start, char **err);
 
 #endif

@@ -18,6 +18,11 @@
  * consecutive collectives apart; the communicator is unusable after a
  * failure (every later call fails at once), as an NCCL communicator is
  * after an error.
+ *
+ * Where the CUDA target runs the ranks, the same object carries each
+ * rank's NCCL engine (fz_comm_set_nccl): the collectives go to the device,
+ * and the host side only starts the ranks together (fz_comm_barrier) and
+ * spreads a rank's failure (fz_comm_abort).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -48,6 +53,7 @@ struct fz_comm {
 	char why[1024];
 	post *slots;
 	long *seq;             /* per rank: collectives entered */
+	fz_nccl **nccl;        /* per rank: its device engine, or NULL */
 };
 
 fz_status fz_comm_new(int world, double timeout_s, fz_comm **out)
@@ -60,9 +66,11 @@ fz_status fz_comm_new(int world, double timeout_s, fz_comm **out)
 		return FZ_ENOMEM;
 	c->slots = calloc((size_t)world, sizeof *c->slots);
 	c->seq = calloc((size_t)world, sizeof *c->seq);
-	if (!c->slots || !c->seq) {
+	c->nccl = calloc((size_t)world, sizeof *c->nccl);
+	if (!c->slots || !c->seq || !c->nccl) {
 		free(c->slots);
 		free(c->seq);
+		free(c->nccl);
 		free(c);
 		return FZ_ENOMEM;
 	}
@@ -86,7 +94,19 @@ void fz_comm_free(fz_comm *c)
 	pthread_cond_destroy(&c->cv);
 	free(c->slots);
 	free(c->seq);
+	free(c->nccl);
 	free(c);
+}
+
+void fz_comm_set_nccl(fz_comm *c, int rank, fz_nccl *n)
+{
+	if (rank >= 0 && rank < c->world)
+		c->nccl[rank] = n;
+}
+
+fz_nccl *fz_comm_nccl(const fz_comm *c, int rank)
+{
+	return rank >= 0 && rank < c->world ? c->nccl[rank] : NULL;
 }
 
 int fz_comm_world(const fz_comm *c) { return c->world; }
@@ -150,6 +170,18 @@ static fz_status barrier_locked(fz_comm *c, int rank, const char *what)
 		}
 	}
 	return c->generation != gen ? FZ_OK : FZ_EINVAL;
+}
+
+fz_status fz_comm_barrier(fz_comm *c, int rank, char **err)
+{
+	if (err)
+		*err = NULL;
+	pthread_mutex_lock(&c->mu);
+	fz_status st = barrier_locked(c, rank, "the barrier");
+	if (st != FZ_OK && err)
+		*err = fz_strdup_printf("the barrier: %s", c->failed ? c->why : "failed");
+	pthread_mutex_unlock(&c->mu);
+	return st;
 }
 
 static bool same_post(const post *a, const post *b)

@@ -1,16 +1,19 @@
 /*
  * comm_nccl.c: NCCL as the GPU's communication engine, opened at run time.
  *
- * UNTESTED ON A GPU. This build's machines have no GPU: what runs here is
- * the part that needs none (loading the library, making a unique id, the
- * file bootstrap; tests/test_comm.c). Forming a communicator and the
- * collectives are written against NCCL 2.x's documented API and have never
- * executed. The CUDA target (another part) calls them on its communication
- * stream.
+ * UNTESTED ON A GPU. This build's machines have no GPU. Written against
+ * NCCL 2.x's documented API (nccl.h), and run here against a fake libnccl
+ * (tests/fake/fake_nccl.c: the documented semantics on host memory, with
+ * threads as ranks; tests/test_cuda_api.c and tests/cuda_fake_run.sh) and,
+ * where a real libnccl is installed, for the unique id and the file
+ * bootstrap (tests/test_comm.c). The CUDA target (cuda.c) calls the
+ * collectives on its communication stream.
  *
  * Loading. libnccl.so.2 is opened with dlopen ($FUSEC_NCCL_LIBRARY first),
  * so the library builds and links with no NCCL installed, and its absence
- * is a clear status, not a failed link.
+ * is a clear status, not a failed link. Where the build finds the
+ * toolkit's nccl.h, the types, constants and config layout used here are
+ * checked against it at compile time.
  *
  * Bootstrap: the ranks agree on one ncclUniqueId (128 bytes) made by rank 0
  * with ncclGetUniqueId, then each calls ncclCommInitRank. How the id
@@ -62,6 +65,50 @@ typedef struct nccl_config {
 
 enum { NCCL_SUCCESS = 0, NCCL_IN_PROGRESS = 7, NCCL_SUM = 0 };
 #define NCCL_UNDEF_INT (-2147483647 - 1)
+
+/* Where the build finds the toolkit's nccl.h, what is declared here is
+ * checked against it: the config prefix's layout, the constants, and the
+ * types of the entry points (as the driver's are in cuda_api.c). */
+#if defined(FZ_HAVE_CUDA_H) && defined(__has_include)
+#if __has_include(<nccl.h>)
+#include <stddef.h>
+#include <nccl.h>
+#define FZ_NCCL_SAME_AT(f1, f2) \
+	_Static_assert(offsetof(nccl_config, f1) == offsetof(ncclConfig_t, f2), \
+		       "ncclConfig_t." #f2 " is elsewhere than here");
+FZ_NCCL_SAME_AT(size, size)
+FZ_NCCL_SAME_AT(magic, magic)
+FZ_NCCL_SAME_AT(version, version)
+FZ_NCCL_SAME_AT(blocking, blocking)
+FZ_NCCL_SAME_AT(cga_cluster_size, cgaClusterSize)
+FZ_NCCL_SAME_AT(min_ctas, minCTAs)
+FZ_NCCL_SAME_AT(max_ctas, maxCTAs)
+FZ_NCCL_SAME_AT(net_name, netName)
+_Static_assert(sizeof(nccl_id) == sizeof(ncclUniqueId), "ncclUniqueId's size");
+_Static_assert((int)NCCL_SUCCESS == (int)ncclSuccess &&
+	       (int)NCCL_IN_PROGRESS == (int)ncclInProgress &&
+	       (int)NCCL_SUM == (int)ncclSum && NCCL_UNDEF_INT == NCCL_CONFIG_UNDEF_INT,
+	       "NCCL's constants");
+_Static_assert(ncclInt8 == 0 && ncclUint8 == 1 && ncclInt32 == 2 && ncclInt64 == 4 &&
+	       ncclFloat16 == 6 && ncclFloat32 == 7 && ncclFloat64 == 8 &&
+	       ncclBfloat16 == 9, "NCCL's data types");
+#define FZ_NCCL_TYPE(f, params) \
+	_Static_assert(_Generic(&f, ncclResult_t(*) params: 1, default: 0), \
+		       "the type of " #f " differs from nccl.h");
+FZ_NCCL_TYPE(ncclGetUniqueId, (ncclUniqueId *))
+FZ_NCCL_TYPE(ncclCommInitRankConfig, (ncclComm_t *, int, ncclUniqueId, int,
+				      ncclConfig_t *))
+FZ_NCCL_TYPE(ncclCommGetAsyncError, (ncclComm_t, ncclResult_t *))
+FZ_NCCL_TYPE(ncclCommAbort, (ncclComm_t))
+FZ_NCCL_TYPE(ncclCommDestroy, (ncclComm_t))
+FZ_NCCL_TYPE(ncclAllGather, (const void *, void *, size_t, ncclDataType_t,
+			     ncclComm_t, cudaStream_t))
+FZ_NCCL_TYPE(ncclReduceScatter, (const void *, void *, size_t, ncclDataType_t,
+				 ncclRedOp_t, ncclComm_t, cudaStream_t))
+FZ_NCCL_TYPE(ncclAllReduce, (const void *, void *, size_t, ncclDataType_t,
+			     ncclRedOp_t, ncclComm_t, cudaStream_t))
+#endif
+#endif
 
 static struct {
 	void *lib;
@@ -271,6 +318,37 @@ void fz_nccl_free(fz_nccl *c)
 	free(c);
 }
 
+/* A non-blocking communicator may answer a call with ncclInProgress: the
+ * call is being enqueued, and NCCL asks that the caller poll
+ * ncclCommGetAsyncError until it is done before the next call. This waits
+ * for the host-side enqueue, not for the device. */
+static fz_status enqueued(fz_nccl *c, const char *what, char **err)
+{
+	double end = fz_now() + 60;
+	int state = NCCL_IN_PROGRESS;
+	while (state == NCCL_IN_PROGRESS) {
+		int rc = api.get_async_error(c->comm, &state);
+		if (rc != NCCL_SUCCESS)
+			state = rc;
+		if (state == NCCL_IN_PROGRESS && fz_now() > end) {
+			if (err)
+				*err = fz_strdup_printf("%s: NCCL did not enqueue it within "
+							"60 s", what);
+			return FZ_ERUNTIME;
+		}
+	}
+	return state == NCCL_SUCCESS ? FZ_OK : nccl_fail(state, what, err);
+}
+
+void fz_nccl_abort(fz_nccl *c)
+{
+	if (!c)
+		return;
+	if (c->comm)
+		api.abort(c->comm);
+	free(c);
+}
+
 static int nccl_dtype(fz_dtype d)
 {
 	switch (d) {
@@ -328,12 +406,14 @@ fz_status fz_nccl_collective(fz_nccl *c, fz_opcode op, fz_dtype dt, int64_t oute
 	default:
 		return FZ_EINVAL;
 	}
-	if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS)
+	if (rc == NCCL_IN_PROGRESS)
+		return enqueued(c, fz_ops[op].name, err);
+	if (rc != NCCL_SUCCESS)
 		return nccl_fail(rc, fz_ops[op].name, err);
 	return FZ_OK;
 }
 
-fz_status fz_nccl_group(bool start, char **err)
+fz_status fz_nccl_group(fz_nccl *c, bool start, char **err)
 {
 	if (err)
 		*err = NULL;
@@ -341,6 +421,9 @@ fz_status fz_nccl_group(bool start, char **err)
 	if (st != FZ_OK)
 		return st;
 	int rc = start ? api.group_start() : api.group_end();
+	/* a group of a non-blocking communicator may still be enqueueing */
+	if (rc == NCCL_IN_PROGRESS && !start && c)
+		return enqueued(c, "ncclGroupEnd", err);
 	if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS)
 		return nccl_fail(rc, start ? "ncclGroupStart" : "ncclGroupEnd", err);
 	return FZ_OK;

@@ -17,15 +17,29 @@
  *              PTX through the driver's JIT; one module per kernel key per
  *              process (kernels.c calls load once per key), every entry
  *              point looked up once
- *     launch   cuLaunchKernel per entry, the grid from
- *              fz_kernel_launch_dims (the code generator's, shared with the
- *              emulator), the parameters pointed at in place: the buffer
- *              pointers, the flag word, then the kernel's symbols' sizes;
- *              nothing is allocated or copied per launch
+ *     pack     once per kernel step when a plan is prepared: the grid
+ *              from fz_kernel_launch_dims_on (the code generator's, shared
+ *              with the emulator) at the plan's sizes and this device's
+ *              multiprocessor count, and one parameter block: the buffer
+ *              pointers (pointed at in the runner's array, which a run
+ *              refills), the flag word, then the kernel's symbols' sizes
+ *     launch   cuLaunchKernel per entry over the packed block: a run
+ *              builds, allocates and computes nothing per launch
+ *     zero     cuMemsetD32Async (the flag word's reset)
  *     matmul   cuBLASLt (cublaslt.c), heuristics cached per shape
+ *     collective  through the rank's NCCL communicator (comm.h) on the
+ *              device's communication stream, which first waits for the
+ *              compute stream (an event); an event recorded after it is
+ *              what the trace's `wait` makes the compute stream wait on.
+ *              A bucket's members are one NCCL group (one launch), forked
+ *              and joined once. No communicator: world 1, the identity
+ *              (a copy)
  *     copy     a strided view made contiguous by a small gather kernel
  *              written here in PTX (four entries by element size)
  *     sync     cuStreamSynchronize
+ *     graphs   cuStreamBeginCapture (thread-local mode), cuStreamEndCapture,
+ *              cuGraphInstantiate, cuGraphLaunch: fz_exec_run_graph
+ *              captures a whole run on the caller's stream and replays it
  *
  * Every driver call's status is checked and reported with the call and
  * what it was for: "cuLaunchKernel (region 12, fz_3f2a..., grid 528 x 256):
@@ -51,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "cuda_api.h"
 #include "cuda_target.h"
 #include "ir.h"
@@ -335,6 +350,10 @@ static void cu_close(fz_device *dev)
 		for (int i = 0; i < 2; i++)
 			if (d->timer[i])
 				d->cu->EventDestroy(d->timer[i]);
+		if (d->fork)
+			d->cu->EventDestroy(d->fork);
+		if (d->comm)
+			d->cu->StreamDestroy(d->comm);
 		for (int i = 0; i < d->n_mods; i++)
 			d->cu->ModuleUnload(d->mods[i]);
 		if (d->copy_mod)
@@ -668,7 +687,7 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 		 * kernel was compiled to */
 		int64_t zero[FZ_MAX_SYMS] = {0}, grid;
 		int block = 0, maxt = 0;
-		fz_kernel_launch_dims(k, e, zero, &grid, &block);
+		fz_kernel_launch_dims_on(k, e, zero, d->hd.sm_count, &grid, &block);
 		if ((r = d->cu->FuncGetAttribute(&maxt, FZ_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
 		                                 f)) != FZ_CUDA_SUCCESS) {
 			st = fz_cu_fail(d->cu, err, r, "cuFuncGetAttribute", what);
@@ -693,44 +712,125 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 
 #define MAX_PARAMS (2 * 64 + 1 + FZ_MAX_SYMS)
 
-static fz_status cu_launch(fz_device *dev, const fz_kernel *k, void *const *fn,
+/* A launch fixed at prepare (fz_target.pack): per entry its function and
+ * geometry, from the code generator's launch dims at the plan's sizes and
+ * this device's multiprocessors; one parameter block, args[], pointing at
+ * the runner's buffer array (refilled per run), the flag word and the
+ * kernel's symbols' sizes kept here. cuLaunchKernel copies the values
+ * when it queues the launch, so one block serves every run. */
+typedef struct cu_packed {
+	int region, n_entries;
+	char names[2][sizeof ((fz_kernel *)0)->names[0]];
+	CUfunction fn[2];
+	unsigned grid[2], block[2];
+	int32_t *flag;
+	int64_t sym[FZ_MAX_SYMS];
+	void *args[MAX_PARAMS];
+} cu_packed;
+
+static fz_status pack_into(cu_dev *d, const fz_kernel *k, void *const *fn,
                            void **bufs, const int64_t *syms, int32_t *flag,
-                           void *stream, char **err)
+                           cu_packed *p, char **err)
 {
-	cu_dev *d = cu_of(dev);
 	int nb = k->n_in + k->n_out;
-	if (nb + 1 + k->n_syms > MAX_PARAMS) {
+	if (nb + 1 + k->n_syms > MAX_PARAMS || k->n_entries > 2) {
 		fz_set_err(err, fz_strdup_printf("region %d: %d parameters are more than "
 		                              "a launch takes", k->region, nb + 1 + k->n_syms));
 		return FZ_EUNSUPPORTED;
 	}
-	/* the parameters are pointed at where they are: the driver copies
-	 * them when the launch is queued */
-	void *args[MAX_PARAMS];
-	for (int i = 0; i < nb; i++)
-		args[i] = &bufs[i];
-	args[nb] = &flag;
-	for (int j = 0; j < k->n_syms; j++)
-		args[nb + 1 + j] = (void *)&syms[k->syms[j]];
-	ENTER(d, err, "a launch");
+	p->region = k->region;
+	p->n_entries = k->n_entries;
+	p->flag = flag;
 	for (int e = 0; e < k->n_entries; e++) {
 		int64_t grid;
 		int block;
-		fz_kernel_launch_dims(k, e, syms, &grid, &block);
-		if (grid > INT32_MAX)
-			grid = INT32_MAX;
-		CUresult r = d->cu->LaunchKernel((CUfunction)fn[e], (unsigned)grid, 1, 1,
-		                                 (unsigned)block, 1, 1, 0,
-		                                 (CUstream)stream, args, NULL);
+		fz_kernel_launch_dims_on(k, e, syms, d->hd.sm_count, &grid, &block);
+		p->fn[e] = (CUfunction)fn[e];
+		p->grid[e] = (unsigned)(grid > INT32_MAX ? INT32_MAX : grid);
+		p->block[e] = (unsigned)block;
+		memcpy(p->names[e], k->names[e], sizeof p->names[e]);
+	}
+	for (int i = 0; i < nb; i++)
+		p->args[i] = &bufs[i];
+	p->args[nb] = &p->flag;
+	for (int j = 0; j < k->n_syms; j++) {
+		p->sym[j] = syms[k->syms[j]];
+		p->args[nb + 1 + j] = &p->sym[j];
+	}
+	return FZ_OK;
+}
+
+static fz_status launch_packed(cu_dev *d, cu_packed *p, void *stream, char **err)
+{
+	ENTER(d, err, "a launch");
+	for (int e = 0; e < p->n_entries; e++) {
+		CUresult r = d->cu->LaunchKernel(p->fn[e], p->grid[e], 1, 1, p->block[e],
+		                                 1, 1, 0, (CUstream)stream, p->args, NULL);
 		if (r != FZ_CUDA_SUCCESS) {
 			LEAVE(d);
 			char what[160];
-			snprintf(what, sizeof what, "region %d, %s, grid %" PRId64 " x %d",
-			         k->region, k->names[e], grid, block);
+			snprintf(what, sizeof what, "region %d, %s, grid %u x %u",
+			         p->region, p->names[e], p->grid[e], p->block[e]);
 			return fz_cu_fail(d->cu, err, r, "cuLaunchKernel", what);
 		}
 	}
 	LEAVE(d);
+	return FZ_OK;
+}
+
+static fz_status cu_pack(fz_device *dev, const fz_kernel *k, void *const *fn,
+                         void **bufs, const int64_t *syms, int32_t *flag,
+                         void **pk, char **err)
+{
+	*pk = NULL;
+	cu_packed *p = calloc(1, sizeof *p);
+	if (!p) {
+		fz_set_err(err, fz_strdup("out of memory"));
+		return FZ_ENOMEM;
+	}
+	fz_status st = pack_into(cu_of(dev), k, fn, bufs, syms, flag, p, err);
+	if (st != FZ_OK) {
+		free(p);
+		return st;
+	}
+	*pk = p;
+	return FZ_OK;
+}
+
+static fz_status cu_launch_packed(fz_device *dev, void *pk, void *stream, char **err)
+{
+	return launch_packed(cu_of(dev), pk, stream, err);
+}
+
+static void cu_unpack(fz_device *dev, void *pk)
+{
+	(void)dev;
+	free(pk);
+}
+
+/* The same launch packed on the spot (a caller with no prepared plan). */
+static fz_status cu_launch(fz_device *dev, const fz_kernel *k, void *const *fn,
+                           void **bufs, const int64_t *syms, int32_t *flag,
+                           void *stream, char **err)
+{
+	cu_packed p;
+	fz_status st = pack_into(cu_of(dev), k, fn, bufs, syms, flag, &p, err);
+	return st == FZ_OK ? launch_packed(cu_of(dev), &p, stream, err) : st;
+}
+
+static fz_status cu_zero(fz_device *dev, void *p, size_t n, void *stream,
+                         char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a reset");
+	CUresult r = d->cu->MemsetD32Async((CUdeviceptr)(uintptr_t)p, 0, n / 4,
+	                                   (CUstream)stream);
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS) {
+		char what[64];
+		snprintf(what, sizeof what, "a reset of %zu bytes", n);
+		return fz_cu_fail(d->cu, err, r, "cuMemsetD32Async", what);
+	}
 	return FZ_OK;
 }
 
@@ -756,26 +856,138 @@ static fz_status cu_matmul(fz_device *dev, const fz_matmul *m, void *stream,
 	return st;
 }
 
-/* One process, one device: a collective over a world of 1 is the identity
- * (all_gather and reduce_scatter of one rank keep every element). */
+static fz_status event_of(cu_dev *d, int ev, CUevent *out, char **err);
+
+/* The communication stream and the fork event, made once per device. */
+static fz_status comm_stream(cu_dev *d, char **err)
+{
+	pthread_mutex_lock(&d->mu);
+	CUresult r = FZ_CUDA_SUCCESS;
+	const char *call = "cuStreamCreate";
+	if (!d->comm)
+		r = d->cu->StreamCreate(&d->comm, FZ_CU_STREAM_NON_BLOCKING);
+	if (r == FZ_CUDA_SUCCESS && !d->fork) {
+		call = "cuEventCreate";
+		r = d->cu->EventCreate(&d->fork, FZ_CU_EVENT_DISABLE_TIMING);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, call,
+	                                         "the communication stream");
+}
+
+/* A collective. Without a communicator (one process, one device, world 1)
+ * it is the identity: all_gather and reduce_scatter of one rank keep every
+ * element, a copy on the compute stream. With one, through the rank's
+ * NCCL engine on the communication stream:
+ *
+ *     compute:  ... producer of x ... record(fork)
+ *     comm:     wait(fork) -> nccl op(x -> y) -> record(event)
+ *     compute:  (the wait step) wait(event) -> consumers of y
+ *
+ * so the operand is complete before NCCL reads it, the result's buffer is
+ * no longer read by earlier work, and nothing blocks the host. */
 static fz_status cu_collective(fz_device *dev, const fz_collective *c,
                                void *stream, char **err)
 {
 	cu_dev *d = cu_of(dev);
-	if (c->x == c->y)
-		return FZ_OK;
-	size_t n = (size_t)(c->outer * c->extent * c->inner) * fz_dtype_size(c->dtype);
-	if (!n)
-		return FZ_OK;
-	char what[64];
+	char what[96];
 	snprintf(what, sizeof what, "the collective of region %d", c->region);
+	struct fz_nccl *nc = c->comm ? fz_comm_nccl(c->comm, c->rank) : NULL;
+	if (c->comm && !nc) {
+		fz_set_err(err, fz_strdup_printf("%s: rank %d of %d has no NCCL "
+		                              "communicator (the CUDA target runs "
+		                              "collectives through NCCL: "
+		                              "fz_cuda_nccl_new, fz_comm_set_nccl)",
+		                              what, c->rank, fz_comm_world(c->comm)));
+		return FZ_EINVAL;
+	}
+	size_t n = (size_t)(c->outer * c->extent * c->inner) * fz_dtype_size(c->dtype);
+	if (!nc && (c->x == c->y || !n))
+		return FZ_OK;
 	ENTER(d, err, what);
-	CUresult r = d->cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->y,
-	                                    (CUdeviceptr)(uintptr_t)c->x, n,
-	                                    (CUstream)stream);
+	CUresult r = FZ_CUDA_SUCCESS;
+	if (!nc) {
+		r = d->cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->y,
+		                           (CUdeviceptr)(uintptr_t)c->x, n,
+		                           (CUstream)stream);
+		LEAVE(d);
+		return r == FZ_CUDA_SUCCESS
+		           ? FZ_OK
+		           : fz_cu_fail(d->cu, err, r, "cuMemcpyDtoDAsync", what);
+	}
+	/* a bucket forks once, is one NCCL group, and joins once */
+	bool first = c->bucket <= 1, last = c->bucket == 0 || c->bucket == 3;
+	fz_status st = comm_stream(d, err);
+	CUevent done = NULL;
+	if (st == FZ_OK && last)
+		st = event_of(d, c->event, &done, err);
+	const char *call = "cuEventRecord";
+	if (st == FZ_OK && first &&
+	    (r = d->cu->EventRecord(d->fork, (CUstream)stream)) == FZ_CUDA_SUCCESS) {
+		call = "cuStreamWaitEvent";
+		r = d->cu->StreamWaitEvent(d->comm, d->fork, 0);
+	}
+	if (st == FZ_OK && r != FZ_CUDA_SUCCESS)
+		st = fz_cu_fail(d->cu, err, r, call, what);
+	bool grouped = c->bucket >= 2;
+	if (st == FZ_OK && c->bucket == 1)
+		grouped = (st = fz_nccl_group(nc, true, err)) == FZ_OK;
+	fz_opcode op = c->kind == FZ_COLL_ALL_GATHER ? FZ_OP_ALL_GATHER
+	               : c->kind == FZ_COLL_REDUCE_SCATTER ? FZ_OP_REDUCE_SCATTER
+	               : FZ_OP_ALL_REDUCE;
+	if (st == FZ_OK && (st = fz_nccl_collective(nc, op, c->dtype, c->outer,
+	                                            c->extent * c->inner, c->x, c->y,
+	                                            d->comm, err)) != FZ_OK &&
+	    err && *err)
+		fz_set_err(err, fz_strdup_printf("%s: %s", what, *err));
+	if (grouped && (c->bucket == 3 || st != FZ_OK)) {
+		/* the group ends even after a failure inside it */
+		fz_status g = fz_nccl_group(nc, false, st == FZ_OK ? err : NULL);
+		if (st == FZ_OK)
+			st = g;
+	}
+	if (st == FZ_OK && last &&
+	    (r = d->cu->EventRecord(done, d->comm)) != FZ_CUDA_SUCCESS)
+		st = fz_cu_fail(d->cu, err, r, "cuEventRecord", what);
 	LEAVE(d);
-	return r == FZ_CUDA_SUCCESS ? FZ_OK
-	                            : fz_cu_fail(d->cu, err, r, "cuMemcpyDtoDAsync", what);
+	return st;
+}
+
+fz_status fz_cuda_nccl_new(fz_device *dev, int world, int rank,
+                           const unsigned char *id, double timeout_s,
+                           struct fz_nccl **out, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*out = NULL;
+	ENTER(d, err, "the NCCL communicator");
+	fz_status st = fz_nccl_new(world, rank, id, timeout_s, out, err);
+	LEAVE(d);
+	return st;
+}
+
+void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!n || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	fz_nccl_free(n);
+	fz_cuda_leave(d, pushed);
+}
+
+void fz_cuda_nccl_abort(fz_device *dev, struct fz_nccl *n)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!n)
+		return;
+	if (fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS) {
+		fz_nccl_abort(n);
+		return;
+	}
+	fz_nccl_abort(n);
+	fz_cuda_leave(d, pushed);
 }
 
 /* Event ev, created (without timing) on first use. */
@@ -843,6 +1055,92 @@ static fz_status cu_sync(fz_device *dev, void *stream, char **err)
 	                        "the work queued on the stream");
 }
 
+/* ---- graphs ------------------------------------------------------------------ */
+
+/* Thread-local capture mode: other threads (PyTorch's, other ranks') may
+ * use the driver freely meanwhile; a call of this thread that is not
+ * allowed during a capture fails instead of being captured. */
+static fz_status cu_capture_begin(fz_device *dev, void *stream, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a graph capture");
+	CUresult r = d->cu->StreamBeginCapture((CUstream)stream,
+	                                       FZ_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+	LEAVE(d);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, "cuStreamBeginCapture",
+	                                         "a program's run");
+}
+
+static fz_status cu_capture_end(fz_device *dev, void *stream, void **graph,
+                                char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*graph = NULL;
+	ENTER(d, err, "a graph capture");
+	CUgraph g = NULL;
+	CUgraphExec x = NULL;
+	const char *call = "cuStreamEndCapture";
+	CUresult r = d->cu->StreamEndCapture((CUstream)stream, &g);
+	if (r == FZ_CUDA_SUCCESS) {
+		call = "cuGraphInstantiate";
+		r = d->cu->GraphInstantiate(&x, g, 0);
+	}
+	if (g)
+		d->cu->GraphDestroy(g); /* the instance is independent of it */
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS)
+		return fz_cu_fail(d->cu, err, r, call, "a program's run");
+	*graph = x;
+	return FZ_OK;
+}
+
+static fz_status cu_graph_launch(fz_device *dev, void *graph, void *stream,
+                                 char **err)
+{
+	cu_dev *d = cu_of(dev);
+	ENTER(d, err, "a graph launch");
+	CUresult r = d->cu->GraphLaunch((CUgraphExec)graph, (CUstream)stream);
+	LEAVE(d);
+	return r == FZ_CUDA_SUCCESS ? FZ_OK
+	                            : fz_cu_fail(d->cu, err, r, "cuGraphLaunch",
+	                                         "a program's graph");
+}
+
+static void cu_graph_free(fz_device *dev, void *graph)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!graph || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	d->cu->GraphExecDestroy((CUgraphExec)graph);
+	fz_cuda_leave(d, pushed);
+}
+
+fz_status fz_cuda_stream_new(fz_device *dev, void **stream, char **err)
+{
+	cu_dev *d = cu_of(dev);
+	*stream = NULL;
+	ENTER(d, err, "a stream");
+	CUstream s = NULL;
+	CUresult r = d->cu->StreamCreate(&s, FZ_CU_STREAM_NON_BLOCKING);
+	LEAVE(d);
+	if (r != FZ_CUDA_SUCCESS)
+		return fz_cu_fail(d->cu, err, r, "cuStreamCreate", "a stream");
+	*stream = s;
+	return FZ_OK;
+}
+
+void fz_cuda_stream_free(fz_device *dev, void *stream)
+{
+	cu_dev *d = cu_of(dev);
+	bool pushed = false;
+	if (!stream || fz_cuda_enter(d, &pushed) != FZ_CUDA_SUCCESS)
+		return;
+	d->cu->StreamDestroy((CUstream)stream);
+	fz_cuda_leave(d, pushed);
+}
+
 /* ---- what tools and benchmarks ask ------------------------------------------ */
 
 fz_status fz_cuda_timer(fz_device *dev, void *stream, bool stop, double *ms,
@@ -900,9 +1198,17 @@ const fz_target fz_target_cuda = {
 	.copy = cu_copy,
 	.load = cu_load,
 	.launch = cu_launch,
+	.pack = cu_pack,
+	.launch_packed = cu_launch_packed,
+	.unpack = cu_unpack,
+	.zero = cu_zero,
 	.native = cu_native,
 	.matmul = cu_matmul,
 	.collective = cu_collective,
+	.capture_begin = cu_capture_begin,
+	.capture_end = cu_capture_end,
+	.graph_launch = cu_graph_launch,
+	.graph_free = cu_graph_free,
 	.event_record = cu_event_record,
 	.event_wait = cu_event_wait,
 	.sync = cu_sync,

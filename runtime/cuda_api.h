@@ -48,6 +48,9 @@ typedef int CUjit_option;
 typedef int CUjitInputType;
 typedef int CUdevice_attribute;
 typedef int CUfunction_attribute;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef int CUstreamCaptureMode;
 #endif
 
 #ifndef FZ_HAVE_CUBLASLT_H
@@ -87,6 +90,8 @@ typedef struct {
 #define FZ_CU_JIT_INPUT_PTX                              1
 #define FZ_CU_EVENT_DEFAULT                              0
 #define FZ_CU_EVENT_DISABLE_TIMING                       2
+#define FZ_CU_STREAM_NON_BLOCKING                        1
+#define FZ_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL           1
 
 #define FZ_CUBLAS_STATUS_SUCCESS                         0
 #define FZ_CUBLAS_OP_N                                   0
@@ -160,12 +165,28 @@ typedef struct {
 	X(MemFree, "cuMemFree_v2", NULL, cuMemFree, (CUdeviceptr))               \
 	X(MemsetD8, "cuMemsetD8_v2", NULL, cuMemsetD8,                           \
 	  (CUdeviceptr, unsigned char, size_t))                                  \
+	X(MemsetD32Async, "cuMemsetD32Async", NULL, cuMemsetD32Async,           \
+	  (CUdeviceptr, unsigned int, size_t, CUstream))                         \
 	X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", NULL, cuMemcpyHtoDAsync,      \
 	  (CUdeviceptr, const void *, size_t, CUstream))                         \
 	X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", NULL, cuMemcpyDtoHAsync,      \
 	  (void *, CUdeviceptr, size_t, CUstream))                               \
 	X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", NULL, cuMemcpyDtoDAsync,      \
 	  (CUdeviceptr, CUdeviceptr, size_t, CUstream))                          \
+	X(StreamCreate, "cuStreamCreate", NULL, cuStreamCreate,                  \
+	  (CUstream *, unsigned int))                                            \
+	X(StreamDestroy, "cuStreamDestroy_v2", NULL, cuStreamDestroy, (CUstream))\
+	X(StreamBeginCapture, "cuStreamBeginCapture_v2", NULL,                   \
+	  cuStreamBeginCapture, (CUstream, CUstreamCaptureMode))                 \
+	X(StreamEndCapture, "cuStreamEndCapture", NULL, cuStreamEndCapture,      \
+	  (CUstream, CUgraph *))                                                 \
+	X(GraphInstantiate, "cuGraphInstantiateWithFlags", NULL,                 \
+	  cuGraphInstantiate, (CUgraphExec *, CUgraph, unsigned long long))      \
+	X(GraphLaunch, "cuGraphLaunch", NULL, cuGraphLaunch,                     \
+	  (CUgraphExec, CUstream))                                               \
+	X(GraphExecDestroy, "cuGraphExecDestroy", NULL, cuGraphExecDestroy,      \
+	  (CUgraphExec))                                                         \
+	X(GraphDestroy, "cuGraphDestroy", NULL, cuGraphDestroy, (CUgraph))       \
 	X(StreamSynchronize, "cuStreamSynchronize", NULL, cuStreamSynchronize,   \
 	  (CUstream))                                                            \
 	X(StreamWaitEvent, "cuStreamWaitEvent", NULL, cuStreamWaitEvent,         \

@@ -33,6 +33,10 @@ typedef struct cu_dev {
 	CUmodule copy_mod;
 	CUfunction copy_fn[4];    /* gather of 1, 2, 4, 8-byte elements */
 	fz_cuda_blas *blas;       /* cuBLASLt, made on the first matmul */
+	CUstream comm;            /* the communication stream (NCCL), made on
+	                             the first collective through NCCL */
+	CUevent fork;             /* recorded on the compute stream before a
+	                             collective; the communication stream waits */
 } cu_dev;
 
 extern const fz_target fz_target_cuda;
@@ -69,6 +73,24 @@ void fz_cuda_describe(fz_device *dev, char *name, size_t n, int *cc,
  * --iters` on CUDA). */
 fz_status fz_cuda_timer(fz_device *dev, void *stream, bool stop, double *ms,
                         char **err);
+
+/* Rank `rank` of `world` joins the NCCL communicator of id on dev (its
+ * context made current, as NCCL asks): what the caller sets on the
+ * runner's communicator (fz_comm_set_nccl) so that the CUDA target's
+ * collectives go through NCCL. Freed with fz_cuda_nccl_free. */
+struct fz_nccl;
+fz_status fz_cuda_nccl_new(fz_device *dev, int world, int rank,
+                           const unsigned char *id, double timeout_s,
+                           struct fz_nccl **out, char **err);
+void fz_cuda_nccl_free(fz_device *dev, struct fz_nccl *n);
+/* The same after a failure of this rank or a peer: ncclCommAbort cancels
+ * what the peers will never match (fz_nccl_abort). */
+void fz_cuda_nccl_abort(fz_device *dev, struct fz_nccl *n);
+
+/* A stream of dev's own (non-blocking), for a caller with none, such as
+ * `fusec run --graph` (the legacy stream cannot be captured). */
+fz_status fz_cuda_stream_new(fz_device *dev, void **stream, char **err);
+void fz_cuda_stream_free(fz_device *dev, void *stream);
 
 /* The gather kernels' PTX (tests check it with ptxas); free it. */
 char *fz_cuda_copy_ptx(void);

@@ -9,6 +9,8 @@
  *     its kernels, keyed, found or compiled, loaded   kernels.c
  *     a slot per value: where its bytes are           below
  *     a list of steps with their argument slots
+ *     each launch packed where the target can (target.h: pack):
+ *       geometry and parameter block fixed, only pointers refilled
  *     one arena for the plan (memplan's offsets, then staging)
  *
  * and a run only binds pointers and walks the steps:
@@ -19,6 +21,11 @@
  *       not 16-byte aligned), each output (the caller's buffer), the arena
  *     every slot = its base + its byte offset
  *     for each step: launch / matmul / collective / copy, through the target
+ *
+ * or, on a target with graphs (fz_exec_run_graph, CUDA), that whole walk
+ * captured once into a graph on the caller's stream and replayed while
+ * the inputs' and outputs' pointers and layouts are unchanged; a change
+ * captures again
  *
  * Slots. A value lives in one of three places: a parameter (the caller's
  * input, read in place), an output (the caller's buffer, written in place
@@ -40,8 +47,9 @@
  * emulated targets run the very same walk. A kernel that meets an index
  * out of range writes 1 + the op's node id into the flag word; host-memory
  * targets check it after each launch, device targets at fz_exec_sync,
- * which also clears it (so a run on a GPU queues no copy for the flag:
- * it is cleared once when its arena is new, then only after an error).
+ * which also clears it (so a run on a GPU queues nothing for the flag:
+ * it is cleared once when its arena is new, then only after an error, by
+ * the target's zero where it has one, else an upload).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +86,7 @@ typedef struct step {
 	int n_args;
 	int *args;           /* slots, in the kernel's parameter order */
 	void **bufs;         /* their pointers, per run */
+	void *pk;            /* the target's packed launch (tg->pack), or NULL */
 	/* S_MATMUL */
 	fz_matmul mm;
 	int sa, sb, sbias;   /* -1: no bias */
@@ -108,6 +117,10 @@ typedef struct pplan {
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
 	int launches;
+	void *graph;         /* fz_exec_run_graph: the run captured, or NULL */
+	fz_tensor *g_in;     /* the inputs it was captured with */
+	void **g_out;        /* and the outputs' pointers */
+	int g_n_in, g_n_out;
 } pplan;
 
 struct fz_exec {
@@ -131,6 +144,13 @@ static void pplan_free(fz_exec *x, pplan *pp)
 	if (!pp)
 		return;
 	fz_device *dev = x->dev;
+	for (int i = 0; i < pp->n_steps; i++)
+		if (pp->steps[i].pk)
+			dev->tg->unpack(dev, pp->steps[i].pk);
+	if (pp->graph)
+		dev->tg->graph_free(dev, pp->graph);
+	free(pp->g_in);
+	free(pp->g_out);
 	if (pp->arena) {
 		if (x->o.release)
 			x->o.release(x->o.alloc_ctx, pp->arena);
@@ -416,6 +436,7 @@ static void add_collective(builder *B, const fz_region *reg)
 		fz_collective *c = &s->co;
 		c->region = reg->id;
 		c->event = ev;
+		c->bucket = reg->n_nodes < 2 ? 0 : j == 0 ? 1 : j == reg->n_nodes - 1 ? 3 : 2;
 		c->dtype = x->type.dtype;
 		c->kind = n->op == FZ_OP_ALL_GATHER ? FZ_COLL_ALL_GATHER
 			  : n->op == FZ_OP_REDUCE_SCATTER ? FZ_COLL_REDUCE_SCATTER
@@ -577,6 +598,16 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 		} else {
 			B.st = dev->tg->alloc(dev, (size_t)pp->arena_bytes, &pp->arena, err);
 		}
+	}
+	/* a target that can fixes each launch now: geometry, parameters */
+	int32_t *flag = pp->arena ? (int32_t *)((char *)pp->arena + pp->flag_off) : NULL;
+	for (int i = 0; i < pp->n_steps && B.st == FZ_OK && x->dev->tg->pack; i++) {
+		step *s = &pp->steps[i];
+		if (s->kind != S_KERNEL)
+			continue;
+		const fz_kcode_rec *c = s->ki->code;
+		B.st = x->dev->tg->pack(x->dev, &c->k, c->fn, s->bufs, pp->syms, flag,
+					&s->pk, err);
 	}
 	if (B.st != FZ_OK) {
 		pplan_free(x, pp);
@@ -845,8 +876,7 @@ static fz_status check_outputs(fz_exec *x, const int64_t *syms, fz_tensor *out,
 
 /* An input read in place, or its copy when it is strided or misaligned
  * (a kernel takes contiguous, 16-byte-aligned buffers). */
-static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
-		       void *stream, fz_status *st, char **err)
+static bool in_place(const fz_tensor *in)
 {
 	int64_t acc = 1;
 	bool ok = ((uintptr_t)in->data % 16) == 0;
@@ -854,7 +884,13 @@ static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
 		ok = in->shape[d] == 1 || in->strides[d] == acc;
 		acc *= in->shape[d];
 	}
-	if (ok)
+	return ok;
+}
+
+static void *input_ptr(fz_exec *x, pplan *pp, int i, const fz_tensor *in,
+		       void *stream, fz_status *st, char **err)
+{
+	if (in_place(in))
 		return in->data;
 	fz_device *dev = x->dev;
 	size_t es = fz_dtype_size(in->dtype);
@@ -963,7 +999,8 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	if (st == FZ_OK && tg->host_memory)
 		*flag = 0;
 	else if (st == FZ_OK && !pp->flag_clear &&
-		 (st = tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		 (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
+			: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
@@ -981,7 +1018,9 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 			for (int a = 0; a < s->n_args; a++)
 				s->bufs[a] = ptr[s->args[a]];
 			const fz_kcode_rec *c = s->ki->code;
-			st = tg->launch(dev, &c->k, c->fn, s->bufs, syms, flag, stream, err);
+			st = s->pk ? tg->launch_packed(dev, s->pk, stream, err)
+				   : tg->launch(dev, &c->k, c->fn, s->bufs, syms, flag,
+						stream, err);
 			launches++;
 			if (st == FZ_OK && tg->host_memory && *flag)
 				st = bad_index(x, s->region, *flag, err);
@@ -1020,6 +1059,134 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	x->st.arena_bytes = pp->arena_bytes;
 	if (st != FZ_OK && err && !*err)
 		fz_set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
+	return st;
+}
+
+/* ---- graphs -------------------------------------------------------------------- */
+
+static bool same_tensor(const fz_tensor *a, const fz_tensor *b)
+{
+	if (a->data != b->data || a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (int d = 0; d < a->rank; d++)
+		if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d])
+			return false;
+	return true;
+}
+
+/* Whether pp's graph was captured with these inputs and outputs. */
+static bool graph_fits(const pplan *pp, const fz_tensor *in, int n_in,
+		       const fz_tensor *out, int n_out)
+{
+	if (!pp->graph || pp->g_n_in != n_in || pp->g_n_out != n_out)
+		return false;
+	for (int i = 0; i < n_in; i++)
+		if (!same_tensor(&pp->g_in[i], &in[i]))
+			return false;
+	for (int k = 0; k < n_out; k++)
+		if (pp->g_out[k] != out[k].data)
+			return false;
+	return true;
+}
+
+/* Captures one run of pp on stream as its graph. What a run would
+ * allocate or reset on the way (staging for strided inputs, the flag
+ * word) is done first, outside the capture. */
+static fz_status capture(fz_exec *x, pplan *pp, const int64_t *syms,
+			 const fz_tensor *in, int n_in, fz_tensor *out, int n_out,
+			 void *stream, char **err)
+{
+	fz_device *dev = x->dev;
+	const fz_target *tg = dev->tg;
+	if (pp->graph) {
+		tg->graph_free(dev, pp->graph);
+		pp->graph = NULL;
+	}
+	fz_status st = FZ_OK;
+	for (int i = 0; i < n_in && st == FZ_OK; i++) {
+		int64_t n = fz_type_numel_at(&x->t->params[i]->type, pp->syms);
+		if (!in_place(&in[i]) && !pp->pstage[i])
+			st = tg->alloc(dev, (size_t)(n > 0 ? n : 1) * fz_dtype_size(in[i].dtype),
+				       &pp->pstage[i], err);
+	}
+	fz_tensor *gi = malloc(sizeof *gi * ((size_t)n_in + 1));
+	void **go = malloc(sizeof *go * ((size_t)n_out + 1));
+	if (st == FZ_OK && (!gi || !go)) {
+		fz_set_err(err, fz_strdup("out of memory"));
+		st = FZ_ENOMEM;
+	}
+	if (st == FZ_OK)
+		st = tg->capture_begin(dev, stream, err);
+	if (st == FZ_OK) {
+		st = exec_run(x, syms, in, n_in, out, n_out, stream, err);
+		void *g = NULL;
+		fz_status end = tg->capture_end(dev, stream, &g, st == FZ_OK ? err : NULL);
+		if (st == FZ_OK)
+			st = end;
+		if (st == FZ_OK) {
+			pp->graph = g;
+			memcpy(gi, in, sizeof *gi * (size_t)n_in);
+			for (int k = 0; k < n_out; k++)
+				go[k] = out[k].data;
+			free(pp->g_in);
+			free(pp->g_out);
+			pp->g_in = gi;
+			pp->g_out = go;
+			pp->g_n_in = n_in;
+			pp->g_n_out = n_out;
+			gi = NULL;
+			go = NULL;
+			x->st.graph_captures++;
+		} else if (g) {
+			tg->graph_free(dev, g);
+		}
+	}
+	free(gi);
+	free(go);
+	return st;
+}
+
+fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
+			    const fz_tensor *in, int n_in, fz_tensor *out,
+			    int n_out, void *stream, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!live(x, err))
+		return FZ_EINVAL;
+	fz_device *dev = x->dev;
+	const fz_target *tg = dev->tg;
+	if (!tg->capture_begin) {
+		fz_set_err(err, fz_strdup_printf("device '%s' cannot capture a run into "
+			"a graph (graphs are CUDA graphs: device cuda)", x->device));
+		return FZ_EUNSUPPORTED;
+	}
+	if (!stream) {
+		fz_set_err(err, fz_strdup("a graph is captured on a stream of the "
+			"caller's; the legacy default stream (NULL) cannot be captured"));
+		return FZ_EINVAL;
+	}
+	long syncs = fz_host_sync_count();
+	int64_t syms[FZ_MAX_SYMS];
+	pplan *pp = NULL;
+	fz_status st = check_world(x, err);
+	if (st == FZ_OK)
+		st = bind_plan(x, sym_sizes, in, n_in, syms, &pp, err);
+	if (st == FZ_OK)
+		st = check_outputs(x, syms, out, n_out, err);
+	static const int32_t zero = 0;
+	int32_t *flag = pp ? (int32_t *)((char *)pp->arena + pp->flag_off) : NULL;
+	if (st == FZ_OK && !pp->flag_clear &&
+	    (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
+		: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
+		pp->flag_clear = true;
+	if (st == FZ_OK && !graph_fits(pp, in, n_in, out, n_out))
+		st = capture(x, pp, syms, in, n_in, out, n_out, stream, err);
+	if (st == FZ_OK && (st = tg->graph_launch(dev, pp->graph, stream, err)) == FZ_OK)
+		x->st.graph_launches++;
+	x->host_syncs += fz_host_sync_count() - syncs;
+	if (st != FZ_OK && x->comm)
+		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
 	return st;
 }
 

@@ -21,6 +21,8 @@ typedef struct fz_exec_stats {
 	int64_t arena_bytes;      /* the current plan's arena, staging included */
 	fz_kstats k;              /* kernels: unique, compiled, cache hits, ... */
 	double prepare_seconds;   /* planning, kernels and arenas, all plans */
+	int graph_captures;       /* fz_exec_run_graph: runs captured */
+	int graph_launches;       /* fz_exec_run_graph: graphs replayed */
 } fz_exec_stats;
 
 const fz_exec_stats *fz_exec_stats_of(const fz_exec *x);
@@ -38,6 +40,18 @@ fz_status fz_exec_prepare(fz_exec *x, const int64_t *sym_sizes,
  * through c, one thread per rank. */
 struct fz_comm;
 void fz_exec_set_comm(fz_exec *x, struct fz_comm *c, int rank);
+/* fz_exec_run through a graph of the whole run (targets with
+ * capture_begin: CUDA graphs): the first call for a plan and these
+ * inputs and outputs (pointers, shapes, strides) captures the run on
+ * stream into a graph and launches it; later calls with the same ones
+ * only launch it; a change captures again (the old graph is freed). The
+ * flag word is reset outside the graph. stream must be the caller's own:
+ * the legacy default stream (NULL) cannot be captured. FZ_EUNSUPPORTED on
+ * targets without graphs, saying so. */
+fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
+                            const fz_tensor *in, int n_in, fz_tensor *out,
+                            int n_out, void *stream, char **err);
+
 /* Host synchronizations the device performed inside this runner's runs
  * (fz_exec_sync, which the caller asks for, is not counted): 0 is the
  * contract. */

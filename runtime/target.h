@@ -15,6 +15,8 @@
  *     tg->alloc(dev, arena_bytes, &arena, &err);         once per plan
  *     tg->load(dev, &k, &code, fn, &err);                once per key
  *     tg->launch(dev, &k, fn, bufs, syms, flag, stream, &err);
+ *       or, fixed at prepare: tg->pack(..., bufs, syms, flag, &pk, &err),
+ *       then per run tg->launch_packed(dev, pk, stream, &err)
  *     tg->matmul(dev, &mm, stream, &err);
  *     tg->sync(dev, stream, &err);
  *     fz_device_release(dev);
@@ -28,6 +30,11 @@
  * runs on the caller's stream, and collectives on the device's
  * communication stream, ordered with events. A run never synchronizes the
  * host; sync is for the caller's asking.
+ *
+ * Optional slots a GPU target fills (NULL elsewhere): pack (a launch's
+ * geometry and parameter block fixed when a plan is prepared), zero (a
+ * device memset), and graphs (capture_begin ... capture_end, graph_launch:
+ * a whole run recorded once and replayed).
  */
 #ifndef FUSEC_RUNTIME_TARGET_H
 #define FUSEC_RUNTIME_TARGET_H
@@ -123,6 +130,11 @@ typedef struct fz_collective {
 	struct fz_comm *comm;
 	int rank;
 	int event;
+	/* A bucket (one collective region of several, consecutive steps
+	 * sharing event): 1 its first member, 2 one inside, 3 its last; 0 a
+	 * collective alone. A target may issue a bucket as one group (NCCL:
+	 * ncclGroupStart/End, one launch). */
+	int bucket;
 } fz_collective;
 
 struct fz_target {
@@ -164,6 +176,34 @@ struct fz_target {
 	fz_status (*launch)(fz_device *dev, const fz_kernel *k, void *const *fn,
 	                    void **bufs, const int64_t *syms, int32_t *flag,
 	                    void *stream, char **err);
+	/* Optional (NULL: launch is called per run): a kernel's launch fixed
+	 * when a plan is prepared. pack reads k, fn, the plan's sizes syms
+	 * and flag once (the geometry, the parameter block) and keeps the
+	 * address of bufs, the step's array that the runner refills with a
+	 * run's pointers before each launch_packed: a run builds nothing.
+	 * *pk lives until unpack; k and fn outlive it (the device's store). */
+	fz_status (*pack)(fz_device *dev, const fz_kernel *k, void *const *fn,
+	                  void **bufs, const int64_t *syms, int32_t *flag,
+	                  void **pk, char **err);
+	fz_status (*launch_packed)(fz_device *dev, void *pk, void *stream,
+	                           char **err);
+	void (*unpack)(fz_device *dev, void *pk);
+	/* Optional (NULL: an upload of zeros): n bytes at p (a multiple of
+	 * 4) set to 0 on the stream, without the host's bytes (the flag
+	 * word's reset). */
+	fz_status (*zero)(fz_device *dev, void *p, size_t n, void *stream,
+	                  char **err);
+	/* Optional (NULL: no graphs): the work queued on stream between
+	 * capture_begin and capture_end is not run but kept as one graph
+	 * (*graph), which graph_launch replays on a stream as a whole (CUDA
+	 * graphs); graph_free frees it. capture_end always ends the capture,
+	 * even when it fails. */
+	fz_status (*capture_begin)(fz_device *dev, void *stream, char **err);
+	fz_status (*capture_end)(fz_device *dev, void *stream, void **graph,
+	                         char **err);
+	fz_status (*graph_launch)(fz_device *dev, void *graph, void *stream,
+	                          char **err);
+	void (*graph_free)(fz_device *dev, void *graph);
 	/* Optional (NULL: none): machine code for this device made from
 	 * code's portable form (PTX), for a cache entry that has none under
 	 * native_tag; kernels.c stores it back so that the next process

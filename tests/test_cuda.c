@@ -10,7 +10,8 @@
  * range is reported by fz_exec_sync naming the op, and the run does not
  * fault; two programs of the same trace share the device and its modules
  * (the second loads nothing); the primary context is the thread's current
- * one for torch to share. The corpus and model sweep is
+ * one for torch to share; a run captured into a CUDA graph replays to the
+ * same outputs (fz_exec_run_graph). The corpus and model sweep is
  * tools/gpu/run_gpu_checks.sh.
  */
 #include <check.h>
@@ -21,11 +22,13 @@
 #include <string.h>
 
 #include "cuda_target.h"
+#include "exec.h"
 #include "fusec.h"
 #include "ir.h"
 #include "target.h"
 
 static fz_device *dev;
+static bool use_graph; /* run_and_check through fz_exec_run_graph */
 
 static void *dalloc(size_t n)
 {
@@ -266,10 +269,33 @@ static void run_and_check(const fz_trace *t, const int64_t *syms, int64_t lim)
 	fz_status st = fz_exec_new(t, "cuda", NULL, &x, &err);
 	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
 	ck_assert_str_eq(fz_exec_device(x), "cuda");
-	st = fz_exec_run(x, syms, in, ni, out, no, NULL, &err);
+	void *stream = NULL;
+	if (!use_graph) {
+		st = fz_exec_run(x, syms, in, ni, out, no, NULL, &err);
+	} else {
+		/* captured by the first run; the outputs cleared, then the
+		 * graph replayed must write them again */
+		ck_assert_int_eq(fz_cuda_stream_new(dev, &stream, &err), FZ_OK);
+		st = fz_exec_run_graph(x, syms, in, ni, out, no, stream, &err);
+		for (int o = 0; st == FZ_OK && o < no; o++) {
+			int64_t n = 1;
+			for (int d = 0; d < want[o].rank; d++)
+				n *= want[o].shape[d];
+			size_t bytes = (size_t)n * fz_dtype_size(want[o].dtype) / 4 * 4;
+			if (bytes)
+				st = fz_target_cuda.zero(dev, out[o].data, bytes, stream, &err);
+		}
+		if (st == FZ_OK)
+			st = fz_exec_run_graph(x, syms, in, ni, out, no, stream, &err);
+		ck_assert_int_eq(fz_exec_stats_of(x)->graph_captures, 1);
+		ck_assert_int_eq(fz_exec_stats_of(x)->graph_launches, 2);
+	}
 	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
-	st = fz_exec_sync(x, NULL, &err);
+	st = fz_exec_sync(x, stream, &err);
 	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	if (stream)
+		fz_cuda_stream_free(dev, stream);
 	for (int o = 0; o < no; o++) {
 		int64_t n = 1;
 		for (int d = 0; d < want[o].rank; d++)
@@ -329,6 +355,29 @@ START_TEST(programs_match_interpreter)
 			run_and_check(t, syms, 1);
 			fz_module_free(m);
 		}
+}
+END_TEST
+
+/* The same programs through a CUDA graph: captured once, replayed. */
+START_TEST(graph_replay_matches_interpreter)
+{
+	use_graph = true;
+	static const char *traces[] = {
+		"trace pw(x: f32[N, 300], y: f32[300]) {\n"
+		"  z = tanh(add(mul(x, y), exp(neg(abs(x)))))\n  return z\n}\n",
+		"trace mlp(x: bf16[N, 256], w1: bf16[512, 256], w2: bf16[256, 512]) {\n"
+		"  h = gelu(linear(x, w1))\n  y = linear(h, w2)\n  return y\n}\n",
+	};
+	for (size_t i = 0; i < sizeof traces / sizeof *traces; i++) {
+		fz_module *m = NULL;
+		fz_trace *t = parse(traces[i], &m);
+		int64_t syms[FZ_MAX_SYMS];
+		for (int k = 0; k < FZ_MAX_SYMS; k++)
+			syms[k] = 17;
+		run_and_check(t, syms, 1);
+		fz_module_free(m);
+	}
+	use_graph = false;
 }
 END_TEST
 
@@ -407,6 +456,7 @@ static Suite *cuda_suite(void)
 	tcase_add_test(t, gather_matches_host);
 	tcase_add_test(t, matmul_matches_host);
 	tcase_add_test(t, programs_match_interpreter);
+	tcase_add_test(t, graph_replay_matches_interpreter);
 	tcase_add_test(t, bad_index_is_reported);
 	tcase_add_test(t, modules_shared_across_programs);
 	tcase_add_test(t, primary_context_is_current_for_others);

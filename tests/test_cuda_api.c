@@ -12,10 +12,22 @@
  * to the PTX when the cubin is refused, and a PTX the driver rejects is an
  * error carrying the call, the region and the JIT's log; a launch passes
  * the buffers, the flag word and the kernel's symbols in parameter order
- * with fz_kernel_launch_dims's geometry; a strided copy coalesces its
+ * with fz_kernel_launch_dims_on's geometry for the device's SM count, from
+ * one parameter block packed at prepare whose pointers a run refills;
+ * the flag word is reset by a device memset; a strided copy coalesces its
  * dims before the gather; matmul and linear, batched with broadcast, with
  * bias, match a row-major reference; heuristics are cached per shape; the
- * gather's PTX passes ptxas.
+ * gather's PTX passes ptxas. Two ranks on two fake devices run an
+ * FSDP-shaped step through the fake NCCL (tests/fake/fake_nccl.c): their
+ * outputs match the interpreter running both ranks, no host sync happens
+ * inside a run, and the log of device calls shows each collective on the
+ * device's communication stream, after a wait on an event the compute
+ * stream recorded, followed by an event the compute stream waits on. A
+ * generated FSDP Llama training step (tools/gen/fsdp_llama.py) runs whole
+ * at world 2 on the fake, its kernels run through the fake's hook by the
+ * emulator's build of the same kernels, and matches the interpreter.
+ * fz_exec_run_graph captures once, replays, and captures again when a
+ * pointer changes.
  *
  * Each test runs in a forked child (Check's default), so each opens the
  * driver afresh with the fake it configured.
@@ -23,6 +35,7 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +43,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "comm.h"
 #include "cuda_api.h"
 #include "exec.h"
 #include "cuda_target.h"
@@ -59,6 +73,27 @@ static fz_device *open_dev(const fz_exec_options *o)
 	ck_assert_msg(st == FZ_OK, "open: %s", err ? err : "?");
 	ck_assert_ptr_nonnull(dev);
 	return dev;
+}
+
+/* A stream of d's (the driver's, as a caller such as PyTorch makes one). */
+static void *make_stream(fz_device *d)
+{
+	cu_dev *cd = (cu_dev *)d;
+	bool pushed = false;
+	ck_assert_int_eq(fz_cuda_enter(cd, &pushed), 0);
+	CUstream s = NULL;
+	ck_assert_int_eq(cd->cu->StreamCreate(&s, FZ_CU_STREAM_NON_BLOCKING), 0);
+	fz_cuda_leave(cd, pushed);
+	return s;
+}
+
+static void free_stream(fz_device *d, void *s)
+{
+	cu_dev *cd = (cu_dev *)d;
+	bool pushed = false;
+	ck_assert_int_eq(fz_cuda_enter(cd, &pushed), 0);
+	ck_assert_int_eq(cd->cu->StreamDestroy(s), 0);
+	fz_cuda_leave(cd, pushed);
 }
 
 static void expect_open_fails(fz_status want, const char *part1, const char *part2)
@@ -257,17 +292,21 @@ START_TEST(copy_strided_launches_gather)
 	F->n_params = 20;
 	F->param_size[3] = 4; /* rank: a u32 */
 	fz_device *d = open_dev(NULL);
-	static uint16_t src[4 * 6 * 5], dst[4 * 6 * 5];
+	/* room for the 8-byte copy below; the fake runs the gather */
+	static _Alignas(256) uint16_t src[4 * 120], dst[4 * 120];
+	for (int i = 0; i < 4 * 120; i++)
+		src[i] = (uint16_t)(i * 7 + 1);
 	/* [4, 6, 5] permuted to [6, 4, 5], with a unit dim: [6, 1, 4, 5]
 	 * over strides [5, 7, 30, 1]; the unit dim drops and nothing merges */
 	fz_layout l = {4, {6, 1, 4, 5}, {5, 7, 30, 1}, 0};
 	char *err = NULL;
-	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &l, (void *)0x77, &err),
+	void *stream = make_stream(d);
+	ck_assert_int_eq(fz_target_cuda.copy(d, dst, src, 2, &l, stream, &err),
 	                 FZ_OK);
 	ck_assert_int_eq(F->n_launches, 1);
 	fake_launch *x = &F->launch[0];
 	ck_assert_str_eq(x->fn, "fz_copy_b16");
-	ck_assert_ptr_eq(x->stream, (void *)0x77);
+	ck_assert_ptr_eq(x->stream, stream);
 	ck_assert_uint_eq(x->block[0], 256);
 	ck_assert_uint_ge(x->grid[0], 1);
 	uint64_t v[20];
@@ -281,6 +320,11 @@ START_TEST(copy_strided_launches_gather)
 		ck_assert_uint_eq(v[4 + i], sh[i]);
 		ck_assert_uint_eq(v[12 + i], st[i]);
 	}
+	/* the gather's result: dst[a][b][c] = src[b][a][c] of [4, 6, 5] */
+	for (int a = 0; a < 6; a++)
+		for (int b = 0; b < 4; b++)
+			for (int c = 0; c < 5; c++)
+				ck_assert_uint_eq(dst[(a * 4 + b) * 5 + c], src[b * 30 + a * 5 + c]);
 	/* a slice [2, 3, 4] of [2, 6, 4] at offset 4: the inner two dims
 	 * merge into 12 contiguous elements; the source pointer carries the
 	 * offset in bytes */
@@ -304,6 +348,7 @@ START_TEST(copy_strided_launches_gather)
 	                 FZ_EUNSUPPORTED);
 	ck_assert_ptr_nonnull(strstr(err, "3-byte"));
 	free(err);
+	free_stream(d, stream);
 	fz_device_release(d);
 }
 END_TEST
@@ -435,10 +480,19 @@ START_TEST(cubin_from_ptx)
 }
 END_TEST
 
+/* The parameter values of launch x (8 bytes each). */
+static void params_of(const fake_launch *x, uint64_t *v, int n)
+{
+	for (int i = 0; i < n; i++)
+		memcpy(&v[i], x->param[i], 8);
+}
+
 START_TEST(launch_packs_parameters)
 {
 	use_fake()->n_params = 6;
+	F->sms = 4; /* a small GPU: the grid-stride entry gets 4 x 32 blocks */
 	fz_device *d = open_dev(NULL);
+	ck_assert_int_eq(d->sm_count, 4);
 	fz_kernel k = two_entry_kernel();
 	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
 	void *fn[2];
@@ -447,30 +501,57 @@ START_TEST(launch_packs_parameters)
 	void *bufs[3] = {(void *)0x1000, (void *)0x2000, (void *)0x3000};
 	int64_t syms[4] = {-1, 17, -1, 5};
 	int32_t *flag = (int32_t *)0x4000;
-	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, flag, (void *)0x99,
-	                                       &err), FZ_OK);
-	ck_assert_int_eq(F->n_launches, 2);
-	for (int e = 0; e < 2; e++) {
+	/* packed once, as at prepare; the sizes are read now */
+	void *pk = NULL;
+	ck_assert_int_eq(fz_target_cuda.pack(d, &k, fn, bufs, syms, flag, &pk, &err),
+	                 FZ_OK);
+	syms[3] = 99; /* a later change of the array is not the plan's */
+	ck_assert_int_eq(F->n_launches, 0);
+	void *s1 = make_stream(d), *s2 = make_stream(d);
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, s1, &err), FZ_OK);
+	/* a run refills the pointers only */
+	bufs[0] = (void *)0x5000;
+	bufs[2] = (void *)0x7000;
+	ck_assert_int_eq(fz_target_cuda.launch_packed(d, pk, s2, &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 4);
+	syms[3] = 5;
+	unsigned want_grid[2] = {128, 2}; /* 100000 / 256 capped at 4 x 32; 300 / 256 */
+	for (int e = 0; e < 4; e++) {
 		fake_launch *x = &F->launch[e];
-		ck_assert_str_eq(x->fn, k.names[e]);
-		ck_assert_ptr_eq(x->stream, (void *)0x99);
+		int en = e % 2;
+		ck_assert_str_eq(x->fn, k.names[en]);
+		ck_assert_ptr_eq(x->stream, e < 2 ? s1 : s2);
 		int64_t grid;
 		int block;
-		fz_kernel_launch_dims(&k, e, syms, &grid, &block);
+		fz_kernel_launch_dims_on(&k, en, syms, 4, &grid, &block);
 		ck_assert_uint_eq(x->grid[0], (unsigned)grid);
+		ck_assert_uint_eq(x->grid[0], want_grid[en]);
 		ck_assert_uint_eq(x->block[0], (unsigned)block);
 		ck_assert_uint_eq(x->grid[1] * x->grid[2] * x->block[1] * x->block[2], 1);
 		ck_assert_uint_eq(x->shmem, 0);
+		/* one parameter block for every launch of the step */
+		ck_assert_ptr_eq(x->params, F->launch[0].params);
 		uint64_t v[6];
-		for (int i = 0; i < 6; i++)
-			memcpy(&v[i], x->param[i], 8);
-		ck_assert_uint_eq(v[0], 0x1000);
+		params_of(x, v, 6);
+		ck_assert_uint_eq(v[0], e < 2 ? 0x1000 : 0x5000);
 		ck_assert_uint_eq(v[1], 0x2000);
-		ck_assert_uint_eq(v[2], 0x3000);
+		ck_assert_uint_eq(v[2], e < 2 ? 0x3000 : 0x7000);
 		ck_assert_uint_eq(v[3], 0x4000);
 		ck_assert_uint_eq(v[4], 5);  /* k.syms[0] = trace symbol 3 */
 		ck_assert_uint_eq(v[5], 17); /* k.syms[1] = trace symbol 1 */
 	}
+	fz_target_cuda.unpack(d, pk);
+	/* the unpacked slot launches the same geometry and values */
+	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, flag, NULL, &err),
+	                 FZ_OK);
+	ck_assert_uint_eq(F->launch[4].grid[0], 128);
+	ck_assert_uint_eq(F->launch[5].grid[0], 2);
+	uint64_t v[6];
+	params_of(&F->launch[4], v, 6);
+	ck_assert_uint_eq(v[0], 0x5000);
+	ck_assert_uint_eq(v[4], 5);
+	free_stream(d, s1);
+	free_stream(d, s2);
 	ck_assert_int_eq(F->pushes, F->pops);
 	fz_device_release(d);
 }
@@ -525,7 +606,7 @@ START_TEST(collective_world_one_copies)
 	float x[24], y[24] = {0};
 	for (int i = 0; i < 24; i++)
 		x[i] = (float)i;
-	fz_collective c = {1, FZ_COLL_ALL_REDUCE, FZ_F32, 2, 3, 4, x, y, NULL, 0, 0};
+	fz_collective c = {1, FZ_COLL_ALL_REDUCE, FZ_F32, 2, 3, 4, x, y, NULL, 0, 0, 0};
 	char *err = NULL;
 	ck_assert_int_eq(fz_target_cuda.collective(d, &c, NULL, &err), FZ_OK);
 	ck_assert_int_eq(memcmp(x, y, sizeof x), 0);
@@ -811,11 +892,14 @@ START_TEST(device_flag_read_at_sync)
 	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
 	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
 	ck_assert_int_eq(F->n_launches, 1);
-	int uploads = F->uploads; /* the flag's first clearing */
-	ck_assert_int_ge(uploads, 1);
-	/* a clean run queues no copy for the flag */
+	/* the flag's first clearing: a memset on the device, no host bytes */
+	ck_assert_int_eq(F->memsets, 1);
+	ck_assert_int_eq(F->uploads, 0);
+	/* a clean run queues nothing for the flag, and launches from the
+	 * parameter block packed at prepare */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	ck_assert_int_eq(F->uploads, uploads);
+	ck_assert_int_eq(F->memsets, 1);
+	ck_assert_ptr_eq(F->launch[1].params, F->launch[0].params);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	/* the kernel's parameters: w, i, y, the flag, N */
 	int32_t *flag;
@@ -837,7 +921,7 @@ START_TEST(device_flag_read_at_sync)
 	err = NULL;
 	/* the next run clears it, and its sync is clean */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	ck_assert_int_eq(F->uploads, uploads + 1);
+	ck_assert_int_eq(F->memsets, 2);
 	ck_assert_int_eq(*flag, 0);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	ck_assert_int_eq(F->pushes, F->pops);
@@ -880,6 +964,794 @@ START_TEST(no_host_sync_inside_runs)
 	ck_assert_int_gt(fz_host_sync_count(), before);
 	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
 	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- world 2 through NCCL -------------------------------------------------- */
+
+/* An FSDP-shaped step of library calls and collectives only (the fake
+ * driver runs no kernels, its cuBLASLt and NCCL compute): sharded weights
+ * all-gathered before their linear, a "gradient" reduce-scattered back to
+ * a shard, an activation all-reduced. */
+static const char FSDP[] =
+	"trace fsdp(x: f32[B, 16], w1_s: f32[8, 16], w2_s: f32[4, 16], b_s: f32[4])"
+	" world 2 {\n"
+	"  w1 = wait(all_gather(w1_s, dim=0))\n"
+	"  h = linear(x, w1)\n"
+	"  w2 = wait(all_gather(w2_s, dim=0))\n"
+	"  b = wait(all_gather(b_s, dim=0))\n"
+	"  y = linear(h, w2, b)\n"
+	"  g = linear(w1, w1)\n"
+	"  gs = wait(reduce_scatter(g, dim=0))\n"
+	"  s = wait(all_reduce(y))\n"
+	"  return s, gs\n}\n";
+
+typedef struct rank_run {
+	const fz_trace *t;
+	fz_comm *comm;
+	int rank;
+	const char *idpath;
+	bool with_nccl;
+	bool graph;             /* through fz_exec_run_graph on a stream */
+	int fail_at;            /* > 0: this rank's run fail_at fails */
+	int captures;
+	int64_t syms[FZ_MAX_SYMS];
+	fz_tensor in[4], out[2];
+	fz_status st;
+	char *err;
+	long host_syncs;
+	int launches_per_run;
+} rank_run;
+
+static void *rank_thread(void *arg)
+{
+	rank_run *r = arg;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.device = r->rank; /* one device per rank */
+	fz_exec *x = NULL;
+	struct fz_nccl *nc = NULL;
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	r->st = fz_exec_new(r->t, "cuda", &o, &x, &r->err);
+	if (r->st == FZ_OK) {
+		fz_exec_set_comm(x, r->comm, r->rank);
+		r->st = fz_exec_prepare(x, r->syms, r->in, 4, &r->err);
+	}
+	if (r->st == FZ_OK)
+		r->st = fz_comm_barrier(r->comm, r->rank, &r->err);
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_nccl_bootstrap_file(r->rank, r->idpath, 10, id, &r->err);
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_cuda_nccl_new(fz_exec_dev(x), 2, r->rank, id, 10, &nc, &r->err);
+	if (r->st == FZ_OK)
+		fz_comm_set_nccl(r->comm, r->rank, nc);
+	void *stream = NULL;
+	if (r->st == FZ_OK && r->graph)
+		r->st = fz_cuda_stream_new(fz_exec_dev(x), &stream, &r->err);
+	for (int it = 0; it < 3 && r->st == FZ_OK; it++)
+		r->st = r->graph ? fz_exec_run_graph(x, r->syms, r->in, 4, r->out, 2, stream,
+		                                     &r->err)
+		                 : fz_exec_run(x, r->syms, r->in, 4, r->out,
+		                               it + 1 == r->fail_at ? 1 : 2, NULL, &r->err);
+	if (x) {
+		r->host_syncs = fz_exec_host_syncs(x);
+		r->captures = fz_exec_stats_of(x)->graph_captures;
+	}
+	/* as `fusec run` does: all ranks done queueing, else NCCL aborted */
+	if (r->st == FZ_OK && r->with_nccl)
+		r->st = fz_comm_barrier(r->comm, r->rank, &r->err);
+	if (r->st != FZ_OK && nc) {
+		fz_comm_abort(r->comm, r->rank, r->err ? r->err : "failed");
+		fz_cuda_nccl_abort(fz_exec_dev(x), nc);
+		nc = NULL;
+	}
+	if (r->st == FZ_OK)
+		r->st = fz_exec_sync(x, stream, &r->err);
+	if (stream)
+		fz_cuda_stream_free(fz_exec_dev(x), stream);
+	if (nc)
+		fz_cuda_nccl_free(fz_exec_dev(x), nc);
+	fz_exec_free(x);
+	return NULL;
+}
+
+/* Runs FSDP as two ranks on two fake devices; rr[] keeps the results. */
+static void run_world2(const fz_trace *t, bool with_nccl, bool graph,
+                       rank_run rr[2], const char *idpath)
+{
+	fz_comm *comm = NULL;
+	ck_assert_int_eq(fz_comm_new(2, 10, &comm), FZ_OK);
+	pthread_t th[2];
+	for (int r = 0; r < 2; r++) {
+		rr[r].t = t;
+		rr[r].comm = comm;
+		rr[r].rank = r;
+		rr[r].idpath = idpath;
+		rr[r].with_nccl = with_nccl;
+		rr[r].graph = graph;
+		ck_assert_int_eq(pthread_create(&th[r], NULL, rank_thread, &rr[r]), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	fz_comm_free(comm);
+}
+
+static void make_rank_tensors(const fz_trace *t, int64_t b, rank_run *r)
+{
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		r->syms[s] = b;
+	for (int i = 0; i < 4; i++) {
+		fz_value *v = fz_trace_param(t, i);
+		r->in[i] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = r->in[i].rank - 1; d >= 0; d--) {
+			r->in[i].shape[d] = fz_value_extent(v, d, r->syms);
+			r->in[i].strides[d] = n;
+			n *= r->in[i].shape[d];
+		}
+		r->in[i].data = filled(n);
+	}
+	for (int k = 0; k < 2; k++) {
+		fz_value *v = fz_trace_output(t, k);
+		r->out[k] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+		int64_t n = 1;
+		for (int d = r->out[k].rank - 1; d >= 0; d--) {
+			r->out[k].shape[d] = fz_value_extent(v, d, r->syms);
+			r->out[k].strides[d] = n;
+			n *= r->out[k].shape[d];
+		}
+		r->out[k].data = filled(n);
+	}
+}
+
+/* The last log entry before i on device dev, or -1. */
+static int prev_on(int i, int dev)
+{
+	while (--i >= 0 && F->log[i].dev != dev)
+		;
+	return i;
+}
+
+static int next_on(int i, int dev)
+{
+	while (++i < F->n_log && F->log[i].dev != dev)
+		;
+	return i < F->n_log ? i : -1;
+}
+
+START_TEST(world2_through_nccl)
+{
+	/* _i = 1: each rank through a graph of its run, captured once and
+	 * replayed: the communication stream forks into the capture and
+	 * joins back, NCCL's collectives replay with the graph */
+	bool graph = _i == 1;
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 3, &rr[r]);
+	char idpath[] = "/tmp/fusec-nccl-fake-XXXXXX";
+	int fd = mkstemp(idpath);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(idpath); /* rank 0 publishes it */
+	run_world2(t, true, graph, rr, idpath);
+	unlink(idpath);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(rr[r].st == FZ_OK, "rank %d: %s", r,
+		              rr[r].err ? rr[r].err : "?");
+		/* the contract: no host synchronization inside a step */
+		ck_assert_int_eq(rr[r].host_syncs, 0);
+		ck_assert_int_eq(rr[r].captures, graph ? 1 : 0);
+	}
+	ck_assert_int_eq(F->graph_launches, graph ? 6 : 0);
+	ck_assert_int_eq(F->nccl_no_device, 0);
+	ck_assert_int_eq(F->nccl_wrong_device, 0);
+	ck_assert_int_eq(F->nccl_unpolled, 0); /* each ncclInProgress polled */
+	ck_assert_int_eq(F->nccl_comms, 0); /* destroyed */
+	ck_assert_int_eq(F->streams, 0);    /* the devices closed theirs */
+	/* 5 collectives per run, 3 runs, 2 ranks; the three all-gathers
+	 * issued together are one bucket: one NCCL group per run and rank */
+	ck_assert_int_eq(F->nccl_ops, 5 * 3 * 2);
+	ck_assert_int_eq(F->nccl_groups, (graph ? 1 : 3) * 2); /* captured once */
+	ck_assert_int_lt(F->n_log, FAKE_MAX_LOG);
+	/* every rank's outputs against the interpreter running both */
+	fz_tensor in[8], ref[4];
+	for (int r = 0; r < 2; r++)
+		for (int i = 0; i < 4; i++)
+			in[r * 4 + i] = rr[r].in[i];
+	ck_assert_int_eq(fz_trace_interpret_world(t, rr[0].syms, 2, in, 4, ref, 2, &err),
+	                 FZ_OK);
+	for (int r = 0; r < 2; r++)
+		for (int k = 0; k < 2; k++) {
+			const fz_tensor *g = &rr[r].out[k], *w = &ref[r * 2 + k];
+			int64_t n = 1;
+			for (int d = 0; d < w->rank; d++) {
+				ck_assert_int_eq(g->shape[d], w->shape[d]);
+				n *= w->shape[d];
+			}
+			for (int64_t i = 0; i < n; i++) {
+				float a = ((float *)g->data)[i], b = ((float *)w->data)[i];
+				ck_assert_msg(fabsf(a - b) <= 1e-5f * (1 + fabsf(b)),
+				              "rank %d output %d [%lld] = %g, want %g", r, k,
+				              (long long)i, a, b);
+			}
+		}
+	/* the order each device saw: per collective, the compute stream
+	 * (NULL here) records the fork event, the communication stream waits
+	 * on it, NCCL runs there, and an event recorded after it is what the
+	 * compute stream later waits on; no host sync before the last op */
+	for (int dev = 0; dev < 2; dev++) {
+		void *cs = NULL, *compute = NULL;
+		int n_coll = 0, last_work = -1, first_sync = -1;
+		for (int i = 0; i < F->n_log; i++) {
+			const fake_op *o = &F->log[i];
+			if (o->dev != dev)
+				continue;
+			if (strchr("KMND", o->kind))
+				last_work = i;
+			if (strchr("SE", o->kind) && first_sync < 0)
+				first_sync = i;
+			if (o->kind != 'N')
+				continue;
+			n_coll++;
+			ck_assert_ptr_nonnull(o->stream);
+			if (!cs)
+				cs = o->stream;
+			ck_assert_ptr_eq(o->stream, cs); /* one communication stream */
+			/* a bucket's members follow each other in one group:
+			 * the fork before the first, the event after the last */
+			int w = prev_on(i, dev), e = next_on(i, dev);
+			while (w >= 0 && F->log[w].kind == 'N' && F->log[w].stream == cs)
+				w = prev_on(w, dev);
+			while (e >= 0 && F->log[e].kind == 'N' && F->log[e].stream == cs)
+				e = next_on(e, dev);
+			int f = prev_on(w, dev);
+			ck_assert_int_ge(w, 0);
+			ck_assert_int_ge(f, 0);
+			ck_assert_int_ge(e, 0);
+			if (n_coll == 1)
+				compute = F->log[f].stream;
+			ck_assert_ptr_ne(compute, cs);
+			ck_assert_msg(F->log[w].kind == 'W' && F->log[w].stream == cs &&
+			              F->log[f].kind == 'R' && F->log[f].stream == compute &&
+			              F->log[f].event == F->log[w].event,
+			              "collective %d of device %d: not preceded by the "
+			              "compute stream's fork", n_coll, dev);
+			ck_assert_msg(F->log[e].kind == 'R' && F->log[e].stream == cs,
+			              "collective %d of device %d: no event recorded after",
+			              n_coll, dev);
+			bool waited = false;
+			for (int j = e + 1; j < F->n_log && !waited; j++)
+				waited = F->log[j].dev == dev && F->log[j].kind == 'W' &&
+				         F->log[j].stream == compute &&
+				         F->log[j].event == F->log[e].event;
+			ck_assert_msg(waited, "collective %d of device %d: the compute "
+			              "stream never waits for it", n_coll, dev);
+		}
+		ck_assert_int_eq(n_coll, 15);
+		ck_assert_int_gt(first_sync, last_work);
+	}
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
+	for (int i = 0; i < 4; i++)
+		if (i % 2 == 0 || ref[i].data != ref[i - 1].data)
+			fz_free(ref[i].data);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Rank 1 fails its second run before queueing anything: rank 0, whose
+ * collectives rank 1 never joins, fails with a message instead of
+ * waiting forever (NCCL is aborted, the fake's pending collective
+ * returns), and nothing is left formed. */
+START_TEST(world2_rank_failure_aborts)
+{
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 2, &rr[r]);
+	rr[1].fail_at = 2;
+	char idpath[] = "/tmp/fusec-nccl-fail-XXXXXX";
+	int fd = mkstemp(idpath);
+	close(fd);
+	unlink(idpath);
+	double t0 = fz_now();
+	run_world2(t, true, false, rr, idpath);
+	unlink(idpath);
+	ck_assert_double_lt(fz_now() - t0, 15); /* not the fake's 20 s deadline */
+	ck_assert_int_eq(rr[1].st, FZ_EINVAL);
+	ck_assert_msg(strstr(rr[1].err, "returns 2 values; 1 output"), "%s", rr[1].err);
+	ck_assert_int_ne(rr[0].st, FZ_OK);
+	ck_assert_ptr_nonnull(rr[0].err);
+	ck_assert_int_eq(F->nccl_comms, 0);
+	ck_assert_int_eq(F->nccl_ops, 5 * 2); /* the first run, both ranks */
+	for (int r = 0; r < 2; r++) {
+		fz_free(rr[r].err);
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
+	fz_module_free(m);
+}
+END_TEST
+
+/* A communicator without NCCL engines: the CUDA target says what is
+ * missing instead of running collectives the other ranks never see. */
+START_TEST(world2_without_nccl_is_an_error)
+{
+	use_fake()->devices = 2;
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	rank_run rr[2];
+	memset(rr, 0, sizeof rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, 2, &rr[r]);
+	run_world2(t, false, false, rr, NULL);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(rr[r].st, FZ_EINVAL);
+		ck_assert_msg(strstr(rr[r].err, "no NCCL communicator"), "%s", rr[r].err);
+		fz_free(rr[r].err);
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
+	}
+	ck_assert_int_eq(F->nccl_ops, 0);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- generated kernels, run by the emulator ------------------------------- */
+
+/* The fake driver runs a launch through its hook: here, the same kernel
+ * compiled for the emulated GPU (runtime/emu.c, the NVPTX skeletons and
+ * launch contract compiled for this CPU). The CUDA target loads a plan's
+ * modules in the order of its kernel set's distinct keys (kernels.c), so
+ * the k-th module loaded on a fake device is the k-th distinct kernel of
+ * the emulator's kernel set for the same program; the launch's parameters
+ * (buffers, the flag word, the kernel's symbols) are unpacked back into
+ * the emulator's launch. So a whole generated program runs on the fake,
+ * through the CUDA target's loading, packing and launching. */
+typedef struct emu_kernels {
+	fz_device *emu;
+	fz_kctx *kx;
+	fz_kset *ks;
+	const fz_kcode_rec *code[512];
+	int n;
+	int failures;
+	char msg[512];
+	pthread_mutex_t mu;
+} emu_kernels;
+
+static const fz_kcode_rec *emu_code(emu_kernels *E, int module)
+{
+	return module >= 0 && module < E->n ? E->code[module] : NULL;
+}
+
+static int emu_params(void *ctx, int module, const char *name)
+{
+	(void)name;
+	const fz_kcode_rec *c = emu_code(ctx, module);
+	return c ? c->k.n_in + c->k.n_out + 1 + c->k.n_syms : 0;
+}
+
+static void emu_run(void *ctx, int module, const char *name, const uint64_t *vals)
+{
+	emu_kernels *E = ctx;
+	const fz_kcode_rec *c = emu_code(E, module);
+	char *err = NULL;
+	fz_status st = FZ_EINVAL;
+	if (c) {
+		const fz_kernel *k = &c->k;
+		/* the NVPTX entries are base and base_scatter; the emulator's
+		 * launch runs every entry, so it runs at the last one */
+		bool scatter = strstr(name, "_scatter") != NULL;
+		if (k->n_entries == 2 && !scatter)
+			return;
+		int nb = k->n_in + k->n_out;
+		void *bufs[FAKE_MAX_VALUES];
+		int64_t syms[FZ_MAX_SYMS];
+		for (int i = 0; i < nb; i++)
+			bufs[i] = (void *)(uintptr_t)vals[i];
+		for (int j = 0; j < FZ_MAX_SYMS; j++)
+			syms[j] = -1;
+		for (int j = 0; j < k->n_syms; j++)
+			syms[k->syms[j]] = (int64_t)vals[nb + 1 + j];
+		st = fz_target_emu.launch(E->emu, k, c->fn, bufs, syms,
+		                          (int32_t *)(uintptr_t)vals[nb], NULL, &err);
+	}
+	if (st != FZ_OK) {
+		pthread_mutex_lock(&E->mu);
+		if (!E->failures++)
+			snprintf(E->msg, sizeof E->msg, "module %d (%s): %s", module, name,
+			         err ? err : c ? "failed" : "no such kernel");
+		pthread_mutex_unlock(&E->mu);
+	}
+	free(err);
+}
+
+/* The emulator's kernels of trace t at syms, planned as fz_exec plans. */
+static void emu_kernels_new(emu_kernels *E, const fz_trace *t, const int64_t *syms)
+{
+	memset(E, 0, sizeof *E);
+	pthread_mutex_init(&E->mu, NULL);
+	char *err = NULL;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	ck_assert_int_eq(fz_target_emu.open(&o, &E->emu, &err), FZ_OK);
+	fz_kctx_options ko = {E->emu->cg, NULL, E->emu, false, 0, NULL, NULL};
+	ck_assert_int_eq(fz_kctx_new(&ko, &E->kx, &err), FZ_OK);
+	fz_plan_options po;
+	fz_plan_defaults(&po);
+	po.sym_sizes = syms;
+	fz_program *p = NULL;
+	ck_assert_int_eq(fz_plan_cached(NULL, t, &po, &p, NULL, &err), FZ_OK);
+	fz_status st = fz_kset_build(E->kx, p, syms, &E->ks, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	for (int i = 0; i < E->ks->n_inst; i++) {
+		const fz_kcode_rec *c = E->ks->inst[i]->code;
+		bool seen = c->unsupported;
+		for (int j = 0; j < E->n && !seen; j++)
+			seen = E->code[j] == c;
+		if (!seen) {
+			ck_assert_int_lt(E->n, 512);
+			E->code[E->n++] = c;
+		}
+	}
+	fz_program_free(p);
+	F->hook_params = emu_params;
+	F->hook_run = emu_run;
+	F->hook_ctx = E;
+}
+
+static void emu_kernels_free(emu_kernels *E)
+{
+	F->hook_params = NULL;
+	F->hook_run = NULL;
+	fz_kset_free(E->ks);
+	fz_kctx_free(E->kx);
+	fz_device_release(E->emu);
+	pthread_mutex_destroy(&E->mu);
+}
+
+/* Inputs a trace can use: floats normal-ish, integers within the extent
+ * they index (the FSDP trace's ids and targets: its vocabulary), masks
+ * causal. */
+static void fill_input(fz_tensor *x, int64_t vocab)
+{
+	int64_t n = 1;
+	for (int d = 0; d < x->rank; d++)
+		n *= x->shape[d];
+	size_t es = fz_dtype_size(x->dtype);
+	x->data = aligned_alloc(256, ((size_t)n * es + 255) / 256 * 256 + 256);
+	for (int64_t i = 0; i < n; i++) {
+		if (x->dtype == FZ_F32)
+			((float *)x->data)[i] = frand() * 0.5f;
+		else if (x->dtype == FZ_I64)
+			((int64_t *)x->data)[i] = (int64_t)((frand() + 1) * 0.5f * (float)vocab) %
+			                          vocab;
+		else if (x->dtype == FZ_BOOL)
+			((uint8_t *)x->data)[i] = x->rank == 2 &&
+			                          i % x->shape[1] <= i / x->shape[1];
+		else
+			ck_abort_msg("an input of %s", fz_dtype_name(x->dtype));
+	}
+}
+
+typedef struct fsdp_job {
+	const fz_trace *t;
+	fz_comm *comm;
+	int rank, n_in, n_out;
+	const char *idpath;
+	const int64_t *syms;
+	fz_tensor *in, *out;
+	fz_status st;
+	char *err;
+	long host_syncs;
+} fsdp_job;
+
+/* One rank on its fake device through NCCL: prepared, then NCCL joined
+ * once both are ready, two runs, a sync. */
+static void *fsdp_rank(void *arg)
+{
+	fsdp_job *j = arg;
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.device = j->rank;
+	fz_exec *x = NULL;
+	struct fz_nccl *nc = NULL;
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	j->st = fz_exec_new(j->t, "cuda", &o, &x, &j->err);
+	if (j->st == FZ_OK) {
+		fz_exec_set_comm(x, j->comm, j->rank);
+		j->st = fz_exec_prepare(x, j->syms, j->in, j->n_in, &j->err);
+	}
+	if (j->st == FZ_OK)
+		j->st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_nccl_bootstrap_file(j->rank, j->idpath, 10, id, &j->err);
+	if (j->st == FZ_OK)
+		j->st = fz_cuda_nccl_new(fz_exec_dev(x), 2, j->rank, id, 10, &nc, &j->err);
+	if (j->st == FZ_OK)
+		fz_comm_set_nccl(j->comm, j->rank, nc);
+	for (int it = 0; it < 2 && j->st == FZ_OK; it++)
+		j->st = fz_exec_run(x, j->syms, j->in, j->n_in, j->out, j->n_out, NULL,
+		                    &j->err);
+	if (x)
+		j->host_syncs = fz_exec_host_syncs(x);
+	if (j->st == FZ_OK)
+		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (j->st != FZ_OK)
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "failed");
+	if (nc)
+		fz_cuda_nccl_free(fz_exec_dev(x), nc);
+	fz_exec_free(x);
+	return NULL;
+}
+
+/* A generated FSDP Llama training step (tools/gen/fsdp_llama.py) at world
+ * 2 on two fake devices: every kernel is generated code run by the
+ * emulator, every linear the fake cuBLASLt's, every collective the fake
+ * NCCL's on the communication stream; both ranks' outputs (loss and every
+ * gradient shard) against the interpreter running both ranks. */
+START_TEST(fsdp_llama_world2_on_fake)
+{
+	use_fake()->devices = 2;
+	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
+	char path[] = "/tmp/fusec-fsdp-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "python3 %s/tools/gen/fsdp_llama.py --world 2 "
+	         "--layers 1 --hidden 32 --heads 4 --intermediate 64 --vocab 64 "
+	         "--dtype f32 -o %s", FZ_SOURCE_DIR, path);
+	ck_assert_int_eq(system(cmd), 0);
+	fz_module *m = NULL;
+	char *err = NULL;
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	static char text[1 << 16];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	unlink(path);
+	text[len] = 0;
+	ck_assert_int_eq(fz_module_parse(text, len, "fsdp.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
+	int64_t syms[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		syms[i] = -1;
+	for (int s = 0; s < fz_trace_symbol_count(t); s++)
+		syms[s] = !strcmp(fz_trace_symbol(t, s), "B") ? 2 : 5;
+	emu_kernels E;
+	emu_kernels_new(&E, t, syms);
+	ck_assert_int_gt(E.n, 5);
+	fz_tensor *in = calloc((size_t)(2 * n_in), sizeof *in);
+	fz_tensor *out = calloc((size_t)(2 * n_out), sizeof *out);
+	fz_tensor *ref = calloc((size_t)(2 * n_out), sizeof *ref);
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < n_in; i++) {
+			fz_value *v = fz_trace_param(t, i);
+			fz_tensor *x = &in[r * n_in + i];
+			x->dtype = fz_value_dtype(v);
+			x->rank = fz_value_rank(v);
+			int64_t n = 1;
+			for (int d = x->rank - 1; d >= 0; d--) {
+				x->shape[d] = fz_value_extent(v, d, syms);
+				x->strides[d] = n;
+				n *= x->shape[d];
+			}
+			fill_input(x, 64);
+		}
+		for (int k = 0; k < n_out; k++) {
+			fz_value *v = fz_trace_output(t, k);
+			fz_tensor *y = &out[r * n_out + k];
+			int64_t shape[FZ_MAX_RANK], n = 1;
+			for (int d = 0; d < fz_value_rank(v); d++)
+				n *= shape[d] = fz_value_extent(v, d, syms);
+			fz_tensor_contiguous(y, aligned_alloc(256, ((size_t)n * 4 + 255) / 256 * 256),
+			                     fz_value_dtype(v), fz_value_rank(v), shape);
+		}
+	}
+	/* the two ranks, as rank_thread runs them, with all n_in inputs */
+	fz_comm *comm = NULL;
+	ck_assert_int_eq(fz_comm_new(2, 20, &comm), FZ_OK);
+	char idpath[] = "/tmp/fusec-nccl-fsdp-XXXXXX";
+	fd = mkstemp(idpath);
+	close(fd);
+	unlink(idpath);
+	fsdp_job jobs[2];
+	pthread_t th[2];
+	for (int r = 0; r < 2; r++) {
+		jobs[r] = (fsdp_job){t, comm, r, n_in, n_out, idpath, syms, in + r * n_in,
+		                     out + r * n_out, FZ_OK, NULL, 0};
+		ck_assert_int_eq(pthread_create(&th[r], NULL, fsdp_rank, &jobs[r]), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	unlink(idpath);
+	fz_comm_free(comm);
+	ck_assert_msg(E.failures == 0, "%d kernels failed: %s", E.failures, E.msg);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(jobs[r].st == FZ_OK, "rank %d: %s", r,
+		              jobs[r].err ? jobs[r].err : "?");
+		ck_assert_int_eq(jobs[r].host_syncs, 0);
+	}
+	ck_assert_int_gt(F->n_launches, 20);
+	ck_assert_int_gt(F->nccl_ops, 20);
+	ck_assert_int_eq(fz_trace_interpret_world(t, syms, 2, in, n_in, ref, n_out, &err),
+	                 FZ_OK);
+	for (int i = 0; i < 2 * n_out; i++) {
+		const fz_tensor *g = &out[i], *w = &ref[i];
+		int64_t n = 1;
+		for (int d = 0; d < w->rank; d++)
+			n *= w->shape[d];
+		double ss = 0;
+		for (int64_t j = 0; j < n; j++)
+			ss += (double)((float *)w->data)[j] * ((float *)w->data)[j];
+		double rms = n ? sqrt(ss / (double)n) : 0, atol = 1e-5 * (rms > 1 ? rms : 1);
+		for (int64_t j = 0; j < n; j++) {
+			double a = ((float *)g->data)[j], b = ((float *)w->data)[j];
+			ck_assert_msg(fabs(a - b) <= atol + 1e-5 * fabs(b),
+			              "rank %d, output %s[%lld] = %.9g, want %.9g", i / n_out,
+			              fz_value_name(fz_trace_output(t, i % n_out)),
+			              (long long)j, a, b);
+		}
+	}
+	for (int i = 0; i < 2 * n_in; i++)
+		free(in[i].data);
+	for (int i = 0; i < 2 * n_out; i++) {
+		free(out[i].data);
+		bool dup = false;
+		for (int j = i - i % n_out; j < i && !dup; j++)
+			dup = ref[j].data == ref[i].data;
+		if (!dup)
+			fz_free(ref[i].data);
+	}
+	free(in), free(out), free(ref);
+	emu_kernels_free(&E);
+	fz_module_free(m);
+}
+END_TEST
+
+/* ---- graphs ---------------------------------------------------------------- */
+
+/* fz_exec_run_graph on the fake: the run is captured once and replayed
+ * (the fake runs a graph's nodes at each launch, so the replays compute
+ * from the inputs' current contents), captured again when an output
+ * pointer changes, the flag word reset outside the graph, the legacy
+ * stream and a target without graphs refused. */
+START_TEST(graph_captured_once_replayed)
+{
+	use_fake()->n_params = 4;
+	const char *t2 = "trace g(x: f32[B, 16], w: f32[24, 16], b: f32[24], i: i64[4]) {\n"
+	                 "  y = linear(x, w, b)\n"
+	                 "  a = wait(all_reduce(y))\n"
+	                 "  z = take(a, i, dim=1)\n"
+	                 "  return a, z\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(t2, strlen(t2), "g.trace", &m, &err), FZ_OK);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cuda", &o, &x, &err), FZ_OK);
+	fz_device *d = fz_exec_dev(x);
+	int64_t syms[FZ_MAX_SYMS] = {3};
+	float *xs = filled(48), *w = filled(24 * 16), *b = filled(24);
+	static _Alignas(256) int64_t idx[4] = {0, 5, 23, 7};
+	fz_tensor in[4] = {{xs, FZ_F32, 2, {3, 16}, {16, 1}},
+	                   {w, FZ_F32, 2, {24, 16}, {16, 1}},
+	                   {b, FZ_F32, 1, {24}, {1}},
+	                   {idx, FZ_I64, 1, {4}, {1}}};
+	float *a1 = filled(72), *z1 = filled(12), *a2 = filled(72), *z2 = filled(12);
+	fz_tensor out[2] = {{a1, FZ_F32, 2, {3, 24}, {24, 1}},
+	                    {z1, FZ_F32, 2, {3, 4}, {4, 1}}};
+	/* the legacy stream cannot be captured */
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, NULL, &err), FZ_EINVAL);
+	ck_assert_msg(strstr(err, "legacy default stream"), "%s", err);
+	free(err);
+	err = NULL;
+	void *s = make_stream(d);
+	fz_tensor ref[2];
+	for (int it = 0; it < 3; it++) {
+		fz_status st = fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+		/* a replay reads the inputs as they are now */
+		ck_assert_int_eq(fz_trace_interpret(t, syms, in, 4, ref, 2, &err), FZ_OK);
+		for (int i = 0; i < 72; i++)
+			ck_assert_msg(fabsf(a1[i] - ((float *)ref[0].data)[i]) <=
+			              1e-5f * (1 + fabsf(((float *)ref[0].data)[i])),
+			              "run %d: a[%d] = %g, want %g", it, i, a1[i],
+			              ((float *)ref[0].data)[i]);
+		fz_free(ref[0].data);
+		fz_free(ref[1].data);
+		for (int i = 0; i < 48; i++)
+			xs[i] = frand();
+	}
+	const fz_exec_stats *es = fz_exec_stats_of(x);
+	ck_assert_int_eq(es->graph_captures, 1);
+	ck_assert_int_eq(es->graph_launches, 3);
+	ck_assert_int_eq(F->captures, 1);
+	ck_assert_int_eq(F->graph_launches, 3);
+	ck_assert_int_eq(F->execs, 1);
+	ck_assert_int_eq(F->graphs, 0); /* instantiated, then freed */
+	/* the take's launch, replayed with the values captured: a, i, z, flag */
+	ck_assert_int_eq(F->n_launches, 3);
+	for (int i = 0; i < 3; i++) {
+		uint64_t v[4];
+		params_of(&F->launch[i], v, 4);
+		ck_assert_uint_eq(v[2], (uintptr_t)z1);
+	}
+	ck_assert_int_eq(F->memsets, 1); /* the flag, once, outside the graph */
+	/* new output buffers: captured again, the old graph freed */
+	out[0].data = a2;
+	out[1].data = z2;
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err), FZ_OK);
+	ck_assert_int_eq(F->captures, 2);
+	ck_assert_int_eq(F->execs, 1);
+	uint64_t v[4];
+	params_of(&F->launch[3], v, 4);
+	ck_assert_uint_eq(v[2], (uintptr_t)z2);
+	ck_assert_int_eq(fz_trace_interpret(t, syms, in, 4, ref, 2, &err), FZ_OK);
+	for (int i = 0; i < 72; i++)
+		ck_assert(fabsf(a2[i] - ((float *)ref[0].data)[i]) <=
+		          1e-5f * (1 + fabsf(((float *)ref[0].data)[i])));
+	fz_free(ref[0].data);
+	fz_free(ref[1].data);
+	/* a bad index "met" by the kernel: reported at sync; the next run
+	 * resets the flag outside the graph and replays it as it is */
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_OK);
+	int32_t *flag = (int32_t *)(uintptr_t)v[3];
+	*flag = 1;
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_ERANGE);
+	free(err);
+	err = NULL;
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err), FZ_OK);
+	ck_assert_int_eq(*flag, 0);
+	ck_assert_int_eq(F->memsets, 2);
+	ck_assert_int_eq(F->captures, 2);
+	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_host_syncs(x), 0);
+	free_stream(d, s);
+	fz_exec_free(x);
+	ck_assert_int_eq(F->execs, 0); /* freed with the plan */
+	/* a target without graphs says so */
+	ck_assert_int_eq(fz_exec_new(t, "cpu", &o, &x, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, (void *)1, &err),
+	                 FZ_EUNSUPPORTED);
+	ck_assert_msg(strstr(err, "'cpu' cannot capture"), "%s", err);
+	free(err);
+	fz_exec_free(x);
+	free(xs), free(w), free(b), free(a1), free(z1), free(a2), free(z2);
 	fz_module_free(m);
 }
 END_TEST
@@ -1024,6 +1896,16 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(b, program_of_matmuls);
 	tcase_add_test(b, no_host_sync_inside_runs);
 	suite_add_tcase(s, b);
+	TCase *w = tcase_create("world");
+	/* the FSDP step compiles its kernels for the emulator: seconds, and
+	 * tens of them under the sanitizers */
+	tcase_set_timeout(w, 300);
+	tcase_add_loop_test(w, world2_through_nccl, 0, 2);
+	tcase_add_test(w, world2_without_nccl_is_an_error);
+	tcase_add_test(w, world2_rank_failure_aborts);
+	tcase_add_test(w, graph_captured_once_replayed);
+	tcase_add_test(w, fsdp_llama_world2_on_fake);
+	suite_add_tcase(s, w);
 	return s;
 }
 

@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "cuda_target.h"
@@ -89,7 +90,7 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "usage: fusec run FILE [--device auto|cuda|cpu|emu] [--bind B=8,T=2048]\n"
 	 "                      [--seed N] [--iters N] [--check] [--json]\n"
 	 "                      [--cache-dir DIR] [--no-cache] [--world N]\n"
-	 "                      [--timeout S]\n"
+	 "                      [--timeout S] [--graph]\n"
 	 "\n"
 	 "Run every trace of FILE on random inputs: floats from a normal\n"
 	 "distribution, index inputs within the extent they index, bools both\n"
@@ -109,18 +110,25 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "               max_rel_err, seconds_per_iter, worst_output,\n"
 	 "               worst_index, compiled, cache_hits, unique,\n"
 	 "               host_syncs_in_steps (host synchronizations the target\n"
-	 "               made inside the runs; the contract is 0)\n"
+	 "               made inside the runs; the contract is 0), graph\n"
 	 "  --cache-dir DIR  the kernel cache (default $FUSEC_CACHE_DIR, else\n"
 	 "               $XDG_CACHE_HOME/fusec, else ~/.cache/fusec); kernels\n"
 	 "               found there are linked, not compiled\n"
 	 "  --no-cache   use no disk cache: compile every distinct kernel\n"
 	 "  --world N    run N ranks (a trace declared `world N`; default: the\n"
 	 "               world the trace declares): on the CPU, N threads with\n"
-	 "               exact collectives; each rank gets its own inputs (seed\n"
+	 "               exact collectives; on CUDA, rank r on device r, its\n"
+	 "               collectives through NCCL on a communication stream\n"
+	 "               (N = 1 included); each rank gets its own inputs (seed\n"
 	 "               + rank), and --check compares every rank's outputs with\n"
 	 "               the interpreter running all N ranks\n"
 	 "  --timeout S  a rank that does not join a collective within S seconds\n"
-	 "               (default 60) fails the run, naming the rank\n"};
+	 "               (default 60) fails the run, naming the rank\n"
+	 "  --graph      on CUDA: capture the first run on a stream into a CUDA\n"
+	 "               graph and replay the graph for every iteration (captured\n"
+	 "               again only if the pointers changed); --json adds\n"
+	 "               graph_captures and graph_launches. Other devices refuse\n"
+	 "               it (exit 1)\n"};
 
 static int cmd_check(int argc, char **argv)
 {
@@ -281,6 +289,8 @@ typedef struct run_opts {
 	double setup_seconds;   /* preparing: plan, kernels, arena */
 	long host_syncs;        /* host synchronizations inside steps */
 	char ran_on[16];        /* the target that ran */
+	bool graph;             /* --graph */
+	int captures, replays;  /* graphs captured and launched, summed */
 } run_opts;
 
 /* What --check found over every output of every trace. */
@@ -411,7 +421,8 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 			"not match\n", fz_trace_name(t), world, world, o->world);
 		return EXIT_BAD;
 	}
-	if (world > 1)
+	/* --world 1 on CUDA (or auto) too: the ranks' path, through NCCL */
+	if (world > 1 || (o->world && strcmp(o->device, "cpu") && strcmp(o->device, "emu")))
 		return run_trace_world(t, o, world, syms, spi, cr);
 	fz_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
 	fz_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
@@ -423,6 +434,7 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	int rc = EXIT_BAD;
 	char *err = NULL;
 	fz_exec *x = NULL;
+	void *stream = NULL; /* --graph: a stream of ours (NULL: the default) */
 	if (!in || !out || !ref || !din || !dout ||
 	    make_inputs(t, syms, o->seed, in) < 0 || make_outputs(t, syms, out) < 0)
 		goto done;
@@ -436,6 +448,13 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 		goto fail;
 	snprintf(o->ran_on, sizeof o->ran_on, "%s", fz_exec_device(x));
 	dev = fz_exec_dev(x);
+	if (o->graph && !dev->tg->capture_begin) {
+		err = fz_strdup_printf("--graph: device '%s' cannot capture a run into a "
+				       "graph (CUDA graphs: --device cuda)", o->ran_on);
+		goto fail;
+	}
+	if (o->graph && fz_cuda_stream_new(dev, &stream, &err) != FZ_OK)
+		goto fail;
 	bool on_dev = !dev->tg->host_memory;
 	for (int k = 0; on_dev && k < n_in + n_out; k++) {
 		const fz_tensor *h = k < n_in ? &in[k] : &out[k - n_in];
@@ -444,7 +463,7 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 		d->data = NULL;
 		size_t bytes = (size_t)tensor_numel(h) * fz_dtype_size(h->dtype);
 		if (dev->tg->alloc(dev, bytes, &d->data, &err) != FZ_OK ||
-		    (k < n_in && dev->tg->upload(dev, d->data, h->data, bytes, NULL,
+		    (k < n_in && dev->tg->upload(dev, d->data, h->data, bytes, stream,
 						 &err) != FZ_OK))
 			goto fail;
 	}
@@ -457,24 +476,27 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	double setup = tool_now() - t0;
 	/* on CUDA the time per iteration is the device's, between events */
 	bool events = !strcmp(dev->tg->name, "cuda");
-	if (events && fz_cuda_timer(dev, NULL, false, NULL, &err) != FZ_OK)
+	if (events && fz_cuda_timer(dev, stream, false, NULL, &err) != FZ_OK)
 		goto fail;
 	t0 = tool_now();
 	for (long it = 0; it < o->iters; it++)
-		if (fz_exec_run(x, syms, rin, n_in, rout, n_out, NULL, &err) != FZ_OK)
+		if ((o->graph ? fz_exec_run_graph(x, syms, rin, n_in, rout, n_out, stream,
+						  &err)
+			      : fz_exec_run(x, syms, rin, n_in, rout, n_out, NULL, &err)) !=
+		    FZ_OK)
 			goto fail;
 	double ms = 0;
-	if (events && fz_cuda_timer(dev, NULL, true, &ms, &err) != FZ_OK)
+	if (events && fz_cuda_timer(dev, stream, true, &ms, &err) != FZ_OK)
 		goto fail;
 	/* a device error (an index out of range) is reported by the sync */
-	if (fz_exec_sync(x, NULL, &err) != FZ_OK)
+	if (fz_exec_sync(x, stream, &err) != FZ_OK)
 		goto fail;
 	double per = (events ? ms * 1e-3 : tool_now() - t0) / (double)o->iters;
 	*spi += per;
 	for (int k = 0; on_dev && k < n_out; k++)
 		if (dev->tg->download(dev, out[k].data, dout[k].data,
 				      (size_t)tensor_numel(&out[k]) *
-				      fz_dtype_size(out[k].dtype), NULL, &err) != FZ_OK)
+				      fz_dtype_size(out[k].dtype), stream, &err) != FZ_OK)
 			goto fail;
 	if (o->check) {
 		fz_status st = fz_trace_interpret(t, syms, in, n_in, ref, n_out, &err);
@@ -485,6 +507,8 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	}
 	const fz_exec_stats *es = fz_exec_stats_of(x);
 	o->host_syncs += fz_exec_host_syncs(x);
+	o->captures += es->graph_captures;
+	o->replays += es->graph_launches;
 	o->compiled += es->k.compiled;
 	o->cache_hits += es->k.cache_hits;
 	o->unique += es->k.unique;
@@ -497,6 +521,10 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 		       o->ran_on, es->regions, es->launches, es->k.unique,
 		       es->k.compiled, es->k.cache_hits, setup * 1e3,
 		       es->k.unsupported ? ", some regions run per op" : "");
+		if (o->graph)
+			printf("  as a CUDA graph: captured %d time%s, launched %d times\n",
+			       es->graph_captures, es->graph_captures == 1 ? "" : "s",
+			       es->graph_launches);
 		for (int k = 0; k < n_out; k++) {
 			const fz_value *v = fz_trace_output(t, k);
 			char ty[256];
@@ -510,6 +538,8 @@ fail:
 	fprintf(stderr, "fusec run: trace '%s': %s\n", fz_trace_name(t),
 		err ? err : "failed");
 done:
+	if (stream)
+		fz_cuda_stream_free(dev, stream);
 	for (int k = 0; dev && din && k < n_in; k++)
 		dev->tg->release(dev, din[k].data);
 	for (int k = 0; dev && dout && k < n_out; k++)
@@ -536,6 +566,7 @@ typedef struct rank_job {
 	const fz_trace *t;
 	run_opts *o;
 	fz_comm *comm;
+	const char *idpath;   /* the NCCL id's file (CUDA ranks) */
 	int rank;
 	const int64_t *syms;
 	fz_tensor *in, *out;
@@ -552,6 +583,84 @@ static void quiet(void *ctx, const char *msg)
 	(void)msg;
 }
 
+/* Rank j->rank on CUDA device j->rank: its inputs copied to the device,
+ * NCCL joined through the id file once every rank is prepared (so no rank
+ * gives NCCL work that a failed rank would never match), the runs, the
+ * outputs copied back. */
+static fz_status rank_cuda(rank_job *j, fz_exec *x, int n_in, int n_out)
+{
+	fz_device *dev = fz_exec_dev(x);
+	int world = fz_comm_world(j->comm);
+	fz_tensor *din = calloc((size_t)n_in + 1, sizeof *din);
+	fz_tensor *dout = calloc((size_t)n_out + 1, sizeof *dout);
+	struct fz_nccl *nc = NULL;
+	void *stream = NULL; /* --graph: a stream of this rank's */
+	fz_status st = din && dout ? FZ_OK : FZ_ENOMEM;
+	if (st == FZ_OK && j->o->graph)
+		st = fz_cuda_stream_new(dev, &stream, &j->err);
+	for (int k = 0; st == FZ_OK && k < n_in + n_out; k++) {
+		const fz_tensor *h = k < n_in ? &j->in[k] : &j->out[k - n_in];
+		fz_tensor *d = k < n_in ? &din[k] : &dout[k - n_in];
+		*d = *h;
+		d->data = NULL;
+		size_t bytes = (size_t)tensor_numel(h) * fz_dtype_size(h->dtype);
+		st = dev->tg->alloc(dev, bytes, &d->data, &j->err);
+		if (st == FZ_OK && k < n_in)
+			st = dev->tg->upload(dev, d->data, h->data, bytes, stream, &j->err);
+	}
+	if (st == FZ_OK)
+		st = fz_exec_prepare(x, j->syms, din, n_in, &j->err);
+	if (st == FZ_OK)
+		st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	unsigned char id[FZ_NCCL_ID_BYTES];
+	if (st == FZ_OK)
+		st = fz_nccl_bootstrap_file(j->rank, j->idpath, j->o->timeout, id, &j->err);
+	if (st == FZ_OK)
+		st = fz_cuda_nccl_new(dev, world, j->rank, id, j->o->timeout, &nc, &j->err);
+	if (st == FZ_OK)
+		fz_comm_set_nccl(j->comm, j->rank, nc);
+	double t0 = tool_now();
+	for (long it = 0; it < j->o->iters && st == FZ_OK; it++)
+		st = j->o->graph ? fz_exec_run_graph(x, j->syms, din, n_in, dout, n_out,
+						     stream, &j->err)
+				 : fz_exec_run(x, j->syms, din, n_in, dout, n_out, NULL,
+					       &j->err);
+	j->host_syncs = fz_exec_host_syncs(x);
+	/* every rank has queued all its work: else a peer failed (or this
+	 * rank did), and NCCL is aborted rather than its collectives waited
+	 * for by a sync that would never return */
+	if (st == FZ_OK)
+		st = fz_comm_barrier(j->comm, j->rank, &j->err);
+	if (st != FZ_OK && nc) {
+		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(st));
+		fz_comm_set_nccl(j->comm, j->rank, NULL);
+		fz_cuda_nccl_abort(dev, nc);
+		nc = NULL;
+	}
+	if (st == FZ_OK)
+		st = fz_exec_sync(x, stream, &j->err);
+	j->seconds = (tool_now() - t0) / (double)j->o->iters;
+	for (int k = 0; st == FZ_OK && k < n_out; k++)
+		st = dev->tg->download(dev, j->out[k].data, dout[k].data,
+				       (size_t)tensor_numel(&j->out[k]) *
+				       fz_dtype_size(j->out[k].dtype), stream, &j->err);
+	if (stream)
+		fz_cuda_stream_free(dev, stream);
+	if (nc) {
+		fz_comm_set_nccl(j->comm, j->rank, NULL);
+		fz_cuda_nccl_free(dev, nc);
+	}
+	for (int k = 0; din && k < n_in; k++)
+		dev->tg->release(dev, din[k].data);
+	for (int k = 0; dout && k < n_out; k++)
+		dev->tg->release(dev, dout[k].data);
+	free(din);
+	free(dout);
+	if (st == FZ_ENOMEM && !j->err)
+		j->err = fz_strdup("out of memory");
+	return st;
+}
+
 static void *rank_main(void *arg)
 {
 	rank_job *j = arg;
@@ -563,33 +672,49 @@ static void *rank_main(void *arg)
 	xo.cache_dir = j->o->cache_dir;
 	xo.warn = j->rank ? quiet : on_notice; /* one notice, not one per rank */
 	xo.max_plans = 1;
+	xo.device = j->rank; /* on GPUs: one device per rank */
 	j->st = fz_exec_new(j->t, j->o->device, &xo, &x, &j->err);
 	if (j->st != FZ_OK) {
 		fz_comm_abort(j->comm, j->rank, j->err ? j->err : "could not start");
 		return NULL;
 	}
-	if (strcmp(fz_exec_device(x), "cpu")) {
-		j->err = fz_strdup_printf("--world %d: ranks run emulated on the cpu "
-					  "in this build (device '%s' has no "
-					  "communicator wired)", fz_comm_world(j->comm),
-					  fz_exec_device(x));
+	const char *on = fz_exec_device(x);
+	if (strcmp(on, "cpu") && strcmp(on, "cuda")) {
+		j->err = fz_strdup_printf("--world %d: ranks run on the cpu (emulated) "
+					  "or on CUDA devices through NCCL, not on '%s'",
+					  fz_comm_world(j->comm), on);
+		j->st = FZ_EUNSUPPORTED;
+		fz_comm_abort(j->comm, j->rank, j->err);
+		fz_exec_free(x);
+		return NULL;
+	}
+	if (!j->rank)
+		snprintf(j->o->ran_on, sizeof j->o->ran_on, "%s", on);
+	if (j->o->graph && !fz_exec_dev(x)->tg->capture_begin) {
+		j->err = fz_strdup_printf("--graph: device '%s' cannot capture a run "
+					  "into a graph (CUDA graphs: --device cuda)", on);
 		j->st = FZ_EUNSUPPORTED;
 		fz_comm_abort(j->comm, j->rank, j->err);
 		fz_exec_free(x);
 		return NULL;
 	}
 	fz_exec_set_comm(x, j->comm, j->rank);
-	j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
-	double t0 = tool_now();
-	for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
-		j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL, &j->err);
-	if (j->st == FZ_OK)
-		j->st = fz_exec_sync(x, NULL, &j->err);
+	if (!strcmp(on, "cuda")) {
+		j->st = rank_cuda(j, x, n_in, n_out);
+	} else {
+		j->st = fz_exec_prepare(x, j->syms, j->in, n_in, &j->err);
+		double t0 = tool_now();
+		for (long it = 0; it < j->o->iters && j->st == FZ_OK; it++)
+			j->st = fz_exec_run(x, j->syms, j->in, n_in, j->out, n_out, NULL,
+					    &j->err);
+		if (j->st == FZ_OK)
+			j->st = fz_exec_sync(x, NULL, &j->err);
+		j->seconds = (tool_now() - t0) / (double)j->o->iters;
+		j->host_syncs = fz_exec_host_syncs(x);
+	}
 	if (j->st != FZ_OK)
 		fz_comm_abort(j->comm, j->rank, j->err ? j->err : fz_status_name(j->st));
-	j->seconds = (tool_now() - t0) / (double)j->o->iters;
 	j->stats = *fz_exec_stats_of(x);
-	j->host_syncs = fz_exec_host_syncs(x);
 	fz_exec_free(x);
 	return NULL;
 }
@@ -607,6 +732,7 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	bool *started = calloc(W, sizeof *started);
 	fz_comm *comm = NULL;
 	char *err = NULL;
+	char idpath[64] = "";
 	int rc = EXIT_BAD;
 	if (!in || !out || !ref || !jobs || !th || !started) {
 		fprintf(stderr, "fusec run: out of memory\n");
@@ -621,8 +747,17 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 		fprintf(stderr, "fusec run: out of memory\n");
 		goto done;
 	}
+	/* where the ranks are CUDA devices, rank 0 publishes NCCL's id here */
+	char iddir[] = "/tmp/fusec-nccl-XXXXXX";
+	if (!mkdtemp(iddir)) {
+		fprintf(stderr, "fusec run: cannot make a folder for the NCCL id: %s\n",
+			strerror(errno));
+		goto done;
+	}
+	snprintf(idpath, sizeof idpath, "%s/id", iddir);
 	for (int r = 0; r < world; r++) {
-		jobs[r] = (rank_job){t, o, comm, r, syms, in + (size_t)r * (size_t)n_in,
+		jobs[r] = (rank_job){t, o, comm, idpath, r, syms,
+				     in + (size_t)r * (size_t)n_in,
 				     out + (size_t)r * (size_t)n_out, FZ_OK, NULL, {0}, 0, 0};
 		if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
 			fz_comm_abort(comm, r, "could not start its thread");
@@ -671,6 +806,8 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	}
 	long syncs = 0;
 	for (int r = 0; r < world; r++) {
+		o->captures += jobs[r].stats.graph_captures;
+		o->replays += jobs[r].stats.graph_launches;
 		o->compiled += jobs[r].stats.k.compiled;
 		o->cache_hits += jobs[r].stats.k.cache_hits;
 		syncs += jobs[r].host_syncs;
@@ -678,13 +815,14 @@ static int run_trace_world(const fz_trace *t, run_opts *o, int world,
 	o->unique += jobs[0].stats.k.unique;
 	o->setup_seconds += jobs[0].stats.prepare_seconds;
 	o->host_syncs += syncs;
-	snprintf(o->ran_on, sizeof o->ran_on, "%s", "cpu");
+	bool gpus = !strcmp(o->ran_on, "cuda");
 	if (!o->json)
-		printf("trace %s: world %d, %d ranks on the cpu (threads, exact "
-		       "collectives): %.3f ms per iteration (%d regions, %d kernel keys; "
-		       "%ld host synchronizations inside the steps)\n",
-		       fz_trace_name(t), world, world, per * 1e3, jobs[0].stats.regions,
-		       jobs[0].stats.k.unique, syncs);
+		printf("trace %s: world %d, %d ranks %s: %.3f ms per iteration (%d "
+		       "regions, %d kernel keys; %ld host synchronizations inside the "
+		       "steps)\n", fz_trace_name(t), world, world, gpus ?
+		       "on CUDA devices 0.. (NCCL, a communication stream each)" :
+		       "on the cpu (threads, exact collectives)", per * 1e3,
+		       jobs[0].stats.regions, jobs[0].stats.k.unique, syncs);
 	rc = 0;
 done:
 	for (size_t i = 0; in && i < W * (size_t)n_in; i++)
@@ -707,6 +845,11 @@ done:
 	free(th);
 	free(started);
 	fz_comm_free(comm);
+	if (idpath[0]) {
+		unlink(idpath);
+		*strrchr(idpath, '/') = 0;
+		rmdir(idpath);
+	}
 	fz_free(err);
 	return rc;
 }
@@ -721,6 +864,8 @@ static int cmd_run(int argc, char **argv)
 		bool has_next = i + 1 < argc;
 		if (!strcmp(a, "--check")) {
 			o.check = true;
+		} else if (!strcmp(a, "--graph")) {
+			o.graph = true;
 		} else if (!strcmp(a, "--no-cache")) {
 			o.no_cache = true;
 		} else if (!strcmp(a, "--cache-dir") && has_next) {
@@ -800,6 +945,10 @@ static int cmd_run(int argc, char **argv)
 		       "\"setup_seconds\": %.6f, \"host_syncs_in_steps\": %ld",
 		       o.compiled, o.cache_hits, o.unique, o.setup_seconds,
 		       o.host_syncs);
+		printf(", \"graph\": %s", o.graph ? "true" : "false");
+		if (o.graph)
+			printf(", \"graph_captures\": %d, \"graph_launches\": %d",
+			       o.captures, o.replays);
 		if (o.check && cr.worst_ratio > 0)
 			printf(", \"worst_output\": \"%s\", \"worst_index\": %lld, "
 			       "\"worst_got\": %.9g, \"worst_want\": %.9g",

@@ -19,8 +19,8 @@ typedef struct desc { int compute, scale, transa, transb, epilogue; const void *
 typedef struct layout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; } layout;
 typedef struct pref { uint64_t ws; uint32_t align[4]; } pref;
 
-API int cublasLtCreate(void **h) { *h = malloc(1); fake_cuda.lt_creates++; return 0; }
-API int cublasLtDestroy(void *h) { free(h); fake_cuda.lt_destroys++; return 0; }
+API int cublasLtCreate(void **h) { *h = malloc(1); __atomic_fetch_add(&fake_cuda.lt_creates, 1, __ATOMIC_RELAXED); return 0; }
+API int cublasLtDestroy(void *h) { free(h); __atomic_fetch_add(&fake_cuda.lt_destroys, 1, __ATOMIC_RELAXED); return 0; }
 API size_t cublasLtGetVersion(void) { return 130000; }
 API const char *cublasLtGetStatusName(int s)
 {
@@ -86,7 +86,7 @@ API int cublasLtMatmulAlgoGetHeuristic(void *h, desc *d, layout *a, layout *b, l
                                        layout *dd, pref *p, int req, heur *res, int *got)
 {
 	(void)h, (void)d, (void)a, (void)b, (void)c, (void)dd, (void)req;
-	fake_cuda.lt_heuristics++;
+	__atomic_fetch_add(&fake_cuda.lt_heuristics, 1, __ATOMIC_RELAXED);
 	memcpy(fake_cuda.align, p->align, sizeof p->align);
 	memset(res, 0, sizeof *res);
 	res->a.data[0] = 42;
@@ -107,30 +107,30 @@ static void put(int type, void *p, int64_t i, double v)
 		((float *)p)[i] = (float)v;
 }
 
-API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layout *la,
-                       const void *B, layout *lb, const void *beta, const void *C,
-                       layout *lc, void *D, layout *ld, const algo *al, void *ws,
-                       size_t wsn, void *stream)
+/* A product with its descriptors copied: what a captured call keeps. */
+typedef struct mm_args {
+	desc d;
+	layout la, lb, ld;
+	const void *A, *B;
+	void *D;
+	double alpha, beta;
+	uint64_t m, n, k;
+} mm_args;
+
+static void run_matmul(void *ctx, void *stream)
 {
-	(void)h, (void)C, (void)lc, (void)stream, (void)ws;
-	if (!al || al->data[0] != 42)
-		return 7;
-	uint64_t m = d->transa ? la->cols : la->rows, k = d->transa ? la->rows : la->cols;
-	uint64_t kb = d->transb ? lb->cols : lb->rows, n = d->transb ? lb->rows : lb->cols;
-	if (k != kb || ld->rows != m || ld->cols != n || la->batch != ld->batch ||
-	    lb->batch != ld->batch)
-		return 7;
-	if (fake_cuda.n_matmuls < FAKE_MAX_LAUNCHES)
-		fake_cuda.mm[fake_cuda.n_matmuls] = (fake_matmul){
-			d->compute, d->scale, d->transa, d->transb, d->epilogue, la->type,
-			m, n, k, la->ld, lb->ld, ld->ld, ld->batch, la->stride, lb->stride,
-			ld->stride, A, B, D, d->bias, wsn};
-	fake_cuda.n_matmuls++;
+	mm_args *a = ctx;
+	const desc *d = &a->d;
+	const layout *la = &a->la, *lb = &a->lb, *ld = &a->ld;
+	fake_op *o = fake_log('M', stream);
+	if (o) {
+		o->x = a->A;
+		o->y = a->D;
+	}
 	int t = la->type;
 	if (t != 0 && t != 1)
-		return 0; /* only f32 and f64 are computed */
-	double al1 = t == 1 ? *(const double *)alpha : *(const float *)alpha;
-	double be = t == 1 ? *(const double *)beta : *(const float *)beta;
+		return; /* only f32 and f64 are computed */
+	uint64_t m = a->m, n = a->n, k = a->k;
 	for (int bt = 0; bt < ld->batch; bt++)
 		for (uint64_t j = 0; j < n; j++)
 			for (uint64_t i = 0; i < m; i++) {
@@ -140,14 +140,47 @@ API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layou
 					                       : (int64_t)(i + l * la->ld);
 					int64_t ib = d->transb ? (int64_t)(j + l * lb->ld)
 					                       : (int64_t)(l + j * lb->ld);
-					s += get(t, A, bt * la->stride + ia) *
-					     get(t, B, bt * lb->stride + ib);
+					s += get(t, a->A, bt * la->stride + ia) *
+					     get(t, a->B, bt * lb->stride + ib);
 				}
 				int64_t id = bt * ld->stride + (int64_t)(i + j * ld->ld);
-				double v = al1 * s + (be != 0 ? be * get(t, D, id) : 0);
+				double v = a->alpha * s +
+				           (a->beta != 0 ? a->beta * get(t, a->D, id) : 0);
 				if (d->epilogue == 4)
 					v += get(t, d->bias, (int64_t)i);
-				put(t, D, id, v);
+				put(t, a->D, id, v);
 			}
+}
+
+API int cublasLtMatmul(void *h, desc *d, const void *alpha, const void *A, layout *la,
+                       const void *B, layout *lb, const void *beta, const void *C,
+                       layout *lc, void *D, layout *ld, const algo *al, void *ws,
+                       size_t wsn, void *stream)
+{
+	(void)h, (void)C, (void)lc, (void)ws;
+	if (!al || al->data[0] != 42)
+		return 7;
+	uint64_t m = d->transa ? la->cols : la->rows, k = d->transa ? la->rows : la->cols;
+	uint64_t kb = d->transb ? lb->cols : lb->rows, n = d->transb ? lb->rows : lb->cols;
+	if (k != kb || ld->rows != m || ld->cols != n || la->batch != ld->batch ||
+	    lb->batch != ld->batch)
+		return 7;
+	int at = __atomic_fetch_add(&fake_cuda.n_matmuls, 1, __ATOMIC_RELAXED);
+	if (at < FAKE_MAX_LAUNCHES)
+		fake_cuda.mm[at] = (fake_matmul){
+			d->compute, d->scale, d->transa, d->transb, d->epilogue, la->type,
+			m, n, k, la->ld, lb->ld, ld->ld, ld->batch, la->stride, lb->stride,
+			ld->stride, A, B, D, d->bias, wsn};
+	int t = la->type;
+	mm_args a = {*d, *la, *lb, *ld, A, B, D, 0, 0, m, n, k};
+	if (t == 0 || t == 1) {
+		a.alpha = t == 1 ? *(const double *)alpha : *(const float *)alpha;
+		a.beta = t == 1 ? *(const double *)beta : *(const float *)beta;
+	}
+	int r = fake_defer(stream, 'M', run_matmul, &a, sizeof a);
+	if (r > 1)
+		return 14; /* CUBLAS_STATUS_INTERNAL_ERROR */
+	if (r == 0)
+		run_matmul(&a, stream);
 	return 0;
 }

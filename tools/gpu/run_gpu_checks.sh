@@ -32,6 +32,16 @@
 #   5. torch        where a Python with torch and CUDA is at $PYTHON:
 #                   tools/gpu/torch_cuda_check.py (fusec.Program on CUDA
 #                   tensors against PyTorch CUDA, three models, fwd+bwd)
+#   6. NCCL         FSDP Llama traces (tools/gen/fsdp_llama.py, f32 and
+#                   bf16) through NCCL: `--world 1 --check` on device 0,
+#                   and `--world 2 --check` where there are two GPUs; each
+#                   must report 0 host synchronizations inside the steps
+#                   (needs libnccl.so.2, or $FUSEC_NCCL_LIBRARY)
+#   7. graphs       `fusec run --graph --check` (the run captured once into
+#                   a CUDA graph, replayed per iteration) on the Llama
+#                   block and a 2-layer bf16 Llama at two sizes, and the
+#                   time per iteration with and without --graph (200
+#                   iterations, CUDA events): the gain goes in the note
 #
 # Exit status: 0 when every check passed, 1 when any failed, 77 with no GPU.
 set -u
@@ -203,6 +213,83 @@ else
 	echo "run_gpu_checks: no Python with torch and CUDA at \$PYTHON=$PYTHON:" \
 		"fusec.Program(device=\"cuda\") against PyTorch is not checked"
 fi
+
+# ---- 6. NCCL: world 1 (and 2 where two GPUs are) -------------------------------------------
+gpus=1
+command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L | grep -c '^GPU')
+nccl="$tmp/nccl.jsonl"
+: >"$nccl"
+for w in 1 2; do
+	[ $w -le "$gpus" ] || { echo "run_gpu_checks: one GPU: world $w through NCCL not run"; continue; }
+	for dt in f32 bf16; do
+		f="$tmp/fsdp_w${w}_$dt.trace"
+		"$PYTHON" "$REPO/tools/gen/fsdp_llama.py" --world $w --layers 2 --hidden 256 \
+			--heads 4 --intermediate 688 --vocab 512 --dtype $dt -o "$f" || continue
+		out=$("$FUSEC" run "$f" --device "$DEVICE" --world $w --bind B=2,T=64 \
+			--iters 5 --check --json 2>&1)
+		rc=$?
+		ok=true
+		if [ $rc -ne 0 ] || ! printf '%s' "$out" | grep -Eq '"host_syncs_in_steps": 0[,}]'; then
+			ok=false
+			failures=$((failures + 1))
+			echo "FAIL nccl world $w $dt:"
+			printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+		else
+			echo "ok   nccl world $w $dt, 0 host syncs inside steps"
+		fi
+		printf '{"world": %d, "dtype": "%s", "ok": %s, "output": %s}\n' $w $dt $ok \
+			"$(json_str "$(printf '%s' "$out" | tail -c 2000)")" >>"$nccl"
+	done
+done
+{
+	printf '{\n'
+	header
+	printf ',\n  "check": "fusec run --device %s --world N --check (NCCL), 0 host syncs",\n  "results": [\n' "$DEVICE"
+	sed -e '$!s/$/,/' -e 's/^/    /' "$nccl"
+	printf '  ]\n}\n'
+} >"$RESULTS/nccl_$stamp.json"
+
+# ---- 7. CUDA graphs: --graph replay, checked, and timed against plain runs -------------------
+graphs="$tmp/graphs.jsonl"
+: >"$graphs"
+"$PYTHON" "$REPO/tools/gen/llama.py" --layers 2 --hidden 512 --heads 8 \
+	--intermediate 1376 --vocab 4096 --dtype bf16 -o "$tmp/llama2_bf16.trace" \
+	2>/dev/null || cp "$REPO/tests/traces/llama_block.trace" "$tmp/llama2_bf16.trace"
+gtraces="$REPO/tests/traces/llama_block.trace $tmp/llama2_bf16.trace"
+if [ "$DEVICE" != cuda ]; then # a dry run: graphs are CUDA's
+	echo "run_gpu_checks: --graph needs --device cuda: part 7 not run on $DEVICE"
+	gtraces=
+fi
+for f in $gtraces; do
+	for bt in 1,1 8,512; do
+		b=${bt%,*} t=${bt#*,}
+		g=$("$FUSEC" run "$f" --device "$DEVICE" --bind "B=$b,T=$t" --iters 200 \
+			--graph --check --json 2>&1)
+		grc=$?
+		p=$("$FUSEC" run "$f" --device "$DEVICE" --bind "B=$b,T=$t" --iters 200 \
+			--json 2>&1)
+		ok=true
+		if [ $grc -ne 0 ] || ! printf '%s' "$g" | grep -q '"graph_captures": 1,'; then
+			ok=false
+			failures=$((failures + 1))
+			echo "FAIL --graph $(basename "$f") at $bt:"
+			printf '%s\n' "$g" | tail -5 | sed 's/^/    /'
+		else
+			echo "ok   --graph $(basename "$f") at $bt"
+		fi
+		printf '{"trace": %s, "bind": "B=%s,T=%s", "ok": %s, "graph": %s, "plain": %s}\n' \
+			"$(json_str "$(basename "$f")")" "$b" "$t" $ok \
+			"$(json_str "$(printf '%s' "$g" | tail -c 1500)")" \
+			"$(json_str "$(printf '%s' "$p" | tail -c 1500)")" >>"$graphs"
+	done
+done
+{
+	printf '{\n'
+	header
+	printf ',\n  "check": "fusec run --graph --check --iters 200 vs plain --iters 200 (seconds_per_iter from CUDA events)",\n  "results": [\n'
+	sed -e '$!s/$/,/' -e 's/^/    /' "$graphs"
+	printf '  ]\n}\n'
+} >"$RESULTS/graphs_$stamp.json"
 
 echo "run_gpu_checks: $failures failure(s)"
 [ $failures -eq 0 ]
