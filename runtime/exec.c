@@ -113,6 +113,7 @@ typedef struct pplan {
 	int64_t arena_bytes; /* memplan's, then staging, then the flag */
 	int64_t flag_off;
 	bool flag_clear;     /* device targets: the flag is known to be 0 */
+	bool unsynced;       /* has run since the last fz_exec_sync read its flag */
 	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
@@ -1002,6 +1003,7 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 		 (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
 			: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
+	pp->unsynced = true;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
 		char *base = sl->base == B_ARENA ? arena
@@ -1180,6 +1182,8 @@ fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
 	    (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
 		: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
+	if (pp)
+		pp->unsynced = true;
 	if (st == FZ_OK && !graph_fits(pp, in, n_in, out, n_out))
 		st = capture(x, pp, syms, in, n_in, out, n_out, stream, err);
 	if (st == FZ_OK && (st = tg->graph_launch(dev, pp->graph, stream, err)) == FZ_OK)
@@ -1198,17 +1202,25 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		return FZ_EINVAL;
 	fz_device *dev = x->dev;
 	fz_status st = dev->tg->sync(dev, stream, err);
-	if (st != FZ_OK || !x->n_plans)
-		return st;
-	pplan *pp = x->plans[0];
+	/* the flag of every binding that ran since the last sync: runs at
+	 * other sizes (other plans) may be the ones that went out of range */
 	int32_t flag = 0;
-	const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
-	if (dev->tg->host_memory)
-		flag = *f;
-	else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream, err)) != FZ_OK)
+	for (int i = 0; i < x->n_plans && st == FZ_OK && !flag; i++) {
+		pplan *pp = x->plans[i];
+		if (!pp->unsynced)
+			continue;
+		pp->unsynced = false;
+		const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
+		if (dev->tg->host_memory)
+			flag = *f;
+		else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream,
+						 err)) != FZ_OK)
+			return st;
+		if (flag && !dev->tg->host_memory)
+			pp->flag_clear = false; /* cleared by the next run */
+	}
+	if (st != FZ_OK)
 		return st;
-	if (flag && !dev->tg->host_memory)
-		pp->flag_clear = false; /* cleared by the next run */
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
 }
 

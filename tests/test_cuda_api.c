@@ -913,15 +913,27 @@ START_TEST(device_flag_read_at_sync)
 		if (t->nodes[i]->op == FZ_OP_TAKE)
 			take = i;
 	ck_assert_int_ge(take, 0);
+	/* a run whose kernel meets a bad index, then one at other sizes (a
+	 * second plan, with a flag of its own): the sync reads both */
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
 	*flag = take + 1;
+	fz_tensor in3[2] = {in[0], {idx, FZ_I64, 1, {3}, {1}}};
+	fz_tensor out3 = {y, FZ_F32, 2, {3, 64}, {64, 1}};
+	ck_assert_int_eq(fz_exec_run(x, NULL, in3, 2, &out3, 1, NULL, &err), FZ_OK);
+	int32_t *flag3;
+	memcpy(&flag3, F->launch[F->n_launches - 1].param[3], sizeof flag3);
+	ck_assert_ptr_ne(flag3, flag);
+	ck_assert_int_eq(*flag3, 0);
 	st = fz_exec_sync(x, NULL, &err);
 	ck_assert_int_eq(st, FZ_ERANGE);
 	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
 	free(err);
 	err = NULL;
+	/* read once: nothing has run since */
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	/* the next run clears it, and its sync is clean */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	ck_assert_int_eq(F->memsets, 2);
+	ck_assert_int_eq(F->memsets, 3);
 	ck_assert_int_eq(*flag, 0);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	ck_assert_int_eq(F->pushes, F->pops);
@@ -1727,9 +1739,10 @@ START_TEST(graph_captured_once_replayed)
 		          1e-5f * (1 + fabsf(((float *)ref[0].data)[i])));
 	fz_free(ref[0].data);
 	fz_free(ref[1].data);
-	/* a bad index "met" by the kernel: reported at sync; the next run
-	 * resets the flag outside the graph and replays it as it is */
+	/* a bad index "met" by the kernel of a replay: reported at sync; the
+	 * next run resets the flag outside the graph and replays it as it is */
 	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_run_graph(x, syms, in, 4, out, 2, s, &err), FZ_OK);
 	int32_t *flag = (int32_t *)(uintptr_t)v[3];
 	*flag = 1;
 	ck_assert_int_eq(fz_exec_sync(x, s, &err), FZ_ERANGE);
