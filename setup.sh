@@ -25,10 +25,9 @@ done
 say() { printf '== %s\n' "$*"; }
 
 # ---- packages ----
-# libopenblas0-serial: the CPU target's matrix products (opened at run
-# time: runtime/blas.c, which splits them across its own threads; without
-# it they run a plain loop)
-pkgs="build-essential cmake pkg-config llvm-19-dev libzstd-dev zlib1g-dev libxml2-dev check libxxhash-dev python3 libopenblas0-serial"
+# libopenblas0-pthread: the CPU target's matrix products (opened at run
+# time: runtime/blas.c; without it they run a plain loop)
+pkgs="build-essential cmake pkg-config llvm-19-dev libzstd-dev zlib1g-dev libxml2-dev check libxxhash-dev python3 libopenblas0-pthread"
 [ "$test_suite" = 1 ] && pkgs="$pkgs python3-venv"
 missing=""
 for p in $pkgs; do

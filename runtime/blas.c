@@ -1,11 +1,9 @@
 /*
  * blas.c: matrix products on the CPU (blas.h).
  *
- * The library. OpenBLAS from Debian, opened at run time with dlopen: its
- * serial build (libopenblas0-serial, setup.sh installs it) first, then
- * whichever libopenblas.so.0 the system's alternatives name (the pthread
- * build, told to use one thread), and BLIS or the system's libblas.so.3
- * where OpenBLAS is absent. Why OpenBLAS: its sgemm kernels
+ * The library. OpenBLAS from Debian (libopenblas0-pthread: setup.sh
+ * installs it), opened at run time with dlopen, and BLIS or the system's
+ * libblas.so.3 where OpenBLAS is absent. Why OpenBLAS: its sgemm kernels
  * are hand-written for each x86 generation and chosen at run time from
  * the CPU it finds (Debian builds it with DYNAMIC_ARCH), so one package
  * serves the Haswell-era AVX2 machines of CI and the Zen and AVX-512
@@ -22,10 +20,12 @@
  * bli_thread_set_num_threads) and the product is split across the CPU
  * target's own pool: a second pool of spinning BLAS threads would fight
  * the kernels' threads for the same cores right after every product.
- * Hence the serial build first: the pthread build starts its threads when
- * it is loaded, and they spin on sched_yield for a while before the call
- * that tells it one thread has any effect (a warm `fusec run` set-up of a
- * 32-layer step: 41.9 ms with them, 25.9 ms with OPENBLAS_NUM_THREADS=1).
+ * Not Debian's serial build (libopenblas0-serial), which would start no
+ * threads at all: it is not safe to call from several threads at once
+ * (four threads each repeating one sgemm on their own matrices got wrong
+ * results in about 1% of the calls, measured here), and the pool's parts
+ * are such calls. The pthread build starts its threads when it is loaded
+ * and they spin for a while before being told one thread suffices.
  * The work is cut into units: whole batches when there are enough of them
  * (attention's B*H products), else slices of at least 64 rows of one
  * product (a linear layer over B*T tokens), else slices of columns;
@@ -72,19 +72,9 @@ struct fz_blas {
 	size_t cap;
 };
 
-#if defined(__x86_64__)
-#define MULTIARCH "x86_64-linux-gnu"
-#elif defined(__aarch64__)
-#define MULTIARCH "aarch64-linux-gnu"
-#endif
-
 static const struct {
 	const char *file, *name, *threads;
 } libs[] = {
-#ifdef MULTIARCH
-	{"/usr/lib/" MULTIARCH "/openblas-serial/libopenblas.so.0", "openblas (serial)",
-	 "openblas_set_num_threads"},
-#endif
 	{"libopenblas.so.0", "openblas", "openblas_set_num_threads"},
 	{"libblis.so.4", "blis", "bli_thread_set_num_threads"},
 	{"libblas.so.3", "blas", NULL},
