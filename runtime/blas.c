@@ -25,7 +25,11 @@
  * (four threads each repeating one sgemm on their own matrices got wrong
  * results in about 1% of the calls, measured here), and the pool's parts
  * are such calls. The pthread build starts its threads when it is loaded
- * and they spin for a while before being told one thread suffices.
+ * and they spin for a while before being told one thread suffices. Where
+ * the library the system names is a sequential OpenBLAS all the same
+ * (openblas_get_parallel() == 0: libblas.so.3 or libopenblas.so.0 can be
+ * that build through Debian's alternatives), every product runs whole on
+ * the calling thread under one lock per process.
  * The work is cut into units: whole batches when there are enough of them
  * (attention's B*H products), else slices of at least 64 rows of one
  * product (a linear layer over B*T tokens), else slices of columns;
@@ -68,6 +72,8 @@ struct fz_blas {
 	sgemm_fn sgemm;
 	dgemm_fn dgemm;
 	pthread_mutex_t mu;    /* guards scratch: one widened product at a time */
+	bool sequential;       /* not safe to call from two threads at once */
+	pthread_mutex_t seq_mu; /* then: one product at a time */
 	void *scratch;
 	size_t cap;
 };
@@ -96,8 +102,10 @@ static bool try_open(fz_blas *b, const char *file, const char *name, const char 
 		if (set)
 			set(1);
 	}
+	int (*parallel)(void) = (int (*)(void))dlsym(dl, "openblas_get_parallel");
+	b->sequential = parallel && parallel() == 0;
 	b->dl = dl;
-	b->name = name;
+	b->name = b->sequential ? "openblas (sequential build: one product at a time)" : name;
 	b->sgemm = s;
 	b->dgemm = d;
 	return true;
@@ -113,6 +121,7 @@ fz_status fz_blas_open(fz_blas **out, char **err)
 		return FZ_ENOMEM;
 	}
 	pthread_mutex_init(&b->mu, NULL);
+	pthread_mutex_init(&b->seq_mu, NULL);
 	b->name = "none";
 	const char *env = getenv("FUSEC_BLAS");
 	if (env && env[0]) {
@@ -137,6 +146,7 @@ void fz_blas_close(fz_blas *b)
 		dlclose(b->dl);
 	free(b->scratch);
 	pthread_mutex_destroy(&b->mu);
+	pthread_mutex_destroy(&b->seq_mu);
 	free(b);
 }
 
@@ -355,6 +365,9 @@ static void widen(void *arg, int part, int nparts)
 	}
 }
 
+static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t M,
+			 int64_t N, int64_t K, int64_t nb, bool plain, char **err);
+
 fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **err)
 {
 	int64_t M = m->M, N = m->N, K = m->K, nb = 1;
@@ -371,6 +384,20 @@ fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **er
 						(long long)N);
 		return FZ_EUNSUPPORTED;
 	}
+	bool seq = !plain && b->sequential;
+	if (seq) {
+		pthread_mutex_lock(&b->seq_mu);
+		pool = NULL; /* its parts would call the library at once */
+	}
+	fz_status st = product(b, pool, m, M, N, K, nb, plain, err);
+	if (seq)
+		pthread_mutex_unlock(&b->seq_mu);
+	return st;
+}
+
+static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t M,
+			 int64_t N, int64_t K, int64_t nb, bool plain, char **err)
+{
 	int T = fz_pool_threads(pool);
 	job J = {.b = b, .m = m, .nb = nb, .slices = 1, .by_rows = true, .plain = plain};
 	/* about four units per thread: whole batches, or slices of >= 64 rows,

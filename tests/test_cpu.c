@@ -16,8 +16,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "blas.h"
 #include "codegen.h"
@@ -462,6 +464,76 @@ START_TEST(matmul_loop)
 }
 END_TEST
 
+/* A sequential OpenBLAS (Debian's libopenblas0-serial, where installed;
+ * the system's libopenblas.so.0 or libblas.so.3 can be that build) is not
+ * safe to call from two threads at once: blas.c then takes one product at
+ * a time, whole. It is detected, and four threads, two through a shared
+ * pool and two without, repeat their own product and get the same bytes
+ * every time. (The race itself shows in a plain C harness, four threads
+ * each repeating one sgemm_ on their own operands: about 1% wrong; this
+ * test, with the lock taken out, did not catch it in three runs.) */
+#define SERIAL_OPENBLAS "/usr/lib/x86_64-linux-gnu/openblas-serial/libopenblas.so.0"
+
+typedef struct seq_arg {
+	fz_blas *b;
+	fz_pool *pool;
+	int id, bad;
+} seq_arg;
+
+static void *seq_worker(void *arg)
+{
+	seq_arg *a = arg;
+	enum { M = 64, K = 128, N = 96 };
+	float *A = filled(FZ_F32, M * K), *B = filled(FZ_F32, K * N);
+	float *Y = calloc(M * N, sizeof *Y), *Y0 = calloc(M * N, sizeof *Y0);
+	for (int i = 0; i < M * K; i++) /* each thread its own operands */
+		A[i] = A[i] * (float)(a->id + 1) + (float)a->id;
+	fz_matmul m = {.region = 1, .dtype = FZ_F32, .M = M, .N = N, .K = K,
+		       .a = A, .b = B, .y = Y0};
+	char *err = NULL;
+	ck_assert_int_eq(fz_cpu_matmul(a->b, NULL, &m, &err), FZ_OK);
+	m.y = Y;
+	for (int it = 0; it < 3000; it++) {
+		ck_assert_int_eq(fz_cpu_matmul(a->b, a->pool, &m, &err), FZ_OK);
+		a->bad += memcmp(Y, Y0, sizeof *Y * M * N) != 0;
+	}
+	free(A);
+	free(B);
+	free(Y);
+	free(Y0);
+	return NULL;
+}
+
+START_TEST(matmul_sequential_blas)
+{
+	if (access(SERIAL_OPENBLAS, R_OK) != 0) {
+		fprintf(stderr, "matmul_sequential_blas: %s is not installed; "
+			"nothing to check here\n", SERIAL_OPENBLAS);
+		return;
+	}
+	fz_blas *b = NULL;
+	fz_pool *p = NULL;
+	setenv("FUSEC_BLAS", SERIAL_OPENBLAS, 1);
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	unsetenv("FUSEC_BLAS");
+	ck_assert_msg(strstr(fz_blas_name(b), "sequential"), "%s", fz_blas_name(b));
+	ck_assert_int_eq(fz_pool_new(2, &p, NULL), FZ_OK);
+	pthread_t th[4];
+	seq_arg args[4];
+	for (int i = 0; i < 4; i++) {
+		args[i] = (seq_arg){b, i < 2 ? p : NULL, i, 0};
+		ck_assert_int_eq(pthread_create(&th[i], NULL, seq_worker, &args[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		ck_assert_msg(args[i].bad == 0, "thread %d: %d of 3000 products differ",
+			      i, args[i].bad);
+	}
+	fz_pool_free(p);
+	fz_blas_close(b);
+}
+END_TEST
+
 START_TEST(matmul_bad_library)
 {
 	fz_blas *b = NULL;
@@ -488,6 +560,7 @@ static Suite *cpu_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("matmul");
 	tcase_add_test(tc, matmul_blas);
+	tcase_add_test(tc, matmul_sequential_blas);
 	tcase_add_test(tc, matmul_loop);
 	tcase_add_test(tc, matmul_bad_library);
 	suite_add_tcase(s, tc);
