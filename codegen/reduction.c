@@ -12,7 +12,9 @@
  *      per warp in shared memory read back by every thread in warp order.
  *      Float sums are pairs hi + lo (see "float sums" below): the result
  *      is the exact sum rounded once, nearly always, as the interpreter's
- *      f64 sum rounded to f32 is. var_mean is two passes (the mean, then
+ *      f64 sum rounded to f32 is. On the host, where f64 adds are as cheap
+ *      as f32 ones, a sum of f32 (or f16, bf16) values is kept in f64
+ *      instead, over four accumulators that take turns (pass()). var_mean is two passes (the mean, then
  *      squared deviations from it), as the interpreter does; its mean and
  *      variance are divided in f64 and rounded once. Later passes may use
  *      earlier reduced values (softmax sums exp(x - max)); the emitter
