@@ -34,7 +34,8 @@
  * Optional slots a GPU target fills (NULL elsewhere): pack (a launch's
  * geometry and parameter block fixed when a plan is prepared), zero (a
  * device memset), and graphs (capture_begin ... capture_end, graph_launch:
- * a whole run recorded once and replayed).
+ * a whole run recorded once and replayed). One a host target fills: fresh
+ * (advice on the caller's output memory before a run writes it).
  */
 #ifndef FUSEC_RUNTIME_TARGET_H
 #define FUSEC_RUNTIME_TARGET_H
