@@ -228,6 +228,13 @@ static void batch_offsets(const fz_matmul *m, int64_t t, int64_t *ao, int64_t *b
 	}
 }
 
+/* Row strides of a and b (fz_matmul.lda/ldb, 0: dense). */
+static int64_t lda_of(const fz_matmul *m) { return m->lda ? m->lda : m->K; }
+static int64_t ldb_of(const fz_matmul *m)
+{
+	return m->ldb ? m->ldb : m->b_trans ? m->K : m->N;
+}
+
 /* The elements an operand spans over every batch (broadcast ones once). */
 static int64_t span(const fz_matmul *m, const int64_t *st, int64_t mat)
 {
@@ -249,21 +256,21 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 {
 	const fz_matmul *m = J->m;
 	fz_dtype d = m->dtype;
-	int64_t K = m->K, N = m->N;
+	int64_t K = m->K, N = m->N, LA = lda_of(m), LB = ldb_of(m);
 	for (int64_t i = r0; i < r1; i++)
 		for (int64_t j = c0; j < c1; j++) {
-			int64_t bi = m->b_trans ? bo + j * K : bo + j;
-			int64_t bs = m->b_trans ? 1 : N;
+			int64_t bi = m->b_trans ? bo + j * LB : bo + j;
+			int64_t bs = m->b_trans ? 1 : LB;
 			if (!fz_dtype_is_float(d)) {
 				int64_t s = m->bias ? fz_load_i64(m->bias, d, j) : 0;
 				for (int64_t k = 0; k < K; k++)
-					s += fz_load_i64(m->a, d, ao + i * K + k) *
+					s += fz_load_i64(m->a, d, ao + i * LA + k) *
 					     fz_load_i64(m->b, d, bi + k * bs);
 				fz_store_i64(m->y, d, yo + i * N + j, s);
 			} else if (d == FZ_F64) {
 				double s = 0;
 				for (int64_t k = 0; k < K; k++)
-					s += load_num(m->a, d, ao + i * K + k) *
+					s += load_num(m->a, d, ao + i * LA + k) *
 					     load_num(m->b, d, bi + k * bs);
 				if (m->bias)
 					s += fz_load_f64(m->bias, d, j);
@@ -271,7 +278,7 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 			} else {
 				float s = 0;
 				for (int64_t k = 0; k < K; k++)
-					s += (float)load_num(m->a, d, ao + i * K + k) *
+					s += (float)load_num(m->a, d, ao + i * LA + k) *
 					     (float)load_num(m->b, d, bi + k * bs);
 				if (m->bias)
 					s += (float)fz_load_f64(m->bias, d, j);
@@ -309,9 +316,9 @@ static void run_unit(void *arg, int part, int nparts)
 		return;
 	}
 	int mm = (int)(r1 - r0), nn = (int)(c1 - c0), kk = (int)K;
-	int lda = (int)K, ldb = m->b_trans ? (int)K : (int)N, ldc = (int)N;
+	int lda = (int)lda_of(m), ldb = (int)ldb_of(m), ldc = (int)N;
 	const char *tb = m->b_trans ? "T" : "N";
-	int64_t boff = m->b_trans ? bo + c0 * K : bo + c0;
+	int64_t boff = m->b_trans ? bo + c0 * ldb : bo + c0;
 	if (m->dtype == FZ_F64) {
 		double *y = (double *)m->y + yo;
 		const double *bias = m->bias;
@@ -324,7 +331,7 @@ static void run_unit(void *arg, int part, int nparts)
 			return;
 		}
 		J->b->dgemm(tb, "N", &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
-			    (const double *)m->a + ao + r0 * K, &lda, &beta, y + r0 * N + c0, &ldc);
+			    (const double *)m->a + ao + r0 * lda, &lda, &beta, y + r0 * N + c0, &ldc);
 		return;
 	}
 	/* f32 directly into y; bf16 and f16 into the f32 panel, then rounded */
@@ -338,7 +345,7 @@ static void run_unit(void *arg, int part, int nparts)
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 	} else {
-		J->b->sgemm(tb, "N", &nn, &mm, &kk, &one, B + boff, &ldb, A + ao + r0 * K,
+		J->b->sgemm(tb, "N", &nn, &mm, &kk, &one, B + boff, &ldb, A + ao + r0 * lda,
 			    &lda, &beta, y + r0 * N + c0, &ldc);
 	}
 	if (J->y32)
@@ -376,6 +383,13 @@ fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **er
 	if (M <= 0 || N <= 0 || nb <= 0)
 		return FZ_OK;
 	bool plain = !b || !b->dl || !fz_dtype_is_float(m->dtype);
+	if ((m->lda || m->ldb) && m->dtype != FZ_F32 && m->dtype != FZ_F64) {
+		if (err)
+			*err = fz_strdup_printf("region %d: strided operands of a %s product "
+						"(only f32 and f64 take row strides)", m->region,
+						fz_dtype_name(m->dtype));
+		return FZ_EINVAL;
+	}
 	if (!plain && (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)) {
 		if (err)
 			*err = fz_strdup_printf("region %d: a matrix product of %lld x %lld "

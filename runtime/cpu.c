@@ -274,6 +274,7 @@ static fz_status cpu_sync(fz_device *d, void *stream, char **err)
 const fz_target fz_target_cpu = {
 	.name = "cpu",
 	.host_memory = true,
+	.matmul_strided = true,
 	.open = cpu_open,
 	.close = cpu_close,
 	.alloc = cpu_alloc,

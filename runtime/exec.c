@@ -337,13 +337,68 @@ static void add_kernel(builder *B, const fz_kinst *ki)
 	s->bufs = bufs;
 }
 
+/* A product's operand read where it lies, not gathered: v is a strided
+ * view whose matrices (its last two dims) have contiguous rows, or, where
+ * trans_ok, contiguous columns (*trans: b seen as its transpose, as
+ * linear's weight is), at non-negative strides. Its slot, layout and row
+ * stride; -1: need() gathers it. Attention's transposed k and permuted q
+ * and v are such views. */
+static int matrix_in_place(builder *B, const fz_value *v, bool trans_ok, fz_layout *lay,
+			   int64_t *ld, bool *trans)
+{
+	const fz_program *p = B->p;
+	pplan *pp = B->pp;
+	if (pp->vslot[v->id] >= 0 || !p->view_of || !p->view_of[v->id] ||
+	    fz_view_eval(p, v, B->syms, lay) != FZ_OK)
+		return -1;
+	int r = lay->rank;
+	if (r < 2 || fz_layout_is_contiguous(lay))
+		return -1;
+	for (int d = 0; d < r; d++)
+		if (lay->strides[d] < 0)
+			return -1;
+	int64_t rows = lay->shape[r - 2], cols = lay->shape[r - 1];
+	int64_t sr = lay->strides[r - 2], sc = lay->strides[r - 1];
+	*trans = false;
+	if ((sc == 1 || cols == 1) && sr >= cols && sr > 0 && sr <= INT32_MAX) {
+		*ld = sr;
+	} else if (trans_ok && (sr == 1 || rows == 1) && sc >= rows && sc > 0 &&
+		   sc <= INT32_MAX) {
+		*ld = sc;
+		*trans = true;
+	} else {
+		return -1;
+	}
+	const fz_value *root = fz_view_root(p, (fz_value *)v);
+	int rs = pp->vslot[root->id];
+	if (rs < 0)
+		return -1;
+	slot base = pp->slots[rs];
+	return add_slot(B, base.base, base.idx,
+			base.off + lay->offset * (int64_t)fz_dtype_size(v->type.dtype));
+}
+
 /* torch.matmul and linear as one fz_matmul at the bound sizes. */
 static void add_library(builder *B, const fz_region *reg)
 {
 	const fz_node *n = reg->nodes[0];
 	const fz_value *a = n->in[0], *b = n->in[1], *y = n->out[0];
 	/* operands first: their copies are steps that must come before */
-	int ka = need(B, a), kb = need(B, b);
+	fz_layout la, lb;
+	int64_t lda = 0, ldb = 0;
+	bool ta = false, tb = false;
+	bool strided = B->x->dev->tg->matmul_strided && n->op == FZ_OP_MATMUL &&
+		       (y->type.dtype == FZ_F32 || y->type.dtype == FZ_F64);
+	int ka = strided ? matrix_in_place(B, a, false, &la, &lda, &ta) : -1;
+	int kb = strided ? matrix_in_place(B, b, true, &lb, &ldb, &tb) : -1;
+	if (ka < 0) {
+		lda = 0;
+		ka = need(B, a);
+	}
+	if (kb < 0) {
+		ldb = 0;
+		kb = need(B, b);
+	}
 	int kbias = n->n_in == 3 ? need(B, n->in[2]) : -1;
 	int ky = out_slot(B, y);
 	step *s = add_step(B, S_MATMUL, reg->id);
@@ -378,12 +433,15 @@ static void add_library(builder *B, const fz_region *reg)
 	int nbd = ab > bb ? ab : bb;
 	int64_t as = m->M * m->K, bs = m->K * m->N;
 	m->nbd = nbd;
+	m->lda = lda;
+	m->ldb = ldb;
+	m->b_trans = tb;
 	for (int i = nbd - 1; i >= 0; i--) {
 		int ia = i - (nbd - ab), ib = i - (nbd - bb);
 		int64_t ea = ia >= 0 ? sa[ia] : 1, eb = ib >= 0 ? sb[ib] : 1;
 		m->bshape[i] = ea == 1 ? eb : ea;
-		m->a_bstride[i] = ea == 1 ? 0 : as;
-		m->b_bstride[i] = eb == 1 ? 0 : bs;
+		m->a_bstride[i] = ea == 1 ? 0 : lda ? la.strides[ia] : as;
+		m->b_bstride[i] = eb == 1 ? 0 : ldb ? lb.strides[ib] : bs;
 		as *= ea;
 		bs *= eb;
 	}

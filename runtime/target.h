@@ -97,6 +97,11 @@ typedef struct fz_matmul {
 	int64_t bshape[FZ_MAX_RANK], a_bstride[FZ_MAX_RANK], b_bstride[FZ_MAX_RANK];
 	const void *a, *b, *bias;
 	void *y;
+	/* Row strides in elements, 0 for dense (a: K; b: N, or K when
+	 * b_trans): an operand may be a strided view whose rows are
+	 * contiguous, f32 or f64 only, and only on a target that sets
+	 * matmul_strided. */
+	int64_t lda, ldb;
 	/* scratch the library may use (NULL: none): the target's
 	 * matmul_workspace bytes of the plan's arena, shared by the plan's
 	 * matmuls, which run in stream order */
@@ -143,6 +148,8 @@ struct fz_target {
 	bool host_memory;        /* device pointers are host pointers */
 	size_t matmul_workspace; /* arena bytes a plan with matmuls reserves
 	                            for fz_matmul.workspace (0: none) */
+	bool matmul_strided;     /* takes fz_matmul.lda/ldb (else operands
+	                            that are strided views are gathered) */
 
 	/* The process's device for options o (o->device picks among several),
 	 * retained once for the caller: FZ_EUNSUPPORTED with a plain message

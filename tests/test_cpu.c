@@ -534,6 +534,69 @@ START_TEST(matmul_sequential_blas)
 }
 END_TEST
 
+/* Operands read where they lie (fz_matmul.lda/ldb): a's rows inside wider
+ * rows (lda 10 for K 7), b seen transposed with its own row stride (ldb 9),
+ * two batches at strides of their own; against the same product on dense
+ * copies, through the BLAS and the plain loop, f32 and f64. */
+static void strided_case(fz_blas *b, fz_pool *pool, fz_dtype d)
+{
+	enum { M = 5, K = 7, N = 4, LDA = 10, LDB = 9, NB = 2, SA = 64, SB = 48 };
+	size_t es = fz_dtype_size(d);
+	char *A = calloc(NB * SA, es), *Bm = calloc(NB * SB, es);
+	char *Ad = calloc(NB * M * K, es), *Bd = calloc(NB * N * K, es);
+	char *Y = calloc(NB * M * N, es), *R = calloc(NB * M * N, es);
+	for (int t = 0; t < NB; t++)
+		for (int i = 0; i < M; i++)
+			for (int k = 0; k < K; k++) {
+				double v = 0.25 * (double)((t * 31 + i * 7 + k * 3) % 11) - 1.0;
+				fz_store_f64(A, d, t * SA + i * LDA + k, v);
+				fz_store_f64(Ad, d, (t * M + i) * K + k, v);
+			}
+	for (int t = 0; t < NB; t++)
+		for (int j = 0; j < N; j++)
+			for (int k = 0; k < K; k++) {
+				double v = 0.5 * (double)((t * 13 + j * 5 + k) % 7) - 1.5;
+				fz_store_f64(Bm, d, t * SB + j * LDB + k, v);
+				fz_store_f64(Bd, d, (t * N + j) * K + k, v);
+			}
+	fz_matmul m = {.region = 1, .dtype = d, .M = M, .N = N, .K = K, .b_trans = true,
+		       .nbd = 1, .bshape = {NB}, .a_bstride = {SA}, .b_bstride = {SB},
+		       .a = A, .b = Bm, .y = Y, .lda = LDA, .ldb = LDB};
+	fz_matmul r = {.region = 1, .dtype = d, .M = M, .N = N, .K = K, .b_trans = true,
+		       .nbd = 1, .bshape = {NB}, .a_bstride = {M * K}, .b_bstride = {N * K},
+		       .a = Ad, .b = Bd, .y = R};
+	char *err = NULL;
+	ck_assert_int_eq(fz_cpu_matmul(b, pool, &m, &err), FZ_OK);
+	ck_assert_int_eq(fz_cpu_matmul(b, pool, &r, &err), FZ_OK);
+	for (int i = 0; i < NB * M * N; i++)
+		ck_assert_msg(fz_load_f64(Y, d, i) == fz_load_f64(R, d, i), "%s [%d]: %g, "
+			      "dense %g (%s)", fz_dtype_name(d), i, fz_load_f64(Y, d, i),
+			      fz_load_f64(R, d, i), fz_blas_name(b));
+	/* a widened dtype takes no row strides: an error, not a wrong product */
+	m.dtype = FZ_BF16;
+	ck_assert_int_eq(fz_cpu_matmul(b, pool, &m, &err), FZ_EINVAL);
+	ck_assert_ptr_nonnull(err);
+	free(err);
+	free(A), free(Bm), free(Ad), free(Bd), free(Y), free(R);
+}
+
+START_TEST(matmul_strided_operands)
+{
+	fz_blas *b = NULL;
+	fz_pool *p = NULL;
+	unsetenv("FUSEC_BLAS");
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	ck_assert_int_eq(fz_pool_new(2, &p, NULL), FZ_OK);
+	for (int k = 0; k < 2; k++) {
+		fz_dtype d = k ? FZ_F64 : FZ_F32;
+		strided_case(b, p, d);      /* the BLAS */
+		strided_case(NULL, p, d);   /* the plain loop */
+	}
+	fz_pool_free(p);
+	fz_blas_close(b);
+}
+END_TEST
+
 START_TEST(matmul_bad_library)
 {
 	fz_blas *b = NULL;
@@ -561,6 +624,7 @@ static Suite *cpu_suite(void)
 	tc = tcase_create("matmul");
 	tcase_add_test(tc, matmul_blas);
 	tcase_add_test(tc, matmul_sequential_blas);
+	tcase_add_test(tc, matmul_strided_operands);
 	tcase_add_test(tc, matmul_loop);
 	tcase_add_test(tc, matmul_bad_library);
 	suite_add_tcase(s, tc);
