@@ -251,6 +251,14 @@ static int64_t value_bytes(builder *B, const fz_value *v)
 
 static void add_kernel(builder *B, const fz_kinst *ki);
 
+/* A slot for a view's elements read where they lie: the layout's offset
+ * (in elements of es bytes) into its root's slot rs. */
+static int slot_into(builder *B, int rs, const fz_layout *lay, size_t es)
+{
+	slot r = B->pp->slots[rs];
+	return add_slot(B, r.base, r.idx, r.off + lay->offset * (int64_t)es);
+}
+
 /* The slot of v's elements, contiguous: emits the copy of a strided view
  * or the copy kernel of a reshape that is not a view, the first time. */
 static int need(builder *B, const fz_value *v)
@@ -287,8 +295,7 @@ static int need(builder *B, const fz_value *v)
 	size_t es = fz_dtype_size(v->type.dtype);
 	int s;
 	if (fz_layout_is_contiguous(&lay)) {
-		slot r = pp->slots[rs];
-		s = add_slot(B, r.base, r.idx, r.off + lay.offset * (int64_t)es);
+		s = slot_into(B, rs, &lay, es);
 	} else {
 		s = stage(B, value_bytes(B, v));
 		step *c = add_step(B, S_COPY, -1);
@@ -371,11 +378,7 @@ static int matrix_in_place(builder *B, const fz_value *v, bool trans_ok, fz_layo
 	}
 	const fz_value *root = fz_view_root(p, (fz_value *)v);
 	int rs = pp->vslot[root->id];
-	if (rs < 0)
-		return -1;
-	slot base = pp->slots[rs];
-	return add_slot(B, base.base, base.idx,
-			base.off + lay->offset * (int64_t)fz_dtype_size(v->type.dtype));
+	return rs < 0 ? -1 : slot_into(B, rs, lay, fz_dtype_size(v->type.dtype));
 }
 
 /* torch.matmul and linear as one fz_matmul at the bound sizes. */
