@@ -188,9 +188,9 @@ static bool share_input(hz *h, int x, int y)
 	const fz_region *X = h->cur[x], *Y = h->cur[y];
 	h->step++;
 	for (int k = 0; k < X->n_in; k++)
-		h->seen[fz_view_root(h->p, X->in[k])->id] = h->step;
+		h->seen[fz_view_root_id(h->p, X->in[k])] = h->step;
 	for (int k = 0; k < Y->n_in; k++)
-		if (h->seen[fz_view_root(h->p, Y->in[k])->id] == h->step)
+		if (h->seen[fz_view_root_id(h->p, Y->in[k])] == h->step)
 			return true;
 	return false;
 }
@@ -300,7 +300,7 @@ static void group_reads(hz *h, int g, void (*fn)(hz *, int))
 		const fz_region *R = p->regions[r];
 		h->p->work += 1 + R->n_in;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_view_root_id(p, R->in[k]);
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				fn(h, b);
@@ -369,7 +369,7 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 		h->p->work += 1 + 2 * R->n_out + R->n_in;
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			if (fz_view_root_id(p, o) != o->id)
 				continue;
 			int nd = win[s] == -2 ? h->dcount[k] : h->n_don[o->id];
 			const int *dl = win[s] == -2 ? h->dlist + k * R->n_in :
@@ -391,17 +391,17 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 			peak = live;
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (h->seen[b->id] == h->step || b->param_index >= 0)
+			int b = fz_view_root_id(p, R->in[k]);
+			if (h->seen[b] == h->step || fz_id_is_param(p, b))
 				continue;
-			h->seen[b->id] = h->step;
-			int *l = left_of(h, b->id, first, tent);
-			if (--*l == 0 && !h->pinned[b->id] && !h->donated[b->id])
-				live -= p->bytes[b->id];
+			h->seen[b] = h->step;
+			int *l = left_of(h, b, first, tent);
+			if (--*l == 0 && !h->pinned[b] && !h->donated[b])
+				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o &&
+			if (fz_view_root_id(p, o) == o->id &&
 			    *left_of(h, o->id, first, tent) == 0 && !h->pinned[o->id])
 				live -= p->bytes[o->id];
 		}
@@ -669,7 +669,7 @@ static fz_status build_edges(hz *h)
 					h->preds[np++] = q;
 				}
 			}
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_view_root_id(p, R->in[k]);
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd_start[b + 1]++;
@@ -693,7 +693,7 @@ static fz_status build_edges(hz *h)
 		const fz_region *R = p->regions[r];
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_view_root_id(p, R->in[k]);
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd[h->rd_start[b] + fill[b]++] = r;
@@ -759,7 +759,7 @@ fz_status fz_horizontal(fz_program *p)
 		h.don[v] = p->donors[v];
 	}
 	for (int i = 0; i < t->n_outputs; i++)
-		h.pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		h.pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int s = 0; s < n; s++) {
 		h.at[s] = p->order[s];
 		h.slot[p->order[s]] = s;

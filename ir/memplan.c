@@ -252,7 +252,7 @@ fz_status fz_memplan(fz_program *p)
 		p->work += 1 + 2 * R->n_out + 2 * R->n_in; /* and in count_readers */
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			if (fz_view_root_id(p, o) != o->id)
 				continue;
 			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0) {
@@ -266,17 +266,17 @@ fz_status fz_memplan(fz_program *p)
 			}
 		}
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] == stamp || b->param_index >= 0)
+			int b = fz_view_root_id(p, R->in[k]);
+			if (seen[b] == stamp || fz_id_is_param(p, b))
 				continue;
-			seen[b->id] = stamp;
-			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id] &&
-			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id])))
+			seen[b] = stamp;
+			if (--readers[b] == 0 && !pinned[b] && !donated[b] &&
+			    !give(&h, p->offset[b], round_up(p->bytes[b])))
 				goto done;
 		}
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
+			if (fz_view_root_id(p, o) == o->id && readers[o->id] == 0 &&
 			    !pinned[o->id] && p->offset[o->id] >= 0 &&
 			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id])))
 				goto done;
@@ -285,10 +285,11 @@ fz_status fz_memplan(fz_program *p)
 	/* views take their base's place */
 	p->work += 2 * (int64_t)nv;
 	for (int v = 0; v < nv; v++) {
-		fz_value *b = fz_view_root(p, t->values[v]);
-		if (b != t->values[v]) {
-			p->buffer[v] = p->buffer[b->id];
-			p->offset[v] = p->offset[b->id];
+		int b = p->view_root ? p->view_root[v] :
+			fz_view_root(p, t->values[v])->id;
+		if (b != v) {
+			p->buffer[v] = p->buffer[b];
+			p->offset[v] = p->offset[b];
 		}
 	}
 	p->arena_bytes = h.top;

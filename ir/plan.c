@@ -82,10 +82,17 @@ fz_status fz_program_index_views(fz_program *p)
 	int *root = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	if (!root)
 		return FZ_ENOMEM;
+	bool *param = fz_arena_alloc(&p->arena, sizeof(bool) * ((size_t)nv + 1));
+	if (!param)
+		return FZ_ENOMEM;
 	p->view_root = NULL;
-	for (int v = 0; v < nv; v++)
-		root[v] = fz_view_root(p, p->trace->values[v])->id;
+	p->is_param = NULL;
+	for (int v = 0; v < nv; v++) {
+		root[v] = fz_view_root_id(p, p->trace->values[v]);
+		param[v] = p->trace->values[v]->param_index >= 0;
+	}
 	p->view_root = root;
+	p->is_param = param;
 	p->work += nv;
 	return FZ_OK;
 }
@@ -202,7 +209,7 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 		int64_t alloc = 0;
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			if (fz_view_root_id(p, o) != o->id)
 				continue;
 			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0)
@@ -214,16 +221,16 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 		if (live > peak)
 			peak = live;
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] == stamp || b->param_index >= 0)
+			int b = fz_view_root_id(p, R->in[k]);
+			if (seen[b] == stamp || fz_id_is_param(p, b))
 				continue;
-			seen[b->id] = stamp;
-			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id])
-				live -= p->bytes[b->id];
+			seen[b] = stamp;
+			if (--readers[b] == 0 && !pinned[b] && !donated[b])
+				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
 			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
+			if (fz_view_root_id(p, o) == o->id && readers[o->id] == 0 &&
 			    !pinned[o->id])
 				live -= p->bytes[o->id]; /* made for nobody */
 		}
@@ -267,14 +274,14 @@ void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 {
 	const fz_trace *t = p->trace;
 	for (int i = 0; i < t->n_outputs; i++)
-		pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int r = 0; r < p->n_regions; r++) {
 		const fz_region *R = p->regions[r];
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] != r + 1) {
-				seen[b->id] = r + 1;
-				readers[b->id]++;
+			int b = fz_view_root_id(p, R->in[k]);
+			if (seen[b] != r + 1) {
+				seen[b] = r + 1;
+				readers[b]++;
 			}
 		}
 	}

@@ -180,6 +180,9 @@ typedef struct fz_program {
 	fz_view **view_of;           /* per value id: its view, or NULL */
 	int *view_root;              /* per value id: fz_view_root's answer,
 	                              * once the views are final (NULL before) */
+	bool *is_param;              /* per value id: a parameter (filled with
+	                              * view_root), so the replays ask an array,
+	                              * not the value */
 	int *vec_width;              /* per region: elements per vector access */
 	int *vec_bytes;              /* per region: bytes per vector access */
 
@@ -265,6 +268,19 @@ fz_status fz_program_print_trace(const fz_program *p, char **out);
 fz_status fz_regions_link(fz_program *p);
 /* The value whose buffer v occupies when v is a view (else v itself). */
 fz_value *fz_view_root(const fz_program *p, fz_value *v);
+/* The id of fz_view_root's answer, read from view_root where it is filled:
+ * the replays of a deep trace then touch no value but the one they hold. */
+static inline int fz_view_root_id(const fz_program *p, const fz_value *v)
+{
+	return p->view_root ? p->view_root[v->id] :
+	       fz_view_root(p, (fz_value *)v)->id;
+}
+/* Is value id v a parameter? */
+static inline bool fz_id_is_param(const fz_program *p, int v)
+{
+	return p->is_param ? p->is_param[v] :
+	       p->trace->values[v]->param_index >= 0;
+}
 /* Fills view_root once the views are final (the end of bookend, a program
  * read back from the cache): fz_view_root is then one load, not a walk. */
 fz_status fz_program_index_views(fz_program *p);

@@ -56,7 +56,7 @@ typedef struct sched {
 
 static bool owns(const fz_program *p, const fz_value *v)
 {
-	return v->def && fz_view_root(p, (fz_value *)v) == v;
+	return v->def && fz_view_root_id(p, v) == v->id;
 }
 
 /* The in-place rule, for one region: which inputs each output may take
@@ -78,7 +78,7 @@ void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
 			continue;
 		bool alone = true; /* no other input is a view of b */
 		for (int j = 0; j < R->n_in; j++)
-			if (j != k && fz_view_root(p, R->in[j]) == b)
+			if (j != k && fz_view_root_id(p, R->in[j]) == b->id)
 				alone = false;
 		if (!alone)
 			continue;
@@ -212,9 +212,9 @@ static fz_status build_graph(sched *s)
 			const fz_value *v = R->in[k];
 			if (v->def)
 				s->preds[np++] = p->region_of[v->def->id];
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (b->def)
-				s->ins[ni++] = b->id;
+			int b = fz_view_root_id(p, R->in[k]);
+			if (!fz_id_is_param(p, b))
+				s->ins[ni++] = b;
 		}
 		qsort(s->preds + s->pred_start[r], (size_t)(np - s->pred_start[r]),
 		      sizeof(int), cmp_int);
@@ -264,7 +264,7 @@ static fz_status build_graph(sched *s)
 		}
 	free(fill);
 	for (int i = 0; i < t->n_outputs; i++)
-		s->pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		s->pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int v = 0; v < nv; v++)
 		s->owned[v] = owns(p, t->values[v]) && p->bytes[v] >= 0;
 	/* heights, from the sinks back: region ids are not topological, so
