@@ -231,6 +231,7 @@ static fz_status link_waits(fz_program *p)
 			}
 		}
 		R->in = in;
+		R->in_id = NULL;
 		R->n_in = m;
 	}
 	return FZ_OK;

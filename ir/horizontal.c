@@ -188,9 +188,9 @@ static bool share_input(hz *h, int x, int y)
 	const fz_region *X = h->cur[x], *Y = h->cur[y];
 	h->step++;
 	for (int k = 0; k < X->n_in; k++)
-		h->seen[fz_view_root_id(h->p, X->in[k])] = h->step;
+		h->seen[fz_root_id(h->p, fz_in_id(X, k))] = h->step;
 	for (int k = 0; k < Y->n_in; k++)
-		if (h->seen[fz_view_root_id(h->p, Y->in[k])] == h->step)
+		if (h->seen[fz_root_id(h->p, fz_in_id(Y, k))] == h->step)
 			return true;
 	return false;
 }
@@ -240,6 +240,7 @@ static bool build_tent(hz *h, int x, int y)
 	T->n_nodes = nn;
 	h->step++;
 	T->n_in = 0;
+	T->in_id = T->out_id = NULL;
 	for (int s = 0; s < 2; s++) {
 		const fz_region *R = s ? Y : X;
 		for (int i = 0; i < R->n_in; i++) {
@@ -300,7 +301,7 @@ static void group_reads(hz *h, int g, void (*fn)(hz *, int))
 		const fz_region *R = p->regions[r];
 		h->p->work += 1 + R->n_in;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				fn(h, b);
@@ -368,12 +369,12 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 		before[s] = live;
 		h->p->work += 1 + 2 * R->n_out + R->n_in;
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root_id(p, o) != o->id)
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) != o)
 				continue;
-			int nd = win[s] == -2 ? h->dcount[k] : h->n_don[o->id];
+			int nd = win[s] == -2 ? h->dcount[k] : h->n_don[o];
 			const int *dl = win[s] == -2 ? h->dlist + k * R->n_in :
-					h->don[o->id];
+					h->don[o];
 			int donor = -1;
 			for (int d = 0; d < nd && donor < 0; d++) {
 				int b = dl[d];
@@ -384,14 +385,14 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 			if (donor >= 0)
 				h->donated[donor] = true;
 			else
-				alloc += p->bytes[o->id];
+				alloc += p->bytes[o];
 		}
 		live += alloc;
 		if (live > peak)
 			peak = live;
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] == h->step || fz_id_is_param(p, b))
 				continue;
 			h->seen[b] = h->step;
@@ -400,10 +401,10 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root_id(p, o) == o->id &&
-			    *left_of(h, o->id, first, tent) == 0 && !h->pinned[o->id])
-				live -= p->bytes[o->id];
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) == o &&
+			    *left_of(h, o, first, tent) == 0 && !h->pinned[o])
+				live -= p->bytes[o];
 		}
 	}
 	before[nw] = live;
@@ -509,6 +510,7 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 	R->nodes = fz_arena_alloc(&p->arena, sizeof(fz_node *) * (size_t)R->n_nodes);
 	R->in = fz_arena_alloc(&p->arena, sizeof(fz_value *) * ((size_t)R->n_in + 1));
 	R->out = fz_arena_alloc(&p->arena, sizeof(fz_value *) * ((size_t)R->n_out + 1));
+	R->in_id = R->out_id = NULL;
 	if (!R->nodes || !R->in || !R->out)
 		return FZ_ENOMEM;
 	memcpy(R->nodes, h->tent.nodes, sizeof(fz_node *) * (size_t)R->n_nodes);
@@ -663,13 +665,13 @@ static fz_status build_edges(hz *h)
 		for (int k = 0; k < R->n_in; k++) {
 			const fz_value *v = R->in[k];
 			if (v->def) {
-				int q = p->region_of[v->def->id];
+				int q = p->region_of[fz_def_id(p, v)];
 				if (h->gmark[q] != h->gcur) {
 					h->gmark[q] = h->gcur;
 					h->preds[np++] = q;
 				}
 			}
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd_start[b + 1]++;
@@ -693,7 +695,7 @@ static fz_status build_edges(hz *h)
 		const fz_region *R = p->regions[r];
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd[h->rd_start[b] + fill[b]++] = r;

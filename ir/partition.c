@@ -570,6 +570,11 @@ fz_status fz_partition(fz_program *p)
 		s.is_output[t->outputs[i]->id] = true;
 	for (int v = 0; v < nv; v++)
 		s.vals[v].numel = fz_type_numel_at(&t->values[v]->type, p->probe_sizes);
+	p->def_of = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
+	if (!p->def_of)
+		goto done;
+	for (int v = 0; v < nv; v++)
+		p->def_of[v] = s.vals[v].def;
 
 	/* the canonical order */
 	for (int i = 0; i < n; i++) {

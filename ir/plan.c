@@ -132,7 +132,8 @@ fz_status fz_regions_link(fz_program *p)
 		const fz_node *n = t->nodes[i];
 		for (int k = 0; k < n->n_in; k++) {
 			const fz_value *v = n->in[k];
-			if (v->def && p->region_of[v->def->id] != p->region_of[n->id])
+			int d = fz_def_id(p, v);
+			if (d >= 0 && p->region_of[d] != p->region_of[n->id])
 				external[v->id] = true;
 		}
 	}
@@ -143,7 +144,8 @@ fz_status fz_regions_link(fz_program *p)
 			const fz_node *n = R->nodes[j];
 			for (int k = 0; k < n->n_in; k++) {
 				fz_value *v = n->in[k];
-				if (v->def && p->region_of[v->def->id] == r)
+				int d = fz_def_id(p, v);
+				if (d >= 0 && p->region_of[d] == r)
 					continue;
 				if (mark[v->id] != stamp) {
 					mark[v->id] = stamp;
@@ -152,9 +154,12 @@ fz_status fz_regions_link(fz_program *p)
 			}
 		}
 		R->in = fz_arena_alloc(&p->arena, sizeof *R->in * (size_t)(m + 1));
-		if (!R->in)
+		R->in_id = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)(m + 1));
+		if (!R->in || !R->in_id)
 			goto oom;
 		memcpy(R->in, tmp, sizeof *tmp * (size_t)m);
+		for (int k = 0; k < m; k++)
+			R->in_id[k] = tmp[k]->id;
 		R->n_in = m;
 		m = 0;
 		for (int j = 0; j < R->n_nodes; j++)
@@ -162,9 +167,12 @@ fz_status fz_regions_link(fz_program *p)
 				if (external[R->nodes[j]->out[k]->id])
 					tmp[m++] = R->nodes[j]->out[k];
 		R->out = fz_arena_alloc(&p->arena, sizeof *R->out * (size_t)(m + 1));
-		if (!R->out)
+		R->out_id = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)(m + 1));
+		if (!R->out || !R->out_id)
 			goto oom;
 		memcpy(R->out, tmp, sizeof *tmp * (size_t)m);
+		for (int k = 0; k < m; k++)
+			R->out_id[k] = tmp[k]->id;
 		R->n_out = m;
 	}
 	free(mark);
@@ -208,20 +216,20 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 		int stamp = s + 1;
 		int64_t alloc = 0;
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root_id(p, o) != o->id)
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) != o)
 				continue;
 			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0)
 				donated[donor] = true;
 			else
-				alloc += p->bytes[o->id];
+				alloc += p->bytes[o];
 		}
 		live += alloc;
 		if (live > peak)
 			peak = live;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (seen[b] == stamp || fz_id_is_param(p, b))
 				continue;
 			seen[b] = stamp;
@@ -229,10 +237,9 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root_id(p, o) == o->id && readers[o->id] == 0 &&
-			    !pinned[o->id])
-				live -= p->bytes[o->id]; /* made for nobody */
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) == o && readers[o] == 0 && !pinned[o])
+				live -= p->bytes[o]; /* made for nobody */
 		}
 	}
 done:
@@ -258,11 +265,11 @@ fz_status fz_view_eval(const fz_program *p, const fz_value *v,
 	return fz_meta_layout(w->node, sym_sizes, &in, out) ? FZ_OK : FZ_EINVAL;
 }
 
-int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+int fz_pick_donor(const fz_program *p, int o, const int *readers,
 		  const bool *pinned, const bool *donated)
 {
-	for (int d = 0; d < p->n_donors[o->id]; d++) {
-		int b = p->donors[o->id][d];
+	for (int d = 0; d < p->n_donors[o]; d++) {
+		int b = p->donors[o][d];
 		if (readers[b] == 1 && !pinned[b] && !donated[b])
 			return b;
 	}
@@ -278,7 +285,7 @@ void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 	for (int r = 0; r < p->n_regions; r++) {
 		const fz_region *R = p->regions[r];
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root_id(p, R->in[k]);
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (seen[b] != r + 1) {
 				seen[b] = r + 1;
 				readers[b]++;

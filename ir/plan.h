@@ -73,7 +73,22 @@ typedef struct fz_region {
 	                   * the communication stream until then) */
 	int n_out;
 	fz_value **out;   /* defined here, used by other regions or returned */
+	/* The ids of in and out, where fz_regions_link filled them (else
+	 * NULL; whoever changes in or out sets them NULL): the replays of a
+	 * deep trace read ids from here rather than from each value. Read
+	 * them through fz_in_id and fz_out_id. */
+	int *in_id, *out_id;
 } fz_region;
+
+static inline int fz_in_id(const fz_region *R, int k)
+{
+	return R->in_id ? R->in_id[k] : R->in[k]->id;
+}
+
+static inline int fz_out_id(const fz_region *R, int k)
+{
+	return R->out_id ? R->out_id[k] : R->out[k]->id;
+}
 
 /* ---- The program: what fz_plan makes of a trace ------------------------- */
 
@@ -172,6 +187,11 @@ typedef struct fz_program {
 	int n_regions;
 	fz_region **regions;         /* regions[i]->id == i */
 	int *region_of;              /* per node id */
+	int *def_of;                 /* per value id: its node's id, -1 for a
+	                              * parameter (partition.c), so a pass asks
+	                              * an array for a value's region, not
+	                              * value->def->id (NULL in a program the
+	                              * plan cache loaded: fz_def_id falls back) */
 	int *canon_rank;             /* per node id: place in the canonical
 	                              * order (partition.c), blind to names
 	                              * and to the written order */
@@ -275,6 +295,17 @@ static inline int fz_view_root_id(const fz_program *p, const fz_value *v)
 	return p->view_root ? p->view_root[v->id] :
 	       fz_view_root(p, (fz_value *)v)->id;
 }
+/* The id of the node that makes v, -1 for a parameter. */
+static inline int fz_def_id(const fz_program *p, const fz_value *v)
+{
+	return p->def_of ? p->def_of[v->id] : v->def ? v->def->id : -1;
+}
+/* fz_view_root_id by id. */
+static inline int fz_root_id(const fz_program *p, int v)
+{
+	return p->view_root ? p->view_root[v] :
+	       fz_view_root(p, p->trace->values[v])->id;
+}
 /* Is value id v a parameter? */
 static inline bool fz_id_is_param(const fz_program *p, int v)
 {
@@ -295,7 +326,7 @@ void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 /* The dying input buffer o may overwrite in place: one of its donors that
  * this region reads last (readers == 1), not an output's, not already
  * given away; -1 if none. */
-int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+int fz_pick_donor(const fz_program *p, int o, const int *readers,
 		  const bool *pinned, const bool *donated);
 /* The in-place rule for one region (schedule.c): count[k] inputs that
  * output k may take over, listed at list[k * R->n_in ...]. reach: n_values

@@ -211,8 +211,8 @@ static fz_status build_graph(sched *s)
 		for (int k = 0; k < R->n_in; k++) {
 			const fz_value *v = R->in[k];
 			if (v->def)
-				s->preds[np++] = p->region_of[v->def->id];
-			int b = fz_view_root_id(p, R->in[k]);
+				s->preds[np++] = p->region_of[fz_def_id(p, v)];
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (!fz_id_is_param(p, b))
 				s->ins[ni++] = b;
 		}
@@ -376,12 +376,12 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 	int donated[8], nd = 0;
 	s->p->work += 1 + R->n_out + s->in_start[r + 1] - s->in_start[r];
 	for (int k = 0; k < R->n_out; k++) {
-		const fz_value *o = R->out[k];
-		if (!s->owned[o->id])
+		int o = fz_out_id(R, k);
+		if (!s->owned[o])
 			continue;
 		int donor = -1;
-		for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
-			int b = p->donors[o->id][d];
+		for (int d = 0; d < p->n_donors[o] && donor < 0; d++) {
+			int b = p->donors[o][d];
 			bool used = false;
 			for (int i = 0; i < nd; i++)
 				used |= donated[i] == b;
@@ -391,9 +391,9 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 		if (donor >= 0 && nd < 8)
 			donated[nd++] = donor;
 		else
-			a += p->bytes[o->id];
-		if (left[o->id] == 0 && !s->pinned[o->id] && donor < 0)
-			f += p->bytes[o->id];
+			a += p->bytes[o];
+		if (left[o] == 0 && !s->pinned[o] && donor < 0)
+			f += p->bytes[o];
 	}
 	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
 		int b = s->ins[i];
@@ -411,7 +411,7 @@ static bool owns_nothing(const sched *s, int r)
 {
 	const fz_region *R = s->p->regions[r];
 	for (int k = 0; k < R->n_out; k++)
-		if (s->owned[R->out[k]->id])
+		if (s->owned[fz_out_id(R, k)])
 			return false;
 	return true;
 }
