@@ -128,13 +128,17 @@ fz_status fz_regions_link(fz_program *p)
 		goto oom;
 	for (int i = 0; i < t->n_outputs; i++)
 		external[t->outputs[i]->id] = true;
+	/* with the graph as ids (node_in, def_of), both walks read dense
+	 * arrays, not the nodes and values */
+	const int *ins = p->node_in, *start = p->node_in_start;
 	for (int i = 0; i < t->n_nodes; i++) {
-		const fz_node *n = t->nodes[i];
-		for (int k = 0; k < n->n_in; k++) {
-			const fz_value *v = n->in[k];
-			int d = fz_def_id(p, v);
-			if (d >= 0 && p->region_of[d] != p->region_of[n->id])
-				external[v->id] = true;
+		const fz_node *n = ins ? NULL : t->nodes[i];
+		int n_in = ins ? start[i + 1] - start[i] : n->n_in;
+		for (int k = 0; k < n_in; k++) {
+			int v = ins ? ins[start[i] + k] : n->in[k]->id;
+			int d = p->def_of ? p->def_of[v] : fz_def_id(p, n->in[k]);
+			if (d >= 0 && p->region_of[d] != p->region_of[i])
+				external[v] = true;
 		}
 	}
 	for (int r = 0; r < p->n_regions; r++) {
@@ -142,14 +146,16 @@ fz_status fz_regions_link(fz_program *p)
 		int stamp = r + 1, m = 0;
 		for (int j = 0; j < R->n_nodes; j++) {
 			const fz_node *n = R->nodes[j];
-			for (int k = 0; k < n->n_in; k++) {
-				fz_value *v = n->in[k];
-				int d = fz_def_id(p, v);
+			int i = n->id;
+			int n_in = ins ? start[i + 1] - start[i] : n->n_in;
+			for (int k = 0; k < n_in; k++) {
+				int v = ins ? ins[start[i] + k] : n->in[k]->id;
+				int d = p->def_of ? p->def_of[v] : fz_def_id(p, n->in[k]);
 				if (d >= 0 && p->region_of[d] == r)
 					continue;
-				if (mark[v->id] != stamp) {
-					mark[v->id] = stamp;
-					tmp[m++] = v;
+				if (mark[v] != stamp) {
+					mark[v] = stamp;
+					tmp[m++] = t->values[v];
 				}
 			}
 		}
@@ -162,10 +168,15 @@ fz_status fz_regions_link(fz_program *p)
 			R->in_id[k] = tmp[k]->id;
 		R->n_in = m;
 		m = 0;
-		for (int j = 0; j < R->n_nodes; j++)
-			for (int k = 0; k < R->nodes[j]->n_out; k++)
-				if (external[R->nodes[j]->out[k]->id])
-					tmp[m++] = R->nodes[j]->out[k];
+		for (int j = 0; j < R->n_nodes; j++) {
+			const fz_node *n = R->nodes[j];
+			for (int k = 0; k < n->n_out; k++) {
+				int v = p->node_out ? p->node_out[2 * n->id + k] :
+					n->out[k]->id;
+				if (external[v])
+					tmp[m++] = t->values[v];
+			}
+		}
 		R->out = fz_arena_alloc(&p->arena, sizeof *R->out * (size_t)(m + 1));
 		R->out_id = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)(m + 1));
 		if (!R->out || !R->out_id)

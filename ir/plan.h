@@ -192,6 +192,11 @@ typedef struct fz_program {
 	                              * an array for a value's region, not
 	                              * value->def->id (NULL in a program the
 	                              * plan cache loaded: fz_def_id falls back) */
+	/* The graph as ids, per node id i (partition.c; NULL in a program the
+	 * plan cache loaded): its operands' value ids are
+	 * node_in[node_in_start[i] .. node_in_start[i + 1]), its results'
+	 * node_out[2 i], node_out[2 i + 1] (-1 past n_out). */
+	int *node_in_start, *node_in, *node_out;
 	int *canon_rank;             /* per node id: place in the canonical
 	                              * order (partition.c), blind to names
 	                              * and to the written order */
