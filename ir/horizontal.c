@@ -554,22 +554,14 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 
 /* ---- the pass ---- */
 
-static _Thread_local const fz_program *sort_p; /* qsort has no context */
-
-static int region_key(const fz_region *R)
+/* The canonical rank of R's last node: distinct per region. */
+static int region_key(const fz_program *p, const fz_region *R)
 {
 	int key = -1;
 	for (int j = 0; j < R->n_nodes; j++)
-		if (sort_p->canon_rank[R->nodes[j]->id] > key)
-			key = sort_p->canon_rank[R->nodes[j]->id];
+		if (p->canon_rank[R->nodes[j]->id] > key)
+			key = p->canon_rank[R->nodes[j]->id];
 	return key;
-}
-
-static int cmp_region(const void *a, const void *b)
-{
-	int x = region_key(*(fz_region *const *)a);
-	int y = region_key(*(fz_region *const *)b);
-	return (x > y) - (x < y);
 }
 
 /* The program with the merged regions, renumbered as bookend numbers them
@@ -583,19 +575,24 @@ static fz_status rebuild(hz *h)
 	int *vw = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
 	int *vb = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
 	int *order = malloc(sizeof(int) * ((size_t)n + 1));
+	uint64_t *keys = malloc(sizeof(uint64_t) * ((size_t)n + 1));
 	int *old_vw = p->vec_width, *old_vb = p->vec_bytes;
-	if (!regs || !vw || !vb || !order) {
+	if (!regs || !vw || !vb || !order || !keys) {
 		free(order);
+		free(keys);
 		return FZ_ENOMEM;
 	}
+	/* each key once, then sorted as numbers */
 	for (int r = 0; r < n; r++) {
 		if (find(h, r) != r)
 			continue;
 		h->cur[r]->id = r; /* the old id of its root, for a moment */
-		regs[nn++] = h->cur[r];
+		keys[nn++] = (uint64_t)region_key(p, h->cur[r]) << 32 | (uint32_t)r;
 	}
-	sort_p = p;
-	qsort(regs, (size_t)nn, sizeof *regs, cmp_region);
+	fz_sort_u64(keys, nn);
+	for (int r = 0; r < nn; r++)
+		regs[r] = h->cur[(uint32_t)keys[r]];
+	free(keys);
 	int *new_id = h->stack; /* borrowed: n ints */
 	for (int r = 0; r < nn; r++) {
 		fz_region *R = regs[r];

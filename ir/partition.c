@@ -237,55 +237,13 @@ static int walk_backward(part *s, int ra, int rb)
 	return WALK_OK;
 }
 
-/* Sorts a[0..n) ascending: quicksort (median of three) down to runs of
- * 24, then insertion. On numbers, with no comparison callback: qsort's
- * indirect calls were a tenth of the pass. */
-static void sort_u64(uint64_t *a, int n)
-{
-	while (n > 24) {
-		uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
-		uint64_t piv = x < y ? (y < z ? y : x < z ? z : x)
-				     : (x < z ? x : y < z ? z : y);
-		int i = 0, j = n - 1;
-		for (;;) {
-			while (a[i] < piv)
-				i++;
-			while (a[j] > piv)
-				j--;
-			if (i >= j)
-				break;
-			uint64_t t = a[i];
-			a[i++] = a[j];
-			a[j--] = t;
-		}
-		/* [0, j] <= piv <= [j + 1, n): recurse into the smaller */
-		if (j < 0 || j >= n - 1)
-			break; /* no split (equal keys): insertion sorts it */
-		if (j + 1 < n - j - 1) {
-			sort_u64(a, j + 1);
-			a += j + 1;
-			n -= j + 1;
-		} else {
-			sort_u64(a + j + 1, n - j - 1);
-			n = j + 1;
-		}
-	}
-	for (int i = 1; i < n; i++) {
-		uint64_t x = a[i];
-		int j = i;
-		for (; j > 0 && a[j - 1] > x; j--)
-			a[j] = a[j - 1];
-		a[j] = x;
-	}
-}
-
 /* Sorts a[0..n) by key[a[i]].ord (by a[i] itself when key is NULL), all
  * distinct and not negative, through tmp (n numbers of scratch). */
 static void sort_by(int *a, int n, const grp *key, uint64_t *tmp)
 {
 	for (int i = 0; i < n; i++)
 		tmp[i] = (key ? (uint64_t)key[a[i]].ord << 32 : 0) | (uint32_t)a[i];
-	sort_u64(tmp, n);
+	fz_sort_u64(tmp, n);
 	for (int i = 0; i < n; i++)
 		a[i] = (int)(uint32_t)tmp[i];
 }

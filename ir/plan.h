@@ -266,6 +266,10 @@ static inline int64_t fz_nlogn(int64_t n)
 	return n * l;
 }
 
+/* Sorts a[0..n) ascending. The passes sort ids by a key packed as
+ * key << 32 | id, all keys distinct, so the order is one. */
+void fz_sort_u64(uint64_t *a, int n);
+
 /* Plans trace t (verified): partition, bookend, schedule, horizontal,
  * waits, prefetch, scatter, bucket, memplan. */
 fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
