@@ -59,6 +59,12 @@ static bool owns(const fz_program *p, const fz_value *v)
 	return v->def && fz_view_root_id(p, v) == v->id;
 }
 
+/* owns, by id, from the arrays */
+static bool owns_id(const fz_program *p, int v)
+{
+	return !fz_id_is_param(p, v) && fz_root_id(p, v) == v;
+}
+
 /* The in-place rule, for one region: which inputs each output may take
  * over. Only a pointwise region's elementwise outputs may, and only an input
  * buffer it owns (no view of it is read beside it), read along elementwise
@@ -132,7 +138,11 @@ static fz_status prepare_values(fz_program *p)
 		if (p->regions[r]->n_out > max_out)
 			max_out = p->regions[r]->n_out;
 	}
-	p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
+	/* bytes depend on the values and the views alone: a second schedule
+	 * (after horizontal fusion) keeps them */
+	bool have_bytes = p->bytes != NULL;
+	if (!have_bytes)
+		p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
 	p->n_donors = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	p->donors = fz_arena_alloc(&p->arena, sizeof(int *) * ((size_t)nv + 1));
 	bool *reach = calloc((size_t)nv + 1, sizeof(bool));
@@ -143,7 +153,7 @@ static fz_status prepare_values(fz_program *p)
 	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand ||
 	    !count || !list)
 		goto done;
-	for (int v = 0; v < nv; v++) {
+	for (int v = 0; v < nv && !have_bytes; v++) {
 		const fz_value *x = t->values[v];
 		int64_t e = fz_type_numel_at(&x->type, p->sym_sizes);
 		if (x->def && p->region_of && !p->view_of[v] && e >= 0 &&
@@ -266,7 +276,7 @@ static fz_status build_graph(sched *s)
 	for (int i = 0; i < t->n_outputs; i++)
 		s->pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int v = 0; v < nv; v++)
-		s->owned[v] = owns(p, t->values[v]) && p->bytes[v] >= 0;
+		s->owned[v] = owns_id(p, v) && p->bytes[v] >= 0;
 	/* heights, from the sinks back: region ids are not topological, so
 	 * walk a topological order found by Kahn */
 	int *indeg = calloc((size_t)n + 1, sizeof(int)), *topo = malloc(sizeof(int) * ((size_t)n + 1));
