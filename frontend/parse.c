@@ -472,8 +472,8 @@ static void lex(parser *P)
 			while (i < len && (is_alpha(s[i]) || is_digit(s[i])))
 				i++;
 			tk->kind = TK_NAME;
-			if (is_word(s, tk->pos, len, "inf") ||
-			    is_word(s, tk->pos, len, "nan")) {
+			if (i - tk->pos == 3 && (is_word(s, tk->pos, len, "inf") ||
+						 is_word(s, tk->pos, len, "nan"))) {
 				tk->kind = TK_NUMBER;
 				tk->f = c == 'i' ? HUGE_VAL : NAN;
 			}
@@ -594,25 +594,35 @@ static void stamp(parser *P, const token *tk)
 
 /* ---- Names of the current trace ------------------------------------------- */
 
-static size_t hash_str(const char *s)
+static size_t hash_mem(const char *s, size_t n)
 {
 	size_t h = 1469598103934665603u;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211u;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (unsigned char)s[i]) * 1099511628211u;
 	return h;
 }
 
-static binding *bind_find(parser *P, const char *name)
+static size_t hash_str(const char *s) { return hash_mem(s, strlen(s)); }
+
+/* The binding of the n bytes at name (no terminator needed), or NULL: a
+ * use of a name looks it up where it lies in the source, with no copy. */
+static binding *bind_find_n(parser *P, const char *name, size_t n)
 {
 	if (!P->cap_binds)
 		return NULL;
 	size_t m = P->cap_binds - 1;
-	for (size_t i = hash_str(name) & m;; i = (i + 1) & m) {
-		if (!P->binds[i].name)
+	for (size_t i = hash_mem(name, n) & m;; i = (i + 1) & m) {
+		const char *b = P->binds[i].name;
+		if (!b)
 			return NULL;
-		if (strcmp(P->binds[i].name, name) == 0)
+		if (strncmp(b, name, n) == 0 && b[n] == '\0')
 			return &P->binds[i];
 	}
+}
+
+static binding *bind_find(parser *P, const char *name)
+{
+	return bind_find_n(P, name, strlen(name));
 }
 
 /* Records name (a scratch string) as defined at line as value v, or as
@@ -668,8 +678,7 @@ static bool check_new_name(parser *P, const token *tk, const char *name)
  * error explains its absence. */
 static fz_value *use_name(parser *P, const token *tk)
 {
-	const char *name = tok_str(P, tk);
-	binding *b = bind_find(P, name);
+	binding *b = bind_find_n(P, P->src + tk->pos, tk->len);
 	if (b && b->poisoned)
 		return NULL;
 	fz_value *v = b ? b->value : NULL;
@@ -1111,11 +1120,12 @@ static bool parse_stmt(parser *P)
 	}
 	for (int i = 0; i < n; i++) {
 		stamp(P, lhs[i]);
-		if (fz_name(P->t, outs[i], tok_str(P, lhs[i])) != FZ_OK) {
+		const char *name = tok_str(P, lhs[i]);
+		if (fz_name(P->t, outs[i], name) != FZ_OK) {
 			sem_error(P, lhs[i], "%s", fz_trace_error(P->t));
 			goto out;
 		}
-		bind_add(P, tok_str(P, lhs[i]), lhs[i]->line, outs[i]);
+		bind_add(P, name, lhs[i]->line, outs[i]);
 	}
 	free(names.data);
 	return true;
