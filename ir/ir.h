@@ -332,6 +332,10 @@ fz_node *fz_node_add(fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
  * their use counts; the builder calls it when a composite fails halfway. */
 void fz_trace_rollback(fz_trace *t, int n_nodes, int n_values);
 
+/* fz_trace_verify; with retype false, the stored result types are taken
+ * as fz_infer's (true of a trace fresh from the builder: verify.c). */
+fz_status fz_trace_verify_typed(const fz_trace *t, bool retype, char **err);
+
 /* Structural equality of two traces: same params, same nodes in the same
  * order with the same ops, attributes, operands and types, same outputs.
  * Names of unnamed values do not matter. On a difference, says where. */
