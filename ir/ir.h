@@ -54,6 +54,18 @@ typedef struct fz_arena {
 void *fz_arena_alloc(fz_arena *a, size_t n);     /* zeroed; NULL if no memory */
 char *fz_arena_strdup(fz_arena *a, const char *s);
 void fz_arena_release(fz_arena *a);
+/* Makes room for n more bytes in one chunk (in huge pages when big), for a
+ * caller that knows roughly what is coming: a parser that has the text's
+ * size. Nothing happens when it cannot (allocations go on as usual). */
+void fz_arena_reserve(fz_arena *a, size_t n);
+/* Hands the whole 2 MiB pages inside p[0..n) to transparent huge pages
+ * (madvise), for a big buffer about to be filled: it then faults in a
+ * page per 2 MiB, not per 4 KiB (util.c). */
+void fz_huge_pages(void *p, size_t n);
+/* At least n zeroed bytes mapped whole in huge pages (2 MiB aligned at both
+ * ends), or NULL; *mapped says how many, for fz_huge_free. */
+void *fz_huge_alloc(size_t n, size_t *mapped);
+void fz_huge_free(void *p, size_t mapped);
 
 /* ---- Extents and types --------------------------------------------------- */
 

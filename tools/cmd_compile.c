@@ -388,8 +388,11 @@ static int cmd_compile(int argc, char **argv)
 		      .mu = PTHREAD_MUTEX_INITIALIZER,
 		      .cv = PTHREAD_COND_INITIALIZER};
 	warmup wu = {.cg = cg, .cubins = want_cubins};
+	/* the kernel thread starts with a second trace to plan: one trace is
+	 * planned and built on this thread, which keeps its malloc arena (a
+	 * thread of its own would fault in fresh pages for all of it) */
 	pthread_t kthread;
-	bool kthread_ok = pthread_create(&kthread, NULL, kernel_loop, &q) == 0;
+	bool kthread_ok = false;
 	for (int f = 0; f < n_files && !rc && !pipeline_failed(&q); f++) {
 		double tp = tool_now();
 		fz_module *m = tool_load(files[f]);
@@ -426,20 +429,23 @@ static int cmd_compile(int argc, char **argv)
 				rc = EXIT_BAD;
 				break;
 			}
-			if (!kthread_ok) { /* no thread: build here */
+			bool last = f == n_files - 1 && i == nt - 1;
+			if (!kthread_ok && !last)
+				kthread_ok = pthread_create(&kthread, NULL, kernel_loop,
+							    &q) == 0;
+			if (!kthread_ok) { /* the only trace, or no thread */
 				kernels_build(&q, it);
 				continue;
 			}
 			pipeline_push(&q, it);
 		}
 		/* the module goes when its last trace's kernels are built */
-		item *last = calloc(1, sizeof *last);
-		if (last && kthread_ok) {
-			last->module = m;
-			pipeline_push(&q, last);
+		item *mi = kthread_ok ? calloc(1, sizeof *mi) : NULL;
+		if (mi) {
+			mi->module = m;
+			pipeline_push(&q, mi);
 		} else {
 			pipeline_drain(&q, kthread_ok);
-			free(last);
 			fz_module_free(m);
 		}
 	}
