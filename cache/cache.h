@@ -183,6 +183,7 @@ typedef struct fz_entry {
 	fz_section sections[FZ_ENTRY_MAX_SECTIONS];
 	size_t size;             /* bytes of the file */
 	void *block;
+	size_t mapped;           /* block is the file mapped (read only), or 0 */
 } fz_entry;
 
 const fz_section *fz_entry_section(const fz_entry *e, const char *tag);

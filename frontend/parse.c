@@ -143,6 +143,8 @@ typedef struct parser {
 	fz_arena scratch;    /* C strings of names, attribute lists; per trace */
 	binding *binds;
 	size_t nbinds, cap_binds; /* open addressing, cap a power of two */
+	size_t binds_mapped;      /* fz_huge_alloc'd bytes, or 0: calloc */
+	size_t binds_hint;        /* the cap to start with (from the text) */
 	int depth;
 } parser;
 
@@ -725,6 +727,16 @@ static binding *bind_find(parser *P, const char *name)
 
 /* Records name (a scratch string) as defined at line as value v, or as
  * poisoned (v NULL). */
+static void binds_free(parser *P)
+{
+	if (P->binds_mapped)
+		fz_huge_free(P->binds, P->binds_mapped);
+	else
+		free(P->binds);
+	P->binds = NULL;
+	P->binds_mapped = 0;
+}
+
 static void bind_add(parser *P, const char *name, int line, fz_value *v)
 {
 	bool poisoned = v == NULL;
@@ -735,8 +747,14 @@ static void bind_add(parser *P, const char *name, int line, fz_value *v)
 		return;
 	}
 	if (2 * (P->nbinds + 1) > P->cap_binds) {
-		size_t cap = P->cap_binds ? 2 * P->cap_binds : 64;
-		binding *nb = calloc(cap, sizeof *nb);
+		size_t cap = P->cap_binds ? 2 * P->cap_binds :
+			     P->binds_hint > 64 ? P->binds_hint : 64;
+		/* a big table in huge pages: its slots are touched all over */
+		size_t mapped = 0;
+		binding *nb = cap * sizeof *nb >= ((size_t)1 << 20) ?
+			      fz_huge_alloc(cap * sizeof *nb, &mapped) : NULL;
+		if (!nb)
+			nb = calloc(cap, sizeof *nb);
 		if (!nb) {
 			P->oom = P->stop = true;
 			return;
@@ -749,8 +767,9 @@ static void bind_add(parser *P, const char *name, int line, fz_value *v)
 				j = (j + 1) & (cap - 1);
 			nb[j] = P->binds[i];
 		}
-		free(P->binds);
+		binds_free(P);
 		P->binds = nb;
+		P->binds_mapped = mapped;
 		P->cap_binds = cap;
 	}
 	size_t j = hash_str(name) & (P->cap_binds - 1);
@@ -1420,8 +1439,7 @@ static void verify_error(parser *P, const token *name_tk, const char *err)
 static void trace_reset(parser *P)
 {
 	fz_arena_release(&P->scratch);
-	free(P->binds);
-	P->binds = NULL;
+	binds_free(P);
 	P->nbinds = P->cap_binds = 0;
 	P->t = NULL;
 	P->t_failed = P->header_failed = false;
@@ -1480,9 +1498,16 @@ static void parse_trace(parser *P)
 	 * per byte of text (a 32-layer Llama: 574 KB of text): reserved at
 	 * once, in huge pages, rather than grown from 4 KiB chunks */
 	size_t rest = P->len - name_tk->pos;
-	if (rest >= (64 << 10))
-		fz_arena_reserve(&t->arena, 16 * (rest < ((size_t)64 << 20) ?
-						   rest : ((size_t)64 << 20)));
+	P->binds_hint = 0;
+	if (rest >= (64 << 10)) {
+		size_t r = rest < ((size_t)64 << 20) ? rest : ((size_t)64 << 20);
+		fz_arena_reserve(&t->arena, 16 * r);
+		/* and a name per 40 bytes or so, at most half the slots full */
+		size_t cap = 64;
+		while (cap < r / 16)
+			cap *= 2;
+		P->binds_hint = cap;
+	}
 	if (!module_add(P, t, name_tk->line)) {
 		fz_trace_free(t);
 		return;
