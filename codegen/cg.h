@@ -113,6 +113,10 @@ static inline cg_ix cg_ix_zero(void)
 void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], LLVMValueRef *out);
 /* Stores lanes of v (a region output) at indices ix. */
 void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], LLVMValueRef *vals);
+/* v's lanes at ix are those that output o (same dtype and shape) holds
+ * there, stored by this thread: read from o, and memoized as v's. */
+void cg_value_reload(cg *g, const fz_value *v, const fz_value *o, int nl,
+                     cg_ix (*ix)[FZ_MAX_RANK]);
 /* Rounds an f32 compute value to f16 or bf16 precision (else x itself):
  * every op whose result is f16/bf16 rounds, as the interpreter does. */
 LLVMValueRef cg_round_half(cg *g, LLVMValueRef x, fz_dtype d);

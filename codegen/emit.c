@@ -970,6 +970,17 @@ static void gather_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RAN
 	cg_value(g, x, nl, xi, out);
 }
 
+/* Lanes that coincide are computed once: 1 when every lane's index is
+ * lane 0's, else nl. */
+static int lanes_distinct(const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	for (int l = 1; l < nl; l++)
+		for (int d = 0; d < v->type.rank; d++)
+			if (!ix_eq(ix[l][d], ix[0][d]))
+				return nl;
+	return 1;
+}
+
 void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
 {
 	if (g->st != FZ_OK) {
@@ -989,16 +1000,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 			out[l] = r;
 		return;
 	}
-	/* lanes that coincide are computed once */
-	int n = nl;
-	if (nl > 1) {
-		bool same = true;
-		for (int l = 1; same && l < nl; l++)
-			for (int d = 0; same && d < v->type.rank; d++)
-				same = ix_eq(ix[l][d], ix[0][d]);
-		if (same)
-			n = 1;
-	}
+	int n = lanes_distinct(v, nl, ix);
 	uint64_t h = memo_hash(v, n, v->type.rank, ix);
 	cg_memo *e = memo_find(g, v, n, ix, h);
 	if (e) {
@@ -1091,6 +1093,23 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 	memo_put(g, v, n, ix, h, out);
 	for (int l = n; l < nl; l++)
 		out[l] = out[0];
+}
+
+/* v's lanes at ix are what cg_store put in output o (v's dtype and shape)
+ * at ix earlier in this thread: loaded from o's buffer and memoized as
+ * v's, so that what uses v at ix reads it instead of computing it again
+ * (reduction.c's stash). A stored compute value reads back as itself:
+ * cg_value rounded it to its dtype already. */
+void cg_value_reload(cg *g, const fz_value *v, const fz_value *o, int nl,
+		     cg_ix (*ix)[FZ_MAX_RANK])
+{
+	FZ_ASSERT(o->type.dtype == v->type.dtype && o->type.rank == v->type.rank);
+	if (g->st != FZ_OK)
+		return;
+	int n = lanes_distinct(v, nl, ix);
+	V out[FZ_VW_MAX];
+	load_lanes(g, g->slot[o->id], o, n, ix, out);
+	memo_put(g, v, n, ix, memo_hash(v, n, v->type.rank, ix), out);
 }
 
 static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)

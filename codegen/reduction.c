@@ -18,7 +18,9 @@
  *      squared deviations from it), as the interpreter does; its mean and
  *      variance are divided in f64 and rounded once. Later passes may use
  *      earlier reduced values (softmax sums exp(x - max)); the emitter
- *      reads them from the row's registers.
+ *      reads them from the row's registers. On the host the last pass
+ *      may stash what it reduces in an output for the tail (see "the
+ *      stash").
  *   2. outputs of the row's shape (a loss per row, a mean kept for backward)
  *      are computed at the row's index and stored by one thread;
  *   3. outputs of D's shape are a last pass over the row (the normalization
@@ -78,6 +80,10 @@ typedef struct rows {
 	int S;
 	cg_ix ix[FZ_ROW_REGS][FZ_MAX_RANK];
 	V valid[FZ_ROW_REGS];
+	/* The stash (host): the pass of reduction `stash_by` stores what it
+	 * reduces, `stash_v`, into output `stash_o`; the tail reads it back. */
+	const fz_node *stash_by;
+	const fz_value *stash_v, *stash_o;
 } rows;
 
 static V identity(cg *g, fz_opcode op, T t)
@@ -442,6 +448,35 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 	}
 }
 
+#define STASH_WALK 256 /* nodes a walk over a region's expression visits */
+
+static bool region_input(const cg *g, const fz_value *v)
+{
+	int s = g->slot[v->id];
+	return s >= 0 && s < g->r->n_in;
+}
+
+/* v's expression, down to the region's inputs and reduced values, has a
+ * transcendental op in it (pass() and the stash below ask) */
+static bool costly(const cg *g, const fz_value *v, int *budget)
+{
+	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
+		return false;
+	const fz_node *n = v->def;
+	switch (n->op) {
+	case FZ_OP_EXP: case FZ_OP_EXP2: case FZ_OP_EXPM1: case FZ_OP_LOG:
+	case FZ_OP_LOG2: case FZ_OP_LOG1P: case FZ_OP_SIN: case FZ_OP_COS:
+	case FZ_OP_TANH: case FZ_OP_SIGMOID: case FZ_OP_ERF: case FZ_OP_POW:
+		return true;
+	default:
+		break;
+	}
+	for (int i = 0; i < n->n_in; i++)
+		if (costly(g, n->in[i], budget))
+			return true;
+	return false;
+}
+
 /* One pass: op-accumulate x over the row, or x's squared deviations from
  * mh + ml. The result; a float sum's low part in *lo.
  *
@@ -449,16 +484,21 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
  * FZ_HOST_ACCS accumulators take turns: one accumulator makes every step
  * wait for the last one's add (3 to 4 cycles, where the core could start
  * two adds per cycle); the row's last steps, fewer than a turn, go to the
- * first. */
+ * first. A pass over a costly value (an exp per element: softmax's sum)
+ * has work enough between its adds, and needs the registers: it keeps
+ * one (four f64 accumulators of 8 lanes are half of AVX2's registers,
+ * and the math spilled). */
 #define FZ_HOST_ACCS 4
 
-static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo)
+static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
+	      const fz_value *stash)
 {
 	accum A[FZ_HOST_ACCS];
 	T t = cg_ctype(g, x->type.dtype);
 	V vals[FZ_VW_MAX];
 	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-	int n = g->o.target == FZ_CG_HOST ? FZ_HOST_ACCS : 1;
+	int budget = STASH_WALK;
+	int n = g->o.target != FZ_CG_HOST || costly(g, x, &budget) ? 1 : FZ_HOST_ACCS;
 	for (int i = 0; i < n; i++)
 		acc_init(g, R, &A[i], op, t);
 	if (R->S) {
@@ -479,6 +519,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 			row_lanes(g, R, add(g, M.iv, c_int(g->ity, i * R->L)), ix);
 			cg_value(g, x, R->L, ix, vals);
 			acc_step(g, R, &A[i], vals, NULL, mh, ml);
+			if (stash)
+				cg_store(g, stash, R->L, ix, vals);
 		}
 		cg_loop_end(g, &M);
 	}
@@ -490,6 +532,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 	row_lanes(g, R, L.iv, ix);
 	cg_value(g, x, R->L, ix, vals);
 	acc_step(g, R, &A[0], vals, NULL, mh, ml);
+	if (stash)
+		cg_store(g, stash, R->L, ix, vals);
 	cg_loop_end(g, &L);
 	return acc_finish(g, R, A, n, lo);
 }
@@ -516,7 +560,8 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	fz_dtype d = n->out[0]->type.dtype;
 	V lo = NULL;
 	if (n->op != FZ_OP_VAR_MEAN) {
-		V r = pass(g, R, n->op, x, NULL, NULL, &lo);
+		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
+			   n == R->stash_by ? R->stash_o : NULL);
 		T rt = cg_ctype(g, x->type.dtype);
 		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d);
 		return;
@@ -525,7 +570,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo);
+	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL);
 	V mh, ml;
 	if (t == t_f32(g)) {
 		V s = pair_sum(g, sh, lo, t_f64(g));
@@ -537,7 +582,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
 		ml = c_real(t, 0.0);
 	}
-	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo);
+	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
 	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
@@ -611,6 +656,96 @@ static void tail_step(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK], V valid)
 		g->n_cse = cse; /* what the stores built lives in tail.st only */
 	}
 	free(vals);
+}
+
+/* ---- the stash (host) -----------------------------------------------------------
+ * Softmax's tail is exp(x - max) / sum, and the sum's pass computed
+ * exp(x - max) at every index already: on the host, where one thread
+ * runs a whole row, the last pass stores what it reduces into an output
+ * that the tail overwrites anyway, and the tail reads it back instead of
+ * computing it again (exp twice per element was over a third of
+ * softmax's time). Taken when:
+ *   - the region's last reduction is not var_mean (one pass) and reduces
+ *     a value v made in the region by a costly op (exp, log, tanh, ...:
+ *     the store and the load must cost less than what they save);
+ *   - an output o of the domain's shape and v's dtype is v through
+ *     elementwise ops only, so the tail asks for v at its own index;
+ *   - nothing the tail computes reads a region input of the domain's
+ *     shape: a caller may hand a kernel an output over its input (in
+ *     place), and the tail must not read what the stash overwrote.
+ * What the tail reads back is its own value: the same expression at the
+ * same index, rounded to v's dtype (o's) when it was made. No later pass
+ * reads o, and the tail stores over every element of it. Each check
+ * visits at most STASH_WALK nodes (a region is a few dozen). */
+
+/* o is v through elementwise ops only */
+static bool is_v_pointwise(const cg *g, const fz_value *o, const fz_value *v, int *budget)
+{
+	if (o == v)
+		return true;
+	if (--*budget < 0 || !o->def || region_input(g, o) || g->is_red[o->id])
+		return false;
+	fz_opclass c = fz_ops[o->def->op].cls;
+	if (c != FZ_CLASS_UNARY && c != FZ_CLASS_BINARY && c != FZ_CLASS_TERNARY)
+		return false;
+	for (int i = 0; i < o->def->n_in; i++)
+		if (is_v_pointwise(g, o->def->in[i], v, budget))
+			return true;
+	return false;
+}
+
+/* o's expression, v taken as given, reads an input of the domain's shape
+ * (or the walk ran out: counted as reading one) */
+static bool reads_domain_input(const cg *g, const rows *R, const fz_value *o,
+			       const fz_value *v, int *budget)
+{
+	if (o == v || g->is_red[o->id])
+		return false;
+	if (--*budget < 0)
+		return true;
+	if (region_input(g, o)) {
+		const fz_type *t = &o->type;
+		bool dom = t->rank == R->D->rank;
+		for (int d = 0; dom && d < t->rank; d++)
+			dom = fz_ext_eq(t->dims[d], R->D->dims[d]);
+		return dom;
+	}
+	if (!o->def)
+		return false;
+	for (int i = 0; i < o->def->n_in; i++)
+		if (reads_domain_input(g, R, o->def->in[i], v, budget))
+			return true;
+	return false;
+}
+
+static void stash_pick(cg *g, rows *R, const fz_node *last)
+{
+	const fz_region *r = g->r;
+	const fz_value *v = last->in[0];
+	int budget = STASH_WALK;
+	if (last->op == FZ_OP_VAR_MEAN || !costly(g, v, &budget))
+		return;
+	const fz_value *o = NULL;
+	for (int i = 0; i < r->n_out && !o; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		const fz_value *c = r->out[i];
+		int b1 = STASH_WALK;
+		if (c->type.dtype == v->type.dtype && classify(g, R, c, tmp) == 2 &&
+		    is_v_pointwise(g, c, v, &b1))
+			o = c;
+	}
+	for (int i = 0; i < r->n_out && o; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		int b2 = STASH_WALK;
+		if (classify(g, R, r->out[i], tmp) == 2 &&
+		    reads_domain_input(g, R, r->out[i], v, &b2))
+			o = NULL;
+	}
+	if (!o)
+		return;
+	R->stash_by = last;
+	R->stash_v = v;
+	R->stash_o = o;
 }
 
 void cg_rows(cg *g)
@@ -735,6 +870,8 @@ void cg_rows(cg *g)
 	g->row_valid = true;
 	if (R.S)
 		row_regs(g, &R);
+	else if (g->o.target == FZ_CG_HOST)
+		stash_pick(g, &R, reds[nr - 1]);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
 		reduce_node(g, &R, reds[i]);
@@ -773,6 +910,8 @@ void cg_rows(cg *g)
 		row_loop_begin(g, &R, &L);
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
 		row_lanes(g, &R, L.iv, ix);
+		if (R.stash_o)
+			cg_value_reload(g, R.stash_v, R.stash_o, R.L, ix);
 		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
 			cg_ix tmp[FZ_MAX_RANK];
 			if (classify(g, &R, r->out[i], tmp) != 2)

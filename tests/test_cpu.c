@@ -10,7 +10,8 @@
  * bytes. Products: fz_cpu_matmul against an f64 loop over the same
  * operands for every float dtype and i64, linear with bias, batch
  * broadcast, degenerate extents, on a pool of three threads, through the
- * BLAS that is installed and through the loop (FUSEC_BLAS=none).
+ * BLAS that is installed and through the loop (FUSEC_BLAS=none). Row
+ * kernels run in place, where a pass stashes values for the tail.
  */
 #include <check.h>
 #include <math.h>
@@ -608,6 +609,70 @@ START_TEST(matmul_bad_library)
 }
 END_TEST
 
+/* ---- the stash of a row pass ------------------------------------------------------ */
+
+/* A caller may run a kernel in place, its output over its input. Softmax's
+ * last pass stashes exp(x - max) in the output for the tail to read back
+ * (codegen/reduction.c): its tail reads nothing else of the row, so in
+ * place it is still right. softmax(x) + x reads x in its tail: the stash
+ * must not be taken there, or the tail would add exp(x - max) for x. Both
+ * in place against the interpreter on the untouched input. */
+static const char *stash_traces[] = {
+	"trace sm(x: f32[48, 200]) {\n  y = softmax(x, dim=1)\n  return y\n}\n",
+	"trace smx(x: f32[48, 200]) {\n  s = softmax(x, dim=1)\n"
+	"  y = add(s, x)\n  return y\n}\n",
+	"trace lse(x: f32[48, 200]) {\n  m = amax(x, dims=[1], keepdim=true)\n"
+	"  e = exp(sub(x, m))\n  s = sum(e, dims=[1], keepdim=true)\n"
+	"  y = mul(e, reciprocal(s))\n  return y, s\n}\n",
+};
+
+START_TEST(rows_stash_in_place)
+{
+	const char *src = stash_traces[_i];
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_msg(fz_module_parse(src, strlen(src), "stash", &m, &err) == FZ_OK,
+		      "%s", err ? err : "");
+	fz_trace *t = fz_module_trace(m, 0);
+	int64_t shape[2] = {48, 200};
+	size_t n = 48 * 200;
+	float *x = malloc(n * sizeof *x), *buf = malloc(n * sizeof *buf);
+	ck_assert_ptr_nonnull(x);
+	ck_assert_ptr_nonnull(buf);
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)sin((double)i * 0.37) * 6.0f;
+	memcpy(buf, x, n * sizeof *x);
+	fz_tensor in, ref[2], out[2];
+	fz_tensor_contiguous(&in, x, FZ_F32, 2, shape);
+	int n_out = fz_trace_output_count(t);
+	ck_assert_int_eq(fz_trace_interpret(t, NULL, &in, 1, ref, n_out, &err), FZ_OK);
+
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	fz_exec *xe = NULL;
+	ck_assert_msg(fz_exec_new(t, "cpu", &o, &xe, &err) == FZ_OK, "%s", err ? err : "");
+	float s[48];
+	fz_tensor_contiguous(&in, buf, FZ_F32, 2, shape);
+	fz_tensor_contiguous(&out[0], buf, FZ_F32, 2, shape); /* in place */
+	int64_t rshape[2] = {48, 1};
+	fz_tensor_contiguous(&out[1], s, FZ_F32, 2, rshape);
+	ck_assert_msg(fz_exec_run(xe, NULL, &in, 1, out, n_out, NULL, &err) == FZ_OK,
+		      "%s", err ? err : "");
+	const float *want = ref[0].data;
+	for (size_t i = 0; i < n; i++)
+		ck_assert_msg(fabsf(buf[i] - want[i]) <= 1e-5f * fmaxf(1.0f, fabsf(want[i])),
+			      "%s: element %zu is %g, the interpreter's %g", src, i,
+			      (double)buf[i], (double)want[i]);
+	for (int k = 0; k < n_out; k++)
+		fz_free(ref[k].data);
+	fz_exec_free(xe);
+	fz_module_free(m);
+	free(x);
+	free(buf);
+}
+END_TEST
+
 static Suite *cpu_suite(void)
 {
 	Suite *s = suite_create("cpu");
@@ -620,6 +685,10 @@ static Suite *cpu_suite(void)
 	tc = tcase_create("parts");
 	tcase_add_loop_test(tc, kernels_in_parts, 0,
 			    (int)(sizeof part_traces / sizeof part_traces[0]));
+	suite_add_tcase(s, tc);
+	tc = tcase_create("stash");
+	tcase_add_loop_test(tc, rows_stash_in_place, 0,
+			    (int)(sizeof stash_traces / sizeof stash_traces[0]));
 	suite_add_tcase(s, tc);
 	tc = tcase_create("matmul");
 	tcase_add_test(tc, matmul_blas);
