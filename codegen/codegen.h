@@ -99,7 +99,8 @@
                               * f32 sums in f64; 5: pow by a constant 0, 1,
                               * 2 or -1, bf16 rounding by cvt on sm_80+;
                               * 6: host rows stash the last pass's values
-                              * for the tail) */
+                              * for the tail, bf16 stored without a second
+                              * rounding) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

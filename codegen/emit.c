@@ -603,6 +603,17 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 					 cg_ix_value(g, lin[l]), 1, false, es), es), d);
 }
 
+/* The storage form of a value cg_value made. A bf16 compute value is
+ * bf16-exact already (every op rounds its result, loads and constants are
+ * exact), so its storage is its high half, without rounding it again
+ * (cg_to_storage rounds: a scan's f32 running sum goes through it). */
+static V stored(cg *g, V x, fz_dtype d)
+{
+	if (d == FZ_BF16 && !bf16_native(g))
+		return trunc_(g, lshr(g, bitcast(g, x, t_i32(g)), c_i32(g, 16)), t_i16(g));
+	return cg_to_storage(g, x, d);
+}
+
 void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *vals)
 {
 	int s = g->slot[v->id];
@@ -618,13 +629,13 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
-			vec = insert(g, vec, cg_to_storage(g, vals[l], d), (unsigned)l);
+			vec = insert(g, vec, stored(g, vals[l], d), (unsigned)l);
 		store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
 	for (int l = 0; l < n; l++)
-		store(g, cg_to_storage(g, vals[l], d),
+		store(g, stored(g, vals[l], d),
 		      cg_access_ptr(g, s, d, cg_ix_value(g, lin[l]), 1, true, es), es);
 }
 
