@@ -183,6 +183,7 @@ typedef struct fz_entry {
 	fz_section sections[FZ_ENTRY_MAX_SECTIONS];
 	size_t size;             /* bytes of the file */
 	void *block;
+	size_t mapped;           /* block is the file mapped (read only), or 0 */
 } fz_entry;
 
 const fz_section *fz_entry_section(const fz_entry *e, const char *tag);
@@ -281,6 +282,13 @@ fz_status fz_disk_clear(fz_disk *d, int *removed);
 fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
                          const fz_plan_options *o, fz_program **out,
                          bool *hit, char **err);
+/* fz_plan_cached, calling on_plan(ctx) (when not NULL) right before it
+ * plans, that is on a miss: a caller starts there what it does beside the
+ * planning of a cold start (`fusec compile` sets up its compilers). */
+fz_status fz_plan_cached_hook(fz_disk *d, const fz_trace *t,
+                              const fz_plan_options *o,
+                              void (*on_plan)(void *ctx), void *ctx,
+                              fz_program **out, bool *hit, char **err);
 /* The compared form and the payload, for tests and tools. *form and *data
  * are freed with free. */
 fz_status fz_plan_form(const fz_trace *t, const fz_plan_options *o,

@@ -736,6 +736,7 @@ void fz_canon_region_view(const fz_canon *c, const fz_region *r, fz_region *out)
 	out->nodes = c->nodes;
 	out->in = c->in;
 	out->out = c->out;
+	out->in_id = out->out_id = NULL;
 }
 
 /* ---- reading a form back (ls, show) ---- */

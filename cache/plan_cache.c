@@ -525,14 +525,25 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 			 const fz_plan_options *o, fz_program **out,
 			 bool *hit, char **err)
 {
+	return fz_plan_cached_hook(d, t, o, NULL, NULL, out, hit, err);
+}
+
+fz_status fz_plan_cached_hook(fz_disk *d, const fz_trace *t,
+			      const fz_plan_options *o,
+			      void (*on_plan)(void *ctx), void *ctx,
+			      fz_program **out, bool *hit, char **err)
+{
 	*out = NULL;
 	if (hit)
 		*hit = false;
 	void *form = NULL;
 	size_t form_len = 0;
 	fz_status st;
-	if (!d || fz_disk_disabled(d) || (o && o->dump_after >= 0))
+	if (!d || fz_disk_disabled(d) || (o && o->dump_after >= 0)) {
+		if (on_plan)
+			on_plan(ctx);
 		return fz_plan(t, o, out, err);
+	}
 	if ((st = fz_plan_form(t, o, &form, &form_len)) != FZ_OK)
 		return st;
 	fz_key key = fz_key_of(form, form_len);
@@ -550,6 +561,8 @@ fz_status fz_plan_cached(fz_disk *d, const fz_trace *t,
 	fz_entry_free(e);
 	/* a miss, or an entry that does not read back: plan, and store (a
 	 * store replaces what is under the key) */
+	if (on_plan)
+		on_plan(ctx);
 	if ((st = fz_plan(t, o, out, err)) != FZ_OK) {
 		free(form);
 		return st;

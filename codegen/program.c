@@ -67,7 +67,7 @@ fz_status fz_compile_trace(fz_compiler *c, const fz_trace *t,
 			}
 			fz_node *nodes[1] = {n};
 			fz_region sub = {r->id, FZ_REGION_POINTWISE, 1, nodes, ni, ins,
-					 n->n_out, n->out};
+					 n->n_out, n->out, NULL, NULL};
 			st = one(c, t, &sub, j, fn, ud, err);
 		}
 	}

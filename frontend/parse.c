@@ -65,10 +65,13 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "ir.h"
 
@@ -117,6 +120,11 @@ typedef struct parser {
 
 	token *toks;
 	size_t ntoks, cap_toks, pos;
+	/* a big input lexed in two halves: tokens n1 and after are in toks2
+	 * (tok_at), where the second half's thread wrote them */
+	token *toks2;
+	size_t n1;
+	size_t toks_mapped, toks2_mapped; /* fz_huge_alloc'd, or 0: malloc */
 
 	char *diag;
 	size_t diag_len, diag_cap;
@@ -135,6 +143,8 @@ typedef struct parser {
 	fz_arena scratch;    /* C strings of names, attribute lists; per trace */
 	binding *binds;
 	size_t nbinds, cap_binds; /* open addressing, cap a power of two */
+	size_t binds_mapped;      /* fz_huge_alloc'd bytes, or 0: calloc */
+	size_t binds_hint;        /* the cap to start with (from the text) */
 	int depth;
 } parser;
 
@@ -320,10 +330,18 @@ static token *new_token(parser *P)
 {
 	if (P->ntoks == P->cap_toks) {
 		size_t cap = P->cap_toks ? P->cap_toks * 2 : 256;
-		token *p = realloc(P->toks, cap * sizeof *p);
+		/* (a mapped buffer is sized to its bound and never fills; were
+		 * it to, it moves to the heap) */
+		token *p = P->toks_mapped ? malloc(cap * sizeof *p) :
+			   realloc(P->toks, cap * sizeof *p);
 		if (!p) {
 			P->oom = P->stop = true;
 			return NULL;
+		}
+		if (P->toks_mapped) {
+			memcpy(p, P->toks, P->ntoks * sizeof *p);
+			fz_huge_free(P->toks, P->toks_mapped);
+			P->toks_mapped = 0;
 		}
 		P->toks = p;
 		P->cap_toks = cap;
@@ -405,12 +423,13 @@ bad:
 	tk->kind = TK_BAD;
 }
 
-/* Splits src[0..len) into tokens, ending with one TK_EOF. */
-static void lex(parser *P)
+/* Splits src[from..to) into tokens appended to P's, src[from] being the
+ * first byte of line `line` (and `to` the end or a line's first byte: no
+ * token spans a newline). */
+static void lex_range(parser *P, size_t from, size_t to, int line)
 {
 	const char *s = P->src;
-	size_t len = P->len, i = 0, line_start = 0;
-	int line = 1;
+	size_t len = to, i = from, line_start = from;
 	bool bol = true;
 
 	while (i < len && !P->stop) {
@@ -472,8 +491,8 @@ static void lex(parser *P)
 			while (i < len && (is_alpha(s[i]) || is_digit(s[i])))
 				i++;
 			tk->kind = TK_NAME;
-			if (is_word(s, tk->pos, len, "inf") ||
-			    is_word(s, tk->pos, len, "nan")) {
+			if (i - tk->pos == 3 && (is_word(s, tk->pos, len, "inf") ||
+						 is_word(s, tk->pos, len, "nan"))) {
 				tk->kind = TK_NUMBER;
 				tk->f = c == 'i' ? HUGE_VAL : NAN;
 			}
@@ -512,17 +531,99 @@ static void lex(parser *P)
 		}
 		tk->len = i - tk->pos;
 	}
+}
 
-	token *eof = new_token(P);
-	if (!eof)
-		return;
+/* The second half of a big input, lexed on a thread of its own. */
+typedef struct lex_half {
+	parser Q;            /* its own tokens and oom flag; src as P's */
+	size_t from;
+} lex_half;
+
+static void *lex_half_run(void *arg)
+{
+	lex_half *h = arg;
+	int line = 1;
+	for (const char *p = h->Q.src, *end = h->Q.src + h->from;
+	     (p = memchr(p, '\n', (size_t)(end - p))); p++)
+		line++;
+	lex_range(&h->Q, h->from, h->Q.len, line);
+	return NULL;
+}
+
+/* Inputs past this many bytes (a deep model's step: 574 KB for 32 layers)
+ * are lexed in two halves at once, split at a line: a token never spans
+ * one, so the halves' tokens, put end to end, are the whole input's. */
+#define LEX_SPLIT_BYTES (256 << 10)
+
+static token *tok_at(parser *P, size_t i)
+{
+	return P->toks2 && i >= P->n1 ? &P->toks2[i - P->n1] : &P->toks[i];
+}
+
+/* Splits src[0..len) into tokens, ending with one TK_EOF. */
+static void lex(parser *P)
+{
+	const char *nl = P->len >= LEX_SPLIT_BYTES ?
+			 memchr(P->src + P->len / 2, '\n', P->len - P->len / 2) : NULL;
+	size_t split = nl ? (size_t)(nl - P->src) + 1 : P->len;
+	lex_half h = {.from = split};
+	pthread_t th;
+	bool two = false;
+	if (split < P->len) {
+		/* every token takes a byte: the half's tokens fit, and the
+		 * pages the thread does not write are never touched */
+		h.Q.src = P->src;
+		h.Q.len = P->len;
+		h.Q.cap_toks = P->len - split + 1;
+		h.Q.toks = fz_huge_alloc(h.Q.cap_toks * sizeof(token),
+					 &h.Q.toks_mapped);
+		two = h.Q.toks && pthread_create(&th, NULL, lex_half_run, &h) == 0;
+		if (!two) {
+			fz_huge_free(h.Q.toks, h.Q.toks_mapped);
+			split = P->len;
+		}
+	}
+	/* every token takes a byte, so split + 1 tokens hold the first half
+	 * and the end: one buffer, in huge pages, never grown (a page fault
+	 * per 4 KiB of tokens was a fifth of lexing) */
+	if (split >= LEX_SPLIT_BYTES / 2) {
+		token *t = fz_huge_alloc((split + 1) * sizeof(token), &P->toks_mapped);
+		if (t) {
+			P->toks = t;
+			P->cap_toks = split + 1;
+		}
+	}
+	lex_range(P, 0, split, 1);
+	token *eof;
+	if (two) {
+		/* the second half's tokens stay where its thread wrote them
+		 * (copying them would fault in as many pages again) */
+		pthread_join(th, NULL);
+		P->n1 = P->ntoks;
+		P->toks2 = h.Q.toks;
+		P->toks2_mapped = h.Q.toks_mapped;
+		P->ntoks += h.Q.ntoks;
+		if (h.Q.oom || P->oom) {
+			P->oom = P->stop = true;
+			return;
+		}
+		eof = &P->toks2[h.Q.ntoks]; /* room: cap is one past the bytes */
+		memset(eof, 0, sizeof *eof);
+		P->ntoks++;
+	} else {
+		if (P->stop)
+			return;
+		eof = new_token(P);
+		if (!eof)
+			return;
+	}
 	eof->kind = TK_EOF;
 	eof->line = 1;
 	eof->col = 1;
 	if (P->ntoks > 1) {
 		/* Just past the last token: "expected ')', found end of
 		 * file" points where the ')' should have been. */
-		const token *last = eof - 1;
+		const token *last = tok_at(P, P->ntoks - 2);
 		eof->pos = last->pos + last->len;
 		eof->line_start = last->line_start;
 		eof->line = last->line;
@@ -537,7 +638,7 @@ static token *peek_at(parser *P, size_t k)
 	size_t i = P->pos + k;
 	if (P->stop || i >= P->ntoks)
 		i = P->ntoks - 1;
-	return &P->toks[i];
+	return tok_at(P, i);
 }
 
 static token *peek(parser *P) { return peek_at(P, 0); }
@@ -594,29 +695,48 @@ static void stamp(parser *P, const token *tk)
 
 /* ---- Names of the current trace ------------------------------------------- */
 
-static size_t hash_str(const char *s)
+/* XXH3: a Llama's names are 30 to 60 bytes, which a byte-at-a-time hash
+ * walks at a few instructions a byte */
+static size_t hash_mem(const char *s, size_t n)
 {
-	size_t h = 1469598103934665603u;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211u;
-	return h;
+	return (size_t)XXH3_64bits(s, n);
 }
 
-static binding *bind_find(parser *P, const char *name)
+static size_t hash_str(const char *s) { return hash_mem(s, strlen(s)); }
+
+/* The binding of the n bytes at name (no terminator needed), or NULL: a
+ * use of a name looks it up where it lies in the source, with no copy. */
+static binding *bind_find_n(parser *P, const char *name, size_t n)
 {
 	if (!P->cap_binds)
 		return NULL;
 	size_t m = P->cap_binds - 1;
-	for (size_t i = hash_str(name) & m;; i = (i + 1) & m) {
-		if (!P->binds[i].name)
+	for (size_t i = hash_mem(name, n) & m;; i = (i + 1) & m) {
+		const char *b = P->binds[i].name;
+		if (!b)
 			return NULL;
-		if (strcmp(P->binds[i].name, name) == 0)
+		if (strncmp(b, name, n) == 0 && b[n] == '\0')
 			return &P->binds[i];
 	}
 }
 
+static binding *bind_find(parser *P, const char *name)
+{
+	return bind_find_n(P, name, strlen(name));
+}
+
 /* Records name (a scratch string) as defined at line as value v, or as
  * poisoned (v NULL). */
+static void binds_free(parser *P)
+{
+	if (P->binds_mapped)
+		fz_huge_free(P->binds, P->binds_mapped);
+	else
+		free(P->binds);
+	P->binds = NULL;
+	P->binds_mapped = 0;
+}
+
 static void bind_add(parser *P, const char *name, int line, fz_value *v)
 {
 	bool poisoned = v == NULL;
@@ -627,8 +747,14 @@ static void bind_add(parser *P, const char *name, int line, fz_value *v)
 		return;
 	}
 	if (2 * (P->nbinds + 1) > P->cap_binds) {
-		size_t cap = P->cap_binds ? 2 * P->cap_binds : 64;
-		binding *nb = calloc(cap, sizeof *nb);
+		size_t cap = P->cap_binds ? 2 * P->cap_binds :
+			     P->binds_hint > 64 ? P->binds_hint : 64;
+		/* a big table in huge pages: its slots are touched all over */
+		size_t mapped = 0;
+		binding *nb = cap * sizeof *nb >= ((size_t)1 << 20) ?
+			      fz_huge_alloc(cap * sizeof *nb, &mapped) : NULL;
+		if (!nb)
+			nb = calloc(cap, sizeof *nb);
 		if (!nb) {
 			P->oom = P->stop = true;
 			return;
@@ -641,8 +767,9 @@ static void bind_add(parser *P, const char *name, int line, fz_value *v)
 				j = (j + 1) & (cap - 1);
 			nb[j] = P->binds[i];
 		}
-		free(P->binds);
+		binds_free(P);
 		P->binds = nb;
+		P->binds_mapped = mapped;
 		P->cap_binds = cap;
 	}
 	size_t j = hash_str(name) & (P->cap_binds - 1);
@@ -668,8 +795,7 @@ static bool check_new_name(parser *P, const token *tk, const char *name)
  * error explains its absence. */
 static fz_value *use_name(parser *P, const token *tk)
 {
-	const char *name = tok_str(P, tk);
-	binding *b = bind_find(P, name);
+	binding *b = bind_find_n(P, P->src + tk->pos, tk->len);
 	if (b && b->poisoned)
 		return NULL;
 	fz_value *v = b ? b->value : NULL;
@@ -1111,11 +1237,12 @@ static bool parse_stmt(parser *P)
 	}
 	for (int i = 0; i < n; i++) {
 		stamp(P, lhs[i]);
-		if (fz_name(P->t, outs[i], tok_str(P, lhs[i])) != FZ_OK) {
+		const char *name = tok_str(P, lhs[i]);
+		if (fz_name(P->t, outs[i], name) != FZ_OK) {
 			sem_error(P, lhs[i], "%s", fz_trace_error(P->t));
 			goto out;
 		}
-		bind_add(P, tok_str(P, lhs[i]), lhs[i]->line, outs[i]);
+		bind_add(P, name, lhs[i]->line, outs[i]);
 	}
 	free(names.data);
 	return true;
@@ -1296,13 +1423,13 @@ static void verify_error(parser *P, const token *name_tk, const char *err)
 		size_t lo = 0, hi = P->ntoks - 1; /* first token on that line */
 		while (lo < hi) {
 			size_t mid = lo + (hi - lo) / 2;
-			if (P->toks[mid].line < line)
+			if (tok_at(P, mid)->line < line)
 				lo = mid + 1;
 			else
 				hi = mid;
 		}
-		if (P->toks[lo].line == line && P->toks[lo].kind != TK_EOF) {
-			at = &P->toks[lo];
+		if (tok_at(P, lo)->line == line && tok_at(P, lo)->kind != TK_EOF) {
+			at = tok_at(P, lo);
 			err += skip;
 		}
 	}
@@ -1312,8 +1439,7 @@ static void verify_error(parser *P, const token *name_tk, const char *err)
 static void trace_reset(parser *P)
 {
 	fz_arena_release(&P->scratch);
-	free(P->binds);
-	P->binds = NULL;
+	binds_free(P);
 	P->nbinds = P->cap_binds = 0;
 	P->t = NULL;
 	P->t_failed = P->header_failed = false;
@@ -1367,6 +1493,20 @@ static void parse_trace(parser *P)
 	if (!t) {
 		P->oom = P->stop = true;
 		return;
+	}
+	/* a big trace's nodes, values and names take about 12 bytes of arena
+	 * per byte of text (a 32-layer Llama: 574 KB of text): reserved at
+	 * once, in huge pages, rather than grown from 4 KiB chunks */
+	size_t rest = P->len - name_tk->pos;
+	P->binds_hint = 0;
+	if (rest >= (64 << 10)) {
+		size_t r = rest < ((size_t)64 << 20) ? rest : ((size_t)64 << 20);
+		fz_arena_reserve(&t->arena, 16 * r);
+		/* and a name per 40 bytes or so, at most half the slots full */
+		size_t cap = 64;
+		while (cap < r / 16)
+			cap *= 2;
+		P->binds_hint = cap;
 	}
 	if (!module_add(P, t, name_tk->line)) {
 		fz_trace_free(t);
@@ -1445,7 +1585,8 @@ static void parse_trace(parser *P)
 
 	if (!P->t_failed && !P->stop) {
 		char *err = NULL;
-		if (fz_trace_verify(t, &err) != FZ_OK)
+		/* every node was typed by fz_node_add as it was added */
+		if (fz_trace_verify_typed(t, false, &err) != FZ_OK)
 			verify_error(P, name_tk, err);
 		fz_free(err);
 	}
@@ -1528,7 +1669,11 @@ fz_status fz_module_parse(const char *src, size_t len, const char *filename,
 	else if (P.nerrors || P.stop)
 		st = P.syntax_errors ? FZ_EPARSE : FZ_EVERIFY;
 
-	free(P.toks);
+	if (P.toks_mapped)
+		fz_huge_free(P.toks, P.toks_mapped);
+	else
+		free(P.toks);
+	fz_huge_free(P.toks2, P.toks2_mapped);
 	free(P.trace_lines);
 	if (st == FZ_OK && out) {
 		*out = P.mod;

@@ -451,12 +451,6 @@ static void vectorize(bk *s, const fz_region *R, int *width, int *wv)
 	width[1] = width[0] * (int)big;
 }
 
-static int cmp_region_key(const void *a, const void *b)
-{
-	const fz_region *x = *(fz_region *const *)a, *y = *(fz_region *const *)b;
-	return (x->id > y->id) - (x->id < y->id);
-}
-
 fz_status fz_bookend(fz_program *p)
 {
 	const fz_trace *t = p->trace;
@@ -476,12 +470,12 @@ fz_status fz_bookend(fz_program *p)
 	if (!p->view_of || !s.peeled || !s.probe || !s.has_probe || !s.is_output ||
 	    !s.cons_start || !wv || !vreg || !cnt)
 		goto done;
-	int edges = 0;
-	for (int i = 0; i < n; i++) {
-		for (int k = 0; k < t->nodes[i]->n_in; k++)
-			s.cons_start[t->nodes[i]->in[k]->id + 1]++;
-		edges += t->nodes[i]->n_in;
-	}
+	/* the consumer lists from the graph as ids (partition.c) */
+	FZ_ASSERT(p->node_in && p->node_in_start && p->def_of);
+	const int *ins = p->node_in, *in_start = p->node_in_start;
+	int edges = in_start[n];
+	for (int e = 0; e < edges; e++)
+		s.cons_start[ins[e] + 1]++;
 	for (int v = 0; v < nv; v++)
 		s.cons_start[v + 1] += s.cons_start[v];
 	s.cons = calloc((size_t)edges + 1, sizeof(int));
@@ -490,8 +484,8 @@ fz_status fz_bookend(fz_program *p)
 	{
 		int *fill = wv; /* borrowed, zeroed */
 		for (int i = 0; i < n; i++)
-			for (int k = 0; k < t->nodes[i]->n_in; k++) {
-				int v = t->nodes[i]->in[k]->id;
+			for (int e = in_start[i]; e < in_start[i + 1]; e++) {
+				int v = ins[e];
 				s.cons[s.cons_start[v] + fill[v]++] = i;
 			}
 		memset(wv, 0, sizeof(int) * (size_t)nv);
@@ -512,8 +506,8 @@ fz_status fz_bookend(fz_program *p)
 		vreg[i] = -1;
 		if (!s.peeled[i])
 			continue;
-		const fz_value *x = t->nodes[i]->in[0];
-		int vr = x->def && s.peeled[x->def->id] ? vreg[x->def->id] : -1;
+		int x = p->def_of[ins[in_start[i]]]; /* the operand's node */
+		int vr = x >= 0 && s.peeled[x] ? vreg[x] : -1;
 		if (vr < 0) {
 			vr = n_vr++;
 			anchor[vr] = p->region_of[i];
@@ -566,14 +560,26 @@ fz_status fz_bookend(fz_program *p)
 	free(nxt);
 	/* number regions as the partition does: by the canonical rank of
 	 * their last node, so names and written order do not enter */
+	uint64_t *keys = malloc(sizeof(uint64_t) * ((size_t)new_n + 1));
+	fz_region **by_key = malloc(sizeof(fz_region *) * ((size_t)new_n + 1));
+	if (!keys || !by_key) {
+		free(keys);
+		free(by_key);
+		goto done;
+	}
 	for (int r = 0; r < new_n; r++) {
 		int key = -1;
 		for (int j = 0; j < regs[r]->n_nodes; j++)
 			if (p->canon_rank[regs[r]->nodes[j]->id] > key)
 				key = p->canon_rank[regs[r]->nodes[j]->id];
-		regs[r]->id = key;
+		keys[r] = (uint64_t)key << 32 | (uint32_t)r; /* keys distinct */
 	}
-	qsort(regs, (size_t)new_n, sizeof *regs, cmp_region_key);
+	fz_sort_u64(keys, new_n);
+	for (int r = 0; r < new_n; r++)
+		by_key[r] = regs[(uint32_t)keys[r]];
+	memcpy(regs, by_key, sizeof(fz_region *) * (size_t)new_n);
+	free(keys);
+	free(by_key);
 	/* the consumer lists, the chains, the rebuild, the renumbering, the
 	 * sort and the links: each a pass over nodes, values and edges */
 	p->work += 6 * ((int64_t)n + edges) + nv + old_n + fz_nlogn(new_n);

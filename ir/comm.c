@@ -231,6 +231,7 @@ static fz_status link_waits(fz_program *p)
 			}
 		}
 		R->in = in;
+		R->in_id = NULL;
 		R->n_in = m;
 	}
 	return FZ_OK;
@@ -318,7 +319,7 @@ fz_status fz_comm_prefetch(fz_program *p)
 	if (!rest || !pos || !stack || !mark || !pinned || !g)
 		goto done;
 	for (int i = 0; i < p->trace->n_outputs; i++)
-		pinned[fz_view_root(p, p->trace->outputs[i])->id] = true;
+		pinned[fz_view_root_id(p, p->trace->outputs[i])] = true;
 	ng = 0;
 	for (int s = 0; s < n; s++) {
 		int r = p->order[s];
@@ -357,7 +358,7 @@ fz_status fz_comm_prefetch(fz_program *p)
 			if (!is_lazy(Q))
 				continue;
 			for (int k = 0; k < Q->n_out; k++)
-				if (pinned[fz_view_root(p, Q->out[k])->id])
+				if (pinned[fz_view_root_id(p, Q->out[k])])
 					g[i].release = nrest;
 			for (int k = c.succ_start[q]; k < c.succ_start[q + 1]; k++) {
 				int u = c.succs[k];

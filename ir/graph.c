@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "ir.h"
 
 fz_trace *fz_trace_new(const char *name)
@@ -78,10 +80,7 @@ static bool grow(fz_trace *t, void ***arr, int n, int *cap)
 
 static uint64_t hash_str(const char *s)
 {
-	uint64_t h = 1469598103934665603ull;
-	while (*s)
-		h = (h ^ (unsigned char)*s++) * 1099511628211ull;
-	return h;
+	return XXH3_64bits(s, strlen(s));
 }
 
 fz_value *fz_lookup(const fz_trace *t, const char *name)

@@ -188,9 +188,9 @@ static bool share_input(hz *h, int x, int y)
 	const fz_region *X = h->cur[x], *Y = h->cur[y];
 	h->step++;
 	for (int k = 0; k < X->n_in; k++)
-		h->seen[fz_view_root(h->p, X->in[k])->id] = h->step;
+		h->seen[fz_root_id(h->p, fz_in_id(X, k))] = h->step;
 	for (int k = 0; k < Y->n_in; k++)
-		if (h->seen[fz_view_root(h->p, Y->in[k])->id] == h->step)
+		if (h->seen[fz_root_id(h->p, fz_in_id(Y, k))] == h->step)
 			return true;
 	return false;
 }
@@ -240,6 +240,7 @@ static bool build_tent(hz *h, int x, int y)
 	T->n_nodes = nn;
 	h->step++;
 	T->n_in = 0;
+	T->in_id = T->out_id = NULL;
 	for (int s = 0; s < 2; s++) {
 		const fz_region *R = s ? Y : X;
 		for (int i = 0; i < R->n_in; i++) {
@@ -300,7 +301,7 @@ static void group_reads(hz *h, int g, void (*fn)(hz *, int))
 		const fz_region *R = p->regions[r];
 		h->p->work += 1 + R->n_in;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				fn(h, b);
@@ -368,12 +369,12 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 		before[s] = live;
 		h->p->work += 1 + 2 * R->n_out + R->n_in;
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) != o)
 				continue;
-			int nd = win[s] == -2 ? h->dcount[k] : h->n_don[o->id];
+			int nd = win[s] == -2 ? h->dcount[k] : h->n_don[o];
 			const int *dl = win[s] == -2 ? h->dlist + k * R->n_in :
-					h->don[o->id];
+					h->don[o];
 			int donor = -1;
 			for (int d = 0; d < nd && donor < 0; d++) {
 				int b = dl[d];
@@ -384,26 +385,26 @@ static int64_t replay(hz *h, const int *win, int nw, int first, int64_t live,
 			if (donor >= 0)
 				h->donated[donor] = true;
 			else
-				alloc += p->bytes[o->id];
+				alloc += p->bytes[o];
 		}
 		live += alloc;
 		if (live > peak)
 			peak = live;
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (h->seen[b->id] == h->step || b->param_index >= 0)
+			int b = fz_root_id(p, fz_in_id(R, k));
+			if (h->seen[b] == h->step || fz_id_is_param(p, b))
 				continue;
-			h->seen[b->id] = h->step;
-			int *l = left_of(h, b->id, first, tent);
-			if (--*l == 0 && !h->pinned[b->id] && !h->donated[b->id])
-				live -= p->bytes[b->id];
+			h->seen[b] = h->step;
+			int *l = left_of(h, b, first, tent);
+			if (--*l == 0 && !h->pinned[b] && !h->donated[b])
+				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o &&
-			    *left_of(h, o->id, first, tent) == 0 && !h->pinned[o->id])
-				live -= p->bytes[o->id];
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) == o &&
+			    *left_of(h, o, first, tent) == 0 && !h->pinned[o])
+				live -= p->bytes[o];
 		}
 	}
 	before[nw] = live;
@@ -509,6 +510,7 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 	R->nodes = fz_arena_alloc(&p->arena, sizeof(fz_node *) * (size_t)R->n_nodes);
 	R->in = fz_arena_alloc(&p->arena, sizeof(fz_value *) * ((size_t)R->n_in + 1));
 	R->out = fz_arena_alloc(&p->arena, sizeof(fz_value *) * ((size_t)R->n_out + 1));
+	R->in_id = R->out_id = NULL;
 	if (!R->nodes || !R->in || !R->out)
 		return FZ_ENOMEM;
 	memcpy(R->nodes, h->tent.nodes, sizeof(fz_node *) * (size_t)R->n_nodes);
@@ -552,22 +554,14 @@ static fz_status try_pair(hz *h, int i, int j, bool *merged)
 
 /* ---- the pass ---- */
 
-static _Thread_local const fz_program *sort_p; /* qsort has no context */
-
-static int region_key(const fz_region *R)
+/* The canonical rank of R's last node: distinct per region. */
+static int region_key(const fz_program *p, const fz_region *R)
 {
 	int key = -1;
 	for (int j = 0; j < R->n_nodes; j++)
-		if (sort_p->canon_rank[R->nodes[j]->id] > key)
-			key = sort_p->canon_rank[R->nodes[j]->id];
+		if (p->canon_rank[R->nodes[j]->id] > key)
+			key = p->canon_rank[R->nodes[j]->id];
 	return key;
-}
-
-static int cmp_region(const void *a, const void *b)
-{
-	int x = region_key(*(fz_region *const *)a);
-	int y = region_key(*(fz_region *const *)b);
-	return (x > y) - (x < y);
 }
 
 /* The program with the merged regions, renumbered as bookend numbers them
@@ -581,19 +575,24 @@ static fz_status rebuild(hz *h)
 	int *vw = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
 	int *vb = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
 	int *order = malloc(sizeof(int) * ((size_t)n + 1));
+	uint64_t *keys = malloc(sizeof(uint64_t) * ((size_t)n + 1));
 	int *old_vw = p->vec_width, *old_vb = p->vec_bytes;
-	if (!regs || !vw || !vb || !order) {
+	if (!regs || !vw || !vb || !order || !keys) {
 		free(order);
+		free(keys);
 		return FZ_ENOMEM;
 	}
+	/* each key once, then sorted as numbers */
 	for (int r = 0; r < n; r++) {
 		if (find(h, r) != r)
 			continue;
 		h->cur[r]->id = r; /* the old id of its root, for a moment */
-		regs[nn++] = h->cur[r];
+		keys[nn++] = (uint64_t)region_key(p, h->cur[r]) << 32 | (uint32_t)r;
 	}
-	sort_p = p;
-	qsort(regs, (size_t)nn, sizeof *regs, cmp_region);
+	fz_sort_u64(keys, nn);
+	for (int r = 0; r < nn; r++)
+		regs[r] = h->cur[(uint32_t)keys[r]];
+	free(keys);
 	int *new_id = h->stack; /* borrowed: n ints */
 	for (int r = 0; r < nn; r++) {
 		fz_region *R = regs[r];
@@ -663,13 +662,13 @@ static fz_status build_edges(hz *h)
 		for (int k = 0; k < R->n_in; k++) {
 			const fz_value *v = R->in[k];
 			if (v->def) {
-				int q = p->region_of[v->def->id];
+				int q = p->region_of[fz_def_id(p, v)];
 				if (h->gmark[q] != h->gcur) {
 					h->gmark[q] = h->gcur;
 					h->preds[np++] = q;
 				}
 			}
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd_start[b + 1]++;
@@ -693,7 +692,7 @@ static fz_status build_edges(hz *h)
 		const fz_region *R = p->regions[r];
 		h->step++;
 		for (int k = 0; k < R->n_in; k++) {
-			int b = fz_view_root(p, R->in[k])->id;
+			int b = fz_root_id(p, fz_in_id(R, k));
 			if (h->seen[b] != h->step) {
 				h->seen[b] = h->step;
 				h->rd[h->rd_start[b] + fill[b]++] = r;
@@ -759,7 +758,7 @@ fz_status fz_horizontal(fz_program *p)
 		h.don[v] = p->donors[v];
 	}
 	for (int i = 0; i < t->n_outputs; i++)
-		h.pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		h.pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int s = 0; s < n; s++) {
 		h.at[s] = p->order[s];
 		h.slot[p->order[s]] = s;

@@ -251,44 +251,45 @@ fz_status fz_memplan(fz_program *p)
 		int stamp = s + 1;
 		p->work += 1 + 2 * R->n_out + 2 * R->n_in; /* and in count_readers */
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) != o)
 				continue;
 			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0) {
 				donated[donor] = true;
-				p->buffer[o->id] = p->buffer[donor];
-				p->offset[o->id] = p->offset[donor];
+				p->buffer[o] = p->buffer[donor];
+				p->offset[o] = p->offset[donor];
 			} else {
-				p->offset[o->id] = take(&h, round_up(p->bytes[o->id]));
-				if (p->offset[o->id] < 0)
+				p->offset[o] = take(&h, round_up(p->bytes[o]));
+				if (p->offset[o] < 0)
 					goto done;
 			}
 		}
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] == stamp || b->param_index >= 0)
+			int b = fz_root_id(p, fz_in_id(R, k));
+			if (seen[b] == stamp || fz_id_is_param(p, b))
 				continue;
-			seen[b->id] = stamp;
-			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id] &&
-			    !give(&h, p->offset[b->id], round_up(p->bytes[b->id])))
+			seen[b] = stamp;
+			if (--readers[b] == 0 && !pinned[b] && !donated[b] &&
+			    !give(&h, p->offset[b], round_up(p->bytes[b])))
 				goto done;
 		}
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
-			    !pinned[o->id] && p->offset[o->id] >= 0 &&
-			    !give(&h, p->offset[o->id], round_up(p->bytes[o->id])))
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) == o && readers[o] == 0 && !pinned[o] &&
+			    p->offset[o] >= 0 &&
+			    !give(&h, p->offset[o], round_up(p->bytes[o])))
 				goto done;
 		}
 	}
 	/* views take their base's place */
 	p->work += 2 * (int64_t)nv;
 	for (int v = 0; v < nv; v++) {
-		fz_value *b = fz_view_root(p, t->values[v]);
-		if (b != t->values[v]) {
-			p->buffer[v] = p->buffer[b->id];
-			p->offset[v] = p->offset[b->id];
+		int b = p->view_root ? p->view_root[v] :
+			fz_view_root(p, t->values[v])->id;
+		if (b != v) {
+			p->buffer[v] = p->buffer[b];
+			p->offset[v] = p->offset[b];
 		}
 	}
 	p->arena_bytes = h.top;

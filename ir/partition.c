@@ -62,22 +62,54 @@
 
 #include "plan.h"
 
+/* What the sweeps read, packed. A deep trace's nodes and values are tens
+ * of megabytes of wide structs (attributes, eight extents per type), and
+ * the sweeps visit them in the canonical order, not the order they lie in
+ * memory: following node->in[k]->def->id from there costs three or four
+ * cache misses per edge. So the pass first copies, in one walk in memory
+ * order, what it needs into dense records indexed by id (a node's op, its
+ * operands' and results' value ids; a value's producer, consumers and
+ * element count), and the union-find and the walks keep each group's
+ * fields in one 32-byte record: a group visited is one cache line, not
+ * eight arrays. */
+typedef struct grp {
+	int parent, next, tail, size;
+	int red;           /* per root: a reduction node of the group, or -1 */
+	int flags;         /* per root: G_* */
+	int stamp;         /* the cycle walk's visited marks */
+	int ord;           /* per root: a topological order of the groups */
+} grp;
+
+typedef struct pnode {
+	int in_start;      /* operands: part.in_val[in_start .. +n_in) */
+	int n_in;
+	int out[2];        /* result value ids (n_out of them) */
+	short op;
+	short n_out;
+} pnode;
+
+typedef struct pval {
+	int64_t numel;     /* at probe sizes */
+	int def;           /* producing node, or -1 for a parameter */
+	int cons;          /* consumers: part.cons[cons .. vals[v + 1].cons) */
+} pval;
+
 typedef struct part {
 	fz_program *p;
 	const fz_trace *t;
 	int n;
-	int *parent, *next, *tail, *size;
-	int *red;          /* per root: a reduction node of the group, or -1 */
-	int *flags;        /* per root: G_* */
-	int *cons_start, *cons;  /* CSR: value id -> consumer node ids */
+	grp *g;            /* per node; the fields of a group are its root's */
+	pnode *nodes;      /* per node */
+	pval *vals;        /* per value, and one past the last */
+	int *in_val;       /* operand value ids, per node in order */
+	int *cons;         /* consumer node ids, per value in order */
 	bool *is_output;   /* per value */
-	int64_t *numel;    /* per value, at probe sizes */
-	int *stamp, cur;   /* the cycle walk's visited marks */
+	int cur;           /* the current walk's stamp */
 	int *stack;
-	int *ord;          /* per root: a topological order of the groups */
 	int *fwd, n_fwd;   /* groups the last forward walk reached */
 	int *bwd, n_bwd;   /* groups the last backward walk reached */
 	int *pool;         /* scratch for reordering after a merge */
+	uint64_t *tmp;     /* scratch for sort_by */
 	int64_t work;      /* steps taken: nodes visited, edges scanned */
 	int64_t spent;     /* steps taken by the merge attempt under way */
 	uint64_t *hash;
@@ -93,8 +125,8 @@ static bool is_reduction(fz_opcode op)
 
 static int find(part *s, int x)
 {
-	while (s->parent[x] != x)
-		x = s->parent[x] = s->parent[s->parent[x]];
+	while (s->g[x].parent != x)
+		x = s->g[x].parent = s->g[s->g[x].parent].parent;
 	return x;
 }
 
@@ -137,30 +169,30 @@ enum { WALK_OK, WALK_PATH, WALK_FAR };
 
 static int walk_forward(part *s, int ra, int rb)
 {
-	const fz_trace *t = s->t;
-	int sp = 0, bound = s->ord[rb];
+	int sp = 0, bound = s->g[rb].ord;
 	s->cur++;
 	s->n_fwd = 0;
-	s->stamp[ra] = s->cur;
+	s->g[ra].stamp = s->cur;
 	s->stack[sp++] = ra;
 	while (sp > 0) {
 		int g = s->stack[--sp];
-		for (int n = g; n >= 0; n = s->next[n]) {
-			const fz_node *nd = t->nodes[n];
+		for (int n = g; n >= 0; n = s->g[n].next) {
+			const pnode *nd = &s->nodes[n];
 			s->spent++;
 			for (int k = 0; k < nd->n_out; k++) {
-				int v = nd->out[k]->id;
-				s->spent += s->cons_start[v + 1] - s->cons_start[v];
-				for (int c = s->cons_start[v]; c < s->cons_start[v + 1]; c++) {
+				int v = nd->out[k];
+				int c0 = s->vals[v].cons, c1 = s->vals[v + 1].cons;
+				s->spent += c1 - c0;
+				for (int c = c0; c < c1; c++) {
 					int h = find(s, s->cons[c]);
 					if (h == rb) {
 						if (g != ra)
 							return WALK_PATH;
 						continue;
 					}
-					if (h == ra || s->stamp[h] == s->cur || s->ord[h] > bound)
+					if (h == ra || s->g[h].stamp == s->cur || s->g[h].ord > bound)
 						continue;
-					s->stamp[h] = s->cur;
+					s->g[h].stamp = s->cur;
 					s->stack[sp++] = h;
 					s->fwd[s->n_fwd++] = h;
 				}
@@ -176,25 +208,25 @@ static int walk_forward(part *s, int ra, int rb)
  * are not in B, so the two sets are disjoint. */
 static int walk_backward(part *s, int ra, int rb)
 {
-	const fz_trace *t = s->t;
-	int sp = 0, bound = s->ord[ra];
+	int sp = 0, bound = s->g[ra].ord;
 	s->cur++;
 	s->n_bwd = 0;
-	s->stamp[rb] = s->cur;
+	s->g[rb].stamp = s->cur;
 	s->stack[sp++] = rb;
 	while (sp > 0) {
 		int g = s->stack[--sp];
-		for (int n = g; n >= 0; n = s->next[n]) {
-			const fz_node *nd = t->nodes[n];
+		for (int n = g; n >= 0; n = s->g[n].next) {
+			const pnode *nd = &s->nodes[n];
 			s->spent += 1 + nd->n_in;
 			for (int k = 0; k < nd->n_in; k++) {
-				if (!nd->in[k]->def)
+				int def = s->vals[s->in_val[nd->in_start + k]].def;
+				if (def < 0)
 					continue;
-				int h = find(s, nd->in[k]->def->id);
-				if (h == ra || h == rb || s->stamp[h] == s->cur ||
-				    s->ord[h] < bound)
+				int h = find(s, def);
+				if (h == ra || h == rb || s->g[h].stamp == s->cur ||
+				    s->g[h].ord < bound)
 					continue;
-				s->stamp[h] = s->cur;
+				s->g[h].stamp = s->cur;
 				s->stack[sp++] = h;
 				s->bwd[s->n_bwd++] = h;
 			}
@@ -205,32 +237,15 @@ static int walk_backward(part *s, int ra, int rb)
 	return WALK_OK;
 }
 
-static int cmp_int(const void *a, const void *b)
+/* Sorts a[0..n) by key[a[i]].ord (by a[i] itself when key is NULL), all
+ * distinct and not negative, through tmp (n numbers of scratch). */
+static void sort_by(int *a, int n, const grp *key, uint64_t *tmp)
 {
-	return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
-}
-
-static _Thread_local const int *sort_ord; /* qsort has no context */
-static int cmp_by_ord(const void *a, const void *b)
-{
-	return cmp_int(&sort_ord[*(const int *)a], &sort_ord[*(const int *)b]);
-}
-
-/* Sorts a[0..n) by key[a[i]] (by a[i] itself when key is NULL): insertion
- * for the few a merge usually moves, qsort past that. */
-static void sort_by(int *a, int n, const int *key)
-{
-	if (n > 24) {
-		sort_ord = key;
-		qsort(a, (size_t)n, sizeof(int), key ? cmp_by_ord : cmp_int);
-		return;
-	}
-	for (int i = 1; i < n; i++) {
-		int x = a[i], kx = key ? key[x] : x, j = i;
-		for (; j > 0 && (key ? key[a[j - 1]] : a[j - 1]) > kx; j--)
-			a[j] = a[j - 1];
-		a[j] = x;
-	}
+	for (int i = 0; i < n; i++)
+		tmp[i] = (key ? (uint64_t)key[a[i]].ord << 32 : 0) | (uint32_t)a[i];
+	fz_sort_u64(tmp, n);
+	for (int i = 0; i < n; i++)
+		a[i] = (int)(uint32_t)tmp[i];
 }
 
 /* Keeps ord topological when ra merges into rb (Pearce and Kelly's local
@@ -244,30 +259,31 @@ static void reorder(part *s, int ra, int rb)
 {
 	int nb = s->n_bwd, np = 0;
 	for (int i = 0; i < nb; i++)
-		s->pool[np++] = s->ord[s->bwd[i]];
+		s->pool[np++] = s->g[s->bwd[i]].ord;
 	for (int i = 0; i < s->n_fwd; i++)
-		s->pool[np++] = s->ord[s->fwd[i]];
-	s->pool[np++] = s->ord[ra];
-	s->pool[np++] = s->ord[rb];
-	sort_by(s->pool, np, NULL);
-	sort_by(s->bwd, nb, s->ord);
-	sort_by(s->fwd, s->n_fwd, s->ord);
+		s->pool[np++] = s->g[s->fwd[i]].ord;
+	s->pool[np++] = s->g[ra].ord;
+	s->pool[np++] = s->g[rb].ord;
+	sort_by(s->pool, np, NULL, s->tmp);
+	sort_by(s->bwd, nb, s->g, s->tmp);
+	sort_by(s->fwd, s->n_fwd, s->g, s->tmp);
 	s->work += fz_nlogn(np) + fz_nlogn(nb) + fz_nlogn(s->n_fwd);
 	int w = 0;
 	for (int i = 0; i < nb; i++)
-		s->ord[s->bwd[i]] = s->pool[w++];
-	s->ord[rb] = s->pool[w++];
+		s->g[s->bwd[i]].ord = s->pool[w++];
+	s->g[rb].ord = s->pool[w++];
 	w++; /* ra's old slot stays empty: gaps do no harm */
 	for (int i = 0; i < s->n_fwd; i++)
-		s->ord[s->fwd[i]] = s->pool[w++];
+		s->g[s->fwd[i]].ord = s->pool[w++];
 }
 
-static bool used_outside(part *s, const fz_value *v, int ra, int rb)
+static bool used_outside(part *s, int v, int ra, int rb)
 {
-	if (s->is_output[v->id])
+	if (s->is_output[v])
 		return true;
-	s->spent += s->cons_start[v->id + 1] - s->cons_start[v->id];
-	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++)
+	int c0 = s->vals[v].cons, c1 = s->vals[v + 1].cons;
+	s->spent += c1 - c0;
+	for (int c = c0; c < c1; c++)
 		if (!in_pair(s, s->cons[c], ra, rb))
 			return true;
 	return false;
@@ -289,7 +305,7 @@ static bool can_merge(part *s, int ra, int rb)
 static bool can_merge_within(part *s, int ra, int rb)
 {
 	const fz_trace *t = s->t;
-	int fa = s->flags[ra], fb = s->flags[rb];
+	int fa = s->g[ra].flags, fb = s->g[rb].flags;
 	if ((fa | fb) & G_FIXED)
 		return false;
 	if (fa & G_INDEX_ADD) /* a scatter's result is read by a later kernel */
@@ -297,55 +313,58 @@ static bool can_merge_within(part *s, int ra, int rb)
 	/* a group of only meta ops and constants read by other groups too is
 	 * left alone until they all join: merging it into one of them would
 	 * fuse independent work horizontally by the back door */
-	if (s->size[ra] <= 64) {
+	if (s->g[ra].size <= 64) {
 		bool plain = true, shared = false;
-		for (int n = ra; n >= 0 && plain; n = s->next[n]) {
-			fz_opclass c = fz_ops[t->nodes[n]->op].cls;
+		for (int n = ra; n >= 0 && plain; n = s->g[n].next) {
+			const pnode *nd = &s->nodes[n];
+			fz_opclass c = fz_ops[nd->op].cls;
 			plain = c == FZ_CLASS_META || c == FZ_CLASS_CREATION;
 			s->spent++;
-			for (int k = 0; plain && k < t->nodes[n]->n_out; k++) {
-				const fz_value *v = t->nodes[n]->out[k];
-				s->spent += s->cons_start[v->id + 1] - s->cons_start[v->id];
-				for (int c2 = s->cons_start[v->id]; c2 < s->cons_start[v->id + 1]; c2++)
+			for (int k = 0; plain && k < nd->n_out; k++) {
+				int v = nd->out[k];
+				int c0 = s->vals[v].cons, c1 = s->vals[v + 1].cons;
+				s->spent += c1 - c0;
+				for (int c2 = c0; c2 < c1; c2++)
 					shared |= !in_pair(s, s->cons[c2], ra, rb);
 			}
 		}
 		if (plain && shared)
 			return false;
 	}
-	int red = s->red[ra] >= 0 ? s->red[ra] : s->red[rb];
+	int red = s->g[ra].red >= 0 ? s->g[ra].red : s->g[rb].red;
 	if (red >= 0 && ((fa | fb) & (G_TAKE | G_INDEX_ADD)))
 		return false;
-	if (s->red[ra] >= 0 && s->red[rb] >= 0) {
-		const fz_node *x = t->nodes[s->red[ra]], *y = t->nodes[s->red[rb]];
+	if (s->g[ra].red >= 0 && s->g[rb].red >= 0) {
+		const fz_node *x = t->nodes[s->g[ra].red], *y = t->nodes[s->g[rb].red];
 		if (!fz_same_shape(&x->in[0]->type, &y->in[0]->type) ||
 		    fz_reduced_dims(x) != fz_reduced_dims(y))
 			return false;
 	}
 	const fz_node *rn = red >= 0 ? t->nodes[red] : NULL;
-	int64_t din = rn ? s->numel[rn->in[0]->id] : -1;
-	int64_t dr = rn ? s->numel[rn->out[0]->id] : -1;
+	int64_t din = rn ? s->vals[rn->in[0]->id].numel : -1;
+	int64_t dr = rn ? s->vals[rn->out[0]->id].numel : -1;
 	int64_t dom = -1;
 	for (int half = 0; half < 2; half++) {
-		for (int n = half ? rb : ra; n >= 0; n = s->next[n]) {
-			const fz_node *nd = t->nodes[n];
+		for (int n = half ? rb : ra; n >= 0; n = s->g[n].next) {
+			const pnode *nd = &s->nodes[n];
 			if (++s->spent > WALK_BUDGET)
 				return false;
 			if (nd->op == FZ_OP_TAKE_ALONG && rn) {
 				/* only as a row gather along the reduced dim */
-				if (!fz_same_shape(&nd->in[0]->type, &rn->in[0]->type) ||
-				    !(fz_reduced_dims(rn) >> nd->attrs.dim & 1) ||
-				    s->numel[nd->out[0]->id] != dr)
+				const fz_node *x = t->nodes[n];
+				if (!fz_same_shape(&x->in[0]->type, &rn->in[0]->type) ||
+				    !(fz_reduced_dims(rn) >> x->attrs.dim & 1) ||
+				    s->vals[nd->out[0]].numel != dr)
 					return false;
 			}
 			for (int k = 0; k < nd->n_out; k++) {
-				const fz_value *v = nd->out[k];
-				int64_t e = s->numel[v->id];
+				int v = nd->out[k];
+				int64_t e = s->vals[v].numel;
 				if (rn && (e < 0 || e > din))
 					return false;
 				if (rn && e == din && din != dr &&
-				    fz_op_is_elementwise(nd->op) &&
-				    !fz_same_shape(&v->type, &rn->in[0]->type))
+				    fz_op_is_elementwise((fz_opcode)nd->op) &&
+				    !fz_same_shape(&t->values[v]->type, &rn->in[0]->type))
 					return false;
 				if (!used_outside(s, v, ra, rb))
 					continue;
@@ -372,13 +391,13 @@ static void merge(part *s, int ra, int rb)
 {
 	reorder(s, ra, rb);
 	/* rb (the consumer) absorbs ra */
-	s->parent[ra] = rb;
-	s->next[s->tail[rb]] = ra;
-	s->tail[rb] = s->tail[ra];
-	s->size[rb] += s->size[ra];
-	if (s->red[rb] < 0)
-		s->red[rb] = s->red[ra];
-	s->flags[rb] |= s->flags[ra];
+	s->g[ra].parent = rb;
+	s->g[s->g[rb].tail].next = ra;
+	s->g[rb].tail = s->g[ra].tail;
+	s->g[rb].size += s->g[ra].size;
+	if (s->g[rb].red < 0)
+		s->g[rb].red = s->g[ra].red;
+	s->g[rb].flags |= s->g[ra].flags;
 }
 
 /* ---- the canonical order ---- */
@@ -454,85 +473,115 @@ fz_status fz_partition(fz_program *p)
 	part s = {.p = p, .t = t, .n = n};
 	int *order = NULL, *rid = NULL;
 	fz_status st = FZ_ENOMEM;
-	s.parent = zalloc((size_t)n, sizeof(int));
-	s.next = zalloc((size_t)n, sizeof(int));
-	s.tail = zalloc((size_t)n, sizeof(int));
-	s.size = zalloc((size_t)n, sizeof(int));
-	s.red = zalloc((size_t)n, sizeof(int));
-	s.flags = zalloc((size_t)n, sizeof(int));
-	s.stamp = zalloc((size_t)n, sizeof(int));
+	s.g = zalloc((size_t)n, sizeof(grp));
+	s.nodes = zalloc((size_t)n, sizeof(pnode));
+	s.vals = zalloc((size_t)nv + 1, sizeof(pval));
 	s.stack = zalloc((size_t)n, sizeof(int));
-	s.ord = zalloc((size_t)n, sizeof(int));
 	s.fwd = zalloc((size_t)n, sizeof(int));
 	s.bwd = zalloc((size_t)n, sizeof(int));
 	s.pool = zalloc((size_t)n + 2, sizeof(int));
+	s.tmp = zalloc((size_t)n + 2, sizeof(uint64_t));
 	s.hash = zalloc((size_t)n, sizeof(uint64_t));
 	s.depth = zalloc((size_t)n, sizeof(int));
 	s.rank = zalloc((size_t)n, sizeof(int));
-	s.cons_start = zalloc((size_t)nv + 1, sizeof(int));
 	s.is_output = zalloc((size_t)nv, sizeof(bool));
-	s.numel = zalloc((size_t)nv, sizeof(int64_t));
 	order = zalloc((size_t)n, sizeof(int));
 	rid = zalloc((size_t)n, sizeof(int));
 	p->region_of = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
-	if (!s.parent || !s.next || !s.tail || !s.size || !s.red ||
-	    !s.flags || !s.stamp || !s.stack || !s.ord || !s.fwd || !s.bwd || !s.pool || !s.hash || !s.depth || !s.rank ||
-	    !s.cons_start || !s.is_output || !s.numel || !order || !rid ||
-	    !p->region_of)
+	if (!s.g || !s.nodes || !s.vals || !s.stack || !s.fwd || !s.bwd ||
+	    !s.pool || !s.tmp || !s.hash || !s.depth || !s.rank || !s.is_output ||
+	    !order || !rid || !p->region_of)
 		goto done;
 
-	/* consumers of each value, outputs, element counts at probe sizes */
+	/* the dense records, in one walk over the nodes as they lie; then the
+	 * consumers of each value (an op reading one value twice is one
+	 * consumer), outputs, element counts at probe sizes */
 	int n_edges = 0;
-	for (int i = 0; i < n; i++) {
-		const fz_node *nd = t->nodes[i];
-		for (int k = 0; k < nd->n_in; k++)
-			s.cons_start[nd->in[k]->id + 1]++;
-		n_edges += nd->n_in;
-	}
-	for (int v = 0; v < nv; v++)
-		s.cons_start[v + 1] += s.cons_start[v];
+	for (int i = 0; i < n; i++)
+		n_edges += t->nodes[i]->n_in;
+	s.in_val = zalloc((size_t)n_edges, sizeof(int));
 	s.cons = zalloc((size_t)n_edges, sizeof(int));
-	int *fill = zalloc((size_t)nv, sizeof(int));
-	if (!s.cons || !fill) {
-		free(fill);
+	if (!s.in_val || !s.cons)
 		goto done;
-	}
-	for (int i = 0; i < n; i++) {
+	for (int v = 0; v < nv; v++)
+		s.vals[v].def = -1;
+	for (int i = 0, e = 0; i < n; i++) {
 		const fz_node *nd = t->nodes[i];
-		for (int k = 0; k < nd->n_in; k++) {
-			int v = nd->in[k]->id;
-			/* an op reading one value twice is one consumer */
+		pnode *pn = &s.nodes[i];
+		pn->in_start = e;
+		pn->n_in = nd->n_in;
+		pn->op = (short)nd->op;
+		pn->n_out = (short)nd->n_out;
+		for (int k = 0; k < nd->n_in; k++)
+			s.in_val[e++] = nd->in[k]->id;
+		for (int k = 0; k < nd->n_out; k++) {
+			pn->out[k] = nd->out[k]->id;
+			s.vals[pn->out[k]].def = i;
+		}
+	}
+	/* vals[v].cons counts v's consumers, then says where they start */
+	for (int i = 0; i < n; i++) {
+		const int *in = &s.in_val[s.nodes[i].in_start];
+		for (int k = 0; k < s.nodes[i].n_in; k++) {
 			bool dup = false;
 			for (int j = 0; j < k; j++)
-				dup |= nd->in[j]->id == v;
+				dup |= in[j] == in[k];
 			if (!dup)
-				s.cons[s.cons_start[v] + fill[v]++] = i;
+				s.vals[in[k]].cons++;
 		}
 	}
-	/* compact away duplicate slots: shift by rebuilding starts */
-	{
-		int w = 0;
-		for (int v = 0; v < nv; v++) {
-			int start = s.cons_start[v];
-			s.cons_start[v] = w;
-			for (int c = 0; c < fill[v]; c++)
-				s.cons[w++] = s.cons[start + c];
-		}
-		s.cons_start[nv] = w;
+	for (int v = 0, sum = 0; v <= nv; v++) {
+		int c = s.vals[v].cons;
+		s.vals[v].cons = sum;
+		sum += c;
 	}
-	free(fill);
+	/* shifted by one value, vals[v + 1].cons is the fill cursor of v's
+	 * list; filled, it ends v's list, which is where v + 1's starts */
+	for (int v = nv; v > 0; v--)
+		s.vals[v].cons = s.vals[v - 1].cons;
+	s.vals[0].cons = 0;
+	for (int i = 0; i < n; i++) {
+		const int *in = &s.in_val[s.nodes[i].in_start];
+		for (int k = 0; k < s.nodes[i].n_in; k++) {
+			bool dup = false;
+			for (int j = 0; j < k; j++)
+				dup |= in[j] == in[k];
+			if (!dup)
+				s.cons[s.vals[in[k] + 1].cons++] = i;
+		}
+	}
 	for (int i = 0; i < t->n_outputs; i++)
 		s.is_output[t->outputs[i]->id] = true;
 	for (int v = 0; v < nv; v++)
-		s.numel[v] = fz_type_numel_at(&t->values[v]->type, p->probe_sizes);
+		s.vals[v].numel = fz_type_numel_at(&t->values[v]->type, p->probe_sizes);
+	p->def_of = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
+	if (!p->def_of)
+		goto done;
+	for (int v = 0; v < nv; v++)
+		p->def_of[v] = s.vals[v].def;
+	p->node_in_start = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n + 1));
+	p->node_in = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)n_edges + 1));
+	p->node_out = fz_arena_alloc(&p->arena, sizeof(int) * (2 * (size_t)n + 1));
+	if (!p->node_in_start || !p->node_in || !p->node_out)
+		goto done;
+	for (int i = 0; i < n; i++) {
+		p->node_in_start[i] = s.nodes[i].in_start;
+		p->node_out[2 * i] = s.nodes[i].n_out > 0 ? s.nodes[i].out[0] : -1;
+		p->node_out[2 * i + 1] = s.nodes[i].n_out > 1 ? s.nodes[i].out[1] : -1;
+	}
+	p->node_in_start[n] = n_edges;
+	memcpy(p->node_in, s.in_val, sizeof(int) * (size_t)n_edges);
 
 	/* the canonical order */
 	for (int i = 0; i < n; i++) {
 		const fz_node *nd = t->nodes[i];
+		const int *in = &s.in_val[s.nodes[i].in_start];
 		int d = 0;
-		for (int k = 0; k < nd->n_in; k++)
-			if (nd->in[k]->def && s.depth[nd->in[k]->def->id] + 1 > d)
-				d = s.depth[nd->in[k]->def->id] + 1;
+		for (int k = 0; k < nd->n_in; k++) {
+			int def = s.vals[in[k]].def;
+			if (def >= 0 && s.depth[def] + 1 > d)
+				d = s.depth[def] + 1;
+		}
 		s.depth[i] = d;
 		s.hash[i] = hash_node(&s, nd);
 		order[i] = i;
@@ -550,19 +599,19 @@ fz_status fz_partition(fz_program *p)
 	for (int i = 0; i < n; i++) {
 		const fz_node *nd = t->nodes[i];
 		fz_opclass c = fz_ops[nd->op].cls;
-		s.parent[i] = i;
-		s.next[i] = -1;
-		s.tail[i] = i;
-		s.size[i] = 1;
-		s.ord[i] = i;
-		s.red[i] = is_reduction(nd->op) ? i : -1;
-		s.flags[i] = c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
+		s.g[i].parent = i;
+		s.g[i].next = -1;
+		s.g[i].tail = i;
+		s.g[i].size = 1;
+		s.g[i].ord = i;
+		s.g[i].red = is_reduction(nd->op) ? i : -1;
+		s.g[i].flags = c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
 			     c == FZ_CLASS_WAIT || c == FZ_CLASS_SCAN ||
 			     c == FZ_CLASS_SELECT ? G_FIXED : 0;
 		if (nd->op == FZ_OP_TAKE)
-			s.flags[i] |= G_TAKE;
+			s.g[i].flags |= G_TAKE;
 		if (nd->op == FZ_OP_INDEX_ADD)
-			s.flags[i] |= G_INDEX_ADD;
+			s.g[i].flags |= G_INDEX_ADD;
 	}
 
 	/* producer-consumer fusion in the canonical order, swept again while
@@ -572,12 +621,13 @@ fz_status fz_partition(fz_program *p)
 		changed = 0;
 		s.work += n + n_edges;
 		for (int j = 0; j < n; j++) {
-			const fz_node *nd = t->nodes[order[j]];
-			for (int k = 0; k < nd->n_in; k++) {
-				const fz_value *v = nd->in[k];
-				if (!v->def)
+			int i = order[j];
+			const int *in = &s.in_val[s.nodes[i].in_start];
+			for (int k = 0; k < s.nodes[i].n_in; k++) {
+				int def = s.vals[in[k]].def;
+				if (def < 0)
 					continue;
-				int ra = find(&s, v->def->id), rb = find(&s, nd->id);
+				int ra = find(&s, def), rb = find(&s, i);
 				if (ra != rb && can_merge(&s, ra, rb)) {
 					merge(&s, ra, rb);
 					changed = 1;
@@ -613,7 +663,7 @@ fz_status fz_partition(fz_program *p)
 				goto done;
 			R->id = rid[r];
 			R->nodes = fz_arena_alloc(&p->arena, sizeof(fz_node *) *
-						  (size_t)s.size[r]);
+						  (size_t)s.g[r].size);
 			if (!R->nodes)
 				goto done;
 			p->regions[rid[r]] = R;
@@ -643,16 +693,16 @@ fz_status fz_partition(fz_program *p)
 			R->kind = c == FZ_CLASS_SCAN ? FZ_REGION_SCAN : FZ_REGION_SELECT;
 			continue;
 		}
-		if (s.red[root] < 0) {
-			R->kind = s.flags[root] & (G_TAKE | G_INDEX_ADD) ?
+		if (s.g[root].red < 0) {
+			R->kind = s.g[root].flags & (G_TAKE | G_INDEX_ADD) ?
 				  FZ_REGION_INDEXING : FZ_REGION_POINTWISE;
 			for (int j = 0; j < R->n_nodes; j++)
 				if (R->nodes[j]->op == FZ_OP_TAKE_ALONG)
 					R->kind = FZ_REGION_INDEXING;
 			continue;
 		}
-		const fz_node *rn = t->nodes[s.red[root]];
-		int64_t din = s.numel[rn->in[0]->id], dr = s.numel[rn->out[0]->id];
+		const fz_node *rn = t->nodes[s.g[root].red];
+		int64_t din = s.vals[rn->in[0]->id].numel, dr = s.vals[rn->out[0]->id].numel;
 		bool norm = false;
 		for (int j = 0; j < R->n_nodes; j++) {
 			const fz_node *nd = R->nodes[j];
@@ -661,7 +711,7 @@ fz_status fz_partition(fz_program *p)
 				if (nd->in[k]->def && p->region_of[nd->in[k]->def->id] == r)
 					d |= dep[nd->in[k]->id];
 			if (d && (is_reduction(nd->op) ||
-				  (s.numel[nd->out[0]->id] == din && din != dr)))
+				  (s.vals[nd->out[0]->id].numel == din && din != dr)))
 				norm = true;
 			for (int k = 0; k < nd->n_out; k++)
 				dep[nd->out[k]->id] = d || is_reduction(nd->op);
@@ -672,25 +722,20 @@ fz_status fz_partition(fz_program *p)
 	s.work += 2 * ((int64_t)n + n_edges); /* numbering, kinds */
 	st = fz_regions_link(p);
 done:
-	free(s.parent);
-	free(s.next);
-	free(s.tail);
-	free(s.size);
-	free(s.red);
-	free(s.flags);
-	free(s.stamp);
+	free(s.g);
+	free(s.nodes);
+	free(s.vals);
+	free(s.in_val);
+	free(s.cons);
 	free(s.stack);
-	free(s.ord);
 	free(s.fwd);
 	free(s.bwd);
 	free(s.pool);
+	free(s.tmp);
 	free(s.hash);
 	free(s.depth);
 	free(s.rank);
-	free(s.cons_start);
-	free(s.cons);
 	free(s.is_output);
-	free(s.numel);
 	free(order);
 	free(rid);
 	p->work += s.work;

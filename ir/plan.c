@@ -82,10 +82,17 @@ fz_status fz_program_index_views(fz_program *p)
 	int *root = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	if (!root)
 		return FZ_ENOMEM;
+	bool *param = fz_arena_alloc(&p->arena, sizeof(bool) * ((size_t)nv + 1));
+	if (!param)
+		return FZ_ENOMEM;
 	p->view_root = NULL;
-	for (int v = 0; v < nv; v++)
-		root[v] = fz_view_root(p, p->trace->values[v])->id;
+	p->is_param = NULL;
+	for (int v = 0; v < nv; v++) {
+		root[v] = fz_view_root_id(p, p->trace->values[v]);
+		param[v] = p->trace->values[v]->param_index >= 0;
+	}
 	p->view_root = root;
+	p->is_param = param;
 	p->work += nv;
 	return FZ_OK;
 }
@@ -121,12 +128,17 @@ fz_status fz_regions_link(fz_program *p)
 		goto oom;
 	for (int i = 0; i < t->n_outputs; i++)
 		external[t->outputs[i]->id] = true;
+	/* with the graph as ids (node_in, def_of), both walks read dense
+	 * arrays, not the nodes and values */
+	const int *ins = p->node_in, *start = p->node_in_start;
 	for (int i = 0; i < t->n_nodes; i++) {
-		const fz_node *n = t->nodes[i];
-		for (int k = 0; k < n->n_in; k++) {
-			const fz_value *v = n->in[k];
-			if (v->def && p->region_of[v->def->id] != p->region_of[n->id])
-				external[v->id] = true;
+		const fz_node *n = ins ? NULL : t->nodes[i];
+		int n_in = ins ? start[i + 1] - start[i] : n->n_in;
+		for (int k = 0; k < n_in; k++) {
+			int v = ins ? ins[start[i] + k] : n->in[k]->id;
+			int d = p->def_of ? p->def_of[v] : fz_def_id(p, n->in[k]);
+			if (d >= 0 && p->region_of[d] != p->region_of[i])
+				external[v] = true;
 		}
 	}
 	for (int r = 0; r < p->n_regions; r++) {
@@ -134,30 +146,44 @@ fz_status fz_regions_link(fz_program *p)
 		int stamp = r + 1, m = 0;
 		for (int j = 0; j < R->n_nodes; j++) {
 			const fz_node *n = R->nodes[j];
-			for (int k = 0; k < n->n_in; k++) {
-				fz_value *v = n->in[k];
-				if (v->def && p->region_of[v->def->id] == r)
+			int i = n->id;
+			int n_in = ins ? start[i + 1] - start[i] : n->n_in;
+			for (int k = 0; k < n_in; k++) {
+				int v = ins ? ins[start[i] + k] : n->in[k]->id;
+				int d = p->def_of ? p->def_of[v] : fz_def_id(p, n->in[k]);
+				if (d >= 0 && p->region_of[d] == r)
 					continue;
-				if (mark[v->id] != stamp) {
-					mark[v->id] = stamp;
-					tmp[m++] = v;
+				if (mark[v] != stamp) {
+					mark[v] = stamp;
+					tmp[m++] = t->values[v];
 				}
 			}
 		}
 		R->in = fz_arena_alloc(&p->arena, sizeof *R->in * (size_t)(m + 1));
-		if (!R->in)
+		R->in_id = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)(m + 1));
+		if (!R->in || !R->in_id)
 			goto oom;
 		memcpy(R->in, tmp, sizeof *tmp * (size_t)m);
+		for (int k = 0; k < m; k++)
+			R->in_id[k] = tmp[k]->id;
 		R->n_in = m;
 		m = 0;
-		for (int j = 0; j < R->n_nodes; j++)
-			for (int k = 0; k < R->nodes[j]->n_out; k++)
-				if (external[R->nodes[j]->out[k]->id])
-					tmp[m++] = R->nodes[j]->out[k];
+		for (int j = 0; j < R->n_nodes; j++) {
+			const fz_node *n = R->nodes[j];
+			for (int k = 0; k < n->n_out; k++) {
+				int v = p->node_out ? p->node_out[2 * n->id + k] :
+					n->out[k]->id;
+				if (external[v])
+					tmp[m++] = t->values[v];
+			}
+		}
 		R->out = fz_arena_alloc(&p->arena, sizeof *R->out * (size_t)(m + 1));
-		if (!R->out)
+		R->out_id = fz_arena_alloc(&p->arena, sizeof(int) * (size_t)(m + 1));
+		if (!R->out || !R->out_id)
 			goto oom;
 		memcpy(R->out, tmp, sizeof *tmp * (size_t)m);
+		for (int k = 0; k < m; k++)
+			R->out_id[k] = tmp[k]->id;
 		R->n_out = m;
 	}
 	free(mark);
@@ -169,6 +195,50 @@ oom:
 	free(external);
 	free(tmp);
 	return FZ_ENOMEM;
+}
+
+/* ---- sorting numbers ---- */
+
+/* Quicksort (median of three) down to runs of 24, then insertion: on
+ * numbers, with no comparison callback (qsort's indirect calls were a tenth
+ * of partition's time). */
+void fz_sort_u64(uint64_t *a, int n)
+{
+	while (n > 24) {
+		uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
+		uint64_t piv = x < y ? (y < z ? y : x < z ? z : x)
+				     : (x < z ? x : y < z ? z : y);
+		int i = 0, j = n - 1;
+		for (;;) {
+			while (a[i] < piv)
+				i++;
+			while (a[j] > piv)
+				j--;
+			if (i >= j)
+				break;
+			uint64_t t = a[i];
+			a[i++] = a[j];
+			a[j--] = t;
+		}
+		/* [0, j] <= piv <= [j + 1, n): recurse into the smaller */
+		if (j < 0 || j >= n - 1)
+			break; /* no split (equal keys): insertion sorts it */
+		if (j + 1 < n - j - 1) {
+			fz_sort_u64(a, j + 1);
+			a += j + 1;
+			n -= j + 1;
+		} else {
+			fz_sort_u64(a + j + 1, n - j - 1);
+			n = j + 1;
+		}
+	}
+	for (int i = 1; i < n; i++) {
+		uint64_t x = a[i];
+		int j = i;
+		for (; j > 0 && a[j - 1] > x; j--)
+			a[j] = a[j - 1];
+		a[j] = x;
+	}
 }
 
 /* ---- the peak of an order ---- */
@@ -201,31 +271,30 @@ int64_t fz_order_peak(const fz_program *p, const int *order)
 		int stamp = s + 1;
 		int64_t alloc = 0;
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) != o)
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) != o)
 				continue;
 			int donor = fz_pick_donor(p, o, readers, pinned, donated);
 			if (donor >= 0)
 				donated[donor] = true;
 			else
-				alloc += p->bytes[o->id];
+				alloc += p->bytes[o];
 		}
 		live += alloc;
 		if (live > peak)
 			peak = live;
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] == stamp || b->param_index >= 0)
+			int b = fz_root_id(p, fz_in_id(R, k));
+			if (seen[b] == stamp || fz_id_is_param(p, b))
 				continue;
-			seen[b->id] = stamp;
-			if (--readers[b->id] == 0 && !pinned[b->id] && !donated[b->id])
-				live -= p->bytes[b->id];
+			seen[b] = stamp;
+			if (--readers[b] == 0 && !pinned[b] && !donated[b])
+				live -= p->bytes[b];
 		}
 		for (int k = 0; k < R->n_out; k++) {
-			const fz_value *o = R->out[k];
-			if (fz_view_root(p, (fz_value *)o) == o && readers[o->id] == 0 &&
-			    !pinned[o->id])
-				live -= p->bytes[o->id]; /* made for nobody */
+			int o = fz_out_id(R, k);
+			if (fz_root_id(p, o) == o && readers[o] == 0 && !pinned[o])
+				live -= p->bytes[o]; /* made for nobody */
 		}
 	}
 done:
@@ -251,11 +320,11 @@ fz_status fz_view_eval(const fz_program *p, const fz_value *v,
 	return fz_meta_layout(w->node, sym_sizes, &in, out) ? FZ_OK : FZ_EINVAL;
 }
 
-int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+int fz_pick_donor(const fz_program *p, int o, const int *readers,
 		  const bool *pinned, const bool *donated)
 {
-	for (int d = 0; d < p->n_donors[o->id]; d++) {
-		int b = p->donors[o->id][d];
+	for (int d = 0; d < p->n_donors[o]; d++) {
+		int b = p->donors[o][d];
 		if (readers[b] == 1 && !pinned[b] && !donated[b])
 			return b;
 	}
@@ -267,14 +336,14 @@ void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 {
 	const fz_trace *t = p->trace;
 	for (int i = 0; i < t->n_outputs; i++)
-		pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int r = 0; r < p->n_regions; r++) {
 		const fz_region *R = p->regions[r];
 		for (int k = 0; k < R->n_in; k++) {
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (seen[b->id] != r + 1) {
-				seen[b->id] = r + 1;
-				readers[b->id]++;
+			int b = fz_root_id(p, fz_in_id(R, k));
+			if (seen[b] != r + 1) {
+				seen[b] = r + 1;
+				readers[b]++;
 			}
 		}
 	}

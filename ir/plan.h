@@ -73,7 +73,22 @@ typedef struct fz_region {
 	                   * the communication stream until then) */
 	int n_out;
 	fz_value **out;   /* defined here, used by other regions or returned */
+	/* The ids of in and out, where fz_regions_link filled them (else
+	 * NULL; whoever changes in or out sets them NULL): the replays of a
+	 * deep trace read ids from here rather than from each value. Read
+	 * them through fz_in_id and fz_out_id. */
+	int *in_id, *out_id;
 } fz_region;
+
+static inline int fz_in_id(const fz_region *R, int k)
+{
+	return R->in_id ? R->in_id[k] : R->in[k]->id;
+}
+
+static inline int fz_out_id(const fz_region *R, int k)
+{
+	return R->out_id ? R->out_id[k] : R->out[k]->id;
+}
 
 /* ---- The program: what fz_plan makes of a trace ------------------------- */
 
@@ -172,6 +187,16 @@ typedef struct fz_program {
 	int n_regions;
 	fz_region **regions;         /* regions[i]->id == i */
 	int *region_of;              /* per node id */
+	int *def_of;                 /* per value id: its node's id, -1 for a
+	                              * parameter (partition.c), so a pass asks
+	                              * an array for a value's region, not
+	                              * value->def->id (NULL in a program the
+	                              * plan cache loaded: fz_def_id falls back) */
+	/* The graph as ids, per node id i (partition.c; NULL in a program the
+	 * plan cache loaded): its operands' value ids are
+	 * node_in[node_in_start[i] .. node_in_start[i + 1]), its results'
+	 * node_out[2 i], node_out[2 i + 1] (-1 past n_out). */
+	int *node_in_start, *node_in, *node_out;
 	int *canon_rank;             /* per node id: place in the canonical
 	                              * order (partition.c), blind to names
 	                              * and to the written order */
@@ -180,6 +205,9 @@ typedef struct fz_program {
 	fz_view **view_of;           /* per value id: its view, or NULL */
 	int *view_root;              /* per value id: fz_view_root's answer,
 	                              * once the views are final (NULL before) */
+	bool *is_param;              /* per value id: a parameter (filled with
+	                              * view_root), so the replays ask an array,
+	                              * not the value */
 	int *vec_width;              /* per region: elements per vector access */
 	int *vec_bytes;              /* per region: bytes per vector access */
 
@@ -238,6 +266,10 @@ static inline int64_t fz_nlogn(int64_t n)
 	return n * l;
 }
 
+/* Sorts a[0..n) ascending. The passes sort ids by a key packed as
+ * key << 32 | id, all keys distinct, so the order is one. */
+void fz_sort_u64(uint64_t *a, int n);
+
 /* Plans trace t (verified): partition, bookend, schedule, horizontal,
  * waits, prefetch, scatter, bucket, memplan. */
 fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
@@ -265,6 +297,30 @@ fz_status fz_program_print_trace(const fz_program *p, char **out);
 fz_status fz_regions_link(fz_program *p);
 /* The value whose buffer v occupies when v is a view (else v itself). */
 fz_value *fz_view_root(const fz_program *p, fz_value *v);
+/* The id of fz_view_root's answer, read from view_root where it is filled:
+ * the replays of a deep trace then touch no value but the one they hold. */
+static inline int fz_view_root_id(const fz_program *p, const fz_value *v)
+{
+	return p->view_root ? p->view_root[v->id] :
+	       fz_view_root(p, (fz_value *)v)->id;
+}
+/* The id of the node that makes v, -1 for a parameter. */
+static inline int fz_def_id(const fz_program *p, const fz_value *v)
+{
+	return p->def_of ? p->def_of[v->id] : v->def ? v->def->id : -1;
+}
+/* fz_view_root_id by id. */
+static inline int fz_root_id(const fz_program *p, int v)
+{
+	return p->view_root ? p->view_root[v] :
+	       fz_view_root(p, p->trace->values[v])->id;
+}
+/* Is value id v a parameter? */
+static inline bool fz_id_is_param(const fz_program *p, int v)
+{
+	return p->is_param ? p->is_param[v] :
+	       p->trace->values[v]->param_index >= 0;
+}
 /* Fills view_root once the views are final (the end of bookend, a program
  * read back from the cache): fz_view_root is then one load, not a walk. */
 fz_status fz_program_index_views(fz_program *p);
@@ -279,7 +335,7 @@ void fz_program_count_readers(const fz_program *p, int *readers, int *seen,
 /* The dying input buffer o may overwrite in place: one of its donors that
  * this region reads last (readers == 1), not an output's, not already
  * given away; -1 if none. */
-int fz_pick_donor(const fz_program *p, const fz_value *o, const int *readers,
+int fz_pick_donor(const fz_program *p, int o, const int *readers,
 		  const bool *pinned, const bool *donated);
 /* The in-place rule for one region (schedule.c): count[k] inputs that
  * output k may take over, listed at list[k * R->n_in ...]. reach: n_values

@@ -56,7 +56,13 @@ typedef struct sched {
 
 static bool owns(const fz_program *p, const fz_value *v)
 {
-	return v->def && fz_view_root(p, (fz_value *)v) == v;
+	return v->def && fz_view_root_id(p, v) == v->id;
+}
+
+/* owns, by id, from the arrays */
+static bool owns_id(const fz_program *p, int v)
+{
+	return !fz_id_is_param(p, v) && fz_root_id(p, v) == v;
 }
 
 /* The in-place rule, for one region: which inputs each output may take
@@ -78,7 +84,7 @@ void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
 			continue;
 		bool alone = true; /* no other input is a view of b */
 		for (int j = 0; j < R->n_in; j++)
-			if (j != k && fz_view_root(p, R->in[j]) == b)
+			if (j != k && fz_view_root_id(p, R->in[j]) == b->id)
 				alone = false;
 		if (!alone)
 			continue;
@@ -132,7 +138,11 @@ static fz_status prepare_values(fz_program *p)
 		if (p->regions[r]->n_out > max_out)
 			max_out = p->regions[r]->n_out;
 	}
-	p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
+	/* bytes depend on the values and the views alone: a second schedule
+	 * (after horizontal fusion) keeps them */
+	bool have_bytes = p->bytes != NULL;
+	if (!have_bytes)
+		p->bytes = fz_arena_alloc(&p->arena, sizeof(int64_t) * ((size_t)nv + 1));
 	p->n_donors = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	p->donors = fz_arena_alloc(&p->arena, sizeof(int *) * ((size_t)nv + 1));
 	bool *reach = calloc((size_t)nv + 1, sizeof(bool));
@@ -143,7 +153,7 @@ static fz_status prepare_values(fz_program *p)
 	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand ||
 	    !count || !list)
 		goto done;
-	for (int v = 0; v < nv; v++) {
+	for (int v = 0; v < nv && !have_bytes; v++) {
 		const fz_value *x = t->values[v];
 		int64_t e = fz_type_numel_at(&x->type, p->sym_sizes);
 		if (x->def && p->region_of && !p->view_of[v] && e >= 0 &&
@@ -211,10 +221,10 @@ static fz_status build_graph(sched *s)
 		for (int k = 0; k < R->n_in; k++) {
 			const fz_value *v = R->in[k];
 			if (v->def)
-				s->preds[np++] = p->region_of[v->def->id];
-			fz_value *b = fz_view_root(p, R->in[k]);
-			if (b->def)
-				s->ins[ni++] = b->id;
+				s->preds[np++] = p->region_of[fz_def_id(p, v)];
+			int b = fz_root_id(p, fz_in_id(R, k));
+			if (!fz_id_is_param(p, b))
+				s->ins[ni++] = b;
 		}
 		qsort(s->preds + s->pred_start[r], (size_t)(np - s->pred_start[r]),
 		      sizeof(int), cmp_int);
@@ -264,9 +274,9 @@ static fz_status build_graph(sched *s)
 		}
 	free(fill);
 	for (int i = 0; i < t->n_outputs; i++)
-		s->pinned[fz_view_root(p, t->outputs[i])->id] = true;
+		s->pinned[fz_view_root_id(p, t->outputs[i])] = true;
 	for (int v = 0; v < nv; v++)
-		s->owned[v] = owns(p, t->values[v]) && p->bytes[v] >= 0;
+		s->owned[v] = owns_id(p, v) && p->bytes[v] >= 0;
 	/* heights, from the sinks back: region ids are not topological, so
 	 * walk a topological order found by Kahn */
 	int *indeg = calloc((size_t)n + 1, sizeof(int)), *topo = malloc(sizeof(int) * ((size_t)n + 1));
@@ -376,12 +386,12 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 	int donated[8], nd = 0;
 	s->p->work += 1 + R->n_out + s->in_start[r + 1] - s->in_start[r];
 	for (int k = 0; k < R->n_out; k++) {
-		const fz_value *o = R->out[k];
-		if (!s->owned[o->id])
+		int o = fz_out_id(R, k);
+		if (!s->owned[o])
 			continue;
 		int donor = -1;
-		for (int d = 0; d < p->n_donors[o->id] && donor < 0; d++) {
-			int b = p->donors[o->id][d];
+		for (int d = 0; d < p->n_donors[o] && donor < 0; d++) {
+			int b = p->donors[o][d];
 			bool used = false;
 			for (int i = 0; i < nd; i++)
 				used |= donated[i] == b;
@@ -391,9 +401,9 @@ static void step_effect(sched *s, int r, const int *left, int64_t *alloc,
 		if (donor >= 0 && nd < 8)
 			donated[nd++] = donor;
 		else
-			a += p->bytes[o->id];
-		if (left[o->id] == 0 && !s->pinned[o->id] && donor < 0)
-			f += p->bytes[o->id];
+			a += p->bytes[o];
+		if (left[o] == 0 && !s->pinned[o] && donor < 0)
+			f += p->bytes[o];
 	}
 	for (int i = s->in_start[r]; i < s->in_start[r + 1]; i++) {
 		int b = s->ins[i];
@@ -411,7 +421,7 @@ static bool owns_nothing(const sched *s, int r)
 {
 	const fz_region *R = s->p->regions[r];
 	for (int k = 0; k < R->n_out; k++)
-		if (s->owned[R->out[k]->id])
+		if (s->owned[fz_out_id(R, k)])
 			return false;
 	return true;
 }

@@ -37,6 +37,8 @@ void fz_free(void *p) { free(p); }
 struct fz_chunk {
 	fz_chunk *next;
 	size_t used, cap;
+	size_t mapped;       /* bytes mapped by fz_huge_alloc (then zero-filled
+	                      * by the kernel: no memset), or 0: malloc */
 	_Alignas(16) unsigned char data[];
 };
 
@@ -49,7 +51,7 @@ struct fz_chunk {
 #define ARENA_CHUNK_MAX ((size_t)8 << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 
-static void huge_pages(void *p, size_t n)
+void fz_huge_pages(void *p, size_t n)
 {
 #ifdef MADV_HUGEPAGE
 	uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
@@ -60,6 +62,50 @@ static void huge_pages(void *p, size_t n)
 	(void)p;
 	(void)n;
 #endif
+}
+
+void *fz_huge_alloc(size_t n, size_t *mapped)
+{
+	*mapped = 0;
+	size_t len = (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+	unsigned char *p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	/* trim to a 2 MiB boundary at both ends: every page of it can be huge
+	 * (a malloc'd buffer keeps up to 2 MiB at each end in 4 KiB pages) */
+	unsigned char *a = (unsigned char *)(((uintptr_t)p + HUGE_PAGE - 1) &
+					     ~(HUGE_PAGE - 1));
+	if (a > p)
+		munmap(p, (size_t)(a - p));
+	if (a + len < p + len + HUGE_PAGE)
+		munmap(a + len, (size_t)(p + len + HUGE_PAGE - (a + len)));
+	fz_huge_pages(a, len);
+	*mapped = len;
+	return a;
+}
+
+void fz_huge_free(void *p, size_t mapped)
+{
+	if (p && mapped)
+		munmap(p, mapped);
+}
+
+/* A chunk of cap bytes: big ones mapped whole in huge pages. */
+static fz_chunk *chunk_new(size_t cap)
+{
+	fz_chunk *c;
+	size_t mapped = 0;
+	if (cap >= 2 * HUGE_PAGE)
+		c = fz_huge_alloc(sizeof *c + cap, &mapped);
+	else
+		c = malloc(sizeof *c + cap);
+	if (!c)
+		return NULL;
+	c->used = 0;
+	c->cap = cap;
+	c->mapped = mapped;
+	return c;
 }
 
 void *fz_arena_alloc(fz_arena *a, size_t n)
@@ -74,21 +120,32 @@ void *fz_arena_alloc(fz_arena *a, size_t n)
 			cap = ARENA_CHUNK_MAX;
 		if (cap < n)
 			cap = n;
-		c = malloc(sizeof *c + cap);
+		c = chunk_new(cap);
 		if (!c)
 			return NULL;
-		if (cap >= 2 * HUGE_PAGE)
-			huge_pages(c, sizeof *c + cap);
-		c->used = 0;
-		c->cap = cap;
 		c->next = a->head;
 		a->head = c;
 		a->total += cap;
 	}
 	void *p = c->data + c->used;
 	c->used += n;
-	memset(p, 0, n);
+	if (!c->mapped) /* a mapped chunk is zero where nothing was put yet */
+		memset(p, 0, n);
 	return p;
+}
+
+void fz_arena_reserve(fz_arena *a, size_t n)
+{
+	fz_chunk *c = a->head;
+	if (c && c->cap - c->used >= n)
+		return;
+	n = (n + 15) & ~(size_t)15;
+	c = chunk_new(n);
+	if (!c)
+		return; /* the chunks that come later are made as they are needed */
+	c->next = a->head;
+	a->head = c;
+	a->total += n;
 }
 
 char *fz_arena_strdup(fz_arena *a, const char *s)
@@ -105,7 +162,10 @@ void fz_arena_release(fz_arena *a)
 	fz_chunk *c = a->head;
 	while (c) {
 		fz_chunk *next = c->next;
-		free(c);
+		if (c->mapped)
+			fz_huge_free(c, c->mapped);
+		else
+			free(c);
 		c = next;
 	}
 	a->head = NULL;

@@ -311,7 +311,7 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 	}
 	ki->node[0] = n;
 	ki->src = (fz_region){id, FZ_REGION_POINTWISE, 1, ki->node, ni, ki->ins,
-			      n->n_out, n->out};
+			      n->n_out, n->out, NULL, NULL};
 }
 
 static bool in_list(fz_value *const *vs, int n, const fz_value *v)

@@ -853,6 +853,59 @@ START_TEST(test_token_counts)
 }
 END_TEST
 
+/* A trace of n chained statements, each on its own line (line 3 + i),
+ * "  v<i> = add(v<i-1>, x)  # padding", long enough past a few thousand
+ * statements to be lexed in two halves (frontend/parse.c). The statement
+ * at index bad, when not -1, reads an undefined value. */
+static char *chain_src(int n, int bad, size_t *len)
+{
+	size_t cap = (size_t)n * 96 + 256, k = 0;
+	char *s = malloc(cap);
+	ck_assert_ptr_nonnull(s);
+	k += (size_t)snprintf(s + k, cap - k, "# a long chain\n"
+			      "trace t(x: f32[8]) {\n  v0 = neg(x)\n");
+	for (int i = 1; i < n; i++)
+		k += (size_t)snprintf(s + k, cap - k,
+				      "  v%d = add(v%d, %s)  # padding padding\n",
+				      i, i - 1, i == bad ? "nope" : "x");
+	k += (size_t)snprintf(s + k, cap - k, "  return v%d\n}\n", n - 1);
+	*len = k;
+	return s;
+}
+
+START_TEST(test_big_input_two_halves)
+{
+	/* 12,000 statements: 500 KB, past the split; every node is there, in
+	 * order, wherever the split fell */
+	int n = 12000;
+	size_t len;
+	char *src = chain_src(n, -1, &len);
+	ck_assert_uint_gt(len, 256 << 10);
+	fz_module *m = NULL;
+	char *diag = NULL;
+	ck_assert_int_eq(parse_n(src, len, &m, &diag), FZ_OK);
+	ck_assert_ptr_null(diag);
+	const fz_trace *t = fz_module_trace(m, 0);
+	ck_assert_int_eq(fz_trace_op_count(t), n);
+	ck_assert_ptr_eq(t->nodes[n - 1]->in[0]->def, t->nodes[n - 2]);
+	ck_assert_int_eq(t->nodes[n - 1]->line, n + 2);
+	fz_module_free(m);
+	free(src);
+	/* errors in either half are reported at their exact line and column */
+	for (int k = 0; k < 2; k++) {
+		int bad = k ? n - 7 : 11;
+		src = chain_src(n, bad, &len);
+		diag = parse_fail(src, len, FZ_EVERIFY);
+		char col_of[64];
+		int col = snprintf(col_of, sizeof col_of, "  v%d = add(v%d, ", bad,
+				   bad - 1) + 1;
+		check_diag(diag, bad + 3, col, "undefined value 'nope'");
+		free(diag);
+		free(src);
+	}
+}
+END_TEST
+
 static const char valid_src[] =
 	"# a valid trace, cut at every length\n"
 	"trace t(x: bf16[B, T, 64], w: bf16[64], m: bool[64]) world 2 {\n"
@@ -1018,6 +1071,7 @@ Suite *parse_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_very_deep_nesting);
 	tcase_add_test(tc, test_token_counts);
+	tcase_add_test(tc, test_big_input_two_halves);
 	tcase_add_test(tc, test_every_prefix);
 	tcase_add_test(tc, test_garbage);
 	tcase_add_test(tc, test_mutations);

@@ -240,6 +240,37 @@ static int64_t check_plan(const fz_program *p)
 
 /* ---- partition ----------------------------------------------------------- */
 
+/* fz_sort_u64, which the passes number and reorder with: sorted, and a
+ * permutation of its input, for every size across the switch to insertion
+ * sort and for keys that repeat (where quicksort cannot split). */
+START_TEST(sort_u64_sorts)
+{
+	uint64_t x = 88172645463325252ull;
+	for (int n = 0; n <= 700; n += n < 64 ? 1 : 37) {
+		for (int dup = 0; dup < 3; dup++) {
+			uint64_t *a = malloc(sizeof *a * (size_t)(n + 1));
+			uint64_t sum = 0, xor = 0;
+			for (int i = 0; i < n; i++) {
+				x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+				a[i] = dup == 0 ? x : dup == 1 ? x % 5 : 42;
+				sum += a[i];
+				xor ^= a[i] * 0x9e3779b97f4a7c15ull;
+			}
+			fz_sort_u64(a, n);
+			uint64_t sum2 = 0, xor2 = 0;
+			for (int i = 0; i < n; i++) {
+				if (i)
+					ck_assert_msg(a[i - 1] <= a[i], "n %d: %d out of order", n, i);
+				sum2 += a[i];
+				xor2 ^= a[i] * 0x9e3779b97f4a7c15ull;
+			}
+			ck_assert(sum == sum2 && xor == xor2);
+			free(a);
+		}
+	}
+}
+END_TEST
+
 START_TEST(layer_norm_is_one_kernel)
 {
 	fz_module *m = parse(
@@ -1210,6 +1241,7 @@ Suite *plan_suite(void)
 {
 	Suite *s = suite_create("plan");
 	TCase *tc = tcase_create("partition");
+	tcase_add_test(tc, sort_u64_sorts);
 	tcase_add_test(tc, layer_norm_is_one_kernel);
 	tcase_add_test(tc, softmax_rmsnorm_one_kernel);
 	tcase_add_test(tc, reduction_with_epilogue);

@@ -26,21 +26,46 @@
  * is a relocatable object for this CPU, the very code `fusec run --device
  * cpu` links.
  *
+ * Planning and compiling overlap. The kernels of a planned trace are built
+ * on a thread of their own (which runs the --jobs compile threads) while
+ * the main thread parses and plans the next trace, so `fusec compile
+ * step_fwd.trace step_bwd.trace` or a file of several traces compiles
+ * trace k's kernels under trace k+1's planning. And when a trace's program
+ * is not in the plan cache (a cold start), the compilers' one-time set-up
+ * (LLVM's targets; nvJitLink, whose opening costs 10 to 20 ms, and ten
+ * times that when the library is not in the page cache) is started on a
+ * thread beside the planning, so that the first kernel does not wait for
+ * it. A warm start, whose program comes from the plan cache, starts
+ * neither: it compiles nothing.
+ *
+ *     main:     parse 1 | plan 1 | parse 2 | plan 2 |            (done)
+ *     warm-up:           | jitlink, LLVM targets |
+ *     kernels:                   | kernels of 1 ...... | kernels of 2 |
+ *
  * A progress bar goes to stderr when it is a terminal. The report: kernel
  * regions, unique keys, compiled, cache hits, seconds (the whole command,
  * parsing and planning included); --json prints them as one object, with
  * plan_cache_hits and the seconds of each phase: parse, plan, kernels (keys,
- * lookups and compiling, wall), and, summed over the compile threads, llvm
- * (IR and optimization), ptx (or the host object), cubin and store.
+ * lookups and compiling, wall, on the kernel thread: with several traces
+ * it runs while the next is planned, so seconds < parse + plan + kernels),
+ * warmup (the set-up thread, beside planning), and, summed over the
+ * compile threads, llvm (IR and optimization), ptx (or the host object),
+ * cubin and store.
  * Regions the code generator does not take (FZ_EUNSUPPORTED) are counted
  * and do not fail the command; any other failure does (exit 1).
  */
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cache.h"
+#include "codegen.h"
 #include "kernels.h"
 #include "plan.h"
 #include "tool.h"
@@ -79,10 +104,12 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "  --json           one JSON object: regions, unique, compiled,\n"
 	 "                   cache_hits, unsupported, failed, seconds, target,\n"
 	 "                   cubins, jobs, cache_dir, plan_cache_hits, and\n"
-	 "                   phases: seconds of parse, plan, kernels (wall),\n"
-	 "                   and, summed over the threads, llvm (IR and\n"
-	 "                   optimization), ptx (or the host object), cubin,\n"
-	 "                   store\n"
+	 "                   phases: seconds of parse, plan, kernels (wall, on\n"
+	 "                   a thread that runs while the next trace is\n"
+	 "                   planned), warmup (compiler set-up beside the\n"
+	 "                   planning of a cold start), and, summed over the\n"
+	 "                   threads, llvm (IR and optimization), ptx (or the\n"
+	 "                   host object), cubin, store\n"
 	 "\n"
 	 "The size cap is $FUSEC_CACHE_MAX_SIZE (default 2G). Exit status: 0 when\n"
 	 "every region compiled or was found, 1 when one failed, 2 usage.\n"};
@@ -105,10 +132,175 @@ static void progress_draw(void *ctx, int done, int total)
 	fflush(stderr);
 }
 
+/* ---- the kernel thread: trace k's kernels while trace k+1 is planned ---- */
+
+typedef struct item {
+	fz_program *prog;        /* a planned trace, or NULL: */
+	fz_module *module;       /* a module whose traces are all built, to free */
+	int64_t syms[FZ_MAX_SYMS];
+	const char *file;
+	struct item *next;
+} item;
+
+typedef struct pipeline {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	item *head, *tail;
+	int queued;              /* items waiting */
+	bool closed;             /* no more will come */
+	bool failed;             /* a build failed: plan no more */
+	fz_kctx *kx;             /* used by the kernel thread alone */
+	bool progress;
+	int failures;
+	double kernels_s;        /* wall seconds in fz_kset_build */
+} pipeline;
+
+static void kernels_build(pipeline *q, item *it)
+{
+	if (it->prog && !q->failed) {
+		fz_kset *ks = NULL;
+		char *err = NULL;
+		double tk = tool_now();
+		fz_status st = fz_kset_build(q->kx, it->prog, it->syms, &ks, &err);
+		q->kernels_s += tool_now() - tk;
+		if (st != FZ_OK) {
+			if (q->progress)
+				fprintf(stderr, "\n");
+			fprintf(stderr, "fusec compile: %s: trace %s: %s\n", it->file,
+				fz_trace_name(it->prog->trace), err ? err : "failed");
+			pthread_mutex_lock(&q->mu);
+			q->failures++;
+			q->failed = true;
+			pthread_mutex_unlock(&q->mu);
+		}
+		free(err);
+		fz_kset_free(ks);
+	}
+	fz_program_free(it->prog);
+	fz_module_free(it->module);
+	free(it);
+}
+
+static void *kernel_loop(void *arg)
+{
+	pipeline *q = arg;
+	for (;;) {
+		pthread_mutex_lock(&q->mu);
+		while (!q->head && !q->closed)
+			pthread_cond_wait(&q->cv, &q->mu);
+		item *it = q->head;
+		if (it) {
+			q->head = it->next;
+			if (!q->head)
+				q->tail = NULL;
+			q->queued--;
+			pthread_cond_broadcast(&q->cv);
+		}
+		pthread_mutex_unlock(&q->mu);
+		if (!it)
+			return NULL;
+		kernels_build(q, it);
+	}
+}
+
+/* Queues it; waits while two planned traces are already waiting, so the
+ * planner runs at most one trace ahead of the compilers' queue. */
+static void pipeline_push(pipeline *q, item *it)
+{
+	pthread_mutex_lock(&q->mu);
+	while (it->prog && q->queued >= 2)
+		pthread_cond_wait(&q->cv, &q->mu);
+	if (q->tail)
+		q->tail->next = it;
+	else
+		q->head = it;
+	q->tail = it;
+	q->queued++;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* Waits until the queue is empty (only where no thread was started, the
+ * queue is always empty). */
+static void pipeline_drain(pipeline *q, bool threaded)
+{
+	if (!threaded)
+		return;
+	pthread_mutex_lock(&q->mu);
+	while (q->queued)
+		pthread_cond_wait(&q->cv, &q->mu);
+	pthread_mutex_unlock(&q->mu);
+}
+
+static void pipeline_close(pipeline *q)
+{
+	pthread_mutex_lock(&q->mu);
+	q->closed = true;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+static bool pipeline_failed(pipeline *q)
+{
+	pthread_mutex_lock(&q->mu);
+	bool f = q->failed;
+	pthread_mutex_unlock(&q->mu);
+	return f;
+}
+
+/* ---- the compilers' set-up, beside the planning of a cold start ---- */
+
+typedef struct warmup {
+	fz_cg_options cg;
+	bool cubins;
+	bool started;
+	pthread_t th;
+	double seconds;          /* how long the set-up took, on its thread */
+} warmup;
+
+static void *warmup_run(void *arg)
+{
+	warmup *w = arg;
+	double t0 = tool_now();
+	if (w->cubins)
+		fz_jitlink_available(); /* dlopen, once for the process */
+	fz_compiler *c = NULL; /* LLVM's targets, initialized once */
+	char *err = NULL;
+	fz_compiler_new(&w->cg, &c, &err);
+	fz_compiler_free(c);
+	free(err);
+	w->seconds = tool_now() - t0;
+	return NULL;
+}
+
+/* fz_plan_cached_hook's on_plan: the first miss starts the set-up. */
+static void warmup_start(void *ctx)
+{
+	warmup *w = ctx;
+	if (w->started)
+		return;
+	w->started = pthread_create(&w->th, NULL, warmup_run, w) == 0;
+}
+
+static void warmup_join(warmup *w)
+{
+	if (w->started)
+		pthread_join(w->th, NULL);
+	w->started = false;
+}
+
 static int cmd_compile(int argc, char **argv)
 {
 	const fz_command *cmd = &fz_cmd_compile;
 	double t0 = tool_now();
+#ifdef __GLIBC__
+	/* Buffers of a few megabytes (the file, the names, the forms) come
+	 * from the heap and go back to it, not to the kernel: what parsing
+	 * frees, the kernel keys reuse, instead of faulting in fresh pages (a
+	 * thousand page faults of a warm start of a 32-layer step). */
+	mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
 	const char *target = "sm_90", *cache_dir = NULL;
 	long jobs = sysconf(_SC_NPROCESSORS_ONLN);
 	bool json = false, no_cubin = false, plan_cache = true;
@@ -201,8 +393,18 @@ static int cmd_compile(int argc, char **argv)
 	}
 	/* every trace planned at the bound sizes; its kernels through the one
 	 * module `fusec run` uses (runtime/kernels.c), so a run at these sizes
-	 * finds every kernel it launches */
-	for (int f = 0; f < n_files && !rc; f++) {
+	 * finds every kernel it launches; built on the kernel thread while
+	 * the next trace is planned */
+	pipeline q = {.kx = kx, .progress = progress,
+		      .mu = PTHREAD_MUTEX_INITIALIZER,
+		      .cv = PTHREAD_COND_INITIALIZER};
+	warmup wu = {.cg = cg, .cubins = want_cubins};
+	/* the kernel thread starts with a second trace to plan: one trace is
+	 * planned and built on this thread, which keeps its malloc arena (a
+	 * thread of its own would fault in fresh pages for all of it) */
+	pthread_t kthread;
+	bool kthread_ok = false;
+	for (int f = 0; f < n_files && !rc && !pipeline_failed(&q); f++) {
 		double tp = tool_now();
 		fz_module *m = tool_load(files[f]);
 		parse_s += tool_now() - tp;
@@ -210,38 +412,64 @@ static int cmd_compile(int argc, char **argv)
 			rc = EXIT_BAD;
 			break;
 		}
-		for (int i = 0; i < fz_module_count(m) && !rc; i++) {
+		int nt = fz_module_count(m);
+		for (int i = 0; i < nt && !rc && !pipeline_failed(&q); i++) {
 			const fz_trace *t = fz_module_trace(m, i);
-			int64_t syms[FZ_MAX_SYMS];
-			tool_bind_symbols(t, binds, n_binds, syms);
+			item *it = calloc(1, sizeof *it);
+			if (!it) {
+				rc = EXIT_BAD;
+				break;
+			}
+			it->file = files[f];
+			tool_bind_symbols(t, binds, n_binds, it->syms);
 			fz_plan_options po;
 			fz_plan_defaults(&po);
-			po.sym_sizes = syms;
-			fz_program *prog = NULL;
-			fz_kset *ks = NULL;
+			po.sym_sizes = it->syms;
 			bool hit = false;
 			double tq = tool_now();
-			fz_status st = fz_plan_cached(plan_cache ? disk : NULL, t, &po,
-						      &prog, &hit, &err);
+			fz_status st = fz_plan_cached_hook(plan_cache ? disk : NULL, t,
+							   &po, warmup_start, &wu,
+							   &it->prog, &hit, &err);
 			plan_s += tool_now() - tq;
 			plan_hits += hit;
-			double tk = tool_now();
-			if (st == FZ_OK)
-				st = fz_kset_build(kx, prog, syms, &ks, &err);
-			kernels_s += tool_now() - tk;
 			if (st != FZ_OK) {
-				if (progress)
-					fprintf(stderr, "\n");
 				fprintf(stderr, "fusec compile: %s: trace %s: %s\n", files[f],
 					fz_trace_name(t), err ? err : "failed");
+				free(it);
 				failed++;
 				rc = EXIT_BAD;
+				break;
 			}
-			fz_kset_free(ks);
-			fz_program_free(prog);
+			bool last = f == n_files - 1 && i == nt - 1;
+			if (!kthread_ok && !last)
+				kthread_ok = pthread_create(&kthread, NULL, kernel_loop,
+							    &q) == 0;
+			if (!kthread_ok) { /* the only trace, or no thread */
+				kernels_build(&q, it);
+				continue;
+			}
+			pipeline_push(&q, it);
 		}
-		fz_module_free(m);
+		/* the module goes when its last trace's kernels are built */
+		item *mi = kthread_ok ? calloc(1, sizeof *mi) : NULL;
+		if (mi) {
+			mi->module = m;
+			pipeline_push(&q, mi);
+		} else {
+			pipeline_drain(&q, kthread_ok);
+			fz_module_free(m);
+		}
 	}
+	pipeline_close(&q);
+	if (kthread_ok)
+		pthread_join(kthread, NULL);
+	warmup_join(&wu);
+	kernels_s = q.kernels_s;
+	failed += q.failures;
+	if (q.failures)
+		rc = EXIT_BAD;
+	pthread_mutex_destroy(&q.mu);
+	pthread_cond_destroy(&q.cv);
 	if (progress)
 		fprintf(stderr, "\n");
 	for (int b = 0; b < n_binds; b++)
@@ -275,9 +503,11 @@ static int cmd_compile(int argc, char **argv)
 		fz_cache_build_times(&bt);
 		printf(", \"plan_cache_hits\": %d, \"phases\": {\"parse\": %.4f, "
 		       "\"plan\": %.4f, \"kernels\": %.4f, \"llvm\": %.4f, "
-		       "\"ptx\": %.4f, \"cubin\": %.4f, \"store\": %.4f}}\n",
+		       "\"ptx\": %.4f, \"cubin\": %.4f, \"store\": %.4f, "
+		       "\"warmup\": %.4f}}\n",
 		       plan_hits, parse_s, plan_s, kernels_s, bt.llvm - bt0.llvm,
-		       bt.code - bt0.code, bt.cubin - bt0.cubin, bt.store - bt0.store);
+		       bt.code - bt0.code, bt.cubin - bt0.cubin, bt.store - bt0.store,
+		       wu.seconds);
 	} else if (!rc) {
 		printf("%d kernel regions, %d unique keys: %d compiled, %d cache hits",
 		       ks->regions, ks->unique, ks->compiled, ks->cache_hits);
