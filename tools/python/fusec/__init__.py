@@ -315,21 +315,28 @@ class Program:
         return self._call_slow(inputs, symbols)
 
     def _run(self, sig, inputs):
-        ins, outs, specs, sizes, n_in, n_out, torch, stream = sig
+        ins, outs, specs, sizes, n_in, n_out, torch, stream, run = sig
         for ft, x in zip(ins, inputs):
             ft.data = x.data_ptr()
         empty = torch.empty
-        res = [empty(shape, dtype=dt) if dev is None else
-               empty(shape, dtype=dt, device=dev) for shape, dt, dev in specs]
-        for ft, o in zip(outs, res):
-            ft.data = o.data_ptr()
+        if n_out == 1:  # the common case, without the lists
+            shape, dt, dev = specs[0]
+            res = (empty(shape, dtype=dt) if dev is None else
+                   empty(shape, dtype=dt, device=dev))
+            outs[0].data = res.data_ptr()
+        else:
+            res = tuple([empty(shape, dtype=dt) if dev is None else
+                         empty(shape, dtype=dt, device=dev)
+                         for shape, dt, dev in specs])
+            for ft, o in zip(outs, res):
+                ft.data = o.data_ptr()
         # the C function without argtypes: the arguments are ctypes objects
         # and ints already, and converting them costs more than the run
-        st = _lib.run_fn(self._lib)(self._x, sizes, ins.arr, n_in, outs.arr,
-                                     n_out, stream, self._errp)
+        st = run(self._x, sizes, ins.arr, n_in, outs.arr, n_out, stream,
+                 self._errp)
         if st:
             _check(self._lib, st, self._err, "run")
-        return res[0] if n_out == 1 else tuple(res)
+        return res
 
     def _describe_all(self, inputs, keep):
         arr = (_lib.Tensor * max(1, len(inputs)))()
@@ -426,7 +433,7 @@ class Program:
                 tspecs = [(shape, dt, None) for shape, dt, _ in tspecs]
             self._sigs[_signature(inputs)] = _Signature(
                 arr, outs, tspecs, sizes, len(inputs), self.n_outputs, torch,
-                stream)
+                stream, _lib.run_fn(lib))
         del keep
         return res[0] if self.n_outputs == 1 else tuple(res)
 
@@ -461,14 +468,14 @@ def _signature(inputs):
 class _Signature(tuple):
     """What the call path reuses for one input signature: the fz_tensor
     arrays (only .data changes per call), the outputs' shapes and dtypes,
-    the bound sizes and the stream."""
+    the bound sizes, the stream and fz_exec_run."""
 
     def __new__(cls, in_arr, out_arr, specs, sizes, n_in, n_out, torch,
-                stream):
+                stream, run):
         ins = _Elems(in_arr, n_in)
         outs = _Elems(out_arr, n_out)
         return tuple.__new__(cls, (ins, outs, tuple(specs), sizes, n_in,
-                                   n_out, torch, stream))
+                                   n_out, torch, stream, run))
 
 
 class _Elems(list):
