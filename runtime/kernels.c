@@ -280,17 +280,21 @@ bool fz_kernels_idx32(const fz_trace *t, const int64_t *syms)
 }
 
 /* A pending instance: what it runs and its variant; keyed below. */
-static fz_kinst *kinst_new(fz_kset *ks, int region, int op, int variant)
+/* An instance with room for n_ins inputs (a warm start makes hundreds:
+ * sized to what they hold, not to the most an op may have). */
+static fz_kinst *kinst_new(fz_kset *ks, int region, int op, int variant, int n_ins)
 {
-	fz_kinst *ki = calloc(1, sizeof *ki);
+	if (ks->n_inst == ks->cap_inst) {
+		int cap = ks->cap_inst ? 2 * ks->cap_inst : 64;
+		fz_kinst **ni = realloc(ks->inst, sizeof *ni * (size_t)cap);
+		if (!ni)
+			return NULL;
+		ks->inst = ni;
+		ks->cap_inst = cap;
+	}
+	fz_kinst *ki = calloc(1, sizeof *ki + sizeof ki->ins[0] * (size_t)n_ins);
 	if (!ki)
 		return NULL;
-	fz_kinst **ni = realloc(ks->inst, sizeof *ni * (size_t)(ks->n_inst + 1));
-	if (!ni) {
-		free(ki);
-		return NULL;
-	}
-	ks->inst = ni;
 	ks->inst[ks->n_inst++] = ki;
 	ki->region = region;
 	ki->op = op;
@@ -336,7 +340,7 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
 {
 	ki->src = *r;
-	if (!p->view_of || r->n_in > FZ_MAX_ARGS)
+	if (!p->view_of)
 		return true;
 	int cap = 0;
 	for (int i = 0; i < r->n_in; i++)
@@ -386,8 +390,12 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 			bool made = i >= n_pre && !in_list(r->in, r->n_in, v);
 			for (int j = 0; j < n_pre && !made; j++)
 				made = nodes[j] == v->def;
-			if (!made && !in_list(ki->ins, n_in, v))
+			/* each of r's inputs is itself or its view chain's
+			 * base here: at most r->n_in, what ki has room for */
+			if (!made && !in_list(ki->ins, n_in, v)) {
+				FZ_ASSERT(n_in < r->n_in);
 				ki->ins[n_in++] = v;
+			}
 		}
 	ki->folded = nodes;
 	ki->src.n_nodes = n_pre + r->n_nodes;
@@ -789,7 +797,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		cx->st.regions++;
 		int vec = vectorize_of(&vw, r);
 		for (int w = 0; w < n_widths; w++) {
-			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec);
+			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, r->n_in);
 			if (!ki || !kinst_fold_views(ki, p, r))
 				goto oom;
 			if (w == 0)
@@ -801,7 +809,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			continue;
 		fz_node *n = p->view_of[v]->node;
 		for (int w = 0; w < n_widths; w++) {
-			fz_kinst *ki = kinst_new(ks, -1, -1, widths[w]);
+			fz_kinst *ki = kinst_new(ks, -1, -1, widths[w], n->n_in);
 			if (!ki)
 				goto oom;
 			kinst_one_op(ki, n, -1);
@@ -838,7 +846,8 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 							   sizeof(fz_kinst *))))
 			goto oom;
 		for (int j = 0; j < r->n_nodes; j++) {
-			fz_kinst *oi = kinst_new(ks, r->id, j, ki->variant & 2);
+			fz_kinst *oi = kinst_new(ks, r->id, j, ki->variant & 2,
+						 r->nodes[j]->n_in);
 			if (!oi)
 				goto oom;
 			kinst_one_op(oi, r->nodes[j], r->id);

@@ -33,15 +33,17 @@ typedef struct fz_kcode_rec {
 typedef struct fz_kinst {
 	fz_region src;              /* what it computes */
 	fz_node *node[1];           /* src's nodes when it is one op */
-	fz_value *ins[FZ_MAX_ARGS]; /* src's inputs when it is one op, or
-	                             * when strided views are folded in */
-	fz_node **folded;           /* src's nodes then (malloc) */
+	fz_node **folded;           /* src's nodes when strided views are
+	                             * folded in (malloc) */
 	int region;                 /* plan region id (-1: a reshape copy) */
 	int op;                     /* -1: the whole region; else the op's index */
 	int variant;                /* idx32 * 2 + vectorize */
 	fz_canon *cn;
 	fz_region view;             /* src in canonical order: parameter order */
 	const fz_kcode_rec *code;   /* set by fz_kset_build */
+	fz_value *ins[];            /* src's inputs when it is one op, or when
+	                             * views are folded in (as many as the op's
+	                             * operands, or the region's inputs) */
 } fz_kinst;
 
 typedef struct fz_kset {
@@ -49,7 +51,7 @@ typedef struct fz_kset {
 	fz_kinst **whole;           /* per region id: its kernel, or NULL */
 	fz_kinst ***ops;            /* per region id: per op when split, or NULL */
 	fz_kinst **copy;            /* per value id: a reshape's copy, or NULL */
-	int n_inst;
+	int n_inst, cap_inst;
 	fz_kinst **inst;            /* every instance, in plan order */
 	bool idx32;                 /* the index width chosen (bound sizes) */
 } fz_kset;
