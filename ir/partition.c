@@ -466,6 +466,16 @@ static int cmp_canon(const void *x, const void *y)
 
 static void *zalloc(size_t n, size_t size) { return calloc(n + 1, size); }
 
+/* in[k] is the first of the operands in[0..k] with its value: a node
+ * that reads a value twice is one consumer of it */
+static bool first_operand(const int *in, int k)
+{
+	for (int j = 0; j < k; j++)
+		if (in[j] == in[k])
+			return false;
+	return true;
+}
+
 fz_status fz_partition(fz_program *p)
 {
 	const fz_trace *t = p->trace;
@@ -522,13 +532,9 @@ fz_status fz_partition(fz_program *p)
 	/* vals[v].cons counts v's consumers, then says where they start */
 	for (int i = 0; i < n; i++) {
 		const int *in = &s.in_val[s.nodes[i].in_start];
-		for (int k = 0; k < s.nodes[i].n_in; k++) {
-			bool dup = false;
-			for (int j = 0; j < k; j++)
-				dup |= in[j] == in[k];
-			if (!dup)
+		for (int k = 0; k < s.nodes[i].n_in; k++)
+			if (first_operand(in, k))
 				s.vals[in[k]].cons++;
-		}
 	}
 	for (int v = 0, sum = 0; v <= nv; v++) {
 		int c = s.vals[v].cons;
@@ -542,13 +548,9 @@ fz_status fz_partition(fz_program *p)
 	s.vals[0].cons = 0;
 	for (int i = 0; i < n; i++) {
 		const int *in = &s.in_val[s.nodes[i].in_start];
-		for (int k = 0; k < s.nodes[i].n_in; k++) {
-			bool dup = false;
-			for (int j = 0; j < k; j++)
-				dup |= in[j] == in[k];
-			if (!dup)
+		for (int k = 0; k < s.nodes[i].n_in; k++)
+			if (first_operand(in, k))
 				s.cons[s.vals[in[k] + 1].cons++] = i;
-		}
 	}
 	for (int i = 0; i < t->n_outputs; i++)
 		s.is_output[t->outputs[i]->id] = true;

@@ -24,6 +24,23 @@ n=0
 field() {
 	printf '%s\n' "$2" | sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p"
 }
+# runs_cached FILE BIND CACHE WHAT [--check]: the run must succeed (and
+# pass --check where asked) and compile nothing
+runs_cached() {
+	out=$("$fusec" run "$1" --bind "$2" --cache-dir "$3" ${5:-} --json \
+		2>"$work/run.err") || {
+		echo "FAIL: $4: fusec run failed: $out"
+		cat "$work/run.err"
+		fails=$((fails + 1))
+		return
+	}
+	c=$(field compiled "$out")
+	if [ "$c" != 0 ]; then
+		echo "FAIL: $4: the run compiled $c kernels after compile"
+		fails=$((fails + 1))
+	fi
+	n=$((n + 1))
+}
 for bind in B=2,T=16 B=3,T=17; do
 	for f in "$src"/tests/traces/*.trace; do
 		name=$(basename "$f" .trace)
@@ -34,19 +51,7 @@ for bind in B=2,T=16 B=3,T=17; do
 			fails=$((fails + 1))
 			continue
 		fi
-		out=$("$fusec" run "$f" --bind "$bind" --cache-dir "$work/cache" \
-			--check --json 2>"$work/run.err") || {
-			echo "FAIL: $name ($bind): fusec run failed: $out"
-			cat "$work/run.err"
-			fails=$((fails + 1))
-			continue
-		}
-		c=$(field compiled "$out")
-		if [ "$c" != 0 ]; then
-			echo "FAIL: $name ($bind): the run compiled $c kernels after compile"
-			fails=$((fails + 1))
-		fi
-		n=$((n + 1))
+		runs_cached "$f" "$bind" "$work/cache" "$name ($bind)" --check
 	done
 done
 # The whole corpus in one `fusec compile`, whose kernel thread builds each
@@ -59,20 +64,7 @@ if ! "$fusec" compile --target host --bind "$bind" --cache-dir "$work/cache1" \
 	fails=$((fails + 1))
 fi
 for f in "$src"/tests/traces/*.trace; do
-	name=$(basename "$f" .trace)
-	out=$("$fusec" run "$f" --bind "$bind" --cache-dir "$work/cache1" \
-		--json 2>"$work/run.err") || {
-		echo "FAIL: $name (one compile): fusec run failed: $out"
-		cat "$work/run.err"
-		fails=$((fails + 1))
-		continue
-	}
-	c=$(field compiled "$out")
-	if [ "$c" != 0 ]; then
-		echo "FAIL: $name (one compile): the run compiled $c kernels"
-		fails=$((fails + 1))
-	fi
-	n=$((n + 1))
+	runs_cached "$f" "$bind" "$work/cache1" "$(basename "$f" .trace) (one compile)"
 done
 echo "$n passed, $fails failed"
 [ "$fails" = 0 ]
