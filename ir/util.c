@@ -43,11 +43,14 @@ struct fz_chunk {
 };
 
 /* Chunks double to 1 MiB, then are 8 MiB, and the whole 2 MiB pages
- * inside one of 4 MiB and more are handed to transparent huge pages (madvise; where the system
- * leaves them to madvise, as most do): a big trace's arena (the 32-layer
- * Llama's is ~20 MB) then faults in a page per 2 MiB, not per 4 KiB. In
- * a fresh process those faults were most of parsing's time (34-45 ms
- * against 13 ms for a parse into reused memory). */
+ * inside one of 4 MiB and more are handed to transparent huge pages
+ * (madvise, where the system leaves them to madvise, as most do): a big
+ * trace's arena (the 32-layer Llama's is ~20 MB) then faults in a page
+ * per 2 MiB, not per 4 KiB. In a fresh process those faults were most of
+ * parsing's time (34-45 ms against 13 ms for a parse into reused
+ * memory). A process that parses again and again pays them each time
+ * (mapped chunks go back to the system), and ASan does not watch mapped
+ * chunks as it watches malloc's. */
 #define ARENA_CHUNK_MAX ((size_t)8 << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 
