@@ -114,6 +114,7 @@ typedef struct pplan {
 	int64_t flag_off;
 	bool flag_clear;     /* device targets: the flag is known to be 0 */
 	bool unsynced;       /* has run since the last fz_exec_sync read its flag */
+	void *stream;        /* the stream it last ran on */
 	int64_t ws_off;      /* the matmuls' workspace (-1: none) */
 	void *arena;
 	void **pstage;       /* per parameter: its staging copy, made on need */
@@ -138,6 +139,7 @@ struct fz_exec {
 	struct fz_comm *comm; /* fz_exec_set_comm: world N; NULL: world 1 */
 	int rank;
 	long host_syncs;      /* the device's host syncs inside runs */
+	int32_t lost_flag;    /* the flag of a plan that left the LRU unsynced */
 };
 
 static void pplan_free(fz_exec *x, pplan *pp)
@@ -827,6 +829,23 @@ const fz_program *fz_exec_plan(const fz_exec *x)
 
 /* Binds the sizes and finds (or prepares) the plan for them, most
  * recently used first. */
+/* A plan that leaves the LRU before fz_exec_sync read its flag (a device
+ * target's runs at many sizes): the flag is read now, before its arena
+ * goes (the download waits for the stream it last ran on), and kept for
+ * the next sync, so that an index out of range is not lost with it. */
+static fz_status keep_flag(fz_exec *x, pplan *pp, char **err)
+{
+	fz_device *dev = x->dev;
+	if (!pp->unsynced || dev->tg->host_memory)
+		return FZ_OK;
+	int32_t flag = 0;
+	const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
+	fz_status st = dev->tg->download(dev, &flag, f, sizeof flag, pp->stream, err);
+	if (st == FZ_OK && flag && !x->lost_flag)
+		x->lost_flag = flag;
+	return st;
+}
+
 static fz_status bind_plan(fz_exec *x, const int64_t *sym_sizes,
 			   const fz_tensor *in, int n_in, int64_t *syms, pplan **out,
 			   char **err)
@@ -850,8 +869,15 @@ static fz_status bind_plan(fz_exec *x, const int64_t *sym_sizes,
 	pplan *pp = NULL;
 	if ((st = prepare(x, syms, &pp, err)) != FZ_OK)
 		return st;
-	if (x->n_plans == x->o.max_plans)
-		pplan_free(x, x->plans[--x->n_plans]);
+	if (x->n_plans == x->o.max_plans) {
+		pplan *old = x->plans[--x->n_plans];
+		st = keep_flag(x, old, err);
+		pplan_free(x, old);
+		if (st != FZ_OK) {
+			pplan_free(x, pp);
+			return st;
+		}
+	}
 	memmove(&x->plans[1], &x->plans[0], sizeof *x->plans * (size_t)x->n_plans);
 	x->plans[0] = pp;
 	x->n_plans++;
@@ -1065,6 +1091,7 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 			: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
 	pp->unsynced = true;
+	pp->stream = stream;
 	for (int s = 0; s < pp->n_slots && st == FZ_OK; s++) {
 		const slot *sl = &pp->slots[s];
 		char *base = sl->base == B_ARENA ? arena
@@ -1243,8 +1270,10 @@ fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
 	    (st = tg->zero ? tg->zero(dev, flag, sizeof zero, stream, err)
 		: tg->upload(dev, flag, &zero, sizeof zero, stream, err)) == FZ_OK)
 		pp->flag_clear = true;
-	if (pp)
+	if (pp) {
 		pp->unsynced = true;
+		pp->stream = stream;
+	}
 	if (st == FZ_OK && !graph_fits(pp, in, n_in, out, n_out))
 		st = capture(x, pp, syms, in, n_in, out, n_out, stream, err);
 	if (st == FZ_OK && (st = tg->graph_launch(dev, pp->graph, stream, err)) == FZ_OK)
@@ -1264,7 +1293,8 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 	fz_device *dev = x->dev;
 	fz_status st = dev->tg->sync(dev, stream, err);
 	/* the flag of every binding that ran since the last sync: runs at
-	 * other sizes (other plans) may be the ones that went out of range */
+	 * other sizes (other plans) may be the ones that went out of range,
+	 * and one that left the LRU since kept its flag (keep_flag) */
 	int32_t flag = 0;
 	for (int i = 0; i < x->n_plans && st == FZ_OK && !flag; i++) {
 		pplan *pp = x->plans[i];
@@ -1282,6 +1312,9 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 	}
 	if (st != FZ_OK)
 		return st;
+	if (!flag)
+		flag = x->lost_flag;
+	x->lost_flag = 0;
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
 }
 

@@ -942,6 +942,54 @@ START_TEST(device_flag_read_at_sync)
 }
 END_TEST
 
+/* With one plan kept (max_plans 1), a run at other sizes evicts the plan
+ * whose kernel met a bad index before any sync read its flag: the flag is
+ * read as the plan leaves, and the next sync still reports it. */
+START_TEST(device_flag_of_evicted_plan)
+{
+	use_fake()->n_params = 5;
+	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
+	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
+	fz_module *m = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", &m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.max_plans = 1;
+	fz_exec *x = NULL;
+	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	static _Alignas(256) float w[100 * 64], y[4 * 64];
+	static _Alignas(256) int64_t idx[4];
+	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
+	                   {idx, FZ_I64, 1, {4}, {1}}};
+	fz_tensor out = {y, FZ_F32, 2, {4, 64}, {64, 1}};
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	int32_t *flag;
+	memcpy(&flag, F->launch[F->n_launches - 1].param[3], sizeof flag);
+	const fz_trace *t = fz_module_trace(m, 0);
+	int take = -1;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_TAKE)
+			take = i;
+	ck_assert_int_ge(take, 0);
+	*flag = take + 1; /* the kernel met a bad index */
+	fz_tensor in3[2] = {in[0], {idx, FZ_I64, 1, {3}, {1}}};
+	fz_tensor out3 = {y, FZ_F32, 2, {3, 64}, {64, 1}};
+	ck_assert_int_eq(fz_exec_run(x, NULL, in3, 2, &out3, 1, NULL, &err), FZ_OK);
+	fz_status st = fz_exec_sync(x, NULL, &err);
+	ck_assert_int_eq(st, FZ_ERANGE);
+	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
+	free(err);
+	err = NULL;
+	/* reported once */
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	ck_assert_int_eq(F->pushes, F->pops);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 /* Collectives and waits through fz_exec on the fake device: the waits are
  * event waits on the stream, and no run makes the host wait (the count
  * the target keeps, target.h); fz_exec_sync, asked for after, does. */
@@ -1901,6 +1949,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(k, collective_world_one_copies);
 	tcase_add_test(k, cubin_stored_back);
 	tcase_add_test(k, device_flag_read_at_sync);
+	tcase_add_test(k, device_flag_of_evicted_plan);
 	suite_add_tcase(s, k);
 	TCase *b = tcase_create("matmul");
 	tcase_add_test(b, matmul_plain_and_linear);
