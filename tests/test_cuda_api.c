@@ -868,22 +868,39 @@ END_TEST
 
 /* ---- runs through fz_exec: the device flag ------------------------------- */
 
+/* A take on the fake device, prepared with max_plans kept bindings; *take
+ * is the take's node index (a kernel's flag says node + 1). */
+static fz_exec *emb_exec(int max_plans, fz_module **m, int *take)
+{
+	use_fake()->n_params = 5;
+	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
+	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", m, &err), FZ_OK);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.max_plans = max_plans;
+	fz_exec *x = NULL;
+	const fz_trace *t = fz_module_trace(*m, 0);
+	ck_assert_int_eq(fz_exec_new(t, "cuda", &o, &x, &err), FZ_OK);
+	*take = -1;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_TAKE)
+			*take = i;
+	ck_assert_int_ge(*take, 0);
+	return x;
+}
+
 START_TEST(device_flag_read_at_sync)
 {
 	/* a take whose kernel "meets" a bad index: the fake runs nothing, so
 	 * the test writes the flag word the launch was given, as the kernel
 	 * would */
-	use_fake()->n_params = 5;
-	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
-	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
 	fz_module *m = NULL;
 	char *err = NULL;
-	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", &m, &err), FZ_OK);
-	fz_exec_options o;
-	fz_exec_options_init(&o);
-	o.disk_cache = 0;
-	fz_exec *x = NULL;
-	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	int take;
+	fz_exec *x = emb_exec(8, &m, &take);
 	static _Alignas(256) float w[100 * 64], y[4 * 64];
 	static _Alignas(256) int64_t idx[4];
 	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
@@ -907,12 +924,6 @@ START_TEST(device_flag_read_at_sync)
 	int64_t n;
 	memcpy(&n, F->launch[1].param[4], 8);
 	ck_assert_int_eq(n, 4);
-	const fz_trace *t = fz_module_trace(m, 0);
-	int take = -1;
-	for (int i = 0; i < t->n_nodes; i++)
-		if (t->nodes[i]->op == FZ_OP_TAKE)
-			take = i;
-	ck_assert_int_ge(take, 0);
 	/* a run whose kernel meets a bad index, then one at other sizes (a
 	 * second plan, with a flag of its own): the sync reads both */
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
@@ -947,18 +958,10 @@ END_TEST
  * read as the plan leaves, and the next sync still reports it. */
 START_TEST(device_flag_of_evicted_plan)
 {
-	use_fake()->n_params = 5;
-	const char *text = "trace emb(w: f32[100, 64], i: i64[N]) {\n"
-	                   "  y = take(w, i, dim=0)\n  return y\n}\n";
 	fz_module *m = NULL;
 	char *err = NULL;
-	ck_assert_int_eq(fz_module_parse(text, strlen(text), "emb.trace", &m, &err), FZ_OK);
-	fz_exec_options o;
-	fz_exec_options_init(&o);
-	o.disk_cache = 0;
-	o.max_plans = 1;
-	fz_exec *x = NULL;
-	ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err), FZ_OK);
+	int take;
+	fz_exec *x = emb_exec(1, &m, &take);
 	static _Alignas(256) float w[100 * 64], y[4 * 64];
 	static _Alignas(256) int64_t idx[4];
 	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
@@ -967,12 +970,6 @@ START_TEST(device_flag_of_evicted_plan)
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
 	int32_t *flag;
 	memcpy(&flag, F->launch[F->n_launches - 1].param[3], sizeof flag);
-	const fz_trace *t = fz_module_trace(m, 0);
-	int take = -1;
-	for (int i = 0; i < t->n_nodes; i++)
-		if (t->nodes[i]->op == FZ_OP_TAKE)
-			take = i;
-	ck_assert_int_ge(take, 0);
 	*flag = take + 1; /* the kernel met a bad index */
 	fz_tensor in3[2] = {in[0], {idx, FZ_I64, 1, {3}, {1}}};
 	fz_tensor out3 = {y, FZ_F32, 2, {3, 64}, {64, 1}};
