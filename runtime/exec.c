@@ -827,8 +827,6 @@ const fz_program *fz_exec_plan(const fz_exec *x)
 	return x->n_plans ? x->plans[0]->p : NULL;
 }
 
-/* Binds the sizes and finds (or prepares) the plan for them, most
- * recently used first. */
 /* A plan that leaves the LRU before fz_exec_sync read its flag (a device
  * target's runs at many sizes): the flag is read now, before its arena
  * goes (the download waits for the stream it last ran on), and kept for
@@ -846,6 +844,8 @@ static fz_status keep_flag(fz_exec *x, pplan *pp, char **err)
 	return st;
 }
 
+/* Binds the sizes and finds (or prepares) the plan for them, most
+ * recently used first. */
 static fz_status bind_plan(fz_exec *x, const int64_t *sym_sizes,
 			   const fz_tensor *in, int n_in, int64_t *syms, pplan **out,
 			   char **err)
