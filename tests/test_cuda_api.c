@@ -892,6 +892,35 @@ static fz_exec *emb_exec(int max_plans, fz_module **m, int *take)
 	return x;
 }
 
+/* One run of emb_exec's take over n <= 4 indices: the flag word its
+ * launch was given. */
+static int32_t *run_emb(fz_exec *x, int64_t n)
+{
+	static _Alignas(256) float w[100 * 64], y[4 * 64];
+	static _Alignas(256) int64_t idx[4];
+	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
+	                   {idx, FZ_I64, 1, {n}, {1}}};
+	fz_tensor out = {y, FZ_F32, 2, {n, 64}, {64, 1}};
+	char *err = NULL;
+	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	int32_t *flag;
+	memcpy(&flag, F->launch[F->n_launches - 1].param[3], sizeof flag);
+	return flag;
+}
+
+/* The next sync reports the take's index out of range, and the one after
+ * it nothing: nothing has run since. */
+static void sync_reports_take_once(fz_exec *x)
+{
+	char *err = NULL;
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_ERANGE);
+	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
+	free(err);
+	err = NULL;
+	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+}
+
 START_TEST(device_flag_read_at_sync)
 {
 	/* a take whose kernel "meets" a bad index: the fake runs nothing, so
@@ -901,49 +930,31 @@ START_TEST(device_flag_read_at_sync)
 	char *err = NULL;
 	int take;
 	fz_exec *x = emb_exec(8, &m, &take);
-	static _Alignas(256) float w[100 * 64], y[4 * 64];
-	static _Alignas(256) int64_t idx[4];
-	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
-	                   {idx, FZ_I64, 1, {4}, {1}}};
-	fz_tensor out = {y, FZ_F32, 2, {4, 64}, {64, 1}};
-	fz_status st = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err);
-	ck_assert_msg(st == FZ_OK, "%s", err ? err : "?");
+	int32_t *flag = run_emb(x, 4);
 	ck_assert_int_eq(F->n_launches, 1);
 	/* the flag's first clearing: a memset on the device, no host bytes */
 	ck_assert_int_eq(F->memsets, 1);
 	ck_assert_int_eq(F->uploads, 0);
 	/* a clean run queues nothing for the flag, and launches from the
 	 * parameter block packed at prepare */
-	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_ptr_eq(run_emb(x, 4), flag);
 	ck_assert_int_eq(F->memsets, 1);
 	ck_assert_ptr_eq(F->launch[1].params, F->launch[0].params);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
 	/* the kernel's parameters: w, i, y, the flag, N */
-	int32_t *flag;
-	memcpy(&flag, F->launch[1].param[3], sizeof flag);
 	int64_t n;
 	memcpy(&n, F->launch[1].param[4], 8);
 	ck_assert_int_eq(n, 4);
 	/* a run whose kernel meets a bad index, then one at other sizes (a
 	 * second plan, with a flag of its own): the sync reads both */
-	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	run_emb(x, 4);
 	*flag = take + 1;
-	fz_tensor in3[2] = {in[0], {idx, FZ_I64, 1, {3}, {1}}};
-	fz_tensor out3 = {y, FZ_F32, 2, {3, 64}, {64, 1}};
-	ck_assert_int_eq(fz_exec_run(x, NULL, in3, 2, &out3, 1, NULL, &err), FZ_OK);
-	int32_t *flag3;
-	memcpy(&flag3, F->launch[F->n_launches - 1].param[3], sizeof flag3);
+	int32_t *flag3 = run_emb(x, 3);
 	ck_assert_ptr_ne(flag3, flag);
 	ck_assert_int_eq(*flag3, 0);
-	st = fz_exec_sync(x, NULL, &err);
-	ck_assert_int_eq(st, FZ_ERANGE);
-	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
-	free(err);
-	err = NULL;
-	/* read once: nothing has run since */
-	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	sync_reports_take_once(x);
 	/* the next run clears it, and its sync is clean */
-	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	run_emb(x, 4);
 	ck_assert_int_eq(F->memsets, 3);
 	ck_assert_int_eq(*flag, 0);
 	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
@@ -959,28 +970,12 @@ END_TEST
 START_TEST(device_flag_of_evicted_plan)
 {
 	fz_module *m = NULL;
-	char *err = NULL;
 	int take;
 	fz_exec *x = emb_exec(1, &m, &take);
-	static _Alignas(256) float w[100 * 64], y[4 * 64];
-	static _Alignas(256) int64_t idx[4];
-	fz_tensor in[2] = {{w, FZ_F32, 2, {100, 64}, {64, 1}},
-	                   {idx, FZ_I64, 1, {4}, {1}}};
-	fz_tensor out = {y, FZ_F32, 2, {4, 64}, {64, 1}};
-	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
-	int32_t *flag;
-	memcpy(&flag, F->launch[F->n_launches - 1].param[3], sizeof flag);
+	int32_t *flag = run_emb(x, 4);
 	*flag = take + 1; /* the kernel met a bad index */
-	fz_tensor in3[2] = {in[0], {idx, FZ_I64, 1, {3}, {1}}};
-	fz_tensor out3 = {y, FZ_F32, 2, {3, 64}, {64, 1}};
-	ck_assert_int_eq(fz_exec_run(x, NULL, in3, 2, &out3, 1, NULL, &err), FZ_OK);
-	fz_status st = fz_exec_sync(x, NULL, &err);
-	ck_assert_int_eq(st, FZ_ERANGE);
-	ck_assert_msg(strstr(err, "take") && strstr(err, "out of range"), "%s", err);
-	free(err);
-	err = NULL;
-	/* reported once */
-	ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+	run_emb(x, 3);
+	sync_reports_take_once(x);
 	ck_assert_int_eq(F->pushes, F->pops);
 	fz_exec_free(x);
 	fz_module_free(m);

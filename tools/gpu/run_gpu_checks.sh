@@ -97,6 +97,12 @@ sizes="1,1 3,17 8,512"
 [ "$QUICK" = 1 ] && sizes="1,1 3,17"
 runs="$tmp/runs.jsonl"
 : >"$runs"
+failed() { # WHAT OUTPUT: counts a failure, names it and shows the output's tail
+	failures=$((failures + 1))
+	echo "FAIL $1:"
+	printf '%s\n' "$2" | tail -5 | sed 's/^/    /'
+}
+
 one_check() { # FILE BIND LABEL
 	t0=$(date +%s.%N)
 	out=$("$FUSEC" run "$1" --device "$DEVICE" --bind "$2" --check --json 2>&1)
@@ -106,9 +112,7 @@ one_check() { # FILE BIND LABEL
 	ok=true
 	if [ $rc -ne 0 ]; then
 		ok=false
-		failures=$((failures + 1))
-		echo "FAIL $3 at $2:"
-		printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+		failed "$3 at $2" "$out"
 	else
 		echo "ok   $3 at $2 (${secs}s)"
 	fi
@@ -231,9 +235,7 @@ for w in 1 2; do
 		ok=true
 		if [ $rc -ne 0 ] || ! printf '%s' "$out" | grep -Eq '"host_syncs_in_steps": 0[,}]'; then
 			ok=false
-			failures=$((failures + 1))
-			echo "FAIL nccl world $w $dt:"
-			printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+			failed "nccl world $w $dt" "$out"
 		else
 			echo "ok   nccl world $w $dt, 0 host syncs inside steps"
 		fi
@@ -271,9 +273,7 @@ for f in $gtraces; do
 		ok=true
 		if [ $grc -ne 0 ] || ! printf '%s' "$g" | grep -q '"graph_captures": 1,'; then
 			ok=false
-			failures=$((failures + 1))
-			echo "FAIL --graph $(basename "$f") at $bt:"
-			printf '%s\n' "$g" | tail -5 | sed 's/^/    /'
+			failed "--graph $(basename "$f") at $bt" "$g"
 		else
 			echo "ok   --graph $(basename "$f") at $bt"
 		fi
