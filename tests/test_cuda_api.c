@@ -1130,32 +1130,64 @@ static void run_world2(const fz_trace *t, bool with_nccl, bool graph,
 	fz_comm_free(comm);
 }
 
+/* A dense f32 tensor of v's shape at syms, filled. */
+static fz_tensor filled_tensor(fz_value *v, const int64_t *syms)
+{
+	fz_tensor x = {NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
+	int64_t n = 1;
+	for (int d = x.rank - 1; d >= 0; d--) {
+		x.shape[d] = fz_value_extent(v, d, syms);
+		x.strides[d] = n;
+		n *= x.shape[d];
+	}
+	x.data = filled(n);
+	return x;
+}
+
 static void make_rank_tensors(const fz_trace *t, int64_t b, rank_run *r)
 {
 	for (int s = 0; s < FZ_MAX_SYMS; s++)
 		r->syms[s] = b;
-	for (int i = 0; i < 4; i++) {
-		fz_value *v = fz_trace_param(t, i);
-		r->in[i] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
-		int64_t n = 1;
-		for (int d = r->in[i].rank - 1; d >= 0; d--) {
-			r->in[i].shape[d] = fz_value_extent(v, d, r->syms);
-			r->in[i].strides[d] = n;
-			n *= r->in[i].shape[d];
-		}
-		r->in[i].data = filled(n);
+	for (int i = 0; i < 4; i++)
+		r->in[i] = filled_tensor(fz_trace_param(t, i), r->syms);
+	for (int k = 0; k < 2; k++)
+		r->out[k] = filled_tensor(fz_trace_output(t, k), r->syms);
+}
+
+/* Two fake devices and the FSDP step parsed into *m, each rank's tensors
+ * at every symbol = b. */
+static const fz_trace *world2_ranks(int64_t b, rank_run rr[2], fz_module **m)
+{
+	use_fake()->devices = 2;
+	char *err = NULL;
+	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", m, &err),
+	                 FZ_OK);
+	const fz_trace *t = fz_module_trace(*m, 0);
+	memset(rr, 0, 2 * sizeof *rr);
+	for (int r = 0; r < 2; r++)
+		make_rank_tensors(t, b, &rr[r]);
+	return t;
+}
+
+static void rank_runs_free(rank_run rr[2])
+{
+	for (int r = 0; r < 2; r++) {
+		fz_free(rr[r].err);
+		for (int i = 0; i < 4; i++)
+			free(rr[r].in[i].data);
+		for (int k = 0; k < 2; k++)
+			free(rr[r].out[k].data);
 	}
-	for (int k = 0; k < 2; k++) {
-		fz_value *v = fz_trace_output(t, k);
-		r->out[k] = (fz_tensor){NULL, FZ_F32, fz_value_rank(v), {0}, {0}};
-		int64_t n = 1;
-		for (int d = r->out[k].rank - 1; d >= 0; d--) {
-			r->out[k].shape[d] = fz_value_extent(v, d, r->syms);
-			r->out[k].strides[d] = n;
-			n *= r->out[k].shape[d];
-		}
-		r->out[k].data = filled(n);
-	}
+}
+
+/* A path no file has, from a template ending in XXXXXX: where rank 0
+ * publishes the NCCL id. */
+static void fresh_id_path(char *path)
+{
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(path);
 }
 
 /* The last log entry before i on device dev, or -1. */
@@ -1179,22 +1211,13 @@ START_TEST(world2_through_nccl)
 	 * replayed: the communication stream forks into the capture and
 	 * joins back, NCCL's collectives replay with the graph */
 	bool graph = _i == 1;
-	use_fake()->devices = 2;
 	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
 	fz_module *m = NULL;
 	char *err = NULL;
-	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
-	                 FZ_OK);
-	const fz_trace *t = fz_module_trace(m, 0);
 	rank_run rr[2];
-	memset(rr, 0, sizeof rr);
-	for (int r = 0; r < 2; r++)
-		make_rank_tensors(t, 3, &rr[r]);
+	const fz_trace *t = world2_ranks(3, rr, &m);
 	char idpath[] = "/tmp/fusec-nccl-fake-XXXXXX";
-	int fd = mkstemp(idpath);
-	ck_assert_int_ge(fd, 0);
-	close(fd);
-	unlink(idpath); /* rank 0 publishes it */
+	fresh_id_path(idpath);
 	run_world2(t, true, graph, rr, idpath);
 	unlink(idpath);
 	for (int r = 0; r < 2; r++) {
@@ -1292,12 +1315,7 @@ START_TEST(world2_through_nccl)
 		ck_assert_int_eq(n_coll, 15);
 		ck_assert_int_gt(first_sync, last_work);
 	}
-	for (int r = 0; r < 2; r++) {
-		for (int i = 0; i < 4; i++)
-			free(rr[r].in[i].data);
-		for (int k = 0; k < 2; k++)
-			free(rr[r].out[k].data);
-	}
+	rank_runs_free(rr);
 	for (int i = 0; i < 4; i++)
 		if (i % 2 == 0 || ref[i].data != ref[i - 1].data)
 			fz_free(ref[i].data);
@@ -1311,22 +1329,13 @@ END_TEST
  * returns), and nothing is left formed. */
 START_TEST(world2_rank_failure_aborts)
 {
-	use_fake()->devices = 2;
 	ck_assert_int_eq(setenv("FUSEC_NCCL_LIBRARY", FZ_FAKE_CUDA, 1), 0);
 	fz_module *m = NULL;
-	char *err = NULL;
-	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
-	                 FZ_OK);
-	const fz_trace *t = fz_module_trace(m, 0);
 	rank_run rr[2];
-	memset(rr, 0, sizeof rr);
-	for (int r = 0; r < 2; r++)
-		make_rank_tensors(t, 2, &rr[r]);
+	const fz_trace *t = world2_ranks(2, rr, &m);
 	rr[1].fail_at = 2;
 	char idpath[] = "/tmp/fusec-nccl-fail-XXXXXX";
-	int fd = mkstemp(idpath);
-	close(fd);
-	unlink(idpath);
+	fresh_id_path(idpath);
 	double t0 = fz_now();
 	run_world2(t, true, false, rr, idpath);
 	unlink(idpath);
@@ -1337,13 +1346,7 @@ START_TEST(world2_rank_failure_aborts)
 	ck_assert_ptr_nonnull(rr[0].err);
 	ck_assert_int_eq(F->nccl_comms, 0);
 	ck_assert_int_eq(F->nccl_ops, 5 * 2); /* the first run, both ranks */
-	for (int r = 0; r < 2; r++) {
-		fz_free(rr[r].err);
-		for (int i = 0; i < 4; i++)
-			free(rr[r].in[i].data);
-		for (int k = 0; k < 2; k++)
-			free(rr[r].out[k].data);
-	}
+	rank_runs_free(rr);
 	fz_module_free(m);
 }
 END_TEST
@@ -1352,26 +1355,15 @@ END_TEST
  * missing instead of running collectives the other ranks never see. */
 START_TEST(world2_without_nccl_is_an_error)
 {
-	use_fake()->devices = 2;
 	fz_module *m = NULL;
-	char *err = NULL;
-	ck_assert_int_eq(fz_module_parse(FSDP, strlen(FSDP), "fsdp.trace", &m, &err),
-	                 FZ_OK);
-	const fz_trace *t = fz_module_trace(m, 0);
 	rank_run rr[2];
-	memset(rr, 0, sizeof rr);
-	for (int r = 0; r < 2; r++)
-		make_rank_tensors(t, 2, &rr[r]);
+	const fz_trace *t = world2_ranks(2, rr, &m);
 	run_world2(t, false, false, rr, NULL);
 	for (int r = 0; r < 2; r++) {
 		ck_assert_int_eq(rr[r].st, FZ_EINVAL);
 		ck_assert_msg(strstr(rr[r].err, "no NCCL communicator"), "%s", rr[r].err);
-		fz_free(rr[r].err);
-		for (int i = 0; i < 4; i++)
-			free(rr[r].in[i].data);
-		for (int k = 0; k < 2; k++)
-			free(rr[r].out[k].data);
 	}
+	rank_runs_free(rr);
 	ck_assert_int_eq(F->nccl_ops, 0);
 	fz_module_free(m);
 }
@@ -1635,9 +1627,7 @@ START_TEST(fsdp_llama_world2_on_fake)
 	fz_comm *comm = NULL;
 	ck_assert_int_eq(fz_comm_new(2, 20, &comm), FZ_OK);
 	char idpath[] = "/tmp/fusec-nccl-fsdp-XXXXXX";
-	fd = mkstemp(idpath);
-	close(fd);
-	unlink(idpath);
+	fresh_id_path(idpath);
 	fsdp_job jobs[2];
 	pthread_t th[2];
 	for (int r = 0; r < 2; r++) {
