@@ -827,18 +827,30 @@ const fz_program *fz_exec_plan(const fz_exec *x)
 	return x->n_plans ? x->plans[0]->p : NULL;
 }
 
+/* A plan's flag word (an index out of range, as the kernels report it),
+ * as the host sees it after the work queued on stream. */
+static fz_status read_flag(fz_exec *x, const pplan *pp, void *stream, int32_t *flag,
+			   char **err)
+{
+	fz_device *dev = x->dev;
+	const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
+	if (dev->tg->host_memory) {
+		*flag = *f;
+		return FZ_OK;
+	}
+	return dev->tg->download(dev, flag, f, sizeof *flag, stream, err);
+}
+
 /* A plan that leaves the LRU before fz_exec_sync read its flag (a device
  * target's runs at many sizes): the flag is read now, before its arena
  * goes (the download waits for the stream it last ran on), and kept for
  * the next sync, so that an index out of range is not lost with it. */
 static fz_status keep_flag(fz_exec *x, pplan *pp, char **err)
 {
-	fz_device *dev = x->dev;
-	if (!pp->unsynced || dev->tg->host_memory)
+	if (!pp->unsynced || x->dev->tg->host_memory)
 		return FZ_OK;
 	int32_t flag = 0;
-	const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
-	fz_status st = dev->tg->download(dev, &flag, f, sizeof flag, pp->stream, err);
+	fz_status st = read_flag(x, pp, pp->stream, &flag, err);
 	if (st == FZ_OK && flag && !x->lost_flag)
 		x->lost_flag = flag;
 	return st;
@@ -1301,11 +1313,7 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		if (!pp->unsynced)
 			continue;
 		pp->unsynced = false;
-		const int32_t *f = (const int32_t *)((char *)pp->arena + pp->flag_off);
-		if (dev->tg->host_memory)
-			flag = *f;
-		else if ((st = dev->tg->download(dev, &flag, f, sizeof flag, stream,
-						 err)) != FZ_OK)
+		if ((st = read_flag(x, pp, stream, &flag, err)) != FZ_OK)
 			return st;
 		if (flag && !dev->tg->host_memory)
 			pp->flag_clear = false; /* cleared by the next run */
