@@ -137,7 +137,11 @@ typedef struct fz_cg_options {
  * ("emu-sm_80": the kernels of that GPU, emulated). */
 fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err);
 
-typedef enum fz_skeleton { FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER } fz_skeleton;
+typedef enum fz_skeleton {
+	FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER,
+	FZ_SK_ATTENTION, /* attention.c: work[0] = blocks of (batch, head,
+	                  * query rows) or (batch, kv head, keys) */
+} fz_skeleton;
 typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
 
 /* The host entry point of a kernel: region inputs then outputs in bufs,
