@@ -120,6 +120,11 @@ typedef struct fz_attn {
 bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 		      char *why, size_t n);
 
+/* The decomposed form whose second product is node m2: the ids of the
+ * nodes it takes (at most max) into ids, and their count; 0 when m2 ends
+ * no such form. The partitioner makes them one region. */
+int fz_attn_match(const fz_trace *t, const fz_node *m2, int *ids, int max);
+
 /* Flops of the pass at sizes (the simulator's and the benches' count):
  * 4 B Hq Tq Tk D forward (2 products), 2.5x that for the backward's two
  * passes together; causal counts about half the pairs. */
