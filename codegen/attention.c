@@ -207,7 +207,7 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 		const fz_value *sv = A->score;
 		int r = sv->type.rank;
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-		V sr[FZ_VW_MAX];
+		V sr[FZ_VW_MAX] = {0};
 		for (int l = 0; l < nl; l++) {
 			for (int d = 0; d < A->n_batch; d++)
 				ix[l][d] = bix[d];

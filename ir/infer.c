@@ -666,7 +666,7 @@ static int infer_attention(const ctx *c, int n_in, const fz_attrs *a, fz_type *o
 			    name);
 	fz_type o = *q, lse = *q;
 	o.dims[r - 1] = v->dims[r - 1];
-	lse.dtype = FZ_F32;
+	lse.dtype = d == FZ_F64 ? FZ_F64 : FZ_F32;
 	lse.rank = r - 1;
 	if (!fwd) {
 		const fz_type *want[3] = {&o, &lse, &o};

@@ -1515,7 +1515,7 @@ static fz_status run_attention(interp *I, const fz_node *n)
 			for (int64_t e = 0; e < A.dv; e++)
 				fz_store_f64(S(I, n->out[0])->data, S(I, n->out[0])->dtype,
 					     row * A.dv + e, acc[e]);
-			fz_store_f64(S(I, n->out[1])->data, FZ_F32, row, lse);
+			fz_store_f64(S(I, n->out[1])->data, S(I, n->out[1])->dtype, row, lse);
 			continue;
 		}
 		lse = L[row];
