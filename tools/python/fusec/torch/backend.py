@@ -33,7 +33,7 @@ written and run (fusec.torch.program).
 import functools
 
 from .exporter import _decompositions
-from .program import COUNTERS, REPORTS, compile_graph
+from .program import COUNTERS, REPORTS, compile_graph, kernel_builds
 
 _OPTIONS = ("device", "cache_dir", "threads")
 _DEVICES = ("auto", "cpu", "emu", "cuda")
@@ -97,14 +97,24 @@ def _compile(gm, example_inputs, kind, options):
     return make_boxed_func(compile_graph(gm, example_inputs, kind, options))
 
 
+_BUILDS_AT_RESET = [0]
+
+
 def stats(reset=False):
-    """{graphs, parts, programs, kernel_compiles, fallback_nodes,
-    fallback_parts, runs} since the start (or the last reset)."""
+    """Counts since the start (or the last stats(reset=True)): graphs
+    (compiled by AOTAutograd for the backend), parts (of them fusec took),
+    programs (fusec programs prepared), kernel_compiles (kernels this
+    process compiled, found in neither cache), fallback_nodes (nodes left
+    to PyTorch), fallback_parts (parts fusec could not prepare or run),
+    runs (program runs)."""
     out = dict(COUNTERS)
+    builds = kernel_builds()
+    out["kernel_compiles"] = builds - _BUILDS_AT_RESET[0]
     if reset:
         for k in COUNTERS:
             COUNTERS[k] = 0
         del REPORTS[:]
+        _BUILDS_AT_RESET[0] = builds
     return out
 
 
