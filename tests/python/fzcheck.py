@@ -6,14 +6,17 @@ it into .venv, editable); where none is installed, the source tree's
 tools/python. The library is the build tree's where ctest names it
 (FUSEC_LIBRARY)."""
 
-import importlib.util
+import importlib.metadata
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-INSTALLED = importlib.util.find_spec("fusec") is not None
-if not INSTALLED:
+try:
+    importlib.metadata.distribution("fusec")
+    INSTALLED = True
+except importlib.metadata.PackageNotFoundError:
+    INSTALLED = False
     sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 
 

@@ -31,10 +31,12 @@ written and run (fusec.torch.program).
 """
 
 import functools
+import logging
 
 from .exporter import _decompositions
 from .program import COUNTERS, REPORTS, compile_graph, kernel_builds
 
+log = logging.getLogger("fusec.torch")
 _OPTIONS = ("device", "cache_dir", "threads")
 _DEVICES = ("auto", "cpu", "emu", "cuda")
 
@@ -70,8 +72,20 @@ def backend(gm, example_inputs, options=None, **_):
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=_decompositions(),
+        decompositions=_backend_decompositions(),
         partition_fn=min_cut_rematerialization_partition)
+
+
+def _backend_decompositions():
+    """The exporter's table, and dropout as rand_like, compare and scale:
+    the random numbers come from PyTorch's generator (rand_like runs in
+    PyTorch: fusec's uniform takes its seed at compile time), the rest
+    runs in fusec."""
+    from torch._decomp import get_decompositions
+    from .values import aten
+    table = dict(_decompositions())
+    table.update(get_decompositions([aten.native_dropout]))
+    return table
 
 
 def _attention_as_math(gm):
@@ -94,7 +108,15 @@ def _attention_as_math(gm):
 
 def _compile(gm, example_inputs, kind, options):
     from torch._functorch.aot_autograd import make_boxed_func
-    return make_boxed_func(compile_graph(gm, example_inputs, kind, options))
+    try:
+        fn = compile_graph(gm, example_inputs, kind, options)
+    except Exception:  # noqa: BLE001: the whole graph in PyTorch, never
+        # a failure where eager runs
+        log.exception("fusec: %s graph runs in PyTorch: the backend failed "
+                      "on it", kind)
+        COUNTERS["fallback_graphs"] += 1
+        fn = gm
+    return make_boxed_func(fn)
 
 
 _BUILDS_AT_RESET = [0]

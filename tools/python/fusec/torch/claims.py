@@ -127,6 +127,10 @@ class _Prober(_Writer):
                 reason = "no fusec mapping for %s" % e.args[0]
             except (_Refused, ExportError) as e:
                 reason = str(e.args[0])
+                if reason.startswith("random op"):
+                    reason = ("random numbers come from PyTorch's "
+                              "generator (fusec's uniform is seeded when "
+                              "compiled)")
             except Exception as e:  # noqa: BLE001: a handler's failure is
                 # a fallback, never the model's failure
                 reason = "%s: %s" % (type(e).__name__, e)

@@ -39,7 +39,7 @@ class Counters(dict):
     are the library's count: backend.stats)."""
 
     KEYS = ("graphs", "parts", "programs", "fallback_nodes",
-            "fallback_parts", "runs")
+            "fallback_parts", "fallback_graphs", "runs")
 
     def __init__(self):
         super().__init__((k, 0) for k in self.KEYS)

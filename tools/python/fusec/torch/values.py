@@ -160,9 +160,9 @@ def _concrete(e, sizes):
         c = e.node.maybe_as_int()
         if c is not None:
             return c
-        v = e.node.expr.xreplace(sizes)
-        if not v.is_number:
+        try:
+            return int(e.node.expr.xreplace(sizes))
+        except TypeError:  # a symbol left
             raise _Refused("symbolic size %s: its symbols have no value "
-                           "here" % e.node.expr)
-        return int(v)
+                           "here" % e.node.expr) from None
     return int(e)
