@@ -1,0 +1,227 @@
+"""fusec.torch.symbolic: symbolic extents for fusec.torch.export.
+
+export(symbolic=) traces fn a second time, with fake tensors, at other
+sizes for the named dims, and _merge_symbolic writes the numbers that
+moved as the symbols' names (or a reshape's one -1). Also here: reading
+the user's symbolic= spec (_resolve_symbolic) and making the fake example
+arguments at the other sizes (_other_sizes).
+
+Not here: tracing and writing (fusec.torch.exporter, fusec.torch.writer).
+"""
+
+import re
+
+import torch
+import torch.utils._pytree as pytree
+
+from .values import ExportError, _fmt_num, _numel
+
+
+# ---- Symbolic extents -------------------------------------------------------
+#
+# fn is traced twice: at the example sizes (text A) and, with fake tensors,
+# at other sizes for the symbolic dims (text B). Both walks write the same
+# statements; only numbers that depend on the symbolic sizes differ. Each
+# such number is written as the symbol whose size it is in both traces, or,
+# in a reshape's shape, as its one -1 (a product such as B*T). Any other
+# size-dependent number (a literal operand, a slice start) cannot be written
+# in the trace format and is an ExportError naming the statement.
+
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|-?\d+(?:\.\d*)?(?:e-?\d+)?|\S")
+
+
+def _is_num(tok):
+    return tok[0].isdigit() or (tok[0] == "-" and len(tok) > 1)
+
+
+def _monomial(a, b, sizes_a, sizes_b):
+    """(c, [symbols]) with a = c*prod(sizes_a) and b = c*prod(sizes_b), the
+    fewest symbols first; None if there is none."""
+    import itertools
+    syms = sorted(sizes_a)
+    for r in range(1, len(syms) + 1):
+        for S in itertools.combinations(syms, r):
+            pa = _numel([sizes_a[s] for s in S])
+            pb = _numel([sizes_b[s] for s in S])
+            c = a / pa
+            if abs(c * pb - b) <= 1e-9 * max(abs(b), 1) and c != 0:
+                return c, list(S)
+    return None
+
+
+def _merge_symbolic(text_a, text_b, sizes_a, sizes_b, lit_dtypes):
+    la, lb = text_a.splitlines(), text_b.splitlines()
+    used = set(_TOKEN.findall(text_a))
+    scalars = {}  # (c, symbols, dtype) -> name
+    if len(la) != len(lb):
+        raise ExportError(
+            "symbolic: the trace's statements change with the sizes of %s "
+            "(a size-dependent branch, or an example size that equals "
+            "another extent); try other example sizes" %
+            ", ".join(sorted(sizes_a)))
+    out = []
+    for lno, (a, b) in enumerate(zip(la, lb)):
+        if a == b:
+            out.append(a)
+            continue
+        ta, tb = _TOKEN.findall(a), _TOKEN.findall(b)
+        if len(ta) != len(tb) or any(
+                x != y and not (_is_num(x) and _is_num(y))
+                for x, y in zip(ta, tb)):
+            raise ExportError("symbolic: statement %d differs in structure "
+                              "between the two traces:\n  %s\n  %s" %
+                              (lno, a.strip(), b.strip()))
+        op = ta[ta.index("=") + 1] if "=" in ta and lno > 0 else "trace"
+        key, depth, res = None, 0, []
+        infer_used = False
+        for k, (x, y) in enumerate(zip(ta, tb)):
+            if x in ("(", "["):
+                depth += 1
+            elif x in (")", "]"):
+                depth -= 1
+            elif x == "," and depth <= 1:
+                key = None
+            if k + 1 < len(ta) and ta[k + 1] == "=" and depth == 1:
+                key = x
+            if x == ":" and lno == 0:
+                key = "param"
+            if x == y:
+                res.append(x)
+                continue
+            hit = [nm for nm in sizes_a if str(sizes_a[nm]) == x and
+                   str(sizes_b[nm]) == y]
+            if key in ("shape", "end", "length", "param", "value") and hit:
+                res.append(hit[0])
+            elif key == "shape" and op == "reshape" and not infer_used:
+                res.append("-1")
+                infer_used = True
+            elif key is None and depth == 1 and lno in lit_dtypes and \
+                    _monomial(float(x), float(y), sizes_a, sizes_b):
+                # a literal operand that is a size (a mean's count, an
+                # index's wrap-around): a rank-0 value made from the symbols
+                c, S = _monomial(float(x), float(y), sizes_a, sizes_b)
+                if c == int(c):
+                    c = int(c)
+                pre = []
+                res.append(_scalar_of(c, S, lit_dtypes[lno], used, scalars,
+                                      pre))
+                out.extend(pre)
+            else:
+                raise ExportError(
+                    "symbolic: %s depends on the symbolic sizes (%s here, %s "
+                    "at other sizes) and cannot be written in the trace "
+                    "format:\n  %s" % ("the number in " + (key or "an "
+                                        "operand") if key else "a literal",
+                                        x, y, a.strip()))
+        out.append(_join_tokens(a, res))
+    return "\n".join(out) + "\n"
+
+
+def _scalar_of(c, S, dt, used, scalars, pre):
+    """A rank-0 value c * prod(S) of dtype dt, defined by statements appended
+    to pre (once per distinct scalar)."""
+    key = (c, tuple(S), dt)
+    if key in scalars:
+        return scalars[key]
+
+    def fresh(base):
+        nm, k = base, 1
+        while nm in used:
+            nm = "%s_%d" % (base, k)
+            k += 1
+        used.add(nm)
+        return nm
+    cur = None
+    for sname in S:
+        nm = fresh("size_%s_%s" % (sname, dt))
+        pre.append("  %s = full(shape=[], value=%s, dtype=%s)" %
+                   (nm, sname, dt))
+        if cur is not None:
+            nm2 = fresh("size_%s_%s" % ("_".join(S), dt))
+            pre.append("  %s = mul(%s, %s)" % (nm2, cur, nm))
+            nm = nm2
+        cur = nm
+    if c != 1:
+        nm = fresh("size_%s_%s" % ("_".join(S), dt))
+        pre.append("  %s = mul(%s, %s)" % (nm, cur, _fmt_num(c)))
+        cur = nm
+    scalars[key] = cur
+    return cur
+
+
+def _join_tokens(line, toks):
+    """Rewrites line with its tokens replaced, keeping its spacing."""
+    res, pos = [], 0
+    for m, t in zip(_TOKEN.finditer(line), toks):
+        res.append(line[pos:m.start()])
+        res.append(t)
+        pos = m.end()
+    res.append(line[pos:])
+    return "".join(res)
+
+
+def _resolve_symbolic(symbolic, names, tensors):
+    """{param index: {dim: name}} from the user's spec."""
+    out = {}
+    if not symbolic:
+        return out
+    items = symbolic.items() if isinstance(symbolic, dict) else \
+        enumerate(symbolic)
+    for key, dims in items:
+        if dims is None:
+            continue
+        if isinstance(key, torch.Tensor):
+            idx = [i for i, t in enumerate(tensors) if t is key]
+        elif isinstance(key, int):
+            idx = [key]
+        else:
+            idx = [i for i, n in enumerate(names) if n == key]
+        if len(idx) != 1 or not 0 <= idx[0] < len(tensors):
+            raise ExportError("symbolic: no parameter %r (parameters: %s)" %
+                              (key, ", ".join(names)))
+        if isinstance(dims, (list, tuple)):
+            dims = {k: v for k, v in enumerate(dims) if v}
+        d = {}
+        for k, v in dims.items():
+            r = tensors[idx[0]].dim()
+            if not -r <= k < r:
+                raise ExportError("symbolic: parameter %s has no dim %d" %
+                                  (names[idx[0]], k))
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+                raise ExportError("symbolic: %r is not an identifier" % v)
+            d[k % r] = v
+        out[idx[0]] = d
+    return out
+
+
+def _other_sizes(example_args, flat, tpos, tensors, sym):
+    """Fake example arguments whose symbolic dims have other sizes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    sizes_a = {}
+    for i, dims in sym.items():
+        for d, nm in dims.items():
+            e = int(tensors[i].shape[d])
+            if nm in sizes_a and sizes_a[nm] != e:
+                raise ExportError("symbolic: %s is %d in one place and %d in "
+                                  "another" % (nm, sizes_a[nm], e))
+            sizes_a[nm] = e
+    # odd bumps, different per symbol, so that no two symbols (and no
+    # symbol and a product of others) coincide at the other sizes
+    sizes_b = {nm: sizes_a[nm] + 7 + 4 * k
+               for k, nm in enumerate(sorted(sizes_a))}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    leaves, tensors_b = list(flat), []
+    for j, i in enumerate(tpos):
+        t = tensors[j]
+        shape = list(t.shape)
+        for d, nm in sym.get(j, {}).items():
+            shape[d] = sizes_b[nm]
+        with mode:
+            ft = torch.empty(shape, dtype=t.dtype)
+        if t.requires_grad:
+            ft.requires_grad_(True)
+        leaves[i] = ft
+        tensors_b.append(ft)
+    args_b = pytree.tree_unflatten(leaves,
+                                   pytree.tree_flatten(example_args)[1])
+    return sizes_a, sizes_b, args_b, tensors_b
