@@ -285,7 +285,9 @@ static bool poly_nonneg(const fz_poly *p)
 /* A symbolic dim of a slice, step 1: the result is end - start, a sum
  * like T+1-1 = T or T-1 (a derived symbol, interned here: the trace is
  * written through the const pointer, see fz_trace_ext_of_poly). end must
- * not pass the extent at any size: extent - end has no negative term. */
+ * not pass the extent: where extent - end has no negative term it never
+ * does; else (the first T of 64 positions) extent - end becomes a derived
+ * symbol too, "-T+64", which binding refuses to see negative. */
 static int symbolic_slice(const ctx *c, int i, fz_ext ext, fz_ext end,
 			  int64_t s, int64_t st, fz_ext *out)
 {
@@ -294,8 +296,11 @@ static int symbolic_slice(const ctx *c, int i, fz_ext ext, fz_ext end,
 	if (st != 1 || s < 0)
 		return FAIL(c, "slice: dim %d has symbolic extent %s; it takes "
 			    "step 1 and a start >= 0", i, ext_s(c, ext, e1, sizeof e1));
-	if (!fz_ext_diff(c->t, ext, end, &room) || !poly_nonneg(&room))
-		return FAIL(c, "slice: end %s in dim %d may pass the extent %s",
+	fz_ext guard;
+	if (!fz_ext_diff(c->t, ext, end, &room) ||
+	    (!poly_nonneg(&room) &&
+	     !fz_trace_ext_of_poly((fz_trace *)c->t, &room, &guard)))
+		return FAIL(c, "slice: end %s in dim %d passes the extent %s",
 			    ext_s(c, end, e1, sizeof e1), i,
 			    ext_s(c, ext, e2, sizeof e2));
 	if (!fz_ext_expand(c->t, end, &len) || !fz_poly_add(&len, &ps, -1, &len) ||

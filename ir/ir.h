@@ -356,7 +356,7 @@ bool fz_ext_expand(const fz_trace *t, fz_ext e, fz_poly *out);
 /* a + sign*b, canonical; false past FZ_POLY_TERMS terms or on overflow. */
 bool fz_poly_add(const fz_poly *a, const fz_poly *b, int sign, fz_poly *out);
 /* The canonical extent of p, interning its derived symbol; false when p
- * is negative for all sizes (one negative term), on overflow, or past
+ * is negative for all sizes (no positive term), on overflow, or past
  * FZ_MAX_SYMS. Passes that compute extents (slice, cat) come here, so
  * the trace is written even when reached through a const pointer: a
  * symbol already interned is found, never added twice. */

@@ -349,6 +349,11 @@ bool fz_trace_ext_of_poly(fz_trace *t, const fz_poly *in, fz_ext *out)
 		*out = p.term[0];
 		return out->c >= 0;
 	}
+	bool all_negative = true; /* then negative at every size */
+	for (int i = 0; i < p.n; i++)
+		all_negative &= p.term[i].c < 0;
+	if (all_negative)
+		return false;
 	/* the common factor: gcd of the coefficients, lowest powers */
 	int64_t g = 0;
 	uint64_t common = 0;

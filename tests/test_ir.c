@@ -209,6 +209,24 @@ START_TEST(extent_sums)
 	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
 	ck_assert_msg(strstr(buf, "T-1") != NULL, "%s", buf);
 	fz_module_free(m);
+
+	/* the first T of 64 positions: T past 64 is refused at binding */
+	m = parse("trace g(pos: f32[64], x: f32[T]) {\n"
+		  "  p = slice(pos, start=[0], end=[T])\n"
+		  "  y = add(x, p)\n"
+		  "  return y\n"
+		  "}\n");
+	t = fz_module_trace(m, 0);
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 64;
+	ck_assert_int_ge(fz_trace_syms_derive(t, sz, buf, sizeof buf), 0);
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 65;
+	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
+	ck_assert_msg(strstr(buf, "-T+64") != NULL, "%s", buf);
+	fz_module_free(m);
 }
 END_TEST
 

@@ -560,8 +560,8 @@ static const diag_case diag_cases[] = {
 	/* extents that are sums */
 	{"trace f(x: f32[T+]) {\n  return x\n}\n", 1, 18,
 	 "expected an extent (an integer or a name), found ']'", FZ_EPARSE},
-	{"trace f(x: f32[T+1]) {\n  y = slice(x, start=[0], end=[T+2])\n"
-	 "  return y\n}\n", 2, 7, "slice: end T+2 in dim 0 may pass the extent "
+	{"trace f(x: f32[T+1]) {\n  y = slice(x, start=[0], end=[T+T+2])\n"
+	 "  return y\n}\n", 2, 7, "slice: end 2*T+2 in dim 0 passes the extent "
 	 "T+1", FZ_EVERIFY},
 	{"trace f(x: f32[T]) {\n  y = slice(x, start=[0], end=[T], step=[2])\n"
 	 "  return y\n}\n", 2, 7, "it takes step 1 and a start >= 0",

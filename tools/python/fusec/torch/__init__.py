@@ -16,7 +16,8 @@ Only the names below are the public API; the rest may move.
 """
 
 from .dist import nccl_unique_id
-from .exporter import _peak_bytes, export, op_counts
+from .exporter import ExportedTrace, _peak_bytes, export, op_counts
 from .values import ExportError
 
-__all__ = ["export", "ExportError", "op_counts", "nccl_unique_id"]
+__all__ = ["export", "ExportError", "ExportedTrace", "op_counts",
+           "nccl_unique_id"]
