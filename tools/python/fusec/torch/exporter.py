@@ -291,23 +291,17 @@ def _user_frame(e):
 # and containers found there). Other constants (built inside fn) are
 # literals.
 
-def _closure_state(fn):
-    """{id(tensor): "where.it.is"} for the parameters and buffers of the
-    modules fn reaches, and the tensors it holds directly."""
-    found = {}
+def _reached(fn):
+    """[(path, object)]: the modules and tensors fn reaches."""
+    found = []
     seen = set()
 
     def visit(obj, path, depth):
         if id(obj) in seen or depth > 3:
             return
         seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            for n, t in obj.named_parameters():
-                found.setdefault(id(t), "%s.%s" % (path, n))
-            for n, t in obj.named_buffers():
-                found.setdefault(id(t), "%s.%s" % (path, n))
-        elif isinstance(obj, torch.Tensor):
-            found.setdefault(id(obj), path)
+        if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+            found.append((path, obj))
         elif isinstance(obj, dict):
             for k, v in list(obj.items())[:1000]:
                 visit(v, "%s[%r]" % (path, k), depth + 1)
@@ -340,6 +334,25 @@ def _closure_state(fn):
             visit(d, "default%d" % i, depth)
 
     visit_fn(fn, 0)
+    return found
+
+
+def _closure_modules(fn):
+    return [o for _, o in _reached(fn) if isinstance(o, torch.nn.Module)]
+
+
+def _closure_state(fn):
+    """{id(tensor): "where.it.is"} for the parameters and buffers of the
+    modules fn reaches, and the tensors it holds directly."""
+    found = {}
+    for path, obj in _reached(fn):
+        if isinstance(obj, torch.nn.Module):
+            for n, t in obj.named_parameters():
+                found.setdefault(id(t), "%s.%s" % (path, n))
+            for n, t in obj.named_buffers():
+                found.setdefault(id(t), "%s.%s" % (path, n))
+        else:
+            found.setdefault(id(obj), path)
     return found
 
 
@@ -399,6 +412,57 @@ def _state_names(state, used):
     return names
 
 
+# ---- Mixture-of-experts layers of transformers ------------------------------
+#
+# transformers runs an experts layer (Mixtral, Qwen2-MoE, ...) one of three
+# ways: "grouped_mm" (its default: tokens sorted by expert, group sizes
+# counted from the routing), "eager" (a loop over the experts that were hit,
+# token lists from torch.where) or "batched_mm" (each token's k experts'
+# weights gathered, one batched product, the k results summed). The first
+# two shape the work by the routing's values, which a trace cannot record;
+# the third is the same computation with static shapes, and its backward is
+# index_add into the expert weights and the top-k scatter. So export traces
+# experts layers as batched_mm, and puts the configs back afterwards.
+
+def _moe_configs(fn, example_args):
+    """The configs of transformers experts layers fn reaches."""
+    roots, seen, cfgs = [], set(), {}
+    for v in _closure_modules(fn):
+        roots.append(v)
+    for a in pytree.tree_flatten(example_args)[0]:
+        if isinstance(a, torch.nn.Module):
+            roots.append(a)
+    for r in roots:
+        for sub in r.modules():
+            if id(sub) in seen:
+                continue
+            seen.add(id(sub))
+            cfg = getattr(sub, "config", None)
+            if hasattr(sub, "_apply_gate") and cfg is not None and \
+                    hasattr(cfg, "_experts_implementation"):
+                cfgs[id(cfg)] = cfg
+    return list(cfgs.values())
+
+
+class _BatchedExperts:
+    def __init__(self, fn, example_args):
+        self.cfgs = _moe_configs(fn, example_args)
+        self.saved = []
+
+    def __enter__(self):
+        for c in self.cfgs:
+            self.saved.append((c, c._experts_implementation))
+            if c._experts_implementation != "batched_mm":
+                c._experts_implementation = "batched_mm"
+        return self
+
+    def __exit__(self, *exc):
+        for c, impl in reversed(self.saved):
+            if c._experts_implementation != impl:
+                c._experts_implementation = impl
+        return False
+
+
 class ExportedTrace(str):
     """The trace text; with export(closure="inputs"), closure_inputs are
     the module state tensors (live: the current values) to pass after fn's
@@ -443,6 +507,13 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     """
     if closure not in ("error", "inputs"):
         raise ValueError("closure must be 'error' or 'inputs'")
+    with _BatchedExperts(fn, example_args):
+        return _export(fn, example_args, symbolic, fake, name, stats,
+                       cpu_threads, closure)
+
+
+def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
+            closure):
     gm, flat, tpos = _trace(fn, example_args, fake)
     tensors = [flat[i] for i in tpos]
     names = _param_names(fn, example_args, tpos)
