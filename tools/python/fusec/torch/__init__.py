@@ -23,8 +23,8 @@ Only the names below are the public API; the rest may move.
 
 from .backend import backend, explain, stats
 from .dist import nccl_unique_id
-from .exporter import _peak_bytes, export, op_counts
+from .exporter import ExportedTrace, _peak_bytes, export, op_counts
 from .values import ExportError
 
 __all__ = ["backend", "explain", "stats", "export", "ExportError",
-           "op_counts", "nccl_unique_id"]
+           "ExportedTrace", "op_counts", "nccl_unique_id"]

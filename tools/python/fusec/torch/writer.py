@@ -24,6 +24,7 @@ from .ops import _HANDLERS, _PRIMS
 
 
 _CONST_LIMIT = 4096
+_CAT_MAX = 256  # operands of one op (FZ_MAX_ARGS in ir/ir.h)
 # Never used as value names, so that no statement reads like `mul = mul(..)`
 # and no name is a keyword or a dtype of the grammar.
 _RESERVED = set("""
@@ -250,6 +251,11 @@ class _Writer:
         if len(vs) == 1:
             return vs[0]
         dim = dim % vs[0].rank
+        # a cat takes at most _CAT_MAX operands (the verifier's limit): a
+        # longer list is catted in groups, then the groups
+        while len(vs) > _CAT_MAX:
+            vs = [self.cat(vs[i:i + _CAT_MAX], dim)
+                  for i in range(0, len(vs), _CAT_MAX)]
         shape = list(vs[0].shape)
         shape[dim] = sum(v.shape[dim] for v in vs)
         return self.emit("cat", vs, [("dim", str(dim))], vs[0].dtype,
