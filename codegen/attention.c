@@ -454,10 +454,54 @@ static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
 	cg_loop_end(g, &LM);
 }
 
-/* The logits (and derivatives) of row r of S [..][BK], keys from kb. */
+/* A vector of ity: x + (0, 1, ..., VW - 1). */
+static V iota_from(cg *g, V x)
+{
+	T vt = t_vec(g->ity, VW);
+	V e[VW];
+	for (int l = 0; l < VW; l++)
+		e[l] = c_int(g->ity, l);
+	V v = c_undef(vt);
+	for (int l = 0; l < VW; l++)
+		v = insert(g, v, x, (unsigned)l);
+	return add(g, v, LLVMConstVector(e, VW));
+}
+
+/* The logits (and derivatives) of row r of S [..][BK], keys from kb. A
+ * primitive with neither mask nor softcap (scale, causal, window) is
+ * computed here in whole vectors; anything else lane by lane through
+ * cg_attn_scores, the expression emitter's way. */
 static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, V *lg, V *dlg)
 {
 	cg *g = K->g;
+	const fz_attn *A = K->A;
+	if (!A->decomposed && !A->mask && A->softcap == 0) {
+		T vt = t_vec(g->ity, VW);
+		V tk = cg_ext(g, A->tk), vi = iota_from(g, i), ninf = vconst(g, -INFINITY);
+		V tkv = iota_from(g, tk), vw = iota_from(g, ci(g, A->window));
+		(void)vt;
+		/* iota_from(x) - iota: x in every lane */
+		V zero_iota = iota_from(g, ci(g, 0));
+		vi = sub(g, vi, zero_iota);
+		tkv = sub(g, tkv, zero_iota);
+		vw = sub(g, vw, zero_iota);
+		for (int c = 0; c < BK / VW; c++) {
+			V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+			V j = iota_from(g, add(g, kb, ci(g, c * VW)));
+			V hidden = icmp(g, LLVMIntUGE, j, tkv);
+			if (A->causal)
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
+			if (A->window > 0) {
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, vi, add(g, j, vw)));
+				if (!A->causal)
+					hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, vi, vw)));
+			}
+			lg[c] = sel(g, hidden, ninf, fmul(g, sv, vconst(g, A->scale)));
+			if (dlg)
+				dlg[c] = sel(g, hidden, vconst(g, 0.0), vconst(g, A->scale));
+		}
+		return;
+	}
 	for (int c = 0; c < BK / VW; c++) {
 		V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
 		V s[VW], o[VW], d[VW];
