@@ -39,7 +39,7 @@
 
 #define VW 8   /* floats per vector */
 #define BK 64  /* keys per block */
-#define BQ 32  /* query rows per work item */
+#define BQ 64  /* query rows per work item */
 
 /* ---- vector helpers -------------------------------------------------------- */
 
@@ -388,18 +388,39 @@ static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V X
 {
 	cg *g = K->g;
 	cg_loop L;
-	cg_loop_begin(g, &L, ci(g, 0), ci(g, cap), ci(g, 1));
-	V r = L.iv;
-	V valid = icmp(g, LLVMIntULT, r, n);
-	V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ci(g, len)));
+	int step = Xt ? VW : 1; /* transposed: 8 rows at a time, 8 x 8 tiles */
+	cg_loop_begin(g, &L, ci(g, 0), ci(g, cap), ci(g, step));
 	for (int64_t d = 0; d < len; d += VW) {
-		V x = sel(g, valid, vload(g, s, K->dt, add(g, row, ci(g, d))), vconst(g, 0.0));
-		if (X)
-			store(g, x, at(g, X, add(g, mul(g, r, ci(g, len)), ci(g, d))), 4);
-		if (Xt)
-			for (int l = 0; l < VW; l++)
-				store(g, extract(g, x, (unsigned)l),
-				      at(g, Xt, add(g, ci(g, (d + l) * cap), r)), 4);
+		V x[VW];
+		for (int u = 0; u < step; u++) {
+			V r = add(g, L.iv, ci(g, u));
+			V valid = icmp(g, LLVMIntULT, r, n);
+			V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ci(g, len)));
+			x[u] = sel(g, valid, vload(g, s, K->dt, add(g, row, ci(g, d))),
+				   vconst(g, 0.0));
+			if (X)
+				store(g, x[u], at(g, X, add(g, mul(g, r, ci(g, len)), ci(g, d))), 4);
+		}
+		if (!Xt)
+			continue;
+		/* transpose: at level k (1, 2, 4), rows i and i + k (bit k of i
+		 * clear) trade the elements whose column has bit k clear for
+		 * those that have it set: bit k moves from column to row */
+		for (int k = 1; k < VW; k <<= 1)
+			for (int i = 0; i < VW; i++) {
+				if (i & k)
+					continue;
+				V lo[VW], hi[VW];
+				for (int j = 0; j < VW; j++) {
+					lo[j] = c_i32(g, j & k ? VW + j - k : j);
+					hi[j] = c_i32(g, j & k ? VW + j : j + k);
+				}
+				V a = x[i], bb = x[i + k];
+				x[i] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(lo, VW), "");
+				x[i + k] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(hi, VW), "");
+			}
+		for (int l = 0; l < VW; l++)
+			store(g, x[l], at(g, Xt, add(g, ci(g, (d + l) * cap), L.iv)), 4);
 	}
 	cg_loop_end(g, &L);
 }
@@ -415,13 +436,13 @@ static void zero(cg *g, V X, int64_t n)
 #define MR 4          /* rows of a product's register tile */
 #define NR (2 * VW)   /* columns: two vectors */
 
-/* C[m][n] (+)= sum over k < kn of A[m lda + k] B[k ldb + n], m < M, n < N
+/* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
  * (M a multiple of MR, N of NR), f32 scratch all: the block products of
  * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
  * dK += dSt Q). A tile of MR x NR sums in 8 registers over k: two vector
  * loads of B and MR broadcasts of A feed 8 fmas. */
-static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
-		 int64_t M, int64_t N, int64_t kn, bool acc)
+static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc)
 {
 	cg_loop LM, LN, LK;
 	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
@@ -442,7 +463,8 @@ static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
 	V b1 = load(g, vf(g), at(g, B, add(g, bp, ci(g, VW))), 4);
 	for (int r = 0; r < MR; r++) {
 		V a = splat(g, load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)),
-									 ci(g, lda)), k)), 4));
+									 ci(g, am)),
+								  mul(g, k, ci(g, ak)))), 4));
 		next[r * 2] = vfma(g, a, b0, ph[r * 2]);
 		next[r * 2 + 1] = vfma(g, a, b1, ph[r * 2 + 1]);
 	}
@@ -465,6 +487,12 @@ static V iota_from(cg *g, V x)
 	for (int l = 0; l < VW; l++)
 		v = insert(g, v, x, (unsigned)l);
 	return add(g, v, LLVMConstVector(e, VW));
+}
+
+static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
+		 int64_t M, int64_t N, int64_t kn, bool acc)
+{
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc);
 }
 
 /* The logits (and derivatives) of row r of S [..][BK], keys from kb. A
@@ -739,7 +767,6 @@ static void kernel_dkv(ak *K)
 	V dKs = scratch(g, BK * (int)D), dVs = scratch(g, BK * (int)DV);
 	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
 	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	V Pt = scratch(g, BK * BQ), dSt = scratch(g, BK * BQ);
 	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
 	cg_loop W, G, QB, R;
@@ -766,24 +793,23 @@ static void kernel_dkv(ak *K)
 		row_stats(K, rowbase, nrows, LSE, DI);
 		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
 		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
-		zero(g, Pt, BK * BQ);
-		zero(g, dSt, BK * BQ);
+		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
 		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
 		{
 			V r = R.iv, p[BK / VW], ds[BK / VW];
 			row_grads(K, S, dP, r, b, h, add(g, i0, r), kb,
 				  load(g, t_f32(g), at(g, LSE, r), 4),
 				  load(g, t_f32(g), at(g, DI, r), 4), p, ds);
-			for (int c = 0; c < BK / VW; c++)
-				for (int l = 0; l < VW; l++) {
-					V o = add(g, ci(g, (c * VW + l) * BQ), r);
-					store(g, extract(g, p[c], (unsigned)l), at(g, Pt, o), 4);
-					store(g, extract(g, ds[c], (unsigned)l), at(g, dSt, o), 4);
-				}
+			for (int c = 0; c < BK / VW; c++) {
+				V o = add(g, mul(g, r, ci(g, BK)), ci(g, c * VW));
+				store(g, p[c], at(g, S, o), 4);
+				store(g, ds[c], at(g, dP, o), 4);
+			}
 		}
 		cg_loop_end(g, &R);
-		gemm(g, Pt, BQ, dOs, DV, dVs, DV, BK, DV, BQ, true);
-		gemm(g, dSt, BQ, Qs, D, dKs, D, BK, D, BQ, true);
+		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
+		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true);
+		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true);
 	}
 	cg_loop_end(g, &QB);
 	cg_loop_end(g, &G);
