@@ -248,6 +248,21 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 	}
 }
 
+/* One arm of cg_attn_scores' branch: the scores, then on to join, with
+ * what the arm memoized and its index arithmetic forgotten (the other arm
+ * does not see them). Returns the arm's last block. */
+static LLVMBasicBlockRef scores_arm(cg *g, const fz_attn *A, const cg_ix *bix, V h,
+				    V i, int nl, const cg_ix *jl, const V *s, V *out,
+				    V *dl, LLVMBasicBlockRef join, int mark, int cse)
+{
+	scores_at(g, A, bix, h, i, nl, jl, s, out, dl);
+	LLVMBasicBlockRef bb = current(g);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+	return bb;
+}
+
 void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 		    const V *s, V *out, V *dl)
 {
@@ -285,22 +300,14 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 			jl[l] = j0;
 			jl[l].o += l;
 		}
-		scores_at(g, A, bix, h, i, nl, jl, s, fo, dl ? fd : NULL);
-		bbf = current(g);
-		br(g, join);
-		cg_memo_pop(g, mark);
-		g->n_cse = cse;
+		bbf = scores_arm(g, A, bix, h, i, nl, jl, s, fo, dl ? fd : NULL, join, mark, cse);
 		at_end(g, slow);
 		V tk1 = sub(g, tk, ci(g, 1));
 		for (int l = 0; l < nl; l++) {
 			V j = add(g, cg_ix_value(g, j0), ci(g, l));
 			jl[l] = cg_ix_of(umin(g, j, tk1), 1);
 		}
-		scores_at(g, A, bix, h, i, nl, jl, s, so, dl ? sd : NULL);
-		bbs = current(g);
-		br(g, join);
-		cg_memo_pop(g, mark);
-		g->n_cse = cse;
+		bbs = scores_arm(g, A, bix, h, i, nl, jl, s, so, dl ? sd : NULL, join, mark, cse);
 		at_end(g, join);
 		for (int l = 0; l < nl; l++) {
 			res[l] = phi(g, t_f32(g));
@@ -598,6 +605,18 @@ static void query_item(ak *K, cg_loop *W, qitem *Q)
 	Q->rowbase = add(g, mul(g, Q->bh, tq), Q->i0);
 }
 
+/* Opens the loop over the blocks of keys the item's rows may see: *kb
+ * the block's first key, *nk its keys (BK but at the end). */
+static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
+{
+	cg *g = K->g;
+	V klo, khi;
+	cg_attn_key_range(g, K->A, Q->i0, Q->i1, &klo, &khi);
+	cg_loop_begin(g, KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
+	*kb = KB->iv;
+	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
+}
+
 static void kernel_fwd(ak *K)
 {
 	cg *g = K->g;
@@ -606,7 +625,6 @@ static void kernel_fwd(ak *K)
 	V Qs = scratch(g, BQ * (int)D), Kt = scratch(g, (int)D * BK);
 	V Vs = scratch(g, BK * (int)DV), Os = scratch(g, BQ * (int)DV);
 	V S = scratch(g, BQ * BK), Ms = scratch(g, BQ), Ls = scratch(g, BQ);
-	V tk = cg_ext(g, A->tk);
 	cg_loop W, R, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
@@ -616,11 +634,8 @@ static void kernel_fwd(ak *K)
 	store(g, c_f32(g, -INFINITY), at(g, Ms, R.iv), 4);
 	store(g, c_f32(g, 0.0), at(g, Ls, R.iv), 4);
 	cg_loop_end(g, &R);
-	V klo, khi;
-	cg_attn_key_range(g, A, Q.i0, Q.i1, &klo, &khi);
-	cg_loop_begin(g, &KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
-	V kb = KB.iv;
-	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
 	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
 	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
 	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
@@ -715,7 +730,6 @@ static void kernel_dq(ak *K)
 	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
 	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
 	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	V tk = cg_ext(g, A->tk);
 	cg_loop W, R, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
@@ -723,11 +737,8 @@ static void kernel_dq(ak *K)
 	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, dOs, NULL);
 	zero(g, dQs, BQ * D);
 	row_stats(K, Q.rowbase, Q.nrows, LSE, DI);
-	V klo, khi;
-	cg_attn_key_range(g, A, Q.i0, Q.i1, &klo, &khi);
-	cg_loop_begin(g, &KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
-	V kb = KB.iv;
-	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
 	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
 	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
 	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
