@@ -206,6 +206,38 @@ static void drop_shared(match *M, const fz_value *s)
 	}
 }
 
+/* The leading dims of the same extents (their product) on both sides. */
+static bool lead_eq(const fz_type *a, const fz_type *b)
+{
+	fz_ext x = fz_ext_const(1), y = fz_ext_const(1);
+	for (int i = 0; i < a->rank - 2; i++)
+		if (!fz_ext_mul(x, a->dims[i], &x))
+			return false;
+	for (int i = 0; i < b->rank - 2; i++)
+		if (!fz_ext_mul(y, b->dims[i], &y))
+			return false;
+	return a->rank >= 2 && b->rank >= 2 && fz_ext_eq(x, y) &&
+	       fz_ext_eq(a->dims[a->rank - 1], b->dims[b->rank - 1]) &&
+	       fz_ext_eq(a->dims[a->rank - 2], b->dims[b->rank - 2]);
+}
+
+/* Is n a reshape that only merges or splits the dims before the last two
+ * (torch's bmm form: [B, H, T, D] seen as [B*H, T, D])? The same memory. */
+static bool lead_reshape(const fz_node *n)
+{
+	return n && n->op == FZ_OP_RESHAPE && lead_eq(&n->in[0]->type, &n->out[0]->type);
+}
+
+/* v through such reshapes read by nothing else, which M takes. */
+static const fz_value *unflat(match *M, const fz_value *v)
+{
+	/* (not the reshape of repeated kv heads: unrepeat reads that) */
+	while (lead_reshape(v->def) && v->n_uses == 1 &&
+	       !def_op(v->def->in[0], FZ_OP_BROADCAST_IN_DIM) && add(M, v->def))
+		v = v->def->in[0];
+	return v;
+}
+
 /* The matmul an elementwise path of shape ty from v reaches; NULL if none,
  * (fz_node *)1 if two. */
 static const fz_node *find_product(const fz_value *v, const fz_type *ty, int depth)
@@ -213,8 +245,9 @@ static const fz_node *find_product(const fz_value *v, const fz_type *ty, int dep
 	const fz_node *n = v->def;
 	if (!n || depth > 48 || !fz_same_shape(&v->type, ty))
 		return NULL;
-	if (n->op == FZ_OP_MATMUL)
-		return n;
+	if (n->op == FZ_OP_MATMUL || (lead_reshape(n) && n->in[0]->def &&
+					n->in[0]->def->op == FZ_OP_MATMUL))
+		return n;  /* the product, or the bmm form's reshape of it */
 	if (!fz_op_is_elementwise(n->op))
 		return NULL;
 	const fz_node *found = NULL;
@@ -236,18 +269,18 @@ static bool match_at(const fz_node *m2, match *M)
 	if (m2->op != FZ_OP_MATMUL)
 		return false;
 	const fz_value *p = m2->in[0], *pv = m2->in[1];
-	int r = p->type.rank;
-	if (r < 3 || pv->type.rank != r || m2->out[0]->type.rank != r)
+	if (p->type.rank < 3 || pv->type.rank != p->type.rank)
 		return false;
 	M->m2 = m2;
 	add(M, m2);
-	/* casts after the softmax */
-	const fz_value *x = p;
+	/* casts after the softmax, reshapes of the bmm form */
+	const fz_value *x = unflat(M, p);
 	while (x->def && x->def->op == FZ_OP_CAST && x->def->origin != FZ_OP_SOFTMAX) {
 		if (x->n_uses != 1 || !add(M, x->def))
 			return false;
-		x = x->def->in[0];
+		x = unflat(M, x->def->in[0]);
 	}
+	int r = x->type.rank; /* the scores' rank */
 	/* the softmax: nodes of origin softmax, back from its div */
 	const fz_node *last = x->def;
 	if (!last || last->origin != FZ_OP_SOFTMAX || x->n_uses != 1)
@@ -284,39 +317,58 @@ static bool match_at(const fz_node *m2, match *M)
 	if (!m1 || m1 == (const fz_node *)1)
 		return false;
 	const fz_value *s = m1->out[0];
+	if (m1->op == FZ_OP_RESHAPE) { /* S is the reshape of the product */
+		add(M, m1);
+		m1 = m1->in[0]->def;
+		if (m1->out[0]->n_uses != 1)
+			return false;
+	}
 	if (!fz_same_shape(&s->type, &logits->type) || s->n_uses != 1)
 		return false;
 	M->m1 = m1;
 	add(M, m1);
 	if (!take_expr(M, logits, s, 0))
 		return false;
-	/* the operands: Q, permute(K) */
-	const fz_value *qx = m1->in[0], *kt = m1->in[1];
+	/* the operands: Q, permute(K) (through the bmm form's reshapes) */
+	const fz_value *qx = unflat(M, m1->in[0]), *kt = unflat(M, m1->in[1]);
 	const fz_node *perm = def_op(kt, FZ_OP_PERMUTE);
-	if (qx->type.rank != r || kt->type.rank != r || !perm || kt->n_uses != 1)
+	int rk = kt->type.rank;
+	if (!perm || kt->n_uses != 1)
 		return false;
-	for (int i = 0; i < r; i++)
-		if (perm->attrs.dims[i] != (i < r - 2 ? i : i == r - 2 ? r - 1 : r - 2))
+	for (int i = 0; i < rk; i++)
+		if (perm->attrs.dims[i] != (i < rk - 2 ? i : i == rk - 2 ? rk - 1 : rk - 2))
 			return false;
 	add(M, perm);
 	const fz_value *kx = perm->in[0];
-	/* shapes: Q [b.., Hq, Tq, D], K [b.., Hq, Tk, D], V [b.., Hq, Tk, Dv] */
-	for (int i = 0; i < r - 2; i++)
-		if (!fz_ext_eq(qx->type.dims[i], kx->type.dims[i]) ||
-		    !fz_ext_eq(qx->type.dims[i], pv->type.dims[i]) ||
-		    !fz_ext_eq(qx->type.dims[i], s->type.dims[i]))
-			return false;
-	if (!fz_ext_eq(qx->type.dims[r - 1], kx->type.dims[r - 1]) ||
-	    !fz_ext_eq(kx->type.dims[r - 2], pv->type.dims[r - 2]) ||
-	    !fz_ext_is_const(qx->type.dims[r - 1]) ||
-	    !fz_ext_is_const(pv->type.dims[r - 1]))
+	pv = unflat(M, pv);
+	/* shapes: Q [b.., Hq, Tq, D], K [b.., Hq, Tk, D], V [b.., Hq, Tk, Dv]
+	 * (their leading dims may be flattened), S [b.., Hq, Tq, Tk] */
+	fz_type sq = s->type, sk = s->type;
+	sq.dims[r - 1] = qx->type.dims[qx->type.rank - 1];
+	sk.dims[r - 2] = kx->type.dims[kx->type.rank - 2];
+	sk.dims[r - 1] = kx->type.dims[kx->type.rank - 1];
+	fz_type sv = sk;
+	sv.dims[r - 1] = pv->type.dims[pv->type.rank - 1];
+	if (!lead_eq(&qx->type, &sq) || !lead_eq(&kx->type, &sk) || !lead_eq(&pv->type, &sv) ||
+	    !fz_ext_eq(sq.dims[r - 1], sk.dims[r - 1]) ||
+	    !fz_ext_is_const(sq.dims[r - 1]) || !fz_ext_is_const(sv.dims[r - 1]))
 		return false;
 	fz_dtype dt = qx->type.dtype;
 	if (!fz_dtype_is_float(dt) || kx->type.dtype != dt || pv->type.dtype != dt ||
 	    m2->out[0]->type.dtype != dt)
 		return false;
-	if (!unrepeat(M, kx, &M->k, &M->kgroup) || !unrepeat(M, pv, &M->v, &M->vgroup))
+	/* repeated kv heads are seen in [b.., Hq, T, D] form alone */
+	if ((kx->type.rank == r && !unrepeat(M, kx, &M->k, &M->kgroup)) ||
+	    (pv->type.rank == r && !unrepeat(M, pv, &M->v, &M->vgroup)))
 		return false;
+	if (kx->type.rank != r) {
+		M->k = kx;
+		M->kgroup = 1;
+	}
+	if (pv->type.rank != r) {
+		M->v = pv;
+		M->vgroup = 1;
+	}
 	if (M->kgroup != M->vgroup)
 		return false;
 	M->q = qx;
@@ -438,7 +490,24 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 	A->pass = FZ_ATTN_FWD;
 	A->decomposed = true;
 	A->dtype = M.q->type.dtype;
-	shapes(A, &M.q->type, &M.k->type, &M.v->type);
+	{
+		/* from the scores [b.., Hq, Tq, Tk]: q, k and v may flatten
+		 * their leading dims; the kv heads are Hq / group */
+		const fz_type *st = &M.score->type;
+		int r = st->rank;
+		A->n_batch = r - 3;
+		A->batch = fz_ext_const(1);
+		for (int i = 0; i < r - 3; i++)
+			fz_ext_mul(A->batch, st->dims[i], &A->batch);
+		A->hq = st->dims[r - 3];
+		A->tq = st->dims[r - 2];
+		A->tk = st->dims[r - 1];
+		A->d = M.q->type.dims[M.q->type.rank - 1].c;
+		A->dv = M.v->type.dims[M.v->type.rank - 1].c;
+		A->group = M.kgroup;
+		if (!fz_ext_div(A->hq, fz_ext_const(M.kgroup), &A->hkv))
+			return why_not(why, n, "the kv heads do not divide the heads");
+	}
 	A->scale = 1;
 	A->in_q = index_in(R->in, R->n_in, M.q);
 	A->in_k = index_in(R->in, R->n_in, M.k);

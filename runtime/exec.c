@@ -627,8 +627,17 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 			break;
 		default:
 			if (pp->ks->ops[reg->id])
-				for (int j = 0; j < reg->n_nodes; j++)
-					add_kernel(&B, pp->ks->ops[reg->id][j]);
+				for (int j = 0; j < reg->n_nodes; j++) {
+					/* a product of an attention region the
+					 * target has no kernel for: a library call */
+					fz_node *nd = reg->nodes[j];
+					fz_region one = {.id = reg->id, .kind = FZ_REGION_LIBRARY,
+							 .n_nodes = 1, .nodes = &nd};
+					if (fz_ops[nd->op].cls == FZ_CLASS_LIBRARY)
+						add_library(&B, &one);
+					else
+						add_kernel(&B, pp->ks->ops[reg->id][j]);
+				}
 			else if (pp->ks->whole[reg->id])
 				add_kernel(&B, pp->ks->whole[reg->id]);
 			else

@@ -847,6 +847,10 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 							   sizeof(fz_kinst *))))
 			goto oom;
 		for (int j = 0; j < r->n_nodes; j++) {
+			/* an attention region split on a target with no attention
+			 * kernel: its products are library calls (exec.c) */
+			if (fz_ops[r->nodes[j]->op].cls == FZ_CLASS_LIBRARY)
+				continue;
 			fz_kinst *oi = kinst_new(ks, r->id, j, ki->variant & 2,
 						 r->nodes[j]->n_in);
 			if (!oi)
