@@ -16,11 +16,13 @@
 # What the machine may lack travels too. The binaries are linked with
 #   - tools/gpu/glibc_compat.c: Debian's static LLVM calls arc4random,
 #     which exists from glibc 2.36 on; our own, hidden definition takes
-#     its place, so the newest glibc symbol needed is 2.34's (checked
-#     below against GLIBC_MAX, default 2.35: Ubuntu 22.04, the oldest of
-#     CUDA 13's Ubuntu images);
+#     its place;
 #   - libstdc++ and libgcc statically (LLVM is C++), so neither the
-#     machine's libstdc++ version nor the one PyTorch loaded matters;
+#     machine's libstdc++ version nor the one PyTorch loaded matters (GCC
+#     12's unwinder calls _dl_find_object, glibc 2.35, static or not);
+#   so the newest glibc symbol needed is 2.35's, checked below against
+#   GLIBC_MAX (default 2.35: Ubuntu 22.04, the oldest of CUDA 13's Ubuntu
+#   images; the GPU machine's Python 3.12.3 is Ubuntu 24.04's, glibc 2.39);
 #   - --as-needed, so libraries nothing calls are not asked for;
 # and every other shared library they load (ldd: libz, libzstd, libxxhash,
 # libsubunit for test_cuda) is copied into deps/; run.sh puts deps/ on the
