@@ -29,8 +29,8 @@ device's bandwidth. Each configuration's fusec output is compared with
 eager's first (agrees: max error within 2 bf16 ulps, or 1e-4 for f32, of
 the output's largest magnitude).
 
-Order and budget: bf16 first, then f32; within a dtype every fusion at
-8192x8192 first, then the other shapes; the run stops starting
+Order and budget: every fusion at 8192x8192, bf16 then f32, first; then
+the other shapes likewise; the run stops starting
 configurations when --budget seconds are spent (torch.compile's compiles
 are most of it) and lists what it skipped. The JSON file is rewritten
 after every configuration. Summary: the geometric mean of fusec's fraction
@@ -297,11 +297,15 @@ def main():
                 json.dump(doc, f, indent=1)
             os.replace(a.json + ".tmp", a.json)
 
-    order = []
-    for dname in a.dtypes.split(","):
-        for i, shp in enumerate(shapes):
-            for fu in names:
-                order.append((dname, shp, fu))
+    order = [(dname, shp, fu) for shp in shapes
+             for dname in a.dtypes.split(",") for fu in names]
+    if not a.no_compile:
+        # one compiled graph per fusion, dtype and shape (dynamic=False):
+        # more than Dynamo keeps per function by default (8)
+        cfg = torch._dynamo.config
+        for k in ("cache_size_limit", "recompile_limit"):
+            if hasattr(cfg, k):
+                setattr(cfg, k, 256)
     print("%-13s %-11s %-4s %9s %9s %9s %6s %6s" % (
         "fusion", "shape", "dt", "fusec", "eager", "compile", "f/copy", "f/cmp"))
     for dname, (r, c), fu in order:

@@ -238,6 +238,15 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 [ -n "$cc" ] || cc=90
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed 's/^glibc //')
+commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$pack_json" != null ]; then
+	need=$(printf '%s' "$pack_json" | grep -o '"glibc_needed": "[0-9.]*"' | grep -o '[0-9][0-9.]*')
+	[ "$(printf '%s\n%s\n' "$need" "$glibc" | sort -V | head -1)" = "$need" ] ||
+		echo "run.sh: WARNING: glibc $glibc is older than the $need the pack needs"
+	pc=$(printf '%s' "$pack_json" | grep -o '"commit": "[0-9a-f]*"' | grep -o '[0-9a-f]\{40\}')
+	[ "$commit" = unknown ] || [ "$commit" = "$pc" ] ||
+		echo "run.sh: WARNING: the pack was built from $pc, the tree is $commit"
+fi
 echo "device: ${gpu:-none}, driver ${driver:-none}, sm_$cc, ${mem:-?}; glibc $glibc; $(nproc) cores"
 # the CUDA libraries fusec opens: where the loader finds them, else in the
 # CUDA toolkit or PyTorch's nvidia wheels (then added to the loader path)
@@ -261,7 +270,6 @@ for so in libcuda.so.1 libcublasLt.so.13 libnvJitLink.so.13 libnccl.so.2; do
 	echo "  $so: ${where:-not found}"
 	libs_json="$libs_json${libs_json:+, }\"$so\": $(json_str "${where:-}")"
 done
-commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
 stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 parts="$WORK/parts.jsonl"
