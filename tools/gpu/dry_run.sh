@@ -23,16 +23,19 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 export FUSEC_CACHE_DIR="$OUT/cache" BUILD PYTHON="$PY" DEVICE=emu QUICK=1 JOBS=2
 unset PARTS PACK FUSEC_EMU_FAULT
-
-TRACES="casts llama_rmsnorm rotary cross_entropy" \
-	EXPORTED="nanogpt_tiny_fwd_f32 llama_tiny_bwd_bf16" BUDGET=150 \
-	"$run" "$OUT/ok" >"$OUT/ok.out" 2>&1
-rc=$?
-if [ $rc -ne 0 ]; then
-	cat "$OUT/ok.out"
-	echo "dry_run: run.sh exited $rc; expected 0"
+expect() { # RC NAME [VAR=VALUE...]: run.sh into OUT/NAME must exit RC
+	want=$1 name=$2
+	shift 2
+	env "$@" "$run" "$OUT/$name" >"$OUT/$name.out" 2>&1
+	rc=$?
+	[ $rc -eq "$want" ] && return 0
+	cat "$OUT/$name.out"
+	echo "dry_run: run.sh ($name) exited $rc; expected $want"
 	exit 1
-fi
+}
+
+expect 0 ok TRACES="casts llama_rmsnorm rotary cross_entropy" \
+	EXPORTED="nanogpt_tiny_fwd_f32 llama_tiny_bwd_bf16" BUDGET=150
 "$PY" - "$OUT/ok" <<'EOF' || exit 1
 import json, os, sys
 d = sys.argv[1]
@@ -70,14 +73,7 @@ if py:
 assert "run.sh: 0 failure(s)" in open(os.path.join(d, "log.txt")).read()
 EOF
 
-PARTS=check TRACES=llama_rmsnorm EXPORTED=none FUSEC_EMU_FAULT=load BUDGET=60 \
-	"$run" "$OUT/fault" >"$OUT/fault.out" 2>&1
-rc=$?
-if [ $rc -ne 1 ]; then
-	cat "$OUT/fault.out"
-	echo "dry_run: run.sh with a faulting kernel exited $rc; expected 1"
-	exit 1
-fi
+expect 1 fault PARTS=check TRACES=llama_rmsnorm EXPORTED=none FUSEC_EMU_FAULT=load BUDGET=60
 "$PY" - "$OUT/fault" <<'EOF' || exit 1
 import json, os, sys
 d = sys.argv[1]

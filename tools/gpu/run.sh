@@ -344,7 +344,7 @@ bg_test=$!
 	exit 0
   fi
   q=()
-  [ "$QUICK" = 1 ] && q=(--models nanogpt --kinds fwd --dtypes float32)
+  [ "$QUICK" = 1 ] && q=(--models nanogpt --kinds bwd --dtypes float32)
   out=$(timeout -k 5 "$(timeout_for 240 "$PHASE_END")" "${pyenv[@]}" "$PYTHON" \
 	"$REPO/tools/gpu/torch_cuda_check.py" --device "$DEVICE" "${q[@]}" \
 	--json "$RUN_DIR/torch_cuda.json" 2>&1)
