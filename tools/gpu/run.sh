@@ -198,7 +198,9 @@ if [ -z "${BUILD:-}" ] && [ -f "$PACK" ]; then
 	FUSEC=$root/bin/fusec BENCH_CUDA=$root/bin/bench_cuda
 	TEST_CUDA=$root/bin/test_cuda LIBFUSEC=$root/lib/libfusec.so
 	pack_json=$(tr -d '\n' <"$root/pack.json")
-	echo "pack: $PACK unpacked in $(secs_since "$t0")s: $(grep -o '"commit": "[0-9a-f]*"' "$root/pack.json"), glibc needed $(grep -o '"glibc_needed": "[0-9.]*"' "$root/pack.json" | grep -o '[0-9.]*$' | tr -d '"')"
+	echo "pack: $PACK unpacked in $(secs_since "$t0")s: commit" \
+		"$(grep -o '"commit": "[0-9a-f]*"' "$root/pack.json" | grep -o '[0-9a-f]\{40\}')," \
+		"glibc needed $(grep -o '"glibc_needed": "[0-9.]*"' "$root/pack.json" | grep -o '[0-9][0-9.]*')"
 	# the libraries the machine lacks, from deps/: on the loader path
 	mkdir -p "$WORK/ld"
 	for f in "$root"/deps/*; do
@@ -568,16 +570,18 @@ if ! part gpu_bench; then
 	:
 elif [ $have_torch = 0 ]; then
 	record gpu_bench gpu_bench.py "" skip 0 0 "no torch at PYTHON=$PYTHON"
-elif [ "$(left)" -lt 30 ]; then
+elif [ "$(left)" -lt 50 ]; then
 	record gpu_bench gpu_bench.py "" skip 0 0 "not started: out of time"
 else
 	t0=$(date +%s.%N)
+	# it starts no configuration after --budget and writes its JSON after
+	# each: the 35 s between --budget and the timeout are for the one in hand
 	q=()
 	[ "$QUICK" = 1 ] && q=(--quick)
 	gdev=$DEVICE
 	[ "$DEVICE" = cuda ] || gdev=cpu
 	out=$(timeout -k 5 "$(( $(left) - 5 ))" "${pyenv[@]}" "$PYTHON" \
-		"$REPO/tools/bench/gpu_bench.py" --device "$gdev" --budget "$(( $(left) - 15 ))" \
+		"$REPO/tools/bench/gpu_bench.py" --device "$gdev" --budget "$(( $(left) - 40 ))" \
 		"${q[@]}" --json "$RUN_DIR/gpu_bench.json" 2>&1)
 	rc=$?
 	st=pass
