@@ -60,7 +60,8 @@
 # exported traces), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl graph memcheck graph_time launch
 # warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
-# JOBS (default nproc), PYTHON (default python3), PACK, BUILD.
+# JOBS (default nproc), PYTHON (default python3), PACK, BUILD, LDCONFIG
+# (LDCONFIG=true: as if the machine had none of the packed libraries).
 #
 # Exit status: 0 when nothing failed, 1 when a check failed, 77 when
 # DEVICE=cuda and there is no CUDA device.
@@ -185,6 +186,8 @@ tee_pid=$!
 trap 'exec >&- 2>&-; wait $tee_pid 2>/dev/null; rm -rf "$WORK"' EXIT
 echo "run.sh: DEVICE=$DEVICE QUICK=$QUICK BUDGET=${BUDGET}s JOBS=$JOBS, results in $RUN_DIR"
 
+LDCONFIG=${LDCONFIG:-$(command -v ldconfig || echo /sbin/ldconfig)}
+
 # the binaries: the pack, else the build tree
 PACK=${PACK:-$REPO/gpu-pack/fusec-gpu.tar.xz}
 pack_json=null
@@ -206,7 +209,7 @@ if [ -z "${BUILD:-}" ] && [ -f "$PACK" ]; then
 	for f in "$root"/deps/*; do
 		[ -f "$f" ] || continue
 		so=$(basename "$f")
-		if ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$so "; then
+		if "$LDCONFIG" -p 2>/dev/null | grep -q "^[[:space:]]*$so (libc6,x86-64"; then
 			echo "pack: $so: the machine's"
 		else
 			ln -s "$f" "$WORK/ld/$so"
@@ -258,7 +261,7 @@ for p in nvidia.__path__:
         if os.path.isdir(os.path.join(p, d, "lib")): print(os.path.join(p, d, "lib"))' 2>/dev/null)
 libs_json=
 for so in libcuda.so.1 libcublasLt.so.13 libnvJitLink.so.13 libnccl.so.2; do
-	where=$(ldconfig -p 2>/dev/null | awk -v so="$so" '$1 == so { print $NF; exit }')
+	where=$("$LDCONFIG" -p 2>/dev/null | awk -v so="$so" '$1 == so && /x86-64/ { print $NF; exit }')
 	if [ -z "$where" ]; then
 		for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 			/usr/local/nvidia/lib64 $pydirs; do
