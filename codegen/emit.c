@@ -163,8 +163,8 @@ LLVMValueRef cg_from_storage(cg *g, V x, fz_dtype d)
 	}
 }
 
-/* Wraps an i64 compute value to the width of d, as a store and load would. */
-static V wrap_int(cg *g, V x, fz_dtype d)
+/* an i64 compute value wrapped to d's width (cg.h) */
+LLVMValueRef cg_wrap_int(cg *g, V x, fz_dtype d)
 {
 	if (d == FZ_I64 || d == FZ_BOOL)
 		return x;
@@ -692,7 +692,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 			return icmp(g, LLVMIntNE, x, c_i64(g, 0));
 		if (fz_dtype_is_float(yd))
 			return round_to(g, sitofp(g, x, cg_ctype(g, yd)), yd);
-		return wrap_int(g, x, yd);
+		return cg_wrap_int(g, x, yd);
 	case FZ_OP_ISFINITE: {
 		V a = call_intrinsic(g, "llvm.fabs", xt, xt, &x, 1);
 		return fcmp(g, LLVMRealOLT, a, c_real(xt, INFINITY));
@@ -716,7 +716,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return x;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 static V op_compare(cg *g, fz_opcode op, bool isf, V a, V b)
@@ -778,7 +778,7 @@ static V op_binary(cg *g, const fz_node *n, V a, V b)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return a;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 /* ---- Philox ------------------------------------------------------------------------ */
@@ -1060,7 +1060,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V sv = zext_or_trunc(g, g->sym[nd->attrs.value_sym], t_i64(g));
 					k = fz_dtype_is_float(d) ? round_to(g, sitofp(g, sv, cg_ctype(g, d)), d) :
 					    d == FZ_BOOL ? icmp(g, LLVMIntNE, sv, c_i64(g, 0)) :
-					    wrap_int(g, sv, d);
+					    cg_wrap_int(g, sv, d);
 				} else {
 					k = const_of(g, v->type.dtype, nd->attrs.value);
 				}
@@ -1072,7 +1072,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V i = zext_or_trunc(g, cg_ix_value(g, ix[l][0]), t_i64(g));
 					out[l] = fz_dtype_is_float(d) ? round_to(g, sitofp(g, i, cg_ctype(g, d)), d) :
 						 d == FZ_BOOL ? icmp(g, LLVMIntNE, i, c_i64(g, 0)) :
-						 wrap_int(g, i, d);
+						 cg_wrap_int(g, i, d);
 				}
 			} else {
 				uniform_lanes(g, nd, n, ix, out);

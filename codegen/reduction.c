@@ -563,7 +563,11 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
 			   n == R->stash_by ? R->stash_o : NULL);
 		T rt = cg_ctype(g, x->type.dtype);
-		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d);
+		/* an integer sum accumulates in i64 and is a value of its
+		 * dtype: u8, i8, i32 wrap before the region uses it */
+		g->red[n->out[0]->id] = fz_dtype_is_float(d) ?
+			cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d) :
+			cg_wrap_int(g, r, d);
 		return;
 	}
 	/* the mean in f64 (f32 data) and split into mh + ml, so that the
