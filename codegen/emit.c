@@ -133,6 +133,30 @@ static V round_to(cg *g, V x, fz_dtype d)
 	return x;
 }
 
+/* An f64 value to f32 rounded to odd: the nearest f32 when x is one,
+ * else whichever of the two f32 neighbours of x has an odd last bit (an
+ * overflow becomes the largest finite f32, an underflow the smallest
+ * subnormal). Rounding that to f16 or bf16 (11 or 8 bits, at least two
+ * fewer than f32's 24) to nearest even is then the correctly rounded
+ * f64 -> f16/bf16, as the interpreter's one rounding; rounding f64 to f32
+ * to nearest first can land a value just off a half-type halfway point
+ * on it, and the tie then goes to even: one ulp off. */
+static V f64_to_f32_odd(cg *g, V x)
+{
+	V y = fptrunc(g, x, t_f32(g));
+	V yx = fpext(g, y, t_f64(g));
+	V inexact = fcmp(g, LLVMRealONE, yx, x);
+	V bits = bitcast(g, y, t_i32(g));
+	V even = icmp(g, LLVMIntEQ, and_(g, bits, c_i32(g, 1)), c_i32(g, 0));
+	/* the neighbour toward x: one step down in magnitude if y is beyond
+	 * x, else one up (the bits of an f32 order its magnitude) */
+	V ay = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &yx, 1);
+	V ax = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &x, 1);
+	V step = sel(g, fcmp(g, LLVMRealOGT, ay, ax), c_i32(g, -1), c_i32(g, 1));
+	V odd = bitcast(g, add(g, bits, step), t_f32(g));
+	return sel(g, and_(g, inexact, even), odd, y);
+}
+
 LLVMValueRef cg_round_half(cg *g, V x, fz_dtype d)
 {
 	if (d != FZ_F16 && d != FZ_BF16)
@@ -674,7 +698,8 @@ static V op_unary(cg *g, const fz_node *n, V x)
 				return fcmp(g, LLVMRealUNE, x, c_real(xt, 0));
 			if (fz_dtype_is_float(yd)) {
 				T yt = cg_ctype(g, yd);
-				V y = xt == yt ? x : xt == t_f64(g) ? fptrunc(g, x, yt) : fpext(g, x, yt);
+				V y = xt == yt ? x : xt != t_f64(g) ? fpext(g, x, yt) :
+				      yd == FZ_F32 ? fptrunc(g, x, yt) : f64_to_f32_odd(g, x);
 				return round_to(g, y, yd);
 			}
 			/* saturating, NaN to 0: the cast semantics of numeric.h */

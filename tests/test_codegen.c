@@ -185,6 +185,36 @@ START_TEST(pointwise_casts_and_ints)
 }
 END_TEST
 
+/* f64 -> bf16 and f64 -> f16 round once (issue 23.4): just above a
+ * half-type halfway point (1 + 2^-8 + k 2^-30 for bf16, 1 + 2^-11 +
+ * k 2^-30 for f16) rounds up, where a rounding to f32 first lands on the
+ * halfway point and ties to even, one ulp low; at k = 0, exactly halfway,
+ * to even. Also beyond f32's range, and at the half types' subnormals. */
+static const char *const CAST_F64_HALF =
+	"trace f(x: f64[B, 64]) {\n"
+	"  k = cast(iota(length=64, dtype=i64), dtype=f64)\n"
+	"  t = mul(k, 9.313225746154785e-10)\n"
+	"  v = add(t, 1.00390625)\n"
+	"  w = add(t, 1.00048828125)\n"
+	"  big = mul(add(t, 1.0), 3.4e38)\n"
+	"  tiny = mul(add(t, 1.5), 5.960464477539063e-08)\n"
+	"  r0 = cast(v, dtype=bf16)\n"
+	"  r1 = cast(neg(w), dtype=f16)\n"
+	"  r2 = cast(neg(v), dtype=bf16)\n"
+	"  r3 = cast(w, dtype=f16)\n"
+	"  r4 = cast(big, dtype=bf16)\n"
+	"  r5 = cast(tiny, dtype=f16)\n"
+	"  r6 = cast(mul(tiny, 1e-30), dtype=bf16)\n"
+	"  r7 = cast(x, dtype=bf16)\n"
+	"  r8 = cast(x, dtype=f16)\n"
+	"  return r0, r1, r2, r3, r4, r5, r6, r7, r8\n}\n";
+
+START_TEST(cast_f64_to_half_rounds_once)
+{
+	EXACT(CAST_F64_HALF, 3);
+}
+END_TEST
+
 START_TEST(pointwise_meta)
 {
 	EXACT("trace f(q: f32[2, 3, 16]) {\n"
@@ -717,6 +747,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_f32_exact);
 	tcase_add_test(pw, pointwise_odd_inner_extents);
 	tcase_add_test(pw, pointwise_casts_and_ints);
+	tcase_add_test(pw, cast_f64_to_half_rounds_once);
 	tcase_add_test(pw, pointwise_meta);
 	tcase_add_test(pw, pointwise_uniform_iota);
 	tcase_add_test(pw, pointwise_math_close);
