@@ -1003,7 +1003,38 @@ static void gather_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RAN
 			xi[l][dim] = cg_ix_of(kk[l], 1);
 		}
 	}
-	cg_value(g, x, nl, xi, out);
+	fz_ext ext = x->type.dims[dim];
+	if (fz_ext_is_const(ext) && ext.c > 0) {
+		cg_value(g, x, nl, xi, out);
+		return;
+	}
+	/* An operand that may have no elements along dim: then every index
+	 * is bad and element 0 does not exist either, so x is computed (and
+	 * its inputs loaded) only where it has elements, else the lanes are
+	 * 0. The branch is the same for every element: the optimizer may
+	 * hoist it out of the loop. */
+	LLVMBasicBlockRef pre = current(g), rd = block(g, "gather"),
+			  join = block(g, "gathered");
+	cond_br(g, icmp(g, LLVMIntEQ, E, c_i64(g, 0)), join, rd);
+	at_end(g, rd);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	V vals[FZ_VW_MAX];
+	cg_value(g, x, nl, xi, vals);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	cg_memo_pop(g, mark); /* what rd computed does not dominate the rest */
+	g->n_cse = cse;
+	V zero = const_of(g, y->type.dtype, 0.0);
+	for (int l = 0; l < nl; l++) {
+		if (l > 0 && vals[l] == vals[l - 1]) {
+			out[l] = out[l - 1];
+			continue;
+		}
+		out[l] = phi(g, type_of(vals[l]));
+		phi_add(out[l], zero, pre);
+		phi_add(out[l], vals[l], end);
+	}
 }
 
 /* Lanes that coincide are computed once: 1 when every lane's index is

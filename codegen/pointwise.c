@@ -216,9 +216,13 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
 	V bad = icmp(g, LLVMIntUGE, k, E);
 	cg_flag_error(g, ia, bad);
+	/* a bad index adds nothing anywhere: the add is skipped (row 0 may
+	 * not exist: x may have no rows at all) */
+	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
+	cond_br(g, bad, next, add_b);
+	at_end(g, add_b);
 	memcpy(I[0], J[0], sizeof J[0]);
-	I[0][dim] = cg_ix_of(zext_or_trunc(g, sel(g, bad, c_i64(g, 0), k), g->ity), 1);
-	v = sel(g, bad, fz_dtype_is_float(d) ? c_real(type_of(v), 0.0) : c_int(type_of(v), 0), v);
+	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
 	cg_ix lin;
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
@@ -240,6 +244,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		V sum = fz_dtype_is_float(d) ? fadd(g, old, v) : add(g, old, v);
 		store(g, cg_to_storage(g, sum, d), p, es);
 	}
+	br(g, next);
+	at_end(g, next);
 	cg_loop_end(g, &L);
 }
 

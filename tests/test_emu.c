@@ -618,6 +618,37 @@ START_TEST(cast_f64_half_once)
 }
 END_TEST
 
+/* take, take_along and index_add into an extent of 0 (issue 23.5): every
+ * index is out of range and is reported, and the kernels load and store
+ * nothing (they read or wrote element 0 of the empty buffer, which the
+ * emulator caught); at an extent of 5 they match the interpreter. */
+START_TEST(index_into_empty_extent)
+{
+	const char *const srcs[] = {
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(mul(w, 2.0), ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, B], ids: i64[3, B]) {\n"
+		"  y = take_along(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(x: f32[V, 4], ids: i64[B], s: f32[B, 4]) {\n"
+		"  y = index_add(x, ids, s, dim=0)\n  return y\n}\n",
+	};
+	for (size_t i = 0; i < sizeof srcs / sizeof *srcs; i++)
+		for (int64_t V = 0; V <= 5; V += 5) {
+			int64_t syms[2] = {V, 3};
+			double worst;
+			char *err = NULL;
+			fz_status st = emu_compare(srcs[i], syms, emu_opts(true, true, 0),
+						   1e-6, &worst, &err, NULL);
+			ck_assert_msg(st == (V ? FZ_OK : FZ_ERANGE), "trace %zu at V=%lld: %s "
+				      "(%s)", i, (long long)V, fz_status_name(st), err ? err : "");
+			ck_assert_msg(worst <= 1, "trace %zu: worst %g", i, worst);
+			free(err);
+		}
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -653,6 +684,7 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, misaligned_vector_access);
 	tcase_add_test(tc, half_atomics);
 	tcase_add_test(tc, cast_f64_half_once);
+	tcase_add_test(tc, index_into_empty_extent);
 	suite_add_tcase(s, tc);
 	return s;
 }
