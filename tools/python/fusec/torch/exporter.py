@@ -310,6 +310,13 @@ def _reached(fn):
                 visit(v, "%s[%d]" % (path, i), depth + 1)
         elif inspect.isfunction(obj) or inspect.ismethod(obj):
             visit_fn(obj, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type) and \
+                not inspect.ismodule(obj):
+            # an object holding modules: a bound method's self
+            for k, v in list(vars(obj).items())[:1000]:
+                if not k.startswith("__"):
+                    visit(v, "%s.%s" % (path, k) if path != "self" else k,
+                          depth + 1)
 
     def visit_fn(f, depth):
         if isinstance(f, torch.nn.Module):
