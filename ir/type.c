@@ -377,6 +377,8 @@ bool fz_trace_ext_of_poly(fz_trace *t, const fz_poly *in, fz_ext *out)
 	poly_sort(&p);
 	char name[256];
 	poly_str(t, &p, name, sizeof name);
+	if (strlen(name) + 1 >= sizeof name)
+		return false; /* a name cut short could meet another sum's */
 	int s = fz_trace_symbol_find(t, name);
 	if (s < 0) {
 		fz_poly *def = fz_arena_alloc(&t->arena, sizeof *def);
