@@ -98,7 +98,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _fmt_list,
-                     _ident, _numel, aten)
+                     _ident, _numel, _unique, aten)
 from .attention import _MathAttention
 from .writer import _Writer
 from .symbolic import _merge_symbolic, _other_sizes, _resolve_symbolic
@@ -408,14 +408,8 @@ def _state_names(state, used):
     names = []
     for _, _, desc in state:
         base = _ident(desc.split(" (")[0], "state")
-        if base.startswith("a_tensor"):
-            base = "state"
-        nm, k = base, 1
-        while nm in used:
-            nm = "%s_%d" % (base, k)
-            k += 1
-        used.add(nm)
-        names.append(nm)
+        names.append(_unique("state" if base.startswith("a_tensor") else
+                             base, used))
     return names
 
 
@@ -606,12 +600,7 @@ def _param_names(fn, example_args, tpos):
             nm = _path_name(path[1:], base)
         else:
             nm = _ident(base, "arg")
-        cand, k = nm, 1
-        while cand in used:
-            cand = "%s_%d" % (nm, k)
-            k += 1
-        used.add(cand)
-        names.append(cand)
+        names.append(_unique(nm, used))
     return names
 
 

@@ -14,7 +14,7 @@ import re
 import torch
 import torch.utils._pytree as pytree
 
-from .values import ExportError, _fmt_num, _ident, _numel
+from .values import ExportError, _fmt_num, _ident, _numel, _unique
 
 
 # ---- Symbolic extents -------------------------------------------------------
@@ -241,12 +241,7 @@ def _scalar_of(c, S, dt, used, scalars, pre):
         return scalars[key]
 
     def fresh(base):
-        nm, k = base, 1
-        while nm in used:
-            nm = "%s_%d" % (base, k)
-            k += 1
-        used.add(nm)
-        return nm
+        return _unique(base, used)
     cur = None
     for sname in S:
         nm = fresh("size_%s_%s" % (_ident(sname, "s"), dt))
