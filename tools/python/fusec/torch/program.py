@@ -173,13 +173,24 @@ class Part(torch.nn.Module):
         if not sizes:
             return text, False
         names = {s: "S%s" % str(s).lstrip("s").upper() for s in sizes}
-        other = {s: v + 7 + 4 * k for k, (s, v) in
-                 enumerate(sorted(sizes.items(), key=lambda x: str(x[0])))}
+        order = sorted(sizes.items(), key=lambda x: str(x[0]))
+        # other sizes, distinct per symbol (as the exporter's), and a third
+        # binding on which an extent that is a sum (T+1) is confirmed
+        other = {s: v + 7 + 4 * k for k, (s, v) in enumerate(order)}
+        third_sizes = {s: v + 19 + 6 * k for k, (s, v) in enumerate(order)}
+
+        def named(sz):
+            return {names[s]: v for s, v in sz.items()}
+
+        def third():
+            try:
+                return self.write(third_sizes), named(third_sizes)
+            except Exception:  # noqa: BLE001: then no sum is confirmed
+                return None, None
         try:
             text_b = self.write(other)
-            merged = _merge_symbolic(
-                text, text_b, {names[s]: v for s, v in sizes.items()},
-                {names[s]: v for s, v in other.items()}, lit)
+            merged = _merge_symbolic(text, text_b, named(sizes), named(other),
+                                     lit, third)
             import fusec
             fusec.check(merged)
             return merged, True
