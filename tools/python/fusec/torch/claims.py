@@ -118,8 +118,11 @@ class _Prober(_Writer):
                     raise _Unmapped(node.op)
                 if node.target is operator.getitem and \
                         node.args[0].name in self.left:
-                    raise _Refused("an element of %s, which PyTorch runs" %
-                                   node.args[0].name)
+                    # an element of a node PyTorch runs: part of it, with
+                    # no claim of its own
+                    self.env[node] = self.opaque(node)
+                    self.left.add(node.name)
+                    continue
                 self.check_tensors(node)
                 self.env[node] = self.dispatch(node, self.load(node.args),
                                                self.load(node.kwargs))

@@ -108,6 +108,7 @@ class Part(torch.nn.Module):
         self.symbolic = None   # the one program, when sizes are symbolic
         self.programs = {}     # binding of sizes -> Program, or None
         self.status = "not run"
+        self.given_up = False  # fusec failed on it once: PyTorch from then
         self.text = None
 
     def forward(self, *args):
@@ -136,7 +137,7 @@ class Part(torch.nn.Module):
         self.status = "PyTorch (%s)" % why
         self.symbolic = None
         self.programs = {k: None for k in self.programs}
-        self.prepare = lambda key: None
+        self.given_up = True
 
     def write(self, sizes, lit_dtypes=None):
         return _write(self.sub, self.name, self.names, self.vals,
@@ -146,6 +147,8 @@ class Part(torch.nn.Module):
         """The Program for a binding of the sizes (key, in self.binds'
         order), or None where fusec cannot take the part."""
         import fusec
+        if self.given_up:
+            return None
         sizes = {s: k for (_, _, s), k in zip(self.binds, key)}
         try:
             text, symbolic = self.write_text(sizes)
@@ -210,11 +213,9 @@ def _target(gm, options):
             break
     dev = dev or "cpu"
     want = options.get("device", "auto")
-    if dev == "cuda":
-        return "cuda", "cuda"
-    if want == "emu":
-        return "emu", "cpu"
-    return "cpu", "cpu"
+    if want in ("auto", "cuda"):
+        return ("cuda", "cuda") if dev == "cuda" else ("cpu", "cpu")
+    return want, "cpu"  # cpu or emu: CUDA tensors are left to PyTorch
 
 
 def compile_graph(gm, example_inputs, kind, options):
