@@ -97,8 +97,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _fmt_list,
-                     _ident, _numel, _unique, aten)
+from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _concrete,
+                     _fmt_list, _ident, _is_size, _numel, _unique, aten)
 from .attention import _MathAttention
 from .writer import _Writer
 from .symbolic import _merge_symbolic, _other_sizes, _resolve_symbolic
@@ -639,19 +639,27 @@ def _peak_bytes(stmts, outputs, views=False):
 
 
 def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
-           cpu_threads=0):
+           cpu_threads=0, sizes=None):
+    """gm as trace text; its placeholders are the parameters, named names,
+    of tensors' dtypes and shapes. A placeholder that is a size (Dynamo's
+    graphs) is no parameter: its value is looked up in sizes ({symbol:
+    int}), as are symbolic extents."""
     w = _Writer(gm, names)
     w.cpu_threads = cpu_threads
+    w.sizes = sizes or {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = []
     for j, (node, nm) in enumerate(zip(placeholders, names)):
         t = tensors[j]
+        if _is_size(t):
+            w.env[node] = _concrete(t, w.sizes)
+            continue
         dt = _DTYPES.get(t.dtype)
         if dt is None:
             raise ExportError("parameter %s has dtype %s, which fusec lacks" %
                               (nm, t.dtype))
         w.used.add(nm)
-        shape = tuple(int(e) for e in t.shape)
+        shape = w.shape_of(t)
         params.append("%s: %s%s" % (nm, dt, _fmt_list(shape)))
         w.env[node] = V(nm, dt, shape)
     out_node = w.run()
@@ -692,8 +700,9 @@ def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
         stats["ops"] = op_counts(text)
         stats["op_count"] = sum(stats["ops"].values())
         stats["params"] = len(params)
-        stats["param_bytes"] = sum(_numel(t.shape) * _BYTES[_DTYPES[t.dtype]]
-                                   for t in tensors)
+        stats["param_bytes"] = sum(_numel(w.shape_of(t)) *
+                                   _BYTES[_DTYPES[t.dtype]]
+                                   for t in tensors if not _is_size(t))
         stats["peak_bytes_trace_order"] = _peak_bytes(w.stmts, set(rets))
         stats["peak_bytes_views"] = _peak_bytes(w.stmts, set(rets), True)
     return text

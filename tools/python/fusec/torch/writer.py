@@ -18,8 +18,8 @@ import operator
 import torch
 
 from .values import (ExportError, V, _BYTES, _CMP, _DTYPES, _FLOATS, _Refused,
-                     _Unmapped, _bcast, _fmt_list, _fmt_num, _ident, _numel,
-                     _source_line, _val)
+                     _Unmapped, _bcast, _concrete, _fmt_list, _fmt_num,
+                     _ident, _is_size, _numel, _source_line, _val)
 from .ops import _HANDLERS, _PRIMS
 
 
@@ -59,6 +59,7 @@ class _Writer:
         self.stmts = []       # (names defined, bytes of each, operand names)
         self.cpu_threads = 0  # see export(cpu_threads=)
         self.fulls = {}       # name of a full -> (value, dtype)
+        self.sizes = {}       # symbol -> int, for Dynamo's symbolic sizes
 
     # names and statements
     def fresh(self, hint):
@@ -106,13 +107,18 @@ class _Writer:
         node = node or self.node
         v = _val(node)
         if isinstance(v, (list, tuple)):
-            return [(_DTYPES.get(x.dtype), tuple(int(e) for e in x.shape))
+            return [(_DTYPES.get(x.dtype), self.shape_of(x))
                     if isinstance(x, torch.Tensor) else None for x in v]
         if not isinstance(v, torch.Tensor):
             raise ExportError("node %s has no tensor metadata" % node.name)
         if v.dtype not in _DTYPES:
             raise _Refused("dtype %s has no fusec dtype" % v.dtype)
-        return _DTYPES[v.dtype], tuple(int(e) for e in v.shape)
+        return _DTYPES[v.dtype], self.shape_of(v)
+
+    def shape_of(self, t):
+        """t's shape as ints; a symbolic extent (a graph from Dynamo)
+        takes its value in self.sizes."""
+        return tuple(_concrete(e, self.sizes) for e in t.shape)
 
     # ---- literals and special constants
     def literal(self, x, dtype):
@@ -384,6 +390,8 @@ class _Writer:
                                    "is used")
                 return r
             raise _Unmapped("getitem on %s" % type(seq).__name__)
+        if _is_size(_val(node)):  # arithmetic on sizes (Dynamo's graphs)
+            return _concrete(_val(node), self.sizes)
         if not isinstance(tgt, torch._ops.OpOverload):
             raise _Unmapped(getattr(tgt, "__name__", str(tgt)))
         packet = tgt.overloadpacket.__name__
