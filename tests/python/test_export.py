@@ -452,6 +452,20 @@ class TestSymbolicSums(unittest.TestCase):
             self.assertLess(en, 1e-5)
             self.assertLess(em, 1e-5)
 
+    def test_sums_as_literals_values_and_shapes(self):
+        def f(x):
+            return (x.sum() / (x.shape[0] + 1) +
+                    torch.full((x.shape[0] + 1,), float(x.shape[1] - 1)).sum()
+                    + x.mean(0)[:-1].sum())
+        text = ft.export(f, torch.randn(4, 3),
+                         symbolic={"x": {0: "B", 1: "T"}})
+        for piece in ("value=B+1", "shape=[B+1], value=T-1", "end=[T-1]"):
+            self.assertIn(piece, text)
+        p = fusec.Program(text)
+        for shape in ((4, 3), (6, 5), (1, 2)):
+            x = torch.randn(*shape)
+            self.assertLess(fzcheck.worst(p(x), f(x))[0], 1e-6)
+
     def test_first_T_positions_of_a_table(self):
         # a learned position table sliced to the sequence length: T may not
         # pass the table's 64 rows, which binding checks

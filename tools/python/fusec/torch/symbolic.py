@@ -188,8 +188,10 @@ def _merge_symbolic(text_a, text_b, sizes_a, sizes_b, lit_dtypes,
                    str(sizes_b[nm]) == y]
             ext = key in ("shape", "end", "length", "param", "value")
             form = fit(lno, k, x, y) if ext and not hit else None
-            if form and key == "value" and (form[1][0] != 1 or form[1][1]):
-                form = None  # full's value names one symbol: T+1, not 2*T+2
+            if form and key == "value":
+                c, M, P, kk = form[1]
+                if c != 1 or M or (not kk and len(P) > 1):
+                    form = None  # full's value is one symbol: T+1, not 2*T
             if ext and hit:
                 res.append(hit[0])
             elif form:
