@@ -73,9 +73,14 @@ symbolic names extents to write as symbols: {param: {dim: "NAME"}} where
 param is a parameter's index or name (or the example tensor itself), e.g.
 symbolic={"input_ids": {0: "B", 1: "T"}}. The function is traced a second
 time (with fake tensors) at other sizes for those dims; extents that move
-with a symbol are written with its name (reshape may use one -1 for a
-product of symbols), and anything that cannot be written that way is an
-ExportError.
+with a symbol are written with its name, a product (B*T) or a sum of
+products (T+1, B*T-B: fitted to the two traces, confirmed on a third),
+and anything that cannot be written that way (a slice starting at T-1 of
+a computed tensor) is an ExportError.
+
+Module state that fn reads without being given it is never frozen: see
+export(closure=). transformers' mixture-of-experts layers are traced in
+their batched_mm form (see _BatchedExperts).
 
 fake=True traces with fake tensors: no memory is allocated for the example
 arguments or any intermediate, so a full-size model exports on a laptop.

@@ -22,10 +22,13 @@ from .values import ExportError, _fmt_num, _ident, _numel, _unique
 # fn is traced twice: at the example sizes (text A) and, with fake tensors,
 # at other sizes for the symbolic dims (text B). Both walks write the same
 # statements; only numbers that depend on the symbolic sizes differ. Each
-# such number is written as the symbol whose size it is in both traces, or,
-# in a reshape's shape, as its one -1 (a product such as B*T). Any other
-# size-dependent number (a literal operand, a slice start) cannot be written
-# in the trace format and is an ExportError naming the statement.
+# such number is written as the symbol whose size it is in both traces, or
+# as the extent c*M*(P+k) it fits (T+1, B*T-B, 2*T: _fits; confirmed on a
+# third trace, since two points fit more than one form), or, in a
+# reshape's shape, as its one -1. A literal operand that is a size becomes
+# a rank-0 value built from the symbols. Any other size-dependent number
+# (a slice start) cannot be written in the trace format and is an
+# ExportError naming the statement.
 
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|-?\d+(?:\.\d*)?(?:e-?\d+)?|\S")
 
