@@ -2,7 +2,8 @@
 
 export(symbolic=) traces fn a second time, with fake tensors, at other
 sizes for the named dims, and _merge_symbolic writes the numbers that
-moved as the symbols' names (or a reshape's one -1). Also here: reading
+moved as the symbols' names, as sums of products of them (T+1, B*T-B;
+confirmed on a third trace), or as a reshape's one -1. Also here: reading
 the user's symbolic= spec (_resolve_symbolic) and making the fake example
 arguments at the other sizes (_other_sizes).
 
