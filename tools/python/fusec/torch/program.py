@@ -224,9 +224,11 @@ def compile_graph(gm, example_inputs, kind, options):
     from torch.fx.passes.operator_support import OperatorSupportBase
 
     target, devtype = _target(gm, options)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     vals = [n.meta.get("val") for n in gm.graph.nodes
             if n.op == "placeholder"]
-    claims = claim(gm, devtype, _hints(vals))
+    with unset_fake_temporarily():  # AOTAutograd's: constants are real
+        claims = claim(gm, devtype, _hints(vals))
     claimed = set(c.node for c in claims if c.claimed)
 
     class Support(OperatorSupportBase):
