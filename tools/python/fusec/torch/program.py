@@ -8,10 +8,10 @@ replaces each part by a Part: a module that writes the part as trace text
 (the exporter's _write), prepares it as a fusec.Program on the target and
 runs it. The nodes between parts stay in the graph and run in PyTorch.
 
-A part whose graph has Dynamo's symbolic sizes is written twice, at the
-sizes of its first call and at other sizes, and the two texts merged
-(fusec.torch.symbolic): one program with symbolic extents serves every
-size. Where the merge cannot express a size (an affine T+1, until the
+A part whose graph has Dynamo's symbolic sizes is written at the sizes of
+its first call and at other sizes (a third binding confirms an extent that
+is a sum), and the texts merged (fusec.torch.symbolic): one program with
+symbolic extents serves every size. Where the merge cannot express a size (an affine T+1, until the
 trace format can), the part gets one program per binding of its sizes.
 
 A part fusec cannot prepare or run (a verifier error, a run-time error)
@@ -246,11 +246,9 @@ def compile_graph(gm, example_inputs, kind, options):
     from torch.fx.passes.operator_support import OperatorSupportBase
 
     target, devtype = _target(gm, options)
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     vals = [n.meta.get("val") for n in gm.graph.nodes
             if n.op == "placeholder"]
-    with unset_fake_temporarily():  # AOTAutograd's: constants are real
-        claims = claim(gm, devtype, _hints(vals))
+    claims = claim(gm, devtype, _hints(vals))
     claimed = set(c.node for c in claims if c.claimed)
 
     class Support(OperatorSupportBase):
