@@ -85,7 +85,8 @@ def make(family, dropout=0.0, seed=0):
     for k in _DROPOUTS:
         if hasattr(cfg, k) and isinstance(getattr(cfg, k), float):
             setattr(cfg, k, dropout)
-    cfg._attn_implementation = "sdpa"
+    if getattr(cls, "_supports_sdpa", True):  # BLOOM: eager attention
+        cfg._attn_implementation = "sdpa"
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     torch.manual_seed(seed)

@@ -101,7 +101,7 @@ class _Prober(_Writer):
     def run(self):
         for node in self.gm.graph.nodes:
             self.node = node
-            if node.op == "placeholder":
+            if node.op in ("placeholder", "get_attr"):  # a part's inputs
                 self.env[node] = self.opaque(node)
                 continue
             if node.op == "output":
@@ -111,9 +111,6 @@ class _Prober(_Writer):
                 continue
             reason = None
             try:
-                if node.op == "get_attr":
-                    self.env[node] = self.constant(node)
-                    continue
                 if node.op != "call_function":
                     raise _Unmapped(node.op)
                 if node.target is operator.getitem and \
