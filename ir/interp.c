@@ -230,6 +230,14 @@ static fz_status bind_into(const fz_trace *t, const fz_tensor *inputs, int n_in,
 	 * unbound symbol it can solve for; repeat while that makes progress. */
 	for (bool progress = true; progress;) {
 		progress = false;
+		/* derived symbols (T+1): sized from the free ones, or solved */
+		char msg[300];
+		int derived = fz_trace_syms_derive(t, syms, msg, sizeof msg);
+		if (derived < 0) {
+			set_err(err, "%s", msg);
+			return FZ_EBIND;
+		}
+		progress = derived > 0;
 		for (int i = 0; i < n_in; i++) {
 			const fz_type *p = &t->params[i]->type;
 			for (int d = 0; d < p->rank; d++) {

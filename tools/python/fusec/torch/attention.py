@@ -42,6 +42,13 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
     if dropout_p:
         raise ExportError("scaled_dot_product_attention with dropout_p=%g: "
                           "random ops cannot be exported; use 0" % dropout_p)
+    return sdpa_math(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
+
+
+def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+              scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as matmul, mask, softmax, dropout
+    (the backend's: dropout_p is honoured), matmul."""
     dt = q.dtype
     L, S = q.size(-2), k.size(-2)
     if scale is None:
@@ -54,7 +61,7 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
         attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32,
                                 device=q.device).masked_fill(
                                     ~attn_mask, float("-inf"))
-    if dt in (torch.float16, torch.bfloat16):
+    if dt in (torch.float16, torch.bfloat16) and not dropout_p:
         return _FlashCPU.apply(q, k, v, attn_mask, is_causal, scale)
     att = (q @ k.transpose(-2, -1)) * scale
     if is_causal:
@@ -62,7 +69,17 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
         att = att.masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
         att = att + attn_mask.to(att.dtype)
-    att = torch.softmax(att, dim=-1)
+    if attn_mask is not None:  # a row with every key masked gives 0, as
+        # PyTorch's math attention (its _safe_softmax) gives, not nan
+        # (such rows are zeroed before the softmax too, so that its
+        # backward sees no nan either)
+        dead = att.amax(-1, keepdim=True) == float("-inf")
+        att = torch.softmax(att.masked_fill(dead, 0), dim=-1)
+        att = att.masked_fill(dead, 0)
+    else:
+        att = torch.softmax(att, dim=-1)
+    if dropout_p:
+        att = torch.dropout(att, dropout_p, True)
     return att @ v
 
 

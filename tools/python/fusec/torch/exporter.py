@@ -73,9 +73,14 @@ symbolic names extents to write as symbols: {param: {dim: "NAME"}} where
 param is a parameter's index or name (or the example tensor itself), e.g.
 symbolic={"input_ids": {0: "B", 1: "T"}}. The function is traced a second
 time (with fake tensors) at other sizes for those dims; extents that move
-with a symbol are written with its name (reshape may use one -1 for a
-product of symbols), and anything that cannot be written that way is an
-ExportError.
+with a symbol are written with its name, a product (B*T) or a sum of
+products (T+1, B*T-B: fitted to the two traces, confirmed on a third),
+and anything that cannot be written that way (a slice starting at T-1 of
+a computed tensor) is an ExportError.
+
+Module state that fn reads without being given it is never frozen: see
+export(closure=). transformers' mixture-of-experts layers are traced in
+their batched_mm form (see _BatchedExperts).
 
 fake=True traces with fake tensors: no memory is allocated for the example
 arguments or any intermediate, so a full-size model exports on a laptop.
@@ -97,8 +102,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _fmt_list,
-                     _ident, _numel, aten)
+from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _concrete,
+                     _fmt_list, _ident, _is_size, _numel, _unique, aten)
 from .attention import _MathAttention
 from .writer import _Writer
 from .symbolic import _merge_symbolic, _other_sizes, _resolve_symbolic
@@ -276,8 +281,204 @@ def _user_frame(e):
                                 (pick.line or "").strip())
 
 
+# ---- Module state reached through a closure ---------------------------------
+#
+# make_fx turns a tensor that fn reads but was not given, such as the weight
+# of a module in fn's closure, into a constant of the graph (get_attr).
+# Written as literals, its values would be frozen into the trace: after an
+# optimizer step the trace would compute with the old weights. So module
+# state is never written as a literal: export raises an ExportError naming
+# every such tensor, or, with closure="inputs", makes each a parameter of the
+# trace after fn's own (the returned text's .closure_inputs are the tensors
+# to pass there). State is a Parameter, a tensor that requires grad, or a
+# parameter or buffer of a module fn reaches: its closure cells, its bound
+# self, its defaults, the globals it names (and, one level down, functions
+# and containers found there). Other constants (built inside fn) are
+# literals.
+
+def _reached(fn):
+    """[(path, object)]: the modules and tensors fn reaches."""
+    found = []
+    seen = set()
+
+    def visit(obj, path, depth):
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+            found.append((path, obj))
+        elif isinstance(obj, dict):
+            for k, v in list(obj.items())[:1000]:
+                visit(v, "%s[%r]" % (path, k), depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj[:1000]):
+                visit(v, "%s[%d]" % (path, i), depth + 1)
+        elif inspect.isfunction(obj) or inspect.ismethod(obj):
+            visit_fn(obj, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type) and \
+                not inspect.ismodule(obj):
+            # an object holding modules: a bound method's self
+            for k, v in list(vars(obj).items())[:1000]:
+                if not k.startswith("__"):
+                    visit(v, "%s.%s" % (path, k) if path != "self" else k,
+                          depth + 1)
+
+    def visit_fn(f, depth):
+        if isinstance(f, torch.nn.Module):
+            visit(f, "self", depth)
+            f = f.forward
+        if inspect.ismethod(f):
+            visit(f.__self__, "self", depth)
+            f = f.__func__
+        code = getattr(f, "__code__", None)
+        if code is None:
+            return
+        for nm, cell in zip(code.co_freevars, f.__closure__ or ()):
+            try:
+                visit(cell.cell_contents, nm, depth)
+            except ValueError:  # an empty cell
+                pass
+        g = getattr(f, "__globals__", {})
+        for nm in code.co_names:
+            if nm in g and not inspect.ismodule(g[nm]):
+                visit(g[nm], nm, depth)
+        for i, d in enumerate(f.__defaults__ or ()):
+            visit(d, "default%d" % i, depth)
+
+    visit_fn(fn, 0)
+    return found
+
+
+def _closure_modules(fn):
+    return [o for _, o in _reached(fn) if isinstance(o, torch.nn.Module)]
+
+
+def _closure_state(fn):
+    """{id(tensor): "where.it.is"} for the parameters and buffers of the
+    modules fn reaches, and the tensors it holds directly."""
+    found = {}
+    for path, obj in _reached(fn):
+        if isinstance(obj, torch.nn.Module):
+            for n, t in obj.named_parameters():
+                found.setdefault(id(t), "%s.%s" % (path, n))
+            for n, t in obj.named_buffers():
+                found.setdefault(id(t), "%s.%s" % (path, n))
+        else:
+            found.setdefault(id(obj), path)
+    return found
+
+
+def _state_nodes(gm, fn):
+    """[(get_attr node, tensor, description)] of the graph's constants
+    that are module state (see above)."""
+    where = None
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        t = getattr(gm, node.target, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if where is None:
+            where = _closure_state(fn)
+        if id(t) in where:
+            kind = "a parameter" if isinstance(t, torch.nn.Parameter) else \
+                "a buffer" if "." in where[id(t)] else "a tensor"
+            out.append((node, t, "%s (%s %s%s)" % (
+                where[id(t)], kind, _DTYPES.get(t.dtype, t.dtype),
+                _fmt_list(list(t.shape)))))
+        elif isinstance(t, torch.nn.Parameter) or t.requires_grad:
+            out.append((node, t, "a tensor that requires grad (%s%s)" % (
+                _DTYPES.get(t.dtype, t.dtype), _fmt_list(list(t.shape)))))
+    return out
+
+
+def _lift_state(gm, state):
+    """Makes each state constant a placeholder after the last one."""
+    g = gm.graph
+    last = [n for n in g.nodes if n.op == "placeholder"][-1:]
+    for node, t, _ in state:
+        ctx = g.inserting_after(last[0]) if last else \
+            g.inserting_before(next(iter(g.nodes)))
+        with ctx:
+            ph = g.placeholder("closure_%s" % node.target)
+        ph.meta.update(node.meta)
+        node.replace_all_uses_with(ph)
+        g.erase_node(node)
+        last = [ph]
+    gm.recompile()
+
+
+def _state_names(state, used):
+    names = []
+    for _, _, desc in state:
+        base = _ident(desc.split(" (")[0], "state")
+        names.append(_unique("state" if base.startswith("a_tensor") else
+                             base, used))
+    return names
+
+
+# ---- Mixture-of-experts layers of transformers ------------------------------
+#
+# transformers runs an experts layer (Mixtral, Qwen2-MoE, ...) one of three
+# ways: "grouped_mm" (its default: tokens sorted by expert, group sizes
+# counted from the routing), "eager" (a loop over the experts that were hit,
+# token lists from torch.where) or "batched_mm" (each token's k experts'
+# weights gathered, one batched product, the k results summed). The first
+# two shape the work by the routing's values, which a trace cannot record;
+# the third is the same computation with static shapes, and its backward is
+# index_add into the expert weights and the top-k scatter. So export traces
+# experts layers as batched_mm, and puts the configs back afterwards.
+
+def _moe_configs(fn, example_args):
+    """The configs of transformers experts layers fn reaches."""
+    roots, seen, cfgs = [], set(), {}
+    for v in _closure_modules(fn):
+        roots.append(v)
+    for a in pytree.tree_flatten(example_args)[0]:
+        if isinstance(a, torch.nn.Module):
+            roots.append(a)
+    for r in roots:
+        for sub in r.modules():
+            if id(sub) in seen:
+                continue
+            seen.add(id(sub))
+            cfg = getattr(sub, "config", None)
+            if hasattr(sub, "_apply_gate") and cfg is not None and \
+                    hasattr(cfg, "_experts_implementation"):
+                cfgs[id(cfg)] = cfg
+    return list(cfgs.values())
+
+
+class _BatchedExperts:
+    def __init__(self, fn, example_args):
+        self.cfgs = _moe_configs(fn, example_args)
+        self.saved = []
+
+    def __enter__(self):
+        for c in self.cfgs:
+            self.saved.append((c, c._experts_implementation))
+            if c._experts_implementation != "batched_mm":
+                c._experts_implementation = "batched_mm"
+        return self
+
+    def __exit__(self, *exc):
+        for c, impl in reversed(self.saved):
+            if c._experts_implementation != impl:
+                c._experts_implementation = impl
+        return False
+
+
+class ExportedTrace(str):
+    """The trace text; with export(closure="inputs"), closure_inputs are
+    the module state tensors (live: the current values) to pass after fn's
+    own arguments, named closure_names in the trace."""
+    closure_inputs = ()
+    closure_names = ()
+
+
 def export(fn, *example_args, symbolic=None, fake=False, name=None,
-           stats=None, cpu_threads=None):
+           stats=None, cpu_threads=None, closure="error"):
     """Traces fn(*example_args) and returns it as fusec trace text.
 
     fn         a function of tensors (or of lists/tuples/dicts of them)
@@ -300,12 +501,44 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
                f32: a trace that does not depend on the exporting machine,
                more accurate and shorter. Symbolic exports always do so.
 
+    closure    module state fn reads without being given it (a weight of
+               a module in its closure): "error" (the default) raises an
+               ExportError naming each tensor; "inputs" makes each a
+               parameter of the trace after fn's own, and the returned
+               text's .closure_inputs are the tensors to pass there (never
+               frozen into the trace as literals)
+
     Raises ExportError naming every op that has no mapping, with the model
     line it came from, and every mapping that was refused, with the reason.
     """
+    if closure not in ("error", "inputs"):
+        raise ValueError("closure must be 'error' or 'inputs'")
+    with _BatchedExperts(fn, example_args):
+        return _export(fn, example_args, symbolic, fake, name, stats,
+                       cpu_threads, closure)
+
+
+def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
+            closure):
     gm, flat, tpos = _trace(fn, example_args, fake)
     tensors = [flat[i] for i in tpos]
     names = _param_names(fn, example_args, tpos)
+    state = _state_nodes(gm, fn)
+    if state and closure == "error":
+        raise ExportError(
+            "%s reads module state it is not given: %s. A trace would "
+            "freeze their current values. Pass them as arguments (e.g. "
+            "torch.func.functional_call(model, params_and_buffers, args)), "
+            "or export(..., closure=\"inputs\") to make them parameters of "
+            "the trace, after fn's own (the text's .closure_inputs)" % (
+                getattr(fn, "__name__", "fn"),
+                ", ".join(d for _, _, d in state)))
+    extra = []
+    if state:
+        _lift_state(gm, state)
+        extra = [t for _, t, _ in state]
+        names = names + _state_names(state, set(names))
+        tensors = tensors + extra
     sym = _resolve_symbolic(symbolic, names, tensors)
     tname = _ident(name or getattr(fn, "__name__", "trace"), "trace")
     if tname == "lambda":
@@ -320,17 +553,44 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
                       cpu_threads)
     except _Unlocated as e:
         raise ExportError(_locate(fn, example_args, e.args[0])) from None
+
+    def result(text):
+        r = ExportedTrace(text)
+        r.closure_inputs = tuple(extra)
+        r.closure_names = tuple(names[len(names) - len(extra):])
+        return r
     if not sym:
-        return text
-    sizes_a, sizes_b, args_b, tensors_b = _other_sizes(example_args, flat,
-                                                       tpos, tensors, sym)
+        return result(text)
+    n_own = len(tensors) - len(extra)
+
+    def trace_at(args_x, tensors_x):
+        gm_x, _, _ = _trace(fn, args_x, True)
+        st = _state_nodes(gm_x, fn)
+        if st:
+            _lift_state(gm_x, st)
+        return _write(gm_x, tname, names, list(tensors_x[:n_own]) +
+                      [t for _, t, _ in st], cpu_threads=cpu_threads)
+    sizes_a, sizes_b, args_b, tensors_b = _other_sizes(
+        example_args, flat, tpos, tensors[:n_own], sym)
     try:
-        gm_b, _, _ = _trace(fn, args_b, True)
+        text_b = trace_at(args_b, tensors_b)
+    except ExportError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ExportError("symbolic: tracing at other sizes (%s) failed: %s"
                           % (sizes_b, e))
-    text_b = _write(gm_b, tname, names, tensors_b, cpu_threads=cpu_threads)
-    return _merge_symbolic(text, text_b, sizes_a, sizes_b, lit_dtypes)
+
+    def third():
+        # an extent that is a sum (T+1, B*T-B) is fitted to the two
+        # traces and confirmed on a third
+        _, sizes_c, args_c, tensors_c = _other_sizes(
+            example_args, flat, tpos, tensors[:n_own], sym, third=True)
+        try:
+            return trace_at(args_c, tensors_c), sizes_c
+        except Exception:  # noqa: BLE001: then no sum is confirmed
+            return None, None
+    return result(_merge_symbolic(text, text_b, sizes_a, sizes_b,
+                                  lit_dtypes, third))
 
 
 def _param_names(fn, example_args, tpos):
@@ -345,12 +605,7 @@ def _param_names(fn, example_args, tpos):
             nm = _path_name(path[1:], base)
         else:
             nm = _ident(base, "arg")
-        cand, k = nm, 1
-        while cand in used:
-            cand = "%s_%d" % (nm, k)
-            k += 1
-        used.add(cand)
-        names.append(cand)
+        names.append(_unique(nm, used))
     return names
 
 
@@ -389,19 +644,27 @@ def _peak_bytes(stmts, outputs, views=False):
 
 
 def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
-           cpu_threads=0):
+           cpu_threads=0, sizes=None):
+    """gm as trace text; its placeholders are the parameters, named names,
+    of tensors' dtypes and shapes. A placeholder that is a size (Dynamo's
+    graphs) is no parameter: its value is looked up in sizes ({symbol:
+    int}), as are symbolic extents."""
     w = _Writer(gm, names)
     w.cpu_threads = cpu_threads
+    w.sizes = sizes or {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = []
     for j, (node, nm) in enumerate(zip(placeholders, names)):
         t = tensors[j]
+        if _is_size(t):
+            w.env[node] = _concrete(t, w.sizes)
+            continue
         dt = _DTYPES.get(t.dtype)
         if dt is None:
             raise ExportError("parameter %s has dtype %s, which fusec lacks" %
                               (nm, t.dtype))
         w.used.add(nm)
-        shape = tuple(int(e) for e in t.shape)
+        shape = w.shape_of(t)
         params.append("%s: %s%s" % (nm, dt, _fmt_list(shape)))
         w.env[node] = V(nm, dt, shape)
     out_node = w.run()
@@ -442,8 +705,9 @@ def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
         stats["ops"] = op_counts(text)
         stats["op_count"] = sum(stats["ops"].values())
         stats["params"] = len(params)
-        stats["param_bytes"] = sum(_numel(t.shape) * _BYTES[_DTYPES[t.dtype]]
-                                   for t in tensors)
+        stats["param_bytes"] = sum(_numel(w.shape_of(t)) *
+                                   _BYTES[_DTYPES[t.dtype]]
+                                   for t in tensors if not _is_size(t))
         stats["peak_bytes_trace_order"] = _peak_bytes(w.stmts, set(rets))
         stats["peak_bytes_views"] = _peak_bytes(w.stmts, set(rets), True)
     return text

@@ -1071,26 +1071,47 @@ def _index_add(w, node, args, kwargs):
                   [("dim", str(dim))], x.dtype, x.shape)
 
 
+_SCATTER_MAX = 64  # entries per row that scatter writes as a chain of wheres
+
+
 @_h("scatter")
 def _scatter(w, node, args, kwargs):
     dt, shape = w.out_meta()
     x, dim, idx, src = args[0], args[1] % args[0].rank, args[2], args[3]
     if kwargs.get("reduce") or len(args) > 4:
         raise _Refused("scatter with reduce")
-    # result[..i..] = src where i == idx along dim: with idx of extent 1
-    # along dim and x's extents elsewhere, a compare with iota does it.
-    if idx.shape[dim] != 1 or any(e != shape[k] for k, e in
-                                  enumerate(idx.shape) if k != dim):
-        raise _Refused("scatter whose index is not one entry per row")
-    if isinstance(src, V) and src.shape != idx.shape and \
-            _numel(src.shape) != 1:
-        raise _Refused("scatter of a tensor src larger than its index")
+    # result[..i..] = src[..j..] where i == idx[..j..] along dim: with idx
+    # of x's extents but along dim, where it holds k entries per row (the
+    # backward of topk), one compare with iota and one where per entry, in
+    # order, so that a repeated index keeps the last, as PyTorch's CPU
+    # kernel does.
+    k = idx.shape[dim] if idx.rank else 1
+    if any(e != shape[d] for d, e in enumerate(idx.shape) if d != dim):
+        raise _Refused("scatter whose index is smaller than its input "
+                       "outside dim")
+    if k > _SCATTER_MAX:
+        raise _Refused("scatter of %d entries per row (at most %d)" %
+                       (k, _SCATTER_MAX))
+    if isinstance(src, V) and src.shape != idx.shape:
+        if _numel(src.shape) == 1:
+            src = w.reshape(src, ())
+        elif src.rank == idx.rank and all(
+                a >= b for a, b in zip(src.shape, idx.shape)):
+            for d in range(src.rank):  # scatter reads src where idx is
+                src = w.slice(src, d, 0, idx.shape[d])
+        else:
+            raise _Refused("scatter of a src smaller than its index")
     io = w.iota(shape[dim], idx.dtype)
-    io = w.reshape(io, tuple(shape[dim] if k == dim else 1
-                             for k in range(len(shape))))
-    hit = w.ew("eq", [io, idx])
+    io = w.reshape(io, tuple(shape[dim] if d == dim else 1
+                             for d in range(len(shape))))
     s = w.cast(src, dt) if isinstance(src, V) else w.literal(src, dt)
-    return w.emit("where", [hit, s, w.cast(x, dt)], [], dt, shape)
+    r = w.cast(x, dt)
+    for j in range(k):
+        ij = idx if k == 1 else w.slice(idx, dim, j, j + 1)
+        sj = s if k == 1 or s.rank == 0 else w.slice(s, dim, j, j + 1)
+        hit = w.ew("eq", [io, ij])
+        r = w.emit("where", [hit, sj, r], [], dt, shape)
+    return r
 
 
 @_h("slice_scatter")

@@ -62,6 +62,16 @@ def _ident(s, fallback="v"):
     return s
 
 
+def _unique(base, used):
+    """base, or base_1, base_2...: the first not in used (then added)."""
+    nm, k = base, 1
+    while nm in used:
+        nm = "%s_%d" % (base, k)
+        k += 1
+    used.add(nm)
+    return nm
+
+
 def _numel(shape):
     n = 1
     for e in shape:
@@ -143,3 +153,26 @@ class _Refused(Exception):
 
 
 _CMP = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _is_size(x):
+    """Is x a size (an int, or a symbolic one from Dynamo) rather than a
+    tensor?"""
+    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
+
+
+def _concrete(e, sizes):
+    """e as an int: a SymInt's expression evaluated with sizes ({sympy
+    symbol: int}); _Refused where a symbol has no value there."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, torch.SymInt):
+        c = e.node.maybe_as_int()
+        if c is not None:
+            return c
+        try:
+            return int(e.node.expr.xreplace(sizes))
+        except TypeError:  # a symbol left
+            raise _Refused("symbolic size %s: its symbols have no value "
+                           "here" % e.node.expr) from None
+    return int(e)

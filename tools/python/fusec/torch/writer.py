@@ -18,12 +18,13 @@ import operator
 import torch
 
 from .values import (ExportError, V, _BYTES, _CMP, _DTYPES, _FLOATS, _Refused,
-                     _Unmapped, _bcast, _fmt_list, _fmt_num, _ident, _numel,
-                     _source_line, _val)
+                     _Unmapped, _bcast, _concrete, _fmt_list, _fmt_num,
+                     _ident, _is_size, _numel, _source_line, _val)
 from .ops import _HANDLERS, _PRIMS
 
 
 _CONST_LIMIT = 4096
+_CAT_MAX = 256  # operands of one op (FZ_MAX_ARGS in ir/ir.h)
 # Never used as value names, so that no statement reads like `mul = mul(..)`
 # and no name is a keyword or a dtype of the grammar.
 _RESERVED = set("""
@@ -57,6 +58,8 @@ class _Writer:
         self.lit_dtype = {}   # statement index -> dtype of its literals
         self.stmts = []       # (names defined, bytes of each, operand names)
         self.cpu_threads = 0  # see export(cpu_threads=)
+        self.fulls = {}       # name of a full -> (value, dtype)
+        self.sizes = {}       # symbol -> int, for Dynamo's symbolic sizes
 
     # names and statements
     def fresh(self, hint):
@@ -104,13 +107,18 @@ class _Writer:
         node = node or self.node
         v = _val(node)
         if isinstance(v, (list, tuple)):
-            return [(_DTYPES.get(x.dtype), tuple(int(e) for e in x.shape))
+            return [(_DTYPES.get(x.dtype), self.shape_of(x))
                     if isinstance(x, torch.Tensor) else None for x in v]
         if not isinstance(v, torch.Tensor):
             raise ExportError("node %s has no tensor metadata" % node.name)
         if v.dtype not in _DTYPES:
             raise _Refused("dtype %s has no fusec dtype" % v.dtype)
-        return _DTYPES[v.dtype], tuple(int(e) for e in v.shape)
+        return _DTYPES[v.dtype], self.shape_of(v)
+
+    def shape_of(self, t):
+        """t's shape as ints; a symbolic extent (a graph from Dynamo)
+        takes its value in self.sizes."""
+        return tuple(_concrete(e, self.sizes) for e in t.shape)
 
     # ---- literals and special constants
     def literal(self, x, dtype):
@@ -158,10 +166,12 @@ class _Writer:
             value = 1 if value else 0
         elif dtype not in _FLOATS:
             value = int(value)
-        return self.emit("full", [], [("shape", self.shape_attr(shape)),
-                                      ("value", _fmt_num(value)),
-                                      ("dtype", dtype)],
-                         dtype, shape, hint=hint)
+        v = self.emit("full", [], [("shape", self.shape_attr(shape)),
+                                   ("value", _fmt_num(value)),
+                                   ("dtype", dtype)],
+                      dtype, shape, hint=hint)
+        self.fulls[v.name] = (value, dtype)
+        return v
 
     # ---- basic building blocks
     def cast(self, v, dtype):
@@ -212,6 +222,13 @@ class _Writer:
             return v
         if start >= end:
             raise _Refused("a slice of length zero")
+        if v.name in self.fulls:
+            # a slice of a constant is a smaller constant: no start to
+            # write (the rest of a slice_scatter into zeros, x[:, :-1]'s
+            # gradient, starts at T-1, which a symbolic trace cannot say)
+            shape = list(v.shape)
+            shape[dim] = (end - start + step - 1) // step
+            return self.full(tuple(shape), *self.fulls[v.name])
         starts = [0] * v.rank
         ends = list(v.shape)
         steps = [1] * v.rank
@@ -244,6 +261,11 @@ class _Writer:
         if len(vs) == 1:
             return vs[0]
         dim = dim % vs[0].rank
+        # a cat takes at most _CAT_MAX operands (the verifier's limit): a
+        # longer list is catted in groups, then the groups
+        while len(vs) > _CAT_MAX:
+            vs = [self.cat(vs[i:i + _CAT_MAX], dim)
+                  for i in range(0, len(vs), _CAT_MAX)]
         shape = list(vs[0].shape)
         shape[dim] = sum(v.shape[dim] for v in vs)
         return self.emit("cat", vs, [("dim", str(dim))], vs[0].dtype,
@@ -368,6 +390,8 @@ class _Writer:
                                    "is used")
                 return r
             raise _Unmapped("getitem on %s" % type(seq).__name__)
+        if _is_size(_val(node)):  # arithmetic on sizes (Dynamo's graphs)
+            return _concrete(_val(node), self.sizes)
         if not isinstance(tgt, torch._ops.OpOverload):
             raise _Unmapped(getattr(tgt, "__name__", str(tgt)))
         packet = tgt.overloadpacket.__name__
