@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cg.h"
 #include "codegen.h"
 #include "fusec.h"
 #include "ir.h"
@@ -116,6 +117,102 @@ static int check_file(const char *path, const char *dir, int *kernels, int *v4_o
 	return bad;
 }
 
+/* ptxas -v of ptx for arch into dir: 0 when it assembles with no spills
+ * and no stack frame; *regs the registers it reports. */
+static int ptxas_clean(const char *ptx, const char *arch, const char *dir, const char *what,
+		       int *regs)
+{
+	char path[1024], log[1100], cmd[3400];
+	snprintf(path, sizeof path, "%s/%s-%s.ptx", dir, what, arch);
+	snprintf(log, sizeof log, "%s/%s-%s.log", dir, what, arch);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return 1;
+	fputs(ptx, f);
+	fclose(f);
+	snprintf(cmd, sizeof cmd, "%s -v -arch=%s %s -o %s/k.cubin >%s 2>&1", PTXAS, arch,
+		 path, dir, log);
+	if (system(cmd) != 0) {
+		printf("FAIL %s for %s: ptxas rejects it (%s)\n", what, arch, log);
+		return 1;
+	}
+	f = fopen(log, "r");
+	if (!f)
+		return 1;
+	char line[512];
+	int bad = 0;
+	*regs = -1;
+	while (fgets(line, sizeof line, f)) {
+		const char *p;
+		unsigned a = 0, b = 0;
+		if ((p = strstr(line, "Used ")))
+			sscanf(p, "Used %d registers", regs);
+		if ((p = strstr(line, "bytes stack frame")) &&
+		    sscanf(line, "%u bytes stack frame, %u bytes spill stores", &a, &b) == 2 &&
+		    (a || b))
+			bad = 1;
+		if ((p = strstr(line, "spill loads")) && strstr(line, " 0 bytes spill loads") == NULL)
+			bad = 1;
+	}
+	fclose(f);
+	if (bad || strstr(ptx, ".local")) {
+		printf("FAIL %s for %s: local memory (spills or a stack frame): %s\n", what,
+		       arch, log);
+		return 1;
+	}
+	return 0;
+}
+
+/* The warp-level matrix operations (codegen/mma.c) through a GEMM tile:
+ * mma.sync, ldmatrix (plain and .trans) and cp.async assemble for sm_80
+ * and sm_90, in registers. */
+static int check_gemm_tile(const char *dir)
+{
+	int bad = 0;
+	const char *archs[2] = {"sm_80", "sm_90"};
+	for (int a = 0; a < 2; a++)
+		for (int v = 0; v < 4; v++) {
+			fz_cg_options o;
+			fz_cg_options_parse(archs[a], &o, NULL);
+			fz_compiler *c = NULL;
+			fz_kernel *k = NULL;
+			char *err = NULL, *ptx = NULL, what[64];
+			cg_gemm_spec sp = {100, 72, 40, v & 1 ? FZ_F16 : FZ_BF16, v >= 2};
+			snprintf(what, sizeof what, "gemm-%s-%s", v & 1 ? "f16" : "bf16",
+				 v >= 2 ? "kn" : "nk");
+			if (fz_compiler_new(&o, &c, &err) != FZ_OK ||
+			    cg_gemm_build(c, &sp, &k, &err) != FZ_OK ||
+			    fz_kernel_ptx(c, k, &ptx, &err) != FZ_OK) {
+				printf("FAIL %s: %s\n", what, err ? err : "?");
+				bad++;
+			} else {
+				int regs;
+				const char *need[3] = {"mma.sync.aligned.m16n8k16.row.col.f32",
+						       "ldmatrix.sync.aligned.m8n8.x4",
+						       "cp.async.cg.shared.global"};
+				for (int i = 0; i < 3; i++)
+					if (!strstr(ptx, need[i])) {
+						printf("FAIL %s: no %s in its PTX\n", what, need[i]);
+						bad++;
+					}
+				if (v >= 2 && !strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans")) {
+					printf("FAIL %s: no ldmatrix .trans\n", what);
+					bad++;
+				}
+				if (ptxas_clean(ptx, archs[a], dir, what, &regs) == 0)
+					printf("ok   %s for %s: %d registers, no local memory\n",
+					       what, archs[a], regs);
+				else
+					bad++;
+			}
+			free(err);
+			fz_free(ptx);
+			fz_kernel_free(k);
+			fz_compiler_free(c);
+		}
+	return bad;
+}
+
 int main(void)
 {
 	if (access(PTXAS, X_OK) != 0) {
@@ -125,6 +222,7 @@ int main(void)
 	char dir[] = "/tmp/fusec-ptxas-XXXXXX";
 	if (!mkdtemp(dir))
 		return 1;
+	int bad = check_gemm_tile(dir);
 	const char *tdir = getenv("FUSEC_TRACE_DIR"); /* another corpus */
 	if (!tdir)
 		tdir = FZ_SOURCE_DIR "/tests/traces";
@@ -132,7 +230,7 @@ int main(void)
 	if (!d)
 		return 1;
 	struct dirent *e;
-	int bad = 0, kernels = 0, ln_v4 = -1, ln_ld = -1;
+	int kernels = 0, ln_v4 = -1, ln_ld = -1;
 	char *names[256];
 	int n = 0;
 	while ((e = readdir(d)) && n < 256)
