@@ -13,6 +13,7 @@
 
 #include <llvm-c/Core.h>
 
+#include "attention.h"
 #include "codegen.h"
 
 /* Private to the files of codegen/: one context, one target machine, and for the
@@ -202,6 +203,36 @@ void cg_scatter(cg *g, const fz_node *ia);
 void cg_rows(cg *g);
 void cg_scan(cg *g);    /* scan.c: a region that is one cumsum */
 void cg_select(cg *g);  /* select.c: a region that is one topk/argmax/argmin */
+/* attention.c: an attention region (ir/attention.h): described, then the
+ * host kernel (FlashAttention-2, tiled and vectorized) or, for NVPTX and
+ * EMU, cg_attention_gpu (attention_gpu.c: the tensor-core kernels). */
+void cg_attention(cg *g);
+void cg_attention_gpu(cg *g, const fz_attn *A);
+
+/* attention.c, shared by the host and GPU emitters: the logits of nl
+ * consecutive keys j0, j0 + 1, ... of query row i of head h in flattened
+ * batch b (all of type g->ity), from s[0..nl), the raw products q.k (f32;
+ * f64 for f64 traces). out[l]: the logit, -inf where the key is hidden
+ * (beyond Tk included, so a tile may run past the end); dlogit (NULL: not
+ * wanted): d logit / d s per lane, 0 where hidden. The trace's score
+ * modification (scale, softcap, the mask read where it lies, iota masks,
+ * the decomposed form's whole expression) is emitted here by the shared
+ * expression emitter, so the calls of one loop body share their loads. */
+void cg_attn_scores(cg *g, const fz_attn *A, LLVMValueRef b, LLVMValueRef h,
+		    LLVMValueRef i, cg_ix j0, int nl, const LLVMValueRef *s,
+		    LLVMValueRef *out, LLVMValueRef *dlogit);
+/* The keys [*lo, *hi) that some query row in [i0, i1) sees (A->causal,
+ * A->window); [0, Tk) otherwise. Keys outside are hidden from every row
+ * of the block, so their blocks may be skipped. */
+void cg_attn_key_range(cg *g, const fz_attn *A, LLVMValueRef i0, LLVMValueRef i1,
+		       LLVMValueRef *lo, LLVMValueRef *hi);
+/* The mirror: the query rows [*lo, *hi) that see some key in [j0, j1). */
+void cg_attn_query_range(cg *g, const fz_attn *A, LLVMValueRef j0, LLVMValueRef j1,
+			 LLVMValueRef *lo, LLVMValueRef *hi);
+/* emit.c: vals[0..nl) are v's lanes at ix (a value the skeleton computed
+ * itself, as attention's products): memoized, so cg_value reads them. */
+void cg_value_given(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK],
+		    const LLVMValueRef *vals);
 
 /* scan.c, shared with select.c: a single-op row region's geometry, x seen
  * as [outer, n, inner] around the op's dim (rows = outer * inner). */

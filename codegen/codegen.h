@@ -139,9 +139,13 @@ typedef struct fz_cg_options {
  * ("emu-sm_80": the kernels of that GPU, emulated). */
 fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err);
 
-/* TILE: warps over tiles of a matrix product (codegen/mma.c, attention):
- * FZ_TILE_BLOCK threads, a grid-stride loop over the tiles, fibers on emu. */
-typedef enum fz_skeleton { FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER, FZ_SK_TILE } fz_skeleton;
+/* ATTENTION: attention.c (host): work[0] = blocks of (batch, head, query
+ * rows) or (batch, kv head, keys). TILE: warps over tiles of matrix
+ * products (codegen/mma.c, attention_gpu.c): FZ_TILE_BLOCK threads, k->vec
+ * rows of work[0] per tile times work[1], fibers on emu. */
+typedef enum fz_skeleton {
+	FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER, FZ_SK_ATTENTION, FZ_SK_TILE,
+} fz_skeleton;
 #define FZ_TILE_BLOCK 128
 typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
 

@@ -1108,6 +1108,18 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		out[l] = out[0];
 }
 
+void cg_value_given(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK],
+		    const V *vals)
+{
+	if (g->st != FZ_OK)
+		return;
+	V out[FZ_VW_MAX];
+	int n = lanes_distinct(v, nl, ix);
+	for (int l = 0; l < n; l++)
+		out[l] = vals[l];
+	memo_put(g, v, n, ix, memo_hash(v, n, v->type.rank, ix), out);
+}
+
 /* v's lanes at ix are what cg_store put in output o (v's dtype and shape)
  * at ix earlier in this thread: loaded from o's buffer and memoized as
  * v's, so that what uses v at ix reads it instead of computing it again
