@@ -1,16 +1,386 @@
 /*
  * attention_gpu.c: the attention kernels for the GPU (NVPTX) and its
- * emulation (EMU): FlashAttention-2 on tensor cores.
+ * emulation (EMU): FlashAttention-2 on tensor cores (ir/attention.h says
+ * what the passes compute; codegen/attention.c is the host's form).
  *
- * Not written yet: an attention region on a GPU target is unsupported, a
- * clear status, and the runtime's callers see FZ_EUNSUPPORTED. What this
- * file must build is described in ir/attention.h ("What a GPU emitter must
- * do with it"); the host form is codegen/attention.c.
+ * A block is four warps (FZ_TILE_BLOCK threads), each warp 16 rows of the
+ * block's 64: query rows in the forward and the dq pass, key rows in the
+ * dk/dv pass. Operands are bf16 or f16; the products run on mma.sync
+ * m16n8k16 with f32 accumulators (mma.c); tiles come from global memory by
+ * cp.async into tile memory (48 KiB of static shared memory), two stages
+ * where they fit, and into the warps' registers by ldmatrix.
+ *
+ * Forward, for one block of 64 query rows i0 .. and each block of BC keys
+ * j0 .. its rows may see (cg_attn_key_range: causal and window blocks are
+ * skipped):
+ *
+ *     S    = Q Kᵀ               A from the Q tile, B from the K tile
+ *     L    = cg_attn_scores(S)  the trace's modification, per pair of keys
+ *                               a lane holds (the shared emitter)
+ *     m'   = max(m, rowmax L)   a row lives in the 4 lanes of a quad:
+ *                               two butterfly shuffles
+ *     P    = exp(L - m'), O = exp(m - m') O + P V
+ *                               P's C fragments, rounded to bf16/f16 in
+ *                               pairs, are the A fragments of P V; B from
+ *                               the V tile by ldmatrix.trans
+ *
+ * then o = O / l (l summed over the quad at the end) and lse = m + log l,
+ * a row that saw no key giving o = 0 and lse = -inf. The block sizes come
+ * from the head dims and the 48 KiB: BC = 64 keys with two stages where Q
+ * (64 x D) and two stages of K and V fit, else 32, else 16, else one stage
+ * (plan_fwd).
+ *
+ * The backward recomputes P block by block, with no atomics: the dq pass
+ * owns 64 query rows and walks the keys (dP = dO Vᵀ, dS = P (dP - di) dl,
+ * dq += dS K with K's tile read transposed); the dk/dv pass owns 64 keys
+ * and walks the query rows of the `group` heads that share its kv head,
+ * computing everything transposed (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ), so that Pᵀ and
+ * dSᵀ are already the A fragments of dv += Pᵀ dO and dk += dSᵀ Q. di =
+ * rowsum(dO o) is computed where it is needed (per row by the quad in the
+ * dq pass, into tile memory per block of queries in the dk/dv pass).
+ *
+ * f32 and f64 regions are not taken here (FZ_EUNSUPPORTED; the tensor
+ * cores' f32 path would be tf32, which the f64 oracle's tolerance does not
+ * allow), nor head dims that are not multiples of 16 or whose tiles do not
+ * fit the 48 KiB.
  */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cg.h"
+#include "llvm.h"
+
+#define BR 64          /* rows of a block: 4 warps x 16 */
+#define SMEM (48 * 1024)
+
+typedef struct gk {
+	cg *g;
+	const fz_attn *A;
+	fz_dtype dt;
+	int D, DV;
+	int bc, stages;                /* keys (fwd, dq) or queries (dkv) per step */
+	int sq, sk, sv, so, slse, sdo; /* buffer slots (-1 absent) */
+	V warp, lane, qg, qt;          /* qg = lane / 4, qt = lane % 4 (i32) */
+} gk;
+
+static V ci(cg *g, int64_t x) { return c_int(g->ity, x); }
+static V i32(cg *g, V x) { return zext_or_trunc(g, x, t_i32(g)); }
+static V ix(cg *g, V x) { return zext_or_trunc(g, x, g->ity); }
+static V umin(cg *g, V a, V b) { return sel(g, icmp(g, LLVMIntULT, a, b), a, b); }
+static V fmax_(cg *g, V a, V b)
+{
+	return call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g), (V[]){a, b}, 2);
+}
+static V fexp(cg *g, V x) { return cg_math_unary(g, FZ_OP_EXP, x); }
+
+/* Values carried across loop iterations live in allocas (sroa makes them
+ * registers). */
+static V slots(cg *g, int n) { return cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n)); }
+static V get(cg *g, V a, int i) { return load(g, t_f32(g), gep(g, t_f32(g), a, c_i32(g, i)), 4); }
+static void put(cg *g, V a, int i, V x) { store(g, x, gep(g, t_f32(g), a, c_i32(g, i)), 4); }
+
+/* The tile plan: BC and stages for tiles of `fixed` bytes plus `per_row`
+ * bytes per row of the walked block (per stage); 0 when nothing fits. */
+static int plan(int fixed, int per_row, int *bc, int *stages)
+{
+	static const int opts[][2] = {{64, 2}, {32, 2}, {64, 1}, {32, 1}, {16, 2}, {16, 1}};
+	for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+		if (fixed + opts[i][0] * per_row * opts[i][1] <= SMEM) {
+			*bc = opts[i][0];
+			*stages = opts[i][1];
+			return 1;
+		}
+	return 0;
+}
+
+/* Bytes per row of a tile of n columns (cg_tile_make's pitch). */
+static int row_bytes(int n)
+{
+	int ch = n / 8;
+	return (ch % 8 == 0 ? ch : ch | 1) * 16;
+}
+
+/* acc[N/8][4] += A (this warp's 16 rows x K) B (K x N). A from tile ta
+ * (rows ra ..) or, ta NULL, from registers a[K/16][4]; B from tile tb,
+ * stored [n][k] or ([k][n], kn) transposed. */
+static void warp_mma(gk *G, const cg_tile *ta, V sta, V ra, const V *a, const cg_tile *tb,
+		     V stb, int K, int N, bool kn, V acc)
+{
+	cg *g = G->g;
+	for (int ks = 0; ks < K; ks += 16) {
+		V af[4];
+		if (ta)
+			cg_frag_a(g, ta, sta, ra, ks, af);
+		else
+			memcpy(af, a + ks / 16 * 4, sizeof af);
+		for (int n0 = 0; n0 < N; n0 += 16) {
+			V b[4];
+			cg_frag_b2(g, tb, stb, n0, ks, kn, b);
+			for (int h = 0; h < 2 && n0 + 8 * h < N; h++) {
+				int j = n0 / 8 + h;
+				V c[4], d[4];
+				for (int i = 0; i < 4; i++)
+					c[i] = get(g, acc, 4 * j + i);
+				cg_mma(g, G->dt, af, b + 2 * h, c, d);
+				for (int i = 0; i < 4; i++)
+					put(g, acc, 4 * j + i, d[i]);
+			}
+		}
+	}
+}
+
+/* The C fragments of acc (16 x N) as A fragments (N/16 steps of four
+ * registers): c0 c1 of n-tiles 2s and 2s+1 are rows g, c2 c3 rows g + 8. */
+static void c_to_a(gk *G, V acc, int N, V *a)
+{
+	cg *g = G->g;
+	for (int s = 0; s < N / 16; s++)
+		for (int r = 0; r < 4; r++) {
+			int j = 2 * s + (r >= 2), e = (r & 1) * 2;
+			a[4 * s + r] = cg_pack_half2(g, G->dt, get(g, acc, 4 * j + e),
+						     get(g, acc, 4 * j + e + 1));
+		}
+}
+
+static V zero_acc(cg *g, int n, double x)
+{
+	V a = slots(g, n);
+	for (int i = 0; i < n; i++)
+		put(g, a, i, c_f32(g, x));
+	return a;
+}
+
+static void fill(cg *g, V a, int n, double x)
+{
+	for (int i = 0; i < n; i++)
+		put(g, a, i, c_f32(g, x));
+}
+
+/* The sum over the 4 lanes of a quad. */
+static V quad_sum(cg *g, V x)
+{
+	x = fadd(g, x, cg_shfl_bfly(g, x, 1));
+	return fadd(g, x, cg_shfl_bfly(g, x, 2));
+}
+static V quad_max(cg *g, V x)
+{
+	x = fmax_(g, x, cg_shfl_bfly(g, x, 1));
+	return fmax_(g, x, cg_shfl_bfly(g, x, 2));
+}
+
+/* Stores x (f32) as element off of slot s (dtype d). */
+static void put_global(cg *g, int s, fz_dtype d, V off, V x)
+{
+	V p = cg_access_ptr(g, s, d, off, 1, true, (unsigned)fz_dtype_size(d));
+	store(g, cg_to_storage(g, x, d), p, (unsigned)fz_dtype_size(d));
+}
+static V get_global(cg *g, int s, fz_dtype d, V off)
+{
+	V p = cg_access_ptr(g, s, d, off, 1, false, (unsigned)fz_dtype_size(d));
+	return cg_from_storage(g, load(g, cg_stype(g, d), p, (unsigned)fz_dtype_size(d)), d);
+}
+
+/* if (c) { ... }: opens the block, returns the join. */
+static LLVMBasicBlockRef when(cg *g, V c)
+{
+	LLVMBasicBlockRef yes = block(g, "if"), no = block(g, "fi");
+	cond_br(g, c, yes, no);
+	at_end(g, yes);
+	return no;
+}
+static void end_when(cg *g, LLVMBasicBlockRef join)
+{
+	br(g, join);
+	at_end(g, join);
+}
+
+/* The tiles of the work loop: for (t = ctaid; t < n; t += nctaid). */
+static void tile_loop(cg *g, cg_loop *L, V n)
+{
+	cg_loop_begin(g, L, cg_ctaid(g), n, cg_nctaid(g));
+}
+
+/* ---- forward -------------------------------------------------------------------- */
+
+static void kernel_fwd(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages;
+	int next = 0;
+	cg_tile tq = cg_tile_make(&next, BR, D, 1);
+	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
+	cg_tile_alloc(g, next);
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
+	V nqb = udiv(g, add(g, Tq, ci(g, BR - 1)), ci(g, BR));
+	V S = slots(g, BC / 2), O = slots(g, DV / 2), M = slots(g, 2), Lsum = slots(g, 2);
+	V kbp = cg_entry_alloca(g, g->ity);
+	cg_loop W;
+	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
+	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR));
+	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
+	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
+	V i1 = umin(g, add(g, i0, ci(g, BR)), Tq);
+	V qbase = mul(g, add(g, mul(g, bh, Tq), i0), ci(g, D));
+	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
+	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, qbase, ci(g, D), sub(g, Tq, i0), ci(g, D));
+	V klo, khi;
+	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
+	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
+	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
+		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
+	/* the keys of block n into stage st */
+#define FETCH_KV(n, st) do { \
+		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
+		cg_tile_fetch(g, &tk, st, G->sk, G->dt, add(g, kbase, mul(g, j_, ci(g, D))), \
+			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
+		cg_tile_fetch(g, &tv, st, G->sv, G->dt, add(g, vbase, mul(g, j_, ci(g, DV))), \
+			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
+	} while (0)
+	if (ST == 2) {
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
+		FETCH_KV(ci(g, 0), c_i32(g, 0));
+		end_when(g, j);
+	}
+	cg_cp_commit(g);
+	fill(g, O, DV / 2, 0.0);
+	fill(g, M, 2, -INFINITY);
+	fill(g, Lsum, 2, 0.0);
+	V r0 = mul(g, G->warp, c_i32(g, 16));
+	cg_loop K;
+	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
+	store(g, K.iv, kbp, 8);
+	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
+	if (ST == 2) {
+		V n1 = add(g, K.iv, ci(g, 1));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
+		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
+		end_when(g, j);
+	} else {
+		FETCH_KV(K.iv, st);
+	}
+	cg_cp_commit(g);
+	cg_cp_wait(g, ST - 1);
+	cg_barrier(g);
+	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	fill(g, S, BC / 2, 0.0);
+	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
+	/* logits, and the online softmax per row (half 0: row g, 1: row g+8) */
+	for (int hr = 0; hr < 2; hr++) {
+		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V ic = umin(g, i, sub(g, Tq, ci(g, 1))); /* rows past Tq: any valid row */
+		V mx = c_f32(g, -INFINITY);
+		for (int n = 0; n < BC / 8; n++) {
+			V s[2] = {get(g, S, 4 * n + 2 * hr), get(g, S, 4 * n + 2 * hr + 1)}, l[2];
+			V jj = add(g, j0, ix(g, add(g, c_i32(g, 8 * n), shl(g, G->qt, c_i32(g, 1)))));
+			cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
+			put(g, S, 4 * n + 2 * hr, l[0]);
+			put(g, S, 4 * n + 2 * hr + 1, l[1]);
+			mx = fmax_(g, mx, fmax_(g, l[0], l[1]));
+		}
+		V mold = get(g, M, hr), mnew = fmax_(g, mold, quad_max(g, mx));
+		V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0), mnew);
+		V alpha = fexp(g, fsub(g, mold, muse)), sum = c_f32(g, 0.0);
+		for (int n = 0; n < BC / 8; n++)
+			for (int e = 0; e < 2; e++) {
+				V p = fexp(g, fsub(g, get(g, S, 4 * n + 2 * hr + e), muse));
+				put(g, S, 4 * n + 2 * hr + e, p);
+				sum = fadd(g, sum, p);
+			}
+		put(g, Lsum, hr, fadd(g, fmul(g, get(g, Lsum, hr), alpha), sum));
+		put(g, M, hr, mnew);
+		for (int n = 0; n < DV / 8; n++)
+			for (int e = 0; e < 2; e++)
+				put(g, O, 4 * n + 2 * hr + e, fmul(g, get(g, O, 4 * n + 2 * hr + e), alpha));
+	}
+	V pa[64 / 16 * 4];
+	c_to_a(G, S, BC, pa);
+	warp_mma(G, NULL, NULL, NULL, pa, &tv, st, BC, DV, true, O);
+	cg_barrier(g);
+	cg_loop_end(g, &K);
+#undef FETCH_KV
+	cg_cp_wait(g, 0);
+	/* o = O / l, lse = m + log l, rows below Tq */
+	for (int hr = 0; hr < 2; hr++) {
+		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V l = quad_sum(g, get(g, Lsum, hr));
+		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
+		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
+		V row = add(g, mul(g, bh, Tq), i);
+		if (G->so >= 0)
+			for (int n = 0; n < DV / 8; n++)
+				for (int e = 0; e < 2; e++) {
+					V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
+					put_global(g, G->so, G->dt, add(g, mul(g, row, ci(g, DV)), col),
+						   fmul(g, get(g, O, 4 * n + 2 * hr + e), inv));
+				}
+		if (G->slse >= 0) {
+			LLVMBasicBlockRef j2 = when(g, icmp(g, LLVMIntEQ, G->qt, c_i32(g, 0)));
+			V lse = fadd(g, get(g, M, hr),
+				     cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
+			put_global(g, G->slse, FZ_F32, row, sel(g, empty, c_f32(g, -INFINITY), lse));
+			end_when(g, j2);
+		}
+		end_when(g, j);
+	}
+	cg_barrier(g); /* the next tile's copies overwrite what this one read */
+	cg_loop_end(g, &W);
+}
+
+/* ---- entry ---------------------------------------------------------------------- */
 
 void cg_attention_gpu(cg *g, const fz_attn *A)
 {
-	(void)A;
-	cg_fail(g, FZ_EUNSUPPORTED, NULL, "attention has no GPU kernel yet");
+	if (A->dtype != FZ_BF16 && A->dtype != FZ_F16) {
+		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention kernels take bf16 "
+			"and f16 (tensor cores); here %s", fz_dtype_name(A->dtype));
+		return;
+	}
+	if (A->d % 16 || A->dv % 16 || A->d > 256 || A->dv > 256) {
+		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention kernels take head "
+			"dims that are multiples of 16 up to 256 (here %lld and %lld)",
+			(long long)A->d, (long long)A->dv);
+		return;
+	}
+	gk G = {g, A, A->dtype, (int)A->d, (int)A->dv, 0, 0, A->in_q, A->in_k, A->in_v,
+		-1, -1, -1, NULL, NULL, NULL, NULL};
+	int n_in = g->r->n_in, ok = 0;
+	fz_kernel *k = g->k;
+	k->sk = FZ_SK_TILE;
+	k->vec = BR;
+	k->n_work[0] = 2;
+	fz_ext w;
+	switch (A->pass) {
+	case FZ_ATTN_FWD:
+		G.so = A->out_o >= 0 ? n_in + A->out_o : -1;
+		G.slse = A->out_lse >= 0 ? n_in + A->out_lse : -1;
+		ok = plan(BR * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV), &G.bc,
+			  &G.stages);
+		k->work[0][0] = A->tq;
+		ok = ok && fz_ext_mul(A->batch, A->hq, &w);
+		break;
+	default:
+		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention backward is not "
+			"written yet");
+		return;
+	}
+	if (!ok) {
+		cg_fail(g, FZ_EUNSUPPORTED, A->first, "attention's tiles at head dims %lld "
+			"and %lld do not fit %d bytes of shared memory", (long long)A->d,
+			(long long)A->dv, SMEM);
+		return;
+	}
+	k->work[0][1] = w;
+	cg_function_begin(g, k->names[0]);
+	if (g->st != FZ_OK)
+		return;
+	G.warp = cg_warp(g);
+	G.lane = cg_lane(g);
+	G.qg = lshr(g, G.lane, c_i32(g, 2));
+	G.qt = and_(g, G.lane, c_i32(g, 3));
+	kernel_fwd(&G);
+	cg_function_end(g);
 }
