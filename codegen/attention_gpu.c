@@ -144,14 +144,6 @@ static void c_to_a(gk *G, V acc, int N, V *a)
 		}
 }
 
-static V zero_acc(cg *g, int n, double x)
-{
-	V a = slots(g, n);
-	for (int i = 0; i < n; i++)
-		put(g, a, i, c_f32(g, x));
-	return a;
-}
-
 static void fill(cg *g, V a, int n, double x)
 {
 	for (int i = 0; i < n; i++)
@@ -330,6 +322,291 @@ static void kernel_fwd(gk *G)
 	cg_loop_end(g, &W);
 }
 
+/* ---- backward ------------------------------------------------------------------ */
+
+/* p = exp(logit - lse) (0 where hidden, or where `drop`), ds = p (dp - di) dl. */
+static void grad_elem(cg *g, V lg, V dl, V lse, V dp, V di, V drop, V *p, V *ds)
+{
+	V hid = fcmp(g, LLVMRealOEQ, lg, c_f32(g, -INFINITY));
+	if (drop)
+		hid = or_(g, hid, drop);
+	*p = sel(g, hid, c_f32(g, 0.0), fexp(g, fsub(g, lg, lse)));
+	*ds = fmul(g, fmul(g, *p, fsub(g, dp, di)), dl);
+}
+
+/* di = rowsum(do o) of row `row` (ity), over the `parts` lanes that share
+ * it (consecutive lanes, parts a power of two), lane `part` of them
+ * summing columns part, part + parts, ... */
+static V row_di(gk *G, V row, V part, int parts)
+{
+	cg *g = G->g;
+	int DV = G->DV;
+	V acc = c_f32(g, 0.0);
+	cg_loop L;
+	V sum = cg_entry_alloca(g, t_f32(g));
+	store(g, acc, sum, 4);
+	cg_loop_begin(g, &L, ix(g, part), ci(g, DV), ci(g, parts));
+	V off = add(g, mul(g, row, ci(g, DV)), L.iv);
+	V x = fmul(g, get_global(g, G->sdo, G->dt, off), get_global(g, G->so, G->dt, off));
+	store(g, fadd(g, load(g, t_f32(g), sum, 4), x), sum, 4);
+	cg_loop_end(g, &L);
+	acc = load(g, t_f32(g), sum, 4);
+	for (int m = 1; m < parts; m *= 2)
+		acc = fadd(g, acc, cg_shfl_bfly(g, acc, m));
+	return acc;
+}
+
+static void kernel_dq(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages;
+	int next = 0;
+	cg_tile tq = cg_tile_make(&next, BR, D, 1), tdo = cg_tile_make(&next, BR, DV, 1);
+	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
+	cg_tile_alloc(g, next);
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
+	V nqb = udiv(g, add(g, Tq, ci(g, BR - 1)), ci(g, BR));
+	V S = slots(g, BC / 2), dP = slots(g, BC / 2), dQ = slots(g, D / 2);
+	V LSE = slots(g, 2), DI = slots(g, 2);
+	cg_loop W;
+	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
+	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR));
+	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
+	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
+	V i1 = umin(g, add(g, i0, ci(g, BR)), Tq);
+	V rowbase = add(g, mul(g, bh, Tq), i0);
+	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
+	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, mul(g, rowbase, ci(g, D)), ci(g, D),
+		      sub(g, Tq, i0), ci(g, D));
+	cg_tile_fetch(g, &tdo, NULL, G->sdo, G->dt, mul(g, rowbase, ci(g, DV)), ci(g, DV),
+		      sub(g, Tq, i0), ci(g, DV));
+	V klo, khi;
+	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
+	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
+	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
+		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
+#define FETCH_KV(n, st) do { \
+		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
+		cg_tile_fetch(g, &tk, st, G->sk, G->dt, add(g, kbase, mul(g, j_, ci(g, D))), \
+			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
+		cg_tile_fetch(g, &tv, st, G->sv, G->dt, add(g, vbase, mul(g, j_, ci(g, DV))), \
+			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
+	} while (0)
+	if (ST == 2) {
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
+		FETCH_KV(ci(g, 0), c_i32(g, 0));
+		end_when(g, j);
+	}
+	cg_cp_commit(g);
+	V r0 = mul(g, G->warp, c_i32(g, 16));
+	V rows[2];
+	for (int hr = 0; hr < 2; hr++) {
+		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		rows[hr] = umin(g, i, sub(g, Tq, ci(g, 1)));
+		V row = add(g, mul(g, bh, Tq), rows[hr]);
+		put(g, LSE, hr, get_global(g, G->slse, FZ_F32, row));
+		put(g, DI, hr, row_di(G, row, G->qt, 4));
+	}
+	fill(g, dQ, D / 2, 0.0);
+	cg_loop K;
+	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
+	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
+	if (ST == 2) {
+		V n1 = add(g, K.iv, ci(g, 1));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
+		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
+		end_when(g, j);
+	} else {
+		FETCH_KV(K.iv, st);
+	}
+#undef FETCH_KV
+	cg_cp_commit(g);
+	cg_cp_wait(g, ST - 1);
+	cg_barrier(g);
+	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	fill(g, S, BC / 2, 0.0);
+	fill(g, dP, BC / 2, 0.0);
+	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
+	warp_mma(G, &tdo, NULL, r0, NULL, &tv, st, DV, BC, false, dP);
+	for (int hr = 0; hr < 2; hr++)
+		for (int n = 0; n < BC / 8; n++) {
+			int c0 = 4 * n + 2 * hr;
+			V s[2] = {get(g, S, c0), get(g, S, c0 + 1)}, lg[2], dl[2];
+			V jj = add(g, j0, ix(g, add(g, c_i32(g, 8 * n), shl(g, G->qt, c_i32(g, 1)))));
+			cg_attn_scores(g, A, b, h, rows[hr], cg_ix_of(jj, 2), 2, s, lg, dl);
+			for (int e = 0; e < 2; e++) {
+				V p, ds;
+				grad_elem(g, lg[e], dl[e], get(g, LSE, hr), get(g, dP, c0 + e),
+					  get(g, DI, hr), NULL, &p, &ds);
+				put(g, S, c0 + e, ds);
+			}
+		}
+	V da[64 / 16 * 4];
+	c_to_a(G, S, BC, da);
+	warp_mma(G, NULL, NULL, NULL, da, &tk, st, BC, D, true, dQ);
+	cg_barrier(g);
+	cg_loop_end(g, &K);
+	cg_cp_wait(g, 0);
+	for (int hr = 0; hr < 2; hr++) {
+		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
+		V row = add(g, mul(g, bh, Tq), i);
+		for (int n = 0; n < D / 8; n++)
+			for (int e = 0; e < 2; e++) {
+				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
+				put_global(g, g->r->n_in + A->out_dq, G->dt,
+					   add(g, mul(g, row, ci(g, D)), col), get(g, dQ, 4 * n + 2 * hr + e));
+			}
+		end_when(g, j);
+	}
+	cg_barrier(g);
+	cg_loop_end(g, &W);
+}
+
+static void kernel_dkv(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BQ = G->bc, ST = G->stages;
+	int next = 0;
+	cg_tile tk = cg_tile_make(&next, BR, D, 1), tv = cg_tile_make(&next, BR, DV, 1);
+	cg_tile tq = cg_tile_make(&next, BQ, D, ST), tdo = cg_tile_make(&next, BQ, DV, ST);
+	int o_lse = next, o_di = next + BQ * 4;
+	cg_tile_alloc(g, next + BQ * 8);
+	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv);
+	V Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
+	V nkb = udiv(g, add(g, Tk, ci(g, BR - 1)), ci(g, BR));
+	V S = slots(g, BQ / 2), dP = slots(g, BQ / 2), dK = slots(g, D / 2), dV = slots(g, DV / 2);
+	cg_loop W;
+	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
+	V bk = udiv(g, W.iv, nkb), j0 = mul(g, urem(g, W.iv, nkb), ci(g, BR));
+	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
+	V j1 = umin(g, add(g, j0, ci(g, BR)), Tk);
+	V kbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, D));
+	V vbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, DV));
+	cg_tile_fetch(g, &tk, NULL, G->sk, G->dt, kbase, ci(g, D), sub(g, Tk, j0), ci(g, D));
+	cg_tile_fetch(g, &tv, NULL, G->sv, G->dt, vbase, ci(g, DV), sub(g, Tk, j0), ci(g, DV));
+	V qlo, qhi;
+	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
+	V qstart = mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ));
+	V nqb = sel(g, icmp(g, LLVMIntUGT, qhi, qstart),
+		    udiv(g, add(g, sub(g, qhi, qstart), ci(g, BQ - 1)), ci(g, BQ)), ci(g, 0));
+	V nit = mul(g, nqb, ci(g, A->group));
+	/* step n: head hk * group + n / nqb, query rows from qstart + (n % nqb) BQ */
+#define STEP_BH(n) add(g, mul(g, b, hq), add(g, mul(g, hk, ci(g, A->group)), \
+					       udiv(g, n, sel(g, icmp(g, LLVMIntEQ, nqb, ci(g, 0)), ci(g, 1), nqb))))
+#define STEP_I0(n) add(g, qstart, mul(g, urem(g, n, sel(g, icmp(g, LLVMIntEQ, nqb, ci(g, 0)), \
+									     ci(g, 1), nqb)), ci(g, BQ)))
+#define FETCH_Q(n, st) do { \
+		V bh_ = STEP_BH(n), i_ = STEP_I0(n), rb_ = add(g, mul(g, bh_, Tq), i_); \
+		cg_tile_fetch(g, &tq, st, G->sq, G->dt, mul(g, rb_, ci(g, D)), ci(g, D), \
+			      sub(g, Tq, i_), ci(g, D)); \
+		cg_tile_fetch(g, &tdo, st, G->sdo, G->dt, mul(g, rb_, ci(g, DV)), ci(g, DV), \
+			      sub(g, Tq, i_), ci(g, DV)); \
+	} while (0)
+	if (ST == 2) {
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nit, ci(g, 0)));
+		FETCH_Q(ci(g, 0), c_i32(g, 0));
+		end_when(g, j);
+	}
+	cg_cp_commit(g);
+	fill(g, dK, D / 2, 0.0);
+	fill(g, dV, DV / 2, 0.0);
+	V r0 = mul(g, G->warp, c_i32(g, 16));
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	int parts = FZ_TILE_BLOCK / BQ;
+	cg_loop N;
+	cg_loop_begin(g, &N, ci(g, 0), nit, ci(g, 1));
+	V st = ST == 2 ? i32(g, and_(g, N.iv, ci(g, 1))) : c_i32(g, 0);
+	if (ST == 2) {
+		V n1 = add(g, N.iv, ci(g, 1));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nit));
+		FETCH_Q(n1, xor_(g, st, c_i32(g, 1)));
+		end_when(g, j);
+	} else {
+		FETCH_Q(N.iv, st);
+	}
+	cg_cp_commit(g);
+	V bh = STEP_BH(N.iv), i0 = STEP_I0(N.iv), h = urem(g, bh, hq);
+#undef FETCH_Q
+#undef STEP_BH
+#undef STEP_I0
+	/* lse and di of the block's query rows into tile memory */
+	{
+		V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
+		V part = and_(g, tid, c_i32(g, parts - 1));
+		V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
+		V row = add(g, mul(g, bh, Tq), i);
+		V di = row_di(G, row, part, parts);
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
+		V qo = shl(g, q, c_i32(g, 2));
+		store(g, get_global(g, G->slse, FZ_F32, row),
+		      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
+		store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
+		end_when(g, j);
+	}
+	cg_cp_wait(g, ST - 1);
+	cg_barrier(g);
+	fill(g, S, BQ / 2, 0.0);
+	fill(g, dP, BQ / 2, 0.0);
+	warp_mma(G, &tk, NULL, r0, NULL, &tq, st, D, BQ, false, S);
+	warp_mma(G, &tv, NULL, r0, NULL, &tdo, st, DV, BQ, false, dP);
+	for (int hr = 0; hr < 2; hr++) {
+		V j = add(g, j0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
+		for (int n = 0; n < BQ / 8; n++)
+			for (int e = 0; e < 2; e++) {
+				int c = 4 * n + 2 * hr + e;
+				V qi = add(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))),
+					   c_i32(g, 0));
+				V i = add(g, i0, ix(g, qi));
+				V past = icmp(g, LLVMIntUGE, i, Tq);
+				V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
+				V s = get(g, S, c), lg, dl;
+				cg_attn_scores(g, A, b, h, ic, cg_ix_of(jc, 1), 1, &s, &lg, &dl);
+				V qo = shl(g, qi, c_i32(g, 2));
+				V lse = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4,
+								    false), 4);
+				V di = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4,
+								   false), 4);
+				V p, ds;
+				grad_elem(g, lg, dl, lse, get(g, dP, c), di, past, &p, &ds);
+				put(g, S, c, p);
+				put(g, dP, c, ds);
+			}
+	}
+	V pa[64 / 16 * 4];
+	c_to_a(G, S, BQ, pa);
+	warp_mma(G, NULL, NULL, NULL, pa, &tdo, st, BQ, DV, true, dV);
+	c_to_a(G, dP, BQ, pa);
+	warp_mma(G, NULL, NULL, NULL, pa, &tq, st, BQ, D, true, dK);
+	cg_barrier(g);
+	cg_loop_end(g, &N);
+	cg_cp_wait(g, 0);
+	for (int hr = 0; hr < 2; hr++) {
+		V jr = ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr))));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, add(g, j0, jr), Tk));
+		for (int n = 0; n < D / 8 && A->out_dk >= 0; n++)
+			for (int e = 0; e < 2; e++) {
+				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
+				put_global(g, g->r->n_in + A->out_dk, G->dt,
+					   add(g, kbase, add(g, mul(g, jr, ci(g, D)), col)),
+					   get(g, dK, 4 * n + 2 * hr + e));
+			}
+		for (int n = 0; n < DV / 8 && A->out_dv >= 0; n++)
+			for (int e = 0; e < 2; e++) {
+				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
+				put_global(g, g->r->n_in + A->out_dv, G->dt,
+					   add(g, vbase, add(g, mul(g, jr, ci(g, DV)), col)),
+					   get(g, dV, 4 * n + 2 * hr + e));
+			}
+		end_when(g, j);
+	}
+	cg_barrier(g);
+	cg_loop_end(g, &W);
+}
+
 /* ---- entry ---------------------------------------------------------------------- */
 
 void cg_attention_gpu(cg *g, const fz_attn *A)
@@ -362,10 +639,25 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		k->work[0][0] = A->tq;
 		ok = ok && fz_ext_mul(A->batch, A->hq, &w);
 		break;
-	default:
-		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention backward is not "
-			"written yet");
-		return;
+	case FZ_ATTN_DQ:
+		G.so = A->in_o;
+		G.slse = A->in_lse;
+		G.sdo = A->in_do;
+		ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
+			  row_bytes(G.DV), &G.bc, &G.stages);
+		k->work[0][0] = A->tq;
+		ok = ok && fz_ext_mul(A->batch, A->hq, &w);
+		break;
+	case FZ_ATTN_DKV:
+		G.so = A->in_o;
+		G.slse = A->in_lse;
+		G.sdo = A->in_do;
+		/* and 8 bytes of lse and di per query row */
+		ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
+			  row_bytes(G.DV) + 8, &G.bc, &G.stages);
+		k->work[0][0] = A->tk;
+		ok = ok && fz_ext_mul(A->batch, A->hkv, &w);
+		break;
 	}
 	if (!ok) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "attention's tiles at head dims %lld "
@@ -381,6 +673,10 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	G.lane = cg_lane(g);
 	G.qg = lshr(g, G.lane, c_i32(g, 2));
 	G.qt = and_(g, G.lane, c_i32(g, 3));
-	kernel_fwd(&G);
+	switch (A->pass) {
+	case FZ_ATTN_FWD: kernel_fwd(&G); break;
+	case FZ_ATTN_DQ: kernel_dq(&G); break;
+	case FZ_ATTN_DKV: kernel_dkv(&G); break;
+	}
 	cg_function_end(g);
 }
