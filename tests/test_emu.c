@@ -297,7 +297,8 @@ static fz_status on_kernel(const fz_region *r, int op, fz_kernel *k, void *ud,
 		int64_t grid;
 		int block;
 		fz_kernel_launch_dims(&kk, e, R->syms, &grid, &block);
-		bool fibers = kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD;
+		bool fibers = (kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD) ||
+			      kk.sk == FZ_SK_TILE;
 		fz_emu_launch L = {kk.names[e], r->id, (fz_emu_fn)(void (*)(void))fn, bufs,
 				   R->syms, &R->flag, grid, block, fibers, r->n_in};
 		st = fz_emu_run(R->s, &L, err);
@@ -835,6 +836,104 @@ START_TEST(ldmatrix_layouts)
 }
 END_TEST
 
+/* ---- attention on tensor cores (codegen/attention_gpu.c) -------------------- */
+
+/* Under AddressSanitizer the emulator is tens of times slower: the
+ * sanitized build runs the small attention cases only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTN_LIGHT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTN_LIGHT 1
+#endif
+#endif
+#ifndef ATTN_LIGHT
+#define ATTN_LIGHT 0
+#endif
+
+/* Forward, dq and dk/dv of one configuration as three regions; B and T
+ * symbolic (T queries and keys). */
+static char *attn_src(const char *dt, int hq, int hkv, int d, const char *opts, bool pad)
+{
+	char mp[64] = "", ma[8] = "";
+	if (pad) {
+		snprintf(mp, sizeof mp, ", m: bool[B, 1, 1, T]");
+		snprintf(ma, sizeof ma, ", m");
+	}
+	return fz_strdup_printf(
+		"trace a(q: %s[B, %d, T, %d], k: %s[B, %d, T, %d], v: %s[B, %d, T, %d], "
+		"do: %s[B, %d, T, %d]%s) {\n"
+		"  o, lse = attention(q, k, v%s%s)\n"
+		"  dq = attention_dq(q, k, v, o, lse, do%s%s)\n"
+		"  dk, dv = attention_dkv(q, k, v, o, lse, do%s%s)\n"
+		"  return o, lse, dq, dk, dv\n}\n", dt, hq, d, dt, hkv, d, dt, hkv, d, dt, hq, d,
+		mp, ma, opts, ma, opts, ma, opts);
+}
+
+/* The GPU's attention kernels on emu against the interpreter: causal and
+ * not, GQA 4:1, a bool padding mask, a sliding window, softcap, head dims
+ * 32, 64, 80 and 128, bf16 and f16, at lengths around the blocks of 64
+ * (1, 17, 64, 127, 128, 129), two batches. */
+START_TEST(attention_matches)
+{
+	struct { const char *dt; int hq, hkv, d; const char *opts; bool pad; int64_t T; } c[] = {
+		{"bf16", 8, 2, 64, ", causal=true", false, 129},
+		{"bf16", 8, 2, 64, ", causal=true", false, 1},
+		{"bf16", 2, 2, 64, "", false, 17},
+		{"bf16", 2, 2, 80, ", causal=true", false, 64},
+		{"bf16", 2, 2, 64, "", true, 127},
+		{"f16", 2, 2, 128, ", causal=true, window=20", false, 128},
+		{"bf16", 2, 2, 32, ", softcap=5.0", false, 129},
+	};
+	int64_t tiles = 0, n = 0;
+	for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+		if (ATTN_LIGHT && c[i].T > 17)
+			continue;
+		n++;
+		char *src = attn_src(c[i].dt, c[i].hq, c[i].hkv, c[i].d, c[i].opts, c[i].pad);
+		int64_t syms[2] = {2, c[i].T};
+		double worst;
+		char *err = NULL;
+		int fib = 0;
+		fz_status st = emu_compare(src, syms, emu_opts(true, true, 0), 2e-2, &worst, &err,
+					   &fib);
+		ck_assert_msg(st == FZ_OK, "case %zu (%s d %d%s T %lld): %s", i, c[i].dt, c[i].d,
+			      c[i].opts, (long long)c[i].T, err ? err : fz_status_name(st));
+		ck_assert_msg(worst <= 1, "case %zu (%s d %d%s T %lld): worst %g", i, c[i].dt,
+			      c[i].d, c[i].opts, (long long)c[i].T, worst);
+		tiles += fib;
+		free(err);
+		fz_free(src);
+	}
+	ck_assert_int_eq(tiles, 3 * n); /* every kernel on fibers */
+}
+END_TEST
+
+/* The seeded faults trip the attention kernels too. */
+START_TEST(attention_faults)
+{
+	struct { fz_emu_fault f; const char *what; } c[] = {
+		{FZ_EMU_FAULT_MMA, "that lane 31 never reaches"},
+		{FZ_EMU_FAULT_CPWAIT, "before the cp.async.wait_group that delivers it"},
+		{FZ_EMU_FAULT_BARRIER, "shared-memory race"},
+		{FZ_EMU_FAULT_LOAD, "global load out of bounds"},
+		{FZ_EMU_FAULT_STORE, "global store out of bounds"},
+	};
+	char *src = attn_src("bf16", 4, 1, 64, ", causal=true", false);
+	for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+		int64_t syms[2] = {1, ATTN_LIGHT ? 17 : 70};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(src, syms, emu_opts(true, true, c[i].f), 2e-2, &worst,
+					   &err, NULL);
+		ck_assert_msg(st == FZ_ERUNTIME && err && strstr(err, c[i].what),
+			      "fault %d: %s '%s'", c[i].f, fz_status_name(st), err ? err : "");
+		free(err);
+	}
+	fz_free(src);
+}
+END_TEST
+
 static Suite *emu_suite(void)
 {
 	Suite *s = suite_create("emu");
@@ -860,6 +959,8 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, ldmatrix_layouts);
 	tcase_add_test(tc, gemm_tile_matches);
 	tcase_add_test(tc, gemm_tile_faults);
+	tcase_add_test(tc, attention_matches);
+	tcase_add_test(tc, attention_faults);
 	suite_add_tcase(s, tc);
 	return s;
 }
