@@ -322,6 +322,153 @@ static void kernel_fwd(gk *G)
 	cg_loop_end(g, &W);
 }
 
+/* ---- forward, f32: plain FMA ---------------------------------------------------------
+ * 32 query rows per block, a quad of lanes per row: lane t of the quad
+ * holds the row's 16-byte chunks t, t + 4, ... of q (in registers) and of
+ * o. A score is the quad's sum of its lanes' partial dots (two butterfly
+ * shuffles); K and V come through tile memory by cp.async as for the
+ * tensor cores, each lane reading its chunks of a key's row. */
+
+#define BR32 32
+
+/* The 4 floats of chunk ch (i32) of row r (i32) of f32 tile t. */
+static void chunk4(cg *g, const cg_tile *t, V st, V r, V ch, V *x)
+{
+	V p = cg_tile_ptr(g, cg_tile_chunk(g, t, st, r, ch), 16, false);
+	V v = load(g, t_vec(t_f32(g), 4), p, 16);
+	for (int e = 0; e < 4; e++)
+		x[e] = extract(g, v, (unsigned)e);
+}
+
+static void kernel_fwd_f32(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages, nq = D / 16, no = DV / 16;
+	int next = 0;
+	cg_tile tk = cg_tile_make(&next, BC, 2 * D, ST), tv = cg_tile_make(&next, BC, 2 * DV, ST);
+	cg_tile_alloc(g, next);
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
+	V nqb = udiv(g, add(g, Tq, ci(g, BR32 - 1)), ci(g, BR32));
+	V Q = slots(g, D / 4), O = slots(g, DV / 4), S = slots(g, BC), ML = slots(g, 2);
+	cg_loop W;
+	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
+	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR32));
+	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
+	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
+	V i1 = umin(g, add(g, i0, ci(g, BR32)), Tq);
+	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	V i = add(g, i0, ix(g, lshr(g, tid, c_i32(g, 2))));
+	V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
+	V row = add(g, mul(g, bh, Tq), ic);
+	for (int m = 0; m < nq; m++)
+		for (int e = 0; e < 4; e++) {
+			V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
+			put(g, Q, 4 * m + e, get_global(g, G->sq, FZ_F32, add(g, mul(g, row, ci(g, D)), col)));
+		}
+	V klo, khi;
+	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
+	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
+	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
+		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
+#define FETCH_KV(n, st) do { \
+		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
+		cg_tile_fetch(g, &tk, st, G->sk, FZ_F32, add(g, kbase, mul(g, j_, ci(g, D))), \
+			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
+		cg_tile_fetch(g, &tv, st, G->sv, FZ_F32, add(g, vbase, mul(g, j_, ci(g, DV))), \
+			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
+	} while (0)
+	if (ST == 2) {
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
+		FETCH_KV(ci(g, 0), c_i32(g, 0));
+		end_when(g, j);
+	}
+	cg_cp_commit(g);
+	fill(g, O, DV / 4, 0.0);
+	put(g, ML, 0, c_f32(g, -INFINITY));
+	put(g, ML, 1, c_f32(g, 0.0));
+	cg_loop K;
+	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
+	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
+	if (ST == 2) {
+		V n1 = add(g, K.iv, ci(g, 1));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
+		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
+		end_when(g, j);
+	} else {
+		FETCH_KV(K.iv, st);
+	}
+#undef FETCH_KV
+	cg_cp_commit(g);
+	cg_cp_wait(g, ST - 1);
+	cg_barrier(g);
+	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	for (int j = 0; j < BC; j++) {
+		V part = c_f32(g, 0.0);
+		for (int m = 0; m < nq; m++) {
+			V kx[4];
+			chunk4(g, &tk, st, c_i32(g, j), add(g, c_i32(g, 4 * m), G->qt), kx);
+			for (int e = 0; e < 4; e++)
+				part = fadd(g, part, fmul(g, get(g, Q, 4 * m + e), kx[e]));
+		}
+		put(g, S, j, quad_sum(g, part));
+	}
+	V mx = c_f32(g, -INFINITY);
+	for (int j = 0; j < BC; j += 8) {
+		V s[8], l[8];
+		for (int e = 0; e < 8; e++)
+			s[e] = get(g, S, j + e);
+		cg_attn_scores(g, A, b, h, ic, cg_ix_of(add(g, j0, ci(g, j)), 8), 8, s, l, NULL);
+		for (int e = 0; e < 8; e++) {
+			put(g, S, j + e, l[e]);
+			mx = fmax_(g, mx, l[e]);
+		}
+	}
+	V mold = get(g, ML, 0), mnew = fmax_(g, mold, mx);
+	V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0), mnew);
+	V alpha = fexp(g, fsub(g, mold, muse)), sum = c_f32(g, 0.0);
+	for (int n = 0; n < DV / 4; n++)
+		put(g, O, n, fmul(g, get(g, O, n), alpha));
+	for (int j = 0; j < BC; j++) {
+		V p = fexp(g, fsub(g, get(g, S, j), muse));
+		sum = fadd(g, sum, p);
+		for (int m = 0; m < no; m++) {
+			V vx[4];
+			chunk4(g, &tv, st, c_i32(g, j), add(g, c_i32(g, 4 * m), G->qt), vx);
+			for (int e = 0; e < 4; e++)
+				put(g, O, 4 * m + e, fadd(g, get(g, O, 4 * m + e), fmul(g, p, vx[e])));
+		}
+	}
+	put(g, ML, 1, fadd(g, fmul(g, get(g, ML, 1), alpha), sum));
+	put(g, ML, 0, mnew);
+	cg_barrier(g);
+	cg_loop_end(g, &K);
+	cg_cp_wait(g, 0);
+	V l = get(g, ML, 1);
+	V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
+	V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
+	LLVMBasicBlockRef jr = when(g, icmp(g, LLVMIntULT, i, Tq));
+	V orow = add(g, mul(g, bh, Tq), i);
+	if (G->so >= 0)
+		for (int m = 0; m < no; m++)
+			for (int e = 0; e < 4; e++) {
+				V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
+				put_global(g, G->so, FZ_F32, add(g, mul(g, orow, ci(g, DV)), col),
+					   fmul(g, get(g, O, 4 * m + e), inv));
+			}
+	if (G->slse >= 0) {
+		LLVMBasicBlockRef j2 = when(g, icmp(g, LLVMIntEQ, G->qt, c_i32(g, 0)));
+		V lse = fadd(g, get(g, ML, 0),
+			     cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
+		put_global(g, G->slse, FZ_F32, orow, sel(g, empty, c_f32(g, -INFINITY), lse));
+		end_when(g, j2);
+	}
+	end_when(g, jr);
+	cg_barrier(g);
+	cg_loop_end(g, &W);
+}
+
 /* ---- backward ------------------------------------------------------------------ */
 
 /* p = exp(logit - lse) (0 where hidden, or where `drop`), ds = p (dp - di) dl. */
@@ -611,9 +758,11 @@ static void kernel_dkv(gk *G)
 
 void cg_attention_gpu(cg *g, const fz_attn *A)
 {
-	if (A->dtype != FZ_BF16 && A->dtype != FZ_F16) {
+	bool f32 = A->dtype == FZ_F32;
+	if (A->dtype != FZ_BF16 && A->dtype != FZ_F16 && !(f32 && A->pass == FZ_ATTN_FWD)) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention kernels take bf16 "
-			"and f16 (tensor cores); here %s", fz_dtype_name(A->dtype));
+			"and f16 (tensor cores), and f32 for the forward; here %s%s",
+			fz_dtype_name(A->dtype), A->pass != FZ_ATTN_FWD ? " (backward)" : "");
 		return;
 	}
 	if (A->d % 16 || A->dv % 16 || A->d > 256 || A->dv > 256) {
@@ -634,8 +783,15 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	case FZ_ATTN_FWD:
 		G.so = A->out_o >= 0 ? n_in + A->out_o : -1;
 		G.slse = A->out_lse >= 0 ? n_in + A->out_lse : -1;
-		ok = plan(BR * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV), &G.bc,
-			  &G.stages);
+		if (f32) {
+			k->vec = BR32;
+			ok = plan(0, row_bytes(2 * G.D) + row_bytes(2 * G.DV), &G.bc, &G.stages);
+			if (G.bc > 32) /* the scores live in registers */
+				G.bc = 32;
+		} else {
+			ok = plan(BR * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV), &G.bc,
+				  &G.stages);
+		}
 		k->work[0][0] = A->tq;
 		ok = ok && fz_ext_mul(A->batch, A->hq, &w);
 		break;
@@ -674,7 +830,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	G.qg = lshr(g, G.lane, c_i32(g, 2));
 	G.qt = and_(g, G.lane, c_i32(g, 3));
 	switch (A->pass) {
-	case FZ_ATTN_FWD: kernel_fwd(&G); break;
+	case FZ_ATTN_FWD: f32 ? kernel_fwd_f32(&G) : kernel_fwd(&G); break;
 	case FZ_ATTN_DQ: kernel_dq(&G); break;
 	case FZ_ATTN_DKV: kernel_dkv(&G); break;
 	}

@@ -297,8 +297,9 @@ LLVMValueRef cg_tile_chunk(cg *g, const cg_tile *t, LLVMValueRef st, LLVMValueRe
                            LLVMValueRef ch);
 /* All FZ_TILE_BLOCK threads copy rows [0, rows) x cols of the tile from
  * buffer slot s at element base + r * stride + c (ity), rows >= rows_valid
- * and columns >= cols_valid (a multiple of 8) zero-filled: cp.async, not
- * committed. */
+ * and columns >= cols_valid (a multiple of 16 bytes) zero-filled: cp.async,
+ * not committed. A tile of 4-byte elements has cols = 2 x their count
+ * (cols count 16-bit units). */
 void cg_tile_fetch(cg *g, const cg_tile *t, LLVMValueRef st, int s, fz_dtype d,
                    LLVMValueRef base, LLVMValueRef stride, LLVMValueRef rows_valid,
                    LLVMValueRef cols_valid);

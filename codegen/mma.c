@@ -239,7 +239,7 @@ LLVMValueRef cg_tile_chunk(cg *g, const cg_tile *t, V st, V r, V ch)
 void cg_tile_fetch(cg *g, const cg_tile *t, V st, int s, fz_dtype d, V base, V stride,
 		   V rows_valid, V cols_valid)
 {
-	int cpr = t->cols / 8, total = t->rows * cpr;
+	int cpr = t->cols / 8, total = t->rows * cpr, epc = 16 / (int)fz_dtype_size(d);
 	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
 	T it = g->ity;
 	for (int i0 = 0; i0 < total; i0 += FZ_TILE_BLOCK) {
@@ -252,7 +252,7 @@ void cg_tile_fetch(cg *g, const cg_tile *t, V st, int s, fz_dtype d, V base, V s
 			at_end(g, body);
 		}
 		V r = udiv(g, c, c_i32(g, cpr)), ch = urem(g, c, c_i32(g, cpr));
-		V col = shl(g, ch, c_i32(g, 3));
+		V col = mul(g, ch, c_i32(g, epc));
 		V ok = and_(g, icmp(g, LLVMIntULT, zext_or_trunc(g, r, it), rows_valid),
 			    icmp(g, LLVMIntULT, zext_or_trunc(g, col, it), cols_valid));
 		/* an invalid chunk still names an address inside the buffer: the
