@@ -194,6 +194,157 @@ static void tile_loop(cg *g, cg_loop *L, V n)
 	cg_loop_begin(g, L, cg_ctaid(g), n, cg_nctaid(g));
 }
 
+/* ---- the walk: blocks of keys (or queries) through tile memory ----------------------
+ * A kernel owns a block of rows and walks blocks of the other side: block n
+ * covers rows first + n blk .. of a matrix of `limit` rows (keys, or in the
+ * dk/dv pass the query rows of head heads0 + n / per); its tiles t[0] and
+ * t[1] (K and V, or Q and dO) come by cp.async, two stages ahead where the
+ * plan gave two. */
+typedef struct walk {
+	const cg_tile *t[2];
+	int slot[2], width[2];  /* buffer slot, elements per row */
+	fz_dtype dt;
+	V first, n, limit;      /* ity */
+	int blk, stages;
+	V base;                 /* the rows' matrix starts at row base (plain) */
+	V heads0, per;          /* dkv: block n is of head heads0 + n / per */
+} walk;
+
+/* The first row (within its head) and the global row of block n. */
+static void walk_rows(gk *G, const walk *W, V n, V *r0, V *grow)
+{
+	cg *g = G->g;
+	if (!W->per) {
+		*r0 = add(g, W->first, mul(g, n, ci(g, W->blk)));
+		*grow = add(g, W->base, *r0);
+		return;
+	}
+	V per = sel(g, icmp(g, LLVMIntEQ, W->per, ci(g, 0)), ci(g, 1), W->per);
+	*r0 = add(g, W->first, mul(g, urem(g, n, per), ci(g, W->blk)));
+	*grow = add(g, mul(g, add(g, W->heads0, udiv(g, n, per)), W->limit), *r0);
+}
+
+static void walk_fetch(gk *G, const walk *W, V n, V st)
+{
+	cg *g = G->g;
+	V r0, grow;
+	walk_rows(G, W, n, &r0, &grow);
+	for (int k = 0; k < 2; k++)
+		cg_tile_fetch(g, W->t[k], st, W->slot[k], W->dt, mul(g, grow, ci(g, W->width[k])),
+			      ci(g, W->width[k]), sub(g, W->limit, r0), ci(g, W->width[k]));
+}
+
+/* The blocks of blk rows that cover [lo, hi): *first (aligned) and *n. */
+static void blocks_of(cg *g, V lo, V hi, int blk, V *first, V *n)
+{
+	*first = mul(g, udiv(g, lo, ci(g, blk)), ci(g, blk));
+	*n = sel(g, icmp(g, LLVMIntUGT, hi, *first),
+		 udiv(g, add(g, sub(g, hi, *first), ci(g, blk - 1)), ci(g, blk)), ci(g, 0));
+}
+
+/* Opens the loop over the walk's blocks (L->iv the block): the first
+ * block's copies before it (committed with whatever the kernel issued
+ * before), the next block's (or with one stage this block's) in it,
+ * committed. Returns the stage that holds block L->iv; walk_ready waits
+ * for it. */
+static V walk_begin(gk *G, const walk *W, cg_loop *L)
+{
+	cg *g = G->g;
+	if (W->stages == 2) {
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, W->n, ci(g, 0)));
+		walk_fetch(G, W, ci(g, 0), c_i32(g, 0));
+		end_when(g, j);
+	}
+	cg_cp_commit(g);
+	cg_loop_begin(g, L, ci(g, 0), W->n, ci(g, 1));
+	V st = W->stages == 2 ? i32(g, and_(g, L->iv, ci(g, 1))) : c_i32(g, 0);
+	if (W->stages == 2) {
+		V n1 = add(g, L->iv, ci(g, 1));
+		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, W->n));
+		walk_fetch(G, W, n1, xor_(g, st, c_i32(g, 1)));
+		end_when(g, j);
+	} else {
+		walk_fetch(G, W, L->iv, st);
+	}
+	cg_cp_commit(g);
+	return st;
+}
+
+static void walk_ready(gk *G, const walk *W)
+{
+	cg_cp_wait(G->g, W->stages - 1);
+	cg_barrier(G->g);
+}
+
+/* Closes the loop: every warp is done with the stage before it is
+ * fetched again; nothing in flight after. */
+static void walk_end(gk *G, cg_loop *L)
+{
+	cg_barrier(G->g);
+	cg_loop_end(G->g, L);
+	cg_cp_wait(G->g, 0);
+}
+
+/* This lane's row (i32, within the block) of half hr of a warp's 16. */
+static V frag_row(gk *G, V r0, int hr)
+{
+	cg *g = G->g;
+	return add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)));
+}
+
+/* This lane's column (ity) of element e of n-tile n. */
+static V frag_col(gk *G, int n, int e)
+{
+	cg *g = G->g;
+	return ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
+}
+
+/* Stores half hr of acc (16 x N) times f (NULL: 1) as the row at element
+ * rowoff of slot s. */
+static void store_half(gk *G, V acc, int N, int hr, int s, V rowoff, V f)
+{
+	cg *g = G->g;
+	for (int n = 0; n < N / 8; n++)
+		for (int e = 0; e < 2; e++) {
+			V x = get(g, acc, 4 * n + 2 * hr + e);
+			put_global(g, s, G->dt, add(g, rowoff, frag_col(G, n, e)), f ? fmul(g, x, f) : x);
+		}
+}
+
+/* The loop over the blocks of br query rows of every (batch, head): the
+ * block's head bh (flattened), b and h, its kv head, rows [i0, i1). */
+typedef struct qblock {
+	V bh, b, h, kvh, i0, i1;
+} qblock;
+
+static void query_blocks(gk *G, cg_loop *W, int br, qblock *Q)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq);
+	V nqb = udiv(g, add(g, Tq, ci(g, br - 1)), ci(g, br));
+	tile_loop(g, W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
+	Q->bh = udiv(g, W->iv, nqb);
+	Q->i0 = mul(g, urem(g, W->iv, nqb), ci(g, br));
+	Q->b = udiv(g, Q->bh, hq);
+	Q->h = urem(g, Q->bh, hq);
+	Q->kvh = add(g, mul(g, Q->b, cg_ext(g, A->hkv)), udiv(g, Q->h, ci(g, A->group)));
+	Q->i1 = umin(g, add(g, Q->i0, ci(g, br)), Tq);
+}
+
+/* The walk over the key blocks of bc keys that query block Q may see. */
+static walk key_walk(gk *G, const qblock *Q, const cg_tile *tk, const cg_tile *tv, fz_dtype dt)
+{
+	cg *g = G->g;
+	V Tk = cg_ext(g, G->A->tk);
+	walk Wk = {{tk, tv}, {G->sk, G->sv}, {G->D, G->DV}, dt, NULL, NULL, Tk, G->bc, G->stages,
+		   mul(g, Q->kvh, Tk), NULL, NULL};
+	V klo, khi;
+	cg_attn_key_range(g, G->A, Q->i0, Q->i1, &klo, &khi);
+	blocks_of(g, klo, khi, G->bc, &Wk.first, &Wk.n);
+	return Wk;
+}
+
 /* ---- forward -------------------------------------------------------------------- */
 
 static void kernel_fwd(gk *G)
@@ -205,68 +356,33 @@ static void kernel_fwd(gk *G)
 	cg_tile tq = cg_tile_make(&next, BR, D, 1);
 	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
 	cg_tile_alloc(g, next);
-	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nqb = udiv(g, add(g, Tq, ci(g, BR - 1)), ci(g, BR));
+	V Tq = cg_ext(g, A->tq);
 	V S = slots(g, BC / 2), O = slots(g, DV / 2), M = slots(g, 2), Lsum = slots(g, 2);
-	V kbp = cg_entry_alloca(g, g->ity);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
-	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR));
-	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
-	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
-	V i1 = umin(g, add(g, i0, ci(g, BR)), Tq);
+	qblock Q;
+	query_blocks(G, &W, BR, &Q);
+	V bh = Q.bh, b = Q.b, h = Q.h, i0 = Q.i0;
 	V qbase = mul(g, add(g, mul(g, bh, Tq), i0), ci(g, D));
-	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
 	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, qbase, ci(g, D), sub(g, Tq, i0), ci(g, D));
-	V klo, khi;
-	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
-	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
-	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
-		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
-	/* the keys of block n into stage st */
-#define FETCH_KV(n, st) do { \
-		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
-		cg_tile_fetch(g, &tk, st, G->sk, G->dt, add(g, kbase, mul(g, j_, ci(g, D))), \
-			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
-		cg_tile_fetch(g, &tv, st, G->sv, G->dt, add(g, vbase, mul(g, j_, ci(g, DV))), \
-			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
-	} while (0)
-	if (ST == 2) {
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
-		FETCH_KV(ci(g, 0), c_i32(g, 0));
-		end_when(g, j);
-	}
-	cg_cp_commit(g);
+	walk Wk = key_walk(G, &Q, &tk, &tv, G->dt);
 	fill(g, O, DV / 2, 0.0);
 	fill(g, M, 2, -INFINITY);
 	fill(g, Lsum, 2, 0.0);
 	V r0 = mul(g, G->warp, c_i32(g, 16));
 	cg_loop K;
-	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
-	store(g, K.iv, kbp, 8);
-	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
-	if (ST == 2) {
-		V n1 = add(g, K.iv, ci(g, 1));
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
-		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
-		end_when(g, j);
-	} else {
-		FETCH_KV(K.iv, st);
-	}
-	cg_cp_commit(g);
-	cg_cp_wait(g, ST - 1);
-	cg_barrier(g);
-	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	V st = walk_begin(G, &Wk, &K);
+	walk_ready(G, &Wk);
+	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
 	fill(g, S, BC / 2, 0.0);
 	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
 	/* logits, and the online softmax per row (half 0: row g, 1: row g+8) */
 	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
 		V ic = umin(g, i, sub(g, Tq, ci(g, 1))); /* rows past Tq: any valid row */
 		V mx = c_f32(g, -INFINITY);
 		for (int n = 0; n < BC / 8; n++) {
 			V s[2] = {get(g, S, 4 * n + 2 * hr), get(g, S, 4 * n + 2 * hr + 1)}, l[2];
-			V jj = add(g, j0, ix(g, add(g, c_i32(g, 8 * n), shl(g, G->qt, c_i32(g, 1)))));
+			V jj = add(g, j0, frag_col(G, n, 0));
 			cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
 			put(g, S, 4 * n + 2 * hr, l[0]);
 			put(g, S, 4 * n + 2 * hr + 1, l[1]);
@@ -290,25 +406,17 @@ static void kernel_fwd(gk *G)
 	V pa[64 / 16 * 4];
 	c_to_a(G, S, BC, pa);
 	warp_mma(G, NULL, NULL, NULL, pa, &tv, st, BC, DV, true, O);
-	cg_barrier(g);
-	cg_loop_end(g, &K);
-#undef FETCH_KV
-	cg_cp_wait(g, 0);
+	walk_end(G, &K);
 	/* o = O / l, lse = m + log l, rows below Tq */
 	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
 		V l = quad_sum(g, get(g, Lsum, hr));
 		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
 		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
 		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
 		V row = add(g, mul(g, bh, Tq), i);
 		if (G->so >= 0)
-			for (int n = 0; n < DV / 8; n++)
-				for (int e = 0; e < 2; e++) {
-					V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
-					put_global(g, G->so, G->dt, add(g, mul(g, row, ci(g, DV)), col),
-						   fmul(g, get(g, O, 4 * n + 2 * hr + e), inv));
-				}
+			store_half(G, O, DV, hr, G->so, mul(g, row, ci(g, DV)), inv);
 		if (G->slse >= 0) {
 			LLVMBasicBlockRef j2 = when(g, icmp(g, LLVMIntEQ, G->qt, c_i32(g, 0)));
 			V lse = fadd(g, get(g, M, hr),
@@ -348,16 +456,12 @@ static void kernel_fwd_f32(gk *G)
 	int next = 0;
 	cg_tile tk = cg_tile_make(&next, BC, 2 * D, ST), tv = cg_tile_make(&next, BC, 2 * DV, ST);
 	cg_tile_alloc(g, next);
-	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nqb = udiv(g, add(g, Tq, ci(g, BR32 - 1)), ci(g, BR32));
+	V Tq = cg_ext(g, A->tq);
 	V Q = slots(g, D / 4), O = slots(g, DV / 4), S = slots(g, BC), ML = slots(g, 2);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
-	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR32));
-	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
-	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
-	V i1 = umin(g, add(g, i0, ci(g, BR32)), Tq);
-	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
+	qblock QB;
+	query_blocks(G, &W, BR32, &QB);
+	V bh = QB.bh, b = QB.b, h = QB.h, i0 = QB.i0;
 	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
 	V i = add(g, i0, ix(g, lshr(g, tid, c_i32(g, 2))));
 	V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
@@ -367,43 +471,14 @@ static void kernel_fwd_f32(gk *G)
 			V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
 			put(g, Q, 4 * m + e, get_global(g, G->sq, FZ_F32, add(g, mul(g, row, ci(g, D)), col)));
 		}
-	V klo, khi;
-	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
-	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
-	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
-		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
-#define FETCH_KV(n, st) do { \
-		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
-		cg_tile_fetch(g, &tk, st, G->sk, FZ_F32, add(g, kbase, mul(g, j_, ci(g, D))), \
-			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
-		cg_tile_fetch(g, &tv, st, G->sv, FZ_F32, add(g, vbase, mul(g, j_, ci(g, DV))), \
-			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
-	} while (0)
-	if (ST == 2) {
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
-		FETCH_KV(ci(g, 0), c_i32(g, 0));
-		end_when(g, j);
-	}
-	cg_cp_commit(g);
+	walk Wk = key_walk(G, &QB, &tk, &tv, FZ_F32);
 	fill(g, O, DV / 4, 0.0);
 	put(g, ML, 0, c_f32(g, -INFINITY));
 	put(g, ML, 1, c_f32(g, 0.0));
 	cg_loop K;
-	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
-	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
-	if (ST == 2) {
-		V n1 = add(g, K.iv, ci(g, 1));
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
-		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
-		end_when(g, j);
-	} else {
-		FETCH_KV(K.iv, st);
-	}
-#undef FETCH_KV
-	cg_cp_commit(g);
-	cg_cp_wait(g, ST - 1);
-	cg_barrier(g);
-	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	V st = walk_begin(G, &Wk, &K);
+	walk_ready(G, &Wk);
+	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
 	for (int j = 0; j < BC; j++) {
 		V part = c_f32(g, 0.0);
 		for (int m = 0; m < nq; m++) {
@@ -442,9 +517,7 @@ static void kernel_fwd_f32(gk *G)
 	}
 	put(g, ML, 1, fadd(g, fmul(g, get(g, ML, 1), alpha), sum));
 	put(g, ML, 0, mnew);
-	cg_barrier(g);
-	cg_loop_end(g, &K);
-	cg_cp_wait(g, 0);
+	walk_end(G, &K);
 	V l = get(g, ML, 1);
 	V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
 	V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
@@ -512,44 +585,23 @@ static void kernel_dq(gk *G)
 	cg_tile tq = cg_tile_make(&next, BR, D, 1), tdo = cg_tile_make(&next, BR, DV, 1);
 	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
 	cg_tile_alloc(g, next);
-	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nqb = udiv(g, add(g, Tq, ci(g, BR - 1)), ci(g, BR));
+	V Tq = cg_ext(g, A->tq);
 	V S = slots(g, BC / 2), dP = slots(g, BC / 2), dQ = slots(g, D / 2);
 	V LSE = slots(g, 2), DI = slots(g, 2);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hq), nqb));
-	V bh = udiv(g, W.iv, nqb), i0 = mul(g, urem(g, W.iv, nqb), ci(g, BR));
-	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
-	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), udiv(g, h, ci(g, A->group)));
-	V i1 = umin(g, add(g, i0, ci(g, BR)), Tq);
+	qblock Q;
+	query_blocks(G, &W, BR, &Q);
+	V bh = Q.bh, b = Q.b, h = Q.h, i0 = Q.i0;
 	V rowbase = add(g, mul(g, bh, Tq), i0);
-	V kbase = mul(g, mul(g, kvh, Tk), ci(g, D)), vbase = mul(g, mul(g, kvh, Tk), ci(g, DV));
 	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, mul(g, rowbase, ci(g, D)), ci(g, D),
 		      sub(g, Tq, i0), ci(g, D));
 	cg_tile_fetch(g, &tdo, NULL, G->sdo, G->dt, mul(g, rowbase, ci(g, DV)), ci(g, DV),
 		      sub(g, Tq, i0), ci(g, DV));
-	V klo, khi;
-	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
-	V kstart = mul(g, udiv(g, klo, ci(g, BC)), ci(g, BC));
-	V nkb = sel(g, icmp(g, LLVMIntUGT, khi, kstart),
-		    udiv(g, add(g, sub(g, khi, kstart), ci(g, BC - 1)), ci(g, BC)), ci(g, 0));
-#define FETCH_KV(n, st) do { \
-		V j_ = add(g, kstart, mul(g, n, ci(g, BC))); \
-		cg_tile_fetch(g, &tk, st, G->sk, G->dt, add(g, kbase, mul(g, j_, ci(g, D))), \
-			      ci(g, D), sub(g, Tk, j_), ci(g, D)); \
-		cg_tile_fetch(g, &tv, st, G->sv, G->dt, add(g, vbase, mul(g, j_, ci(g, DV))), \
-			      ci(g, DV), sub(g, Tk, j_), ci(g, DV)); \
-	} while (0)
-	if (ST == 2) {
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nkb, ci(g, 0)));
-		FETCH_KV(ci(g, 0), c_i32(g, 0));
-		end_when(g, j);
-	}
-	cg_cp_commit(g);
+	walk Wk = key_walk(G, &Q, &tk, &tv, G->dt);
 	V r0 = mul(g, G->warp, c_i32(g, 16));
 	V rows[2];
 	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
 		rows[hr] = umin(g, i, sub(g, Tq, ci(g, 1)));
 		V row = add(g, mul(g, bh, Tq), rows[hr]);
 		put(g, LSE, hr, get_global(g, G->slse, FZ_F32, row));
@@ -557,21 +609,9 @@ static void kernel_dq(gk *G)
 	}
 	fill(g, dQ, D / 2, 0.0);
 	cg_loop K;
-	cg_loop_begin(g, &K, ci(g, 0), nkb, ci(g, 1));
-	V st = ST == 2 ? i32(g, and_(g, K.iv, ci(g, 1))) : c_i32(g, 0);
-	if (ST == 2) {
-		V n1 = add(g, K.iv, ci(g, 1));
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nkb));
-		FETCH_KV(n1, xor_(g, st, c_i32(g, 1)));
-		end_when(g, j);
-	} else {
-		FETCH_KV(K.iv, st);
-	}
-#undef FETCH_KV
-	cg_cp_commit(g);
-	cg_cp_wait(g, ST - 1);
-	cg_barrier(g);
-	V j0 = add(g, kstart, mul(g, K.iv, ci(g, BC)));
+	V st = walk_begin(G, &Wk, &K);
+	walk_ready(G, &Wk);
+	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
 	fill(g, S, BC / 2, 0.0);
 	fill(g, dP, BC / 2, 0.0);
 	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
@@ -580,7 +620,7 @@ static void kernel_dq(gk *G)
 		for (int n = 0; n < BC / 8; n++) {
 			int c0 = 4 * n + 2 * hr;
 			V s[2] = {get(g, S, c0), get(g, S, c0 + 1)}, lg[2], dl[2];
-			V jj = add(g, j0, ix(g, add(g, c_i32(g, 8 * n), shl(g, G->qt, c_i32(g, 1)))));
+			V jj = add(g, j0, frag_col(G, n, 0));
 			cg_attn_scores(g, A, b, h, rows[hr], cg_ix_of(jj, 2), 2, s, lg, dl);
 			for (int e = 0; e < 2; e++) {
 				V p, ds;
@@ -592,19 +632,12 @@ static void kernel_dq(gk *G)
 	V da[64 / 16 * 4];
 	c_to_a(G, S, BC, da);
 	warp_mma(G, NULL, NULL, NULL, da, &tk, st, BC, D, true, dQ);
-	cg_barrier(g);
-	cg_loop_end(g, &K);
-	cg_cp_wait(g, 0);
+	walk_end(G, &K);
 	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
 		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
-		V row = add(g, mul(g, bh, Tq), i);
-		for (int n = 0; n < D / 8; n++)
-			for (int e = 0; e < 2; e++) {
-				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
-				put_global(g, g->r->n_in + A->out_dq, G->dt,
-					   add(g, mul(g, row, ci(g, D)), col), get(g, dQ, 4 * n + 2 * hr + e));
-			}
+		store_half(G, dQ, D, hr, g->r->n_in + A->out_dq,
+			   mul(g, add(g, mul(g, bh, Tq), i), ci(g, D)), NULL);
 		end_when(g, j);
 	}
 	cg_barrier(g);
@@ -634,51 +667,23 @@ static void kernel_dkv(gk *G)
 	V vbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, DV));
 	cg_tile_fetch(g, &tk, NULL, G->sk, G->dt, kbase, ci(g, D), sub(g, Tk, j0), ci(g, D));
 	cg_tile_fetch(g, &tv, NULL, G->sv, G->dt, vbase, ci(g, DV), sub(g, Tk, j0), ci(g, DV));
-	V qlo, qhi;
+	/* the query blocks of the group's heads that see these keys */
+	walk Wq = {{&tq, &tdo}, {G->sq, G->sdo}, {D, DV}, G->dt, NULL, NULL, Tq, BQ, ST, NULL,
+		   add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), NULL};
+	V qlo, qhi, nqb;
 	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
-	V qstart = mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ));
-	V nqb = sel(g, icmp(g, LLVMIntUGT, qhi, qstart),
-		    udiv(g, add(g, sub(g, qhi, qstart), ci(g, BQ - 1)), ci(g, BQ)), ci(g, 0));
-	V nit = mul(g, nqb, ci(g, A->group));
-	/* step n: head hk * group + n / nqb, query rows from qstart + (n % nqb) BQ */
-#define STEP_BH(n) add(g, mul(g, b, hq), add(g, mul(g, hk, ci(g, A->group)), \
-					       udiv(g, n, sel(g, icmp(g, LLVMIntEQ, nqb, ci(g, 0)), ci(g, 1), nqb))))
-#define STEP_I0(n) add(g, qstart, mul(g, urem(g, n, sel(g, icmp(g, LLVMIntEQ, nqb, ci(g, 0)), \
-									     ci(g, 1), nqb)), ci(g, BQ)))
-#define FETCH_Q(n, st) do { \
-		V bh_ = STEP_BH(n), i_ = STEP_I0(n), rb_ = add(g, mul(g, bh_, Tq), i_); \
-		cg_tile_fetch(g, &tq, st, G->sq, G->dt, mul(g, rb_, ci(g, D)), ci(g, D), \
-			      sub(g, Tq, i_), ci(g, D)); \
-		cg_tile_fetch(g, &tdo, st, G->sdo, G->dt, mul(g, rb_, ci(g, DV)), ci(g, DV), \
-			      sub(g, Tq, i_), ci(g, DV)); \
-	} while (0)
-	if (ST == 2) {
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntUGT, nit, ci(g, 0)));
-		FETCH_Q(ci(g, 0), c_i32(g, 0));
-		end_when(g, j);
-	}
-	cg_cp_commit(g);
+	blocks_of(g, qlo, qhi, BQ, &Wq.first, &nqb);
+	Wq.per = nqb;
+	Wq.n = mul(g, nqb, ci(g, A->group));
 	fill(g, dK, D / 2, 0.0);
 	fill(g, dV, DV / 2, 0.0);
 	V r0 = mul(g, G->warp, c_i32(g, 16));
 	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
 	int parts = FZ_TILE_BLOCK / BQ;
 	cg_loop N;
-	cg_loop_begin(g, &N, ci(g, 0), nit, ci(g, 1));
-	V st = ST == 2 ? i32(g, and_(g, N.iv, ci(g, 1))) : c_i32(g, 0);
-	if (ST == 2) {
-		V n1 = add(g, N.iv, ci(g, 1));
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, n1, nit));
-		FETCH_Q(n1, xor_(g, st, c_i32(g, 1)));
-		end_when(g, j);
-	} else {
-		FETCH_Q(N.iv, st);
-	}
-	cg_cp_commit(g);
-	V bh = STEP_BH(N.iv), i0 = STEP_I0(N.iv), h = urem(g, bh, hq);
-#undef FETCH_Q
-#undef STEP_BH
-#undef STEP_I0
+	V st = walk_begin(G, &Wq, &N), i0, grow;
+	walk_rows(G, &Wq, N.iv, &i0, &grow);
+	V bh = udiv(g, sub(g, grow, i0), Tq), h = urem(g, bh, hq);
 	/* lse and di of the block's query rows into tile memory */
 	{
 		V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
@@ -693,21 +698,18 @@ static void kernel_dkv(gk *G)
 		store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
 		end_when(g, j);
 	}
-	cg_cp_wait(g, ST - 1);
-	cg_barrier(g);
+	walk_ready(G, &Wq);
 	fill(g, S, BQ / 2, 0.0);
 	fill(g, dP, BQ / 2, 0.0);
 	warp_mma(G, &tk, NULL, r0, NULL, &tq, st, D, BQ, false, S);
 	warp_mma(G, &tv, NULL, r0, NULL, &tdo, st, DV, BQ, false, dP);
 	for (int hr = 0; hr < 2; hr++) {
-		V j = add(g, j0, ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr)))));
+		V j = add(g, j0, ix(g, frag_row(G, r0, hr)));
 		V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
 		for (int n = 0; n < BQ / 8; n++)
 			for (int e = 0; e < 2; e++) {
 				int c = 4 * n + 2 * hr + e;
-				V qi = add(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))),
-					   c_i32(g, 0));
-				V i = add(g, i0, ix(g, qi));
+				V i = add(g, i0, frag_col(G, n, e)), qi = i32(g, frag_col(G, n, e));
 				V past = icmp(g, LLVMIntUGE, i, Tq);
 				V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
 				V s = get(g, S, c), lg, dl;
@@ -728,26 +730,16 @@ static void kernel_dkv(gk *G)
 	warp_mma(G, NULL, NULL, NULL, pa, &tdo, st, BQ, DV, true, dV);
 	c_to_a(G, dP, BQ, pa);
 	warp_mma(G, NULL, NULL, NULL, pa, &tq, st, BQ, D, true, dK);
-	cg_barrier(g);
-	cg_loop_end(g, &N);
-	cg_cp_wait(g, 0);
+	walk_end(G, &N);
 	for (int hr = 0; hr < 2; hr++) {
-		V jr = ix(g, add(g, r0, add(g, G->qg, c_i32(g, 8 * hr))));
+		V jr = ix(g, frag_row(G, r0, hr));
 		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, add(g, j0, jr), Tk));
-		for (int n = 0; n < D / 8 && A->out_dk >= 0; n++)
-			for (int e = 0; e < 2; e++) {
-				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
-				put_global(g, g->r->n_in + A->out_dk, G->dt,
-					   add(g, kbase, add(g, mul(g, jr, ci(g, D)), col)),
-					   get(g, dK, 4 * n + 2 * hr + e));
-			}
-		for (int n = 0; n < DV / 8 && A->out_dv >= 0; n++)
-			for (int e = 0; e < 2; e++) {
-				V col = ix(g, add(g, c_i32(g, 8 * n + e), shl(g, G->qt, c_i32(g, 1))));
-				put_global(g, g->r->n_in + A->out_dv, G->dt,
-					   add(g, vbase, add(g, mul(g, jr, ci(g, DV)), col)),
-					   get(g, dV, 4 * n + 2 * hr + e));
-			}
+		if (A->out_dk >= 0)
+			store_half(G, dK, D, hr, g->r->n_in + A->out_dk,
+				   add(g, kbase, mul(g, jr, ci(g, D))), NULL);
+		if (A->out_dv >= 0)
+			store_half(G, dV, DV, hr, g->r->n_in + A->out_dv,
+				   add(g, vbase, mul(g, jr, ci(g, DV))), NULL);
 		end_when(g, j);
 	}
 	cg_barrier(g);

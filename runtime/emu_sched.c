@@ -582,16 +582,24 @@ static void *emu_tile(fz_emu_thread *t, int64_t off, int32_t bytes, int32_t stor
 	return p;
 }
 
+/* The fiber of thread t for operation `what`; NULL (a violation) when the
+ * kernel was launched without fibers. */
+static fiber *fiber_for(fz_emu_sched *s, fz_emu_thread *t, const char *what)
+{
+	if (in_fiber(s, t))
+		return fiber_of(t);
+	violate(s, t->tid, "%s in a kernel launched without fibers", what);
+	return NULL;
+}
+
 static void cp_async(fz_emu_thread *t, int64_t dst, const void *src, int32_t src_bytes,
 		     int32_t size, int32_t site)
 {
 	(void)site;
 	fz_emu_sched *s = sched_of(t);
-	if (!in_fiber(s, t)) {
-		violate(s, t->tid, "cp.async in a kernel launched without fibers");
+	fiber *f = fiber_for(s, t, "cp.async");
+	if (!f)
 		return;
-	}
-	fiber *f = fiber_of(t);
 	/* the copy writes its bytes some time before the wait: a write now,
 	 * for the race checks, and in flight until then */
 	if (!tile_access(s, t->tid, dst, 16, size, true, 16, "cp.async"))
@@ -621,11 +629,9 @@ static void cp_group(fz_emu_thread *t, int32_t n, int32_t site)
 {
 	(void)site;
 	fz_emu_sched *s = sched_of(t);
-	if (!in_fiber(s, t)) {
-		violate(s, t->tid, "cp.async in a kernel launched without fibers");
+	fiber *f = fiber_for(s, t, "cp.async");
+	if (!f)
 		return;
-	}
-	fiber *f = fiber_of(t);
 	if (n < 0) { /* commit_group */
 		f->groups++;
 		return;
@@ -652,11 +658,9 @@ static void cp_group(fz_emu_thread *t, int32_t n, int32_t site)
 static void warp_op_wait(fz_emu_thread *t, warp_op *op, int32_t site, const char *what)
 {
 	fz_emu_sched *s = sched_of(t);
-	if (!in_fiber(s, t)) {
-		violate(s, t->tid, "%s in a kernel launched without fibers", what);
+	fiber *f = fiber_for(s, t, what);
+	if (!f)
 		return;
-	}
-	fiber *f = fiber_of(t);
 	f->st = T_WARP;
 	f->site = site;
 	f->op = op;
