@@ -94,6 +94,7 @@
 #endif
 #endif
 #ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_STACK (128 * 1024)
 #else
@@ -302,6 +303,12 @@ static void fiber_reset(fiber *f)
 #endif
 	f->fake = NULL;
 	f->st = T_DONE;
+#ifdef EMU_ASAN
+	/* an abandoned fiber's frames leave their redzones poisoned, where
+	 * the next kernel's uninstrumented frames (whose registers the warp's
+	 * last lane writes: ldmatrix, mma) will lie */
+	__asan_unpoison_memory_region(f->map + page_size(), f->map_len - page_size());
+#endif
 }
 
 static fz_status fibers_grow(fz_emu_sched *s, int n)
