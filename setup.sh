@@ -2,7 +2,9 @@
 # setup.sh: install what is missing, build, and (with --test) run the tests.
 #
 #   ./setup.sh                 apt packages, then configure and build in build/
-#   ./setup.sh --test          also torch + transformers in .venv, then ctest
+#   ./setup.sh --test          also torch + transformers in .venv, the fusec
+#                              package installed there (editable, from the
+#                              build in build/), then ctest
 #   ./setup.sh --sanitize ...  the same in build-asan/ with ASan and UBSan
 #
 # Idempotent: packages already installed are not installed again, the venv
@@ -17,7 +19,7 @@ for arg in "$@"; do
 	case "$arg" in
 	--test) test_suite=1 ;;
 	--sanitize) sanitize=1 ;;
-	-h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -50,10 +52,10 @@ if [ "$test_suite" = 1 ]; then
 		say "creating .venv"
 		python3 -m venv .venv
 	fi
-	if ! .venv/bin/python -c "import torch, transformers" 2>/dev/null; then
+	if ! .venv/bin/python -c "import torch, transformers, scikit_build_core" 2>/dev/null; then
 		say "installing torch and transformers into .venv (large; once)"
 		.venv/bin/python -m pip install -q --upgrade pip
-		.venv/bin/python -m pip install -q torch transformers
+		.venv/bin/python -m pip install -q torch transformers scikit-build-core
 	fi
 	python="$(pwd)/.venv/bin/python"
 fi
@@ -72,6 +74,21 @@ fi
 say "building in $dir/"
 cmake -S . -B "$dir" "$@" >/dev/null
 cmake --build "$dir" -j "$jobs"
+
+# The Python package into .venv, editable (its Python files are the source
+# tree's, its library build/libfusec.so, so a rebuild needs no reinstall):
+# scikit-build-core reconfigures $dir with the same settings, so its build
+# finds nothing to do. The sanitized library is not for the venv: there the
+# tests name it in FUSEC_LIBRARY, with the package from the normal build, or
+# from the source tree where none is installed.
+if [ "$test_suite" = 1 ] && [ "$sanitize" = 0 ]; then
+	say "installing the fusec package into .venv (editable)"
+	CMAKE_GENERATOR="Unix Makefiles" .venv/bin/python -m pip install -q \
+		--no-build-isolation --no-deps --editable . \
+		-Cbuild-dir="$dir" -Ccmake.build-type=RelWithDebInfo \
+		-Ccmake.define.FUSEC_TOOLS=ON -Ccmake.define.BUILD_TESTING=ON \
+		"-Ccmake.define.FUSEC_PYTHON=$python"
+fi
 
 if [ "$test_suite" = 1 ]; then
 	say "testing"

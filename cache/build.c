@@ -47,6 +47,13 @@ void fz_cache_build_times(fz_build_times *out)
 	pthread_mutex_unlock(&times_mu);
 }
 
+int64_t fz_kernel_builds(void)
+{
+	fz_build_times t;
+	fz_cache_build_times(&t);
+	return t.builds;
+}
+
 
 void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 {

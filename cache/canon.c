@@ -45,7 +45,12 @@
  * Numbering. Inputs are numbered by first use in that order (operand slots
  * left to right), outputs by their node, symbols by first appearance
  * (inputs' types, then each node's attributes and result types), so a
- * trace whose B is called N shares every kernel. Hashing for the order
+ * trace whose B is called N shares every kernel. An extent that is a
+ * sum (T+1, B*T-B) is a derived symbol (ir/type.c) and counts here as one
+ * more symbol, sized at run time: a kernel over T+1 and T takes both as
+ * sizes and is right for any, so a new T finds the same kernels, and the
+ * extents' own canonical form makes T+1 one symbol however it was
+ * written. Hashing for the order
  * uses trace symbol ids, which depend on neither names nor statement order.
  *
  * The form also lists how many symbols the trace has and, for each

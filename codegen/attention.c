@@ -39,7 +39,7 @@
 
 #define VW 8   /* floats per vector */
 #define BK 64  /* keys per block */
-#define BQ 32  /* query rows per work item */
+#define BQ 64  /* query rows per work item */
 
 /* ---- vector helpers -------------------------------------------------------- */
 
@@ -207,7 +207,7 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 		const fz_value *sv = A->score;
 		int r = sv->type.rank;
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-		V sr[FZ_VW_MAX];
+		V sr[FZ_VW_MAX] = {0};
 		for (int l = 0; l < nl; l++) {
 			for (int d = 0; d < A->n_batch; d++)
 				ix[l][d] = bix[d];
@@ -248,6 +248,21 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 	}
 }
 
+/* One arm of cg_attn_scores' branch: the scores, then on to join, with
+ * what the arm memoized and its index arithmetic forgotten (the other arm
+ * does not see them). Returns the arm's last block. */
+static LLVMBasicBlockRef scores_arm(cg *g, const fz_attn *A, const cg_ix *bix, V h,
+				    V i, int nl, const cg_ix *jl, const V *s, V *out,
+				    V *dl, LLVMBasicBlockRef join, int mark, int cse)
+{
+	scores_at(g, A, bix, h, i, nl, jl, s, out, dl);
+	LLVMBasicBlockRef bb = current(g);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+	return bb;
+}
+
 void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 		    const V *s, V *out, V *dl)
 {
@@ -285,22 +300,14 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 			jl[l] = j0;
 			jl[l].o += l;
 		}
-		scores_at(g, A, bix, h, i, nl, jl, s, fo, dl ? fd : NULL);
-		bbf = current(g);
-		br(g, join);
-		cg_memo_pop(g, mark);
-		g->n_cse = cse;
+		bbf = scores_arm(g, A, bix, h, i, nl, jl, s, fo, dl ? fd : NULL, join, mark, cse);
 		at_end(g, slow);
 		V tk1 = sub(g, tk, ci(g, 1));
 		for (int l = 0; l < nl; l++) {
 			V j = add(g, cg_ix_value(g, j0), ci(g, l));
 			jl[l] = cg_ix_of(umin(g, j, tk1), 1);
 		}
-		scores_at(g, A, bix, h, i, nl, jl, s, so, dl ? sd : NULL);
-		bbs = current(g);
-		br(g, join);
-		cg_memo_pop(g, mark);
-		g->n_cse = cse;
+		bbs = scores_arm(g, A, bix, h, i, nl, jl, s, so, dl ? sd : NULL, join, mark, cse);
 		at_end(g, join);
 		for (int l = 0; l < nl; l++) {
 			res[l] = phi(g, t_f32(g));
@@ -378,64 +385,163 @@ typedef struct ak {
 	int sq, sk, sv, so, slse, sdo; /* buffer slots (-1 absent) */
 	fz_dtype dt;
 	int64_t D, DV;
-	int nd, ndv;    /* vectors per row */
 } ak;
 
-/* Kt[d][jj] = k[kbase + (kb + jj) D + d] and, where wanted, Ks[jj][d]
- * (zeros past nk): a block of keys. Same for v: Vs [BK][Dv] and/or
- * Vt [Dv][BK]. */
-static void load_block(ak *K, int s, int64_t D, V base, V nk, V Xt, V Xs)
+/* Rows [0, n) of slot s from element `first`, `len` floats each (a
+ * multiple of VW), into scratch X [rows][len] (rows from n to `cap` zero):
+ * a block of q, k, v or do rows. With Xt, the rows go transposed into
+ * Xt [len][cap] instead. */
+static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V Xt)
 {
 	cg *g = K->g;
 	cg_loop L;
-	cg_loop_begin(g, &L, ci(g, 0), ci(g, BK), ci(g, 1));
-	V jj = L.iv;
-	V valid = icmp(g, LLVMIntULT, jj, nk);
-	V jc = sel(g, valid, jj, ci(g, 0));
-	V row = add(g, base, mul(g, jc, ci(g, D)));
-	for (int64_t d = 0; d < D; d += VW) {
-		V x = vload(g, s, K->dt, add(g, row, ci(g, d)));
-		x = sel(g, valid, x, vconst(g, 0.0));
-		if (Xs)
-			store(g, x, at(g, Xs, add(g, mul(g, jj, ci(g, D)), ci(g, d))), 4);
-		if (Xt)
-			for (int l = 0; l < VW; l++)
-				store(g, extract(g, x, (unsigned)l),
-				      at(g, Xt, add(g, ci(g, (d + l) * BK), jj)), 4);
+	int step = Xt ? VW : 1; /* transposed: 8 rows at a time, 8 x 8 tiles */
+	cg_loop_begin(g, &L, ci(g, 0), ci(g, cap), ci(g, step));
+	for (int64_t d = 0; d < len; d += VW) {
+		V x[VW];
+		for (int u = 0; u < step; u++) {
+			V r = add(g, L.iv, ci(g, u));
+			V valid = icmp(g, LLVMIntULT, r, n);
+			V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ci(g, len)));
+			x[u] = sel(g, valid, vload(g, s, K->dt, add(g, row, ci(g, d))),
+				   vconst(g, 0.0));
+			if (X)
+				store(g, x[u], at(g, X, add(g, mul(g, r, ci(g, len)), ci(g, d))), 4);
+		}
+		if (!Xt)
+			continue;
+		/* transpose: at level k (1, 2, 4), rows i and i + k (bit k of i
+		 * clear) trade the elements whose column has bit k clear for
+		 * those that have it set: bit k moves from column to row */
+		for (int k = 1; k < VW; k <<= 1)
+			for (int i = 0; i < VW; i++) {
+				if (i & k)
+					continue;
+				V lo[VW], hi[VW];
+				for (int j = 0; j < VW; j++) {
+					lo[j] = c_i32(g, j & k ? VW + j - k : j);
+					hi[j] = c_i32(g, j & k ? VW + j : j + k);
+				}
+				V a = x[i], bb = x[i + k];
+				x[i] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(lo, VW), "");
+				x[i + k] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(hi, VW), "");
+			}
+		for (int l = 0; l < VW; l++)
+			store(g, x[l], at(g, Xt, add(g, ci(g, (d + l) * cap), L.iv)), 4);
 	}
 	cg_loop_end(g, &L);
 }
 
-/* acc[c] (c < BK/VW) = sum over e < n of row[e] * Xt[e][c VW ..]: a row
- * against a transposed block. row: scratch f32 pointer. */
-static void row_times_block(ak *K, V row, V Xt, int64_t n, V *acc)
+static void zero(cg *g, V X, int64_t n)
 {
-	cg *g = K->g;
-	V init[BK / VW], ph[BK / VW], next[BK / VW];
-	for (int c = 0; c < BK / VW; c++)
-		init[c] = vconst(g, 0.0);
 	cg_loop L;
-	cg_loop_begin(g, &L, ci(g, 0), ci(g, n), ci(g, 1));
-	loop_phis(g, &L, BK / VW, init, ph);
-	V x = splat(g, load(g, t_f32(g), at(g, row, L.iv), 4));
-	V xb = mul(g, L.iv, ci(g, BK));
-	for (int c = 0; c < BK / VW; c++)
-		next[c] = vfma(g, x, load(g, vf(g), at(g, Xt, add(g, xb, ci(g, c * VW))), 4),
-			       ph[c]);
-	loop_next(g, BK / VW, ph, next);
+	cg_loop_begin(g, &L, ci(g, 0), ci(g, n / VW), ci(g, 1));
+	store(g, vconst(g, 0.0), at(g, X, mul(g, L.iv, ci(g, VW))), 4);
 	cg_loop_end(g, &L);
-	for (int c = 0; c < BK / VW; c++)
-		acc[c] = ph[c];
 }
 
-/* The logits (and derivatives) of a row's block of keys from kb. */
-static void block_logits(ak *K, V b, V h, V i, V kb, const V *acc, V *lg, V *dlg)
+#define MR 4          /* rows of a product's register tile */
+#define NR (2 * VW)   /* columns: two vectors */
+
+/* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
+ * (M a multiple of MR, N of NR), f32 scratch all: the block products of
+ * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
+ * dK += dSt Q). A tile of MR x NR sums in 8 registers over k: two vector
+ * loads of B and MR broadcasts of A feed 8 fmas. */
+static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc)
+{
+	cg_loop LM, LN, LK;
+	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
+	cg_loop_begin(g, &LN, ci(g, 0), ci(g, N), ci(g, NR));
+	V m0 = LM.iv, n0 = LN.iv;
+	V init[MR * 2], ph[MR * 2], next[MR * 2], cp[MR * 2];
+	for (int r = 0; r < MR; r++)
+		for (int h = 0; h < 2; h++) {
+			cp[r * 2 + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
+						     add(g, n0, ci(g, h * VW))));
+			init[r * 2 + h] = acc ? load(g, vf(g), cp[r * 2 + h], 4) : vconst(g, 0.0);
+		}
+	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	loop_phis(g, &LK, MR * 2, init, ph);
+	V k = LK.iv;
+	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
+	V b0 = load(g, vf(g), at(g, B, bp), 4);
+	V b1 = load(g, vf(g), at(g, B, add(g, bp, ci(g, VW))), 4);
+	for (int r = 0; r < MR; r++) {
+		V a = splat(g, load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)),
+									 ci(g, am)),
+								  mul(g, k, ci(g, ak)))), 4));
+		next[r * 2] = vfma(g, a, b0, ph[r * 2]);
+		next[r * 2 + 1] = vfma(g, a, b1, ph[r * 2 + 1]);
+	}
+	loop_next(g, MR * 2, ph, next);
+	cg_loop_end(g, &LK);
+	for (int i = 0; i < MR * 2; i++)
+		store(g, ph[i], cp[i], 4);
+	cg_loop_end(g, &LN);
+	cg_loop_end(g, &LM);
+}
+
+/* A vector of ity: x + (0, 1, ..., VW - 1). */
+static V iota_from(cg *g, V x)
+{
+	T vt = t_vec(g->ity, VW);
+	V e[VW];
+	for (int l = 0; l < VW; l++)
+		e[l] = c_int(g->ity, l);
+	V v = c_undef(vt);
+	for (int l = 0; l < VW; l++)
+		v = insert(g, v, x, (unsigned)l);
+	return add(g, v, LLVMConstVector(e, VW));
+}
+
+static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
+		 int64_t M, int64_t N, int64_t kn, bool acc)
+{
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc);
+}
+
+/* The logits (and derivatives) of row r of S [..][BK], keys from kb. A
+ * primitive with neither mask nor softcap (scale, causal, window) is
+ * computed here in whole vectors; anything else lane by lane through
+ * cg_attn_scores, the expression emitter's way. */
+static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, V *lg, V *dlg)
 {
 	cg *g = K->g;
+	const fz_attn *A = K->A;
+	if (!A->decomposed && !A->mask && A->softcap == 0) {
+		T vt = t_vec(g->ity, VW);
+		V tk = cg_ext(g, A->tk), vi = iota_from(g, i), ninf = vconst(g, -INFINITY);
+		V tkv = iota_from(g, tk), vw = iota_from(g, ci(g, A->window));
+		(void)vt;
+		/* iota_from(x) - iota: x in every lane */
+		V zero_iota = iota_from(g, ci(g, 0));
+		vi = sub(g, vi, zero_iota);
+		tkv = sub(g, tkv, zero_iota);
+		vw = sub(g, vw, zero_iota);
+		for (int c = 0; c < BK / VW; c++) {
+			V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+			V j = iota_from(g, add(g, kb, ci(g, c * VW)));
+			V hidden = icmp(g, LLVMIntUGE, j, tkv);
+			if (A->causal)
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
+			if (A->window > 0) {
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, vi, add(g, j, vw)));
+				if (!A->causal)
+					hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, vi, vw)));
+			}
+			lg[c] = sel(g, hidden, ninf, fmul(g, sv, vconst(g, A->scale)));
+			if (dlg)
+				dlg[c] = sel(g, hidden, vconst(g, 0.0), vconst(g, A->scale));
+		}
+		return;
+	}
 	for (int c = 0; c < BK / VW; c++) {
+		V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
 		V s[VW], o[VW], d[VW];
 		for (int l = 0; l < VW; l++)
-			s[l] = extract(g, acc[c], (unsigned)l);
+			s[l] = extract(g, sv, (unsigned)l);
 		cg_ix j0 = cg_ix_of(add(g, kb, ci(g, c * VW)), VW);
 		cg_attn_scores(g, K->A, b, h, i, j0, VW, s, o, dlg ? d : NULL);
 		lg[c] = c_undef(vf(g));
@@ -449,38 +555,10 @@ static void block_logits(ak *K, V b, V h, V i, V kb, const V *acc, V *lg, V *dlg
 	}
 }
 
-/* out[0..n vectors) += p * X[jj][...] for jj < nk, p from P[jj]: a row of
- * probabilities against a block (o += p v, dq += ds k), in registers. */
-static void accumulate_rows(ak *K, V P, V Xs, int64_t n, V nk, V *vec)
+static V exp_masked(cg *g, V lg, V shift)
 {
-	cg *g = K->g;
-	int nv = (int)(n / VW);
-	V *ph = malloc(sizeof(V) * (size_t)nv * 2), *next = ph + nv;
-	if (!ph) {
-		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
-		return;
-	}
-	cg_loop L;
-	cg_loop_begin(g, &L, ci(g, 0), nk, ci(g, 1));
-	loop_phis(g, &L, nv, vec, ph);
-	V p = splat(g, load(g, t_f32(g), at(g, P, L.iv), 4));
-	V xb = mul(g, L.iv, ci(g, n));
-	for (int v = 0; v < nv; v++)
-		next[v] = vfma(g, p, load(g, vf(g), at(g, Xs, add(g, xb, ci(g, v * VW))), 4),
-			       ph[v]);
-	loop_next(g, nv, ph, next);
-	cg_loop_end(g, &L);
-	for (int v = 0; v < nv; v++)
-		vec[v] = ph[v];
-	free(ph);
-}
-
-/* Loads n floats of row `row` of slot s into scratch dst (f32). */
-static void row_to_scratch(ak *K, int s, V off, int64_t n, V dst)
-{
-	cg *g = K->g;
-	for (int64_t e = 0; e < n; e += VW)
-		store(g, vload(g, s, K->dt, add(g, off, ci(g, e))), at(g, dst, ci(g, e)), 4);
+	V p = vexp(g, fsub(g, lg, shift));
+	return sel(g, fcmp(g, LLVMRealOEQ, lg, vconst(g, -INFINITY)), vconst(g, 0.0), p);
 }
 
 static V dot_rows(ak *K, int s1, V off1, int s2, V off2, int64_t n)
@@ -493,8 +571,8 @@ static V dot_rows(ak *K, int s1, V off1, int s2, V off2, int64_t n)
 	return hreduce(g, acc, false);
 }
 
-/* Work items over `outer` x ceil(len / blk): *w0 is the block's outer
- * index, *blk0 its first element. */
+/* Work items over `outer` x ceil(len / blk): *o is the item's outer
+ * index, *first its block's first element. */
 static void work_loop(cg *g, cg_loop *L, V outer, V len, int blk, V *o, V *first)
 {
 	V nb = udiv(g, add(g, len, ci(g, blk - 1)), ci(g, blk));
@@ -505,6 +583,40 @@ static void work_loop(cg *g, cg_loop *L, V outer, V len, int blk, V *o, V *first
 	*first = mul(g, urem(g, L->iv, nb), ci(g, blk));
 }
 
+/* Where a work item over query rows [i0, i0 + BQ) of head h reads. */
+typedef struct qitem {
+	V b, h, bh, i0, i1, nrows, kbase, vbase, rowbase;
+} qitem;
+
+static void query_item(ak *K, cg_loop *W, qitem *Q)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
+	work_loop(g, W, mul(g, cg_ext(g, A->batch), hq), tq, BQ, &Q->bh, &Q->i0);
+	Q->b = udiv(g, Q->bh, hq);
+	Q->h = urem(g, Q->bh, hq);
+	V hk = udiv(g, Q->h, ci(g, A->group));
+	Q->i1 = umin(g, add(g, Q->i0, ci(g, BQ)), tq);
+	Q->nrows = sub(g, Q->i1, Q->i0);
+	V kvh = add(g, mul(g, Q->b, cg_ext(g, A->hkv)), hk);
+	Q->kbase = mul(g, kvh, tk);
+	Q->vbase = Q->kbase;
+	Q->rowbase = add(g, mul(g, Q->bh, tq), Q->i0);
+}
+
+/* Opens the loop over the blocks of keys the item's rows may see: *kb
+ * the block's first key, *nk its keys (BK but at the end). */
+static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
+{
+	cg *g = K->g;
+	V klo, khi;
+	cg_attn_key_range(g, K->A, Q->i0, Q->i1, &klo, &khi);
+	cg_loop_begin(g, KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
+	*kb = KB->iv;
+	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
+}
+
 static void kernel_fwd(ak *K)
 {
 	cg *g = K->g;
@@ -512,84 +624,57 @@ static void kernel_fwd(ak *K)
 	int64_t D = K->D, DV = K->DV;
 	V Qs = scratch(g, BQ * (int)D), Kt = scratch(g, (int)D * BK);
 	V Vs = scratch(g, BK * (int)DV), Os = scratch(g, BQ * (int)DV);
-	V Ms = scratch(g, BQ), Ls = scratch(g, BQ), Ps = scratch(g, BK);
-	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W;
-	V bh, i0;
-	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hq), tq, BQ, &bh, &i0);
-	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
-	V hk = udiv(g, h, ci(g, A->group));
-	V i1 = umin(g, add(g, i0, ci(g, BQ)), tq), nrows = sub(g, i1, i0);
-	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), hk);
-	V kbase = mul(g, mul(g, kvh, tk), ci(g, D)), vbase = mul(g, mul(g, kvh, tk), ci(g, DV));
-	V rowbase = add(g, mul(g, bh, tq), i0);
-	/* the query block, the accumulators */
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
-	row_to_scratch(K, K->sq, mul(g, add(g, rowbase, R.iv), ci(g, D)), D,
-		       at(g, Qs, mul(g, R.iv, ci(g, D))));
-	for (int64_t e = 0; e < DV; e += VW)
-		store(g, vconst(g, 0.0), at(g, Os, add(g, mul(g, R.iv, ci(g, DV)), ci(g, e))), 4);
+	V S = scratch(g, BQ * BK), Ms = scratch(g, BQ), Ls = scratch(g, BQ);
+	cg_loop W, R, KB;
+	qitem Q;
+	query_item(K, &W, &Q);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
+	zero(g, Os, BQ * DV);
+	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
 	store(g, c_f32(g, -INFINITY), at(g, Ms, R.iv), 4);
 	store(g, c_f32(g, 0.0), at(g, Ls, R.iv), 4);
 	cg_loop_end(g, &R);
-	/* the blocks of keys the rows may see */
-	V klo, khi;
-	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
-	V kstart = mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK));
-	cg_loop KB;
-	cg_loop_begin(g, &KB, kstart, khi, ci(g, BK));
-	V kb = KB.iv;
-	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
-	load_block(K, K->sk, D, add(g, kbase, mul(g, kb, ci(g, D))), nk, Kt, NULL);
-	load_block(K, K->sv, DV, add(g, vbase, mul(g, kb, ci(g, DV))), nk, NULL, Vs);
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
+	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
+	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+	/* per row: online softmax; S becomes p, O is rescaled */
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
-		V r = R.iv, i = add(g, i0, r);
-		V acc[BK / VW], lg[BK / VW];
-		row_times_block(K, at(g, Qs, mul(g, r, ci(g, D))), Kt, D, acc);
-		block_logits(K, b, h, i, kb, acc, lg, NULL);
+		V r = R.iv, lg[BK / VW];
+		row_logits(K, S, r, Q.b, Q.h, add(g, Q.i0, r), kb, lg, NULL);
 		V bm = lg[0];
 		for (int c = 1; c < BK / VW; c++)
 			bm = vbin(g, "llvm.maxnum", bm, lg[c]);
 		V mold = load(g, t_f32(g), at(g, Ms, r), 4);
 		V mnew = call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g),
 					(V[]){mold, hreduce(g, bm, true)}, 2);
-		V ninf = fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY));
-		V muse = sel(g, ninf, c_f32(g, 0.0), mnew);
+		V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)),
+			     c_f32(g, 0.0), mnew);
 		V alpha = extract(g, vexp(g, splat(g, fsub(g, mold, muse))), 0);
-		V psum = vconst(g, 0.0);
+		V psum = vconst(g, 0.0), vm = splat(g, muse);
 		for (int c = 0; c < BK / VW; c++) {
-			V p = vexp(g, fsub(g, lg[c], splat(g, muse)));
-			p = sel(g, fcmp(g, LLVMRealOEQ, lg[c], vconst(g, -INFINITY)),
-				vconst(g, 0.0), p);
+			V p = exp_masked(g, lg[c], vm);
 			psum = fadd(g, psum, p);
-			store(g, p, at(g, Ps, ci(g, c * VW)), 4);
+			store(g, p, at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
 		}
 		V lold = load(g, t_f32(g), at(g, Ls, r), 4);
-		store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)),
-		      at(g, Ls, r), 4);
+		store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, Ls, r), 4);
 		store(g, mnew, at(g, Ms, r), 4);
-		int nv = (int)(DV / VW);
-		V *o = malloc(sizeof(V) * (size_t)nv);
-		if (!o) {
-			cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
-			return;
+		V va = splat(g, alpha), orow = mul(g, r, ci(g, DV));
+		for (int64_t e = 0; e < DV; e += VW) {
+			V p = at(g, Os, add(g, orow, ci(g, e)));
+			store(g, fmul(g, va, load(g, vf(g), p, 4)), p, 4);
 		}
-		V orow = mul(g, r, ci(g, DV)), va = splat(g, alpha);
-		for (int v = 0; v < nv; v++)
-			o[v] = fmul(g, va, load(g, vf(g), at(g, Os, add(g, orow, ci(g, v * VW))), 4));
-		accumulate_rows(K, Ps, Vs, DV, nk, o);
-		for (int v = 0; v < nv; v++)
-			store(g, o[v], at(g, Os, add(g, orow, ci(g, v * VW))), 4);
-		free(o);
 	}
 	cg_loop_end(g, &R);
+	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true);
 	cg_loop_end(g, &KB);
 	/* o / l, lse */
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
-		V r = R.iv, row = add(g, rowbase, r);
+		V r = R.iv, row = add(g, Q.rowbase, r);
 		V l = load(g, t_f32(g), at(g, Ls, r), 4);
 		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
 		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
@@ -609,23 +694,31 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &W);
 }
 
-/* p and ds of one query row against a block of keys, into P and DS. */
-static void row_grads(ak *K, V b, V h, V i, V kb, V qrow, V dorow, V lse, V di,
-		      V Kt, V Vt, V P, V DS)
+/* p and ds of row r from S and dP (rows of [..][BK]) into their vectors. */
+static void row_grads(ak *K, V S, V dP, V r, V b, V h, V i, V kb, V lse, V di,
+		      V *p, V *ds)
 {
 	cg *g = K->g;
-	V acc[BK / VW], dp[BK / VW], lg[BK / VW], dl[BK / VW];
-	row_times_block(K, qrow, Kt, K->D, acc);
-	row_times_block(K, dorow, Vt, K->DV, dp);
-	block_logits(K, b, h, i, kb, acc, lg, dl);
+	V lg[BK / VW], dl[BK / VW];
+	row_logits(K, S, r, b, h, i, kb, lg, dl);
 	V vl = splat(g, lse), vd = splat(g, di);
 	for (int c = 0; c < BK / VW; c++) {
-		V p = vexp(g, fsub(g, lg[c], vl));
-		p = sel(g, fcmp(g, LLVMRealOEQ, lg[c], vconst(g, -INFINITY)), vconst(g, 0.0), p);
-		V ds = fmul(g, fmul(g, p, fsub(g, dp[c], vd)), dl[c]);
-		store(g, p, at(g, P, ci(g, c * VW)), 4);
-		store(g, ds, at(g, DS, ci(g, c * VW)), 4);
+		V dp = load(g, vf(g), at(g, dP, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+		p[c] = exp_masked(g, lg[c], vl);
+		ds[c] = fmul(g, fmul(g, p[c], fsub(g, dp, vd)), dl[c]);
 	}
+}
+
+/* lse and di = do . o of the rows of a query block into LSE, DI. */
+static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
+{
+	cg *g = K->g;
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V row = add(g, rowbase, R.iv), off = mul(g, row, ci(g, K->DV));
+	store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
+	store(g, dot_rows(K, K->sdo, off, K->so, off, K->DV), at(g, DI, R.iv), 4);
+	cg_loop_end(g, &R);
 }
 
 static void kernel_dq(ak *K)
@@ -636,89 +729,44 @@ static void kernel_dq(ak *K)
 	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
 	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
 	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
-	V Ps = scratch(g, BK), DS = scratch(g, BK);
-	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W;
-	V bh, i0;
-	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hq), tq, BQ, &bh, &i0);
-	V b = udiv(g, bh, hq), h = urem(g, bh, hq);
-	V hk = udiv(g, h, ci(g, A->group));
-	V i1 = umin(g, add(g, i0, ci(g, BQ)), tq), nrows = sub(g, i1, i0);
-	V kvh = add(g, mul(g, b, cg_ext(g, A->hkv)), hk);
-	V kbase = mul(g, mul(g, kvh, tk), ci(g, D)), vbase = mul(g, mul(g, kvh, tk), ci(g, DV));
-	V rowbase = add(g, mul(g, bh, tq), i0);
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
+	cg_loop W, R, KB;
+	qitem Q;
+	query_item(K, &W, &Q);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
+	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, dOs, NULL);
+	zero(g, dQs, BQ * D);
+	row_stats(K, Q.rowbase, Q.nrows, LSE, DI);
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
+	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
+	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+	/* S becomes ds (rows past nrows: q and do are 0 there, so S and dP
+	 * are 0, and ds stays 0) */
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
-		V row = add(g, rowbase, R.iv);
-		row_to_scratch(K, K->sq, mul(g, row, ci(g, D)), D, at(g, Qs, mul(g, R.iv, ci(g, D))));
-		row_to_scratch(K, K->sdo, mul(g, row, ci(g, DV)), DV,
-			       at(g, dOs, mul(g, R.iv, ci(g, DV))));
-		for (int64_t e = 0; e < D; e += VW)
-			store(g, vconst(g, 0.0), at(g, dQs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4);
-		store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
-		store(g, dot_rows(K, K->sdo, mul(g, row, ci(g, DV)), K->so, mul(g, row, ci(g, DV)), DV),
-		      at(g, DI, R.iv), 4);
+		V r = R.iv, p[BK / VW], ds[BK / VW];
+		row_grads(K, S, dP, r, Q.b, Q.h, add(g, Q.i0, r), kb,
+			  load(g, t_f32(g), at(g, LSE, r), 4), load(g, t_f32(g), at(g, DI, r), 4),
+			  p, ds);
+		for (int c = 0; c < BK / VW; c++)
+			store(g, ds[c], at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
 	}
 	cg_loop_end(g, &R);
-	V klo, khi;
-	cg_attn_key_range(g, A, i0, i1, &klo, &khi);
-	cg_loop KB;
-	cg_loop_begin(g, &KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
-	V kb = KB.iv;
-	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
-	load_block(K, K->sk, D, add(g, kbase, mul(g, kb, ci(g, D))), nk, Kt, Ks);
-	load_block(K, K->sv, DV, add(g, vbase, mul(g, kb, ci(g, DV))), nk, Vt, NULL);
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
-	{
-		V r = R.iv, i = add(g, i0, r);
-		row_grads(K, b, h, i, kb, at(g, Qs, mul(g, r, ci(g, D))),
-			  at(g, dOs, mul(g, r, ci(g, DV))), load(g, t_f32(g), at(g, LSE, r), 4),
-			  load(g, t_f32(g), at(g, DI, r), 4), Kt, Vt, Ps, DS);
-		int nv = (int)(D / VW);
-		V *q = malloc(sizeof(V) * (size_t)nv);
-		if (!q) {
-			cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
-			return;
-		}
-		V qr = mul(g, r, ci(g, D));
-		for (int v = 0; v < nv; v++)
-			q[v] = load(g, vf(g), at(g, dQs, add(g, qr, ci(g, v * VW))), 4);
-		accumulate_rows(K, DS, Ks, D, nk, q);
-		for (int v = 0; v < nv; v++)
-			store(g, q[v], at(g, dQs, add(g, qr, ci(g, v * VW))), 4);
-		free(q);
-	}
-	cg_loop_end(g, &R);
+	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true);
 	cg_loop_end(g, &KB);
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	int odq = g->r->n_in + A->out_dq;
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
-		V row = add(g, rowbase, R.iv);
+		V row = add(g, Q.rowbase, R.iv);
 		for (int64_t e = 0; e < D; e++)
-			sstore(g, g->r->n_in + A->out_dq, K->dt,
-			       add(g, mul(g, row, ci(g, D)), ci(g, e)),
+			sstore(g, odq, K->dt, add(g, mul(g, row, ci(g, D)), ci(g, e)),
 			       load(g, t_f32(g), at(g, dQs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
 	}
 	cg_loop_end(g, &R);
 	cg_loop_end(g, &W);
-}
-
-/* dst[jj][...] += x * src (n floats) for jj < nk, x from X[jj]: the rank-1
- * updates of dk and dv, rows in memory. */
-static void rank1_rows(ak *K, V X, V src, V dst, int64_t n, V nk)
-{
-	cg *g = K->g;
-	int nv = (int)(n / VW);
-	cg_loop L;
-	cg_loop_begin(g, &L, ci(g, 0), nk, ci(g, 1));
-	V x = splat(g, load(g, t_f32(g), at(g, X, L.iv), 4));
-	V base = mul(g, L.iv, ci(g, n));
-	for (int v = 0; v < nv; v++) {
-		V p = at(g, dst, add(g, base, ci(g, v * VW)));
-		store(g, vfma(g, x, load(g, vf(g), at(g, src, ci(g, v * VW)), 4),
-			      load(g, vf(g), p, 4)), p, 4);
-	}
-	cg_loop_end(g, &L);
 }
 
 static void kernel_dkv(ak *K)
@@ -728,55 +776,68 @@ static void kernel_dkv(ak *K)
 	int64_t D = K->D, DV = K->DV;
 	V Kt = scratch(g, (int)D * BK), Vt = scratch(g, (int)DV * BK);
 	V dKs = scratch(g, BK * (int)D), dVs = scratch(g, BK * (int)DV);
-	V Qr = scratch(g, (int)D), dOr = scratch(g, (int)DV), Ps = scratch(g, BK), DS = scratch(g, BK);
+	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
+	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
+	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W;
+	cg_loop W, G, QB, R;
 	V bk, kb;
 	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
 	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
-	V kbase = mul(g, add(g, mul(g, bk, tk), kb), ci(g, D));
-	V vbase = mul(g, add(g, mul(g, bk, tk), kb), ci(g, DV));
-	load_block(K, K->sk, D, kbase, nk, Kt, NULL);
-	load_block(K, K->sv, DV, vbase, nk, Vt, NULL);
-	cg_loop Z;
-	cg_loop_begin(g, &Z, ci(g, 0), ci(g, BK), ci(g, 1));
-	for (int64_t e = 0; e < D; e += VW)
-		store(g, vconst(g, 0.0), at(g, dKs, add(g, mul(g, Z.iv, ci(g, D)), ci(g, e))), 4);
-	for (int64_t e = 0; e < DV; e += VW)
-		store(g, vconst(g, 0.0), at(g, dVs, add(g, mul(g, Z.iv, ci(g, DV)), ci(g, e))), 4);
-	cg_loop_end(g, &Z);
+	V krow = add(g, mul(g, bk, tk), kb);
+	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, Kt);
+	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, Vt);
+	zero(g, dKs, BK * D);
+	zero(g, dVs, BK * DV);
 	V qlo, qhi;
 	cg_attn_query_range(g, A, kb, add(g, kb, nk), &qlo, &qhi);
-	cg_loop G;
 	cg_loop_begin(g, &G, ci(g, 0), ci(g, A->group), ci(g, 1));
 	V h = add(g, mul(g, hk, ci(g, A->group)), G.iv);
 	V bh = add(g, mul(g, b, hq), h);
-	cg_loop R;
-	cg_loop_begin(g, &R, qlo, qhi, ci(g, 1));
+	cg_loop_begin(g, &QB, mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ)), qhi, ci(g, BQ));
 	{
-		V i = R.iv, row = add(g, mul(g, bh, tq), i);
-		row_to_scratch(K, K->sq, mul(g, row, ci(g, D)), D, Qr);
-		row_to_scratch(K, K->sdo, mul(g, row, ci(g, DV)), DV, dOr);
-		V lse = sload(g, K->slse, FZ_F32, row);
-		V di = dot_rows(K, K->sdo, mul(g, row, ci(g, DV)), K->so, mul(g, row, ci(g, DV)), DV);
-		row_grads(K, b, h, i, kb, Qr, dOr, lse, di, Kt, Vt, Ps, DS);
-		rank1_rows(K, Ps, dOr, dVs, DV, nk);
-		rank1_rows(K, DS, Qr, dKs, D, nk);
+		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
+		V rowbase = add(g, mul(g, bh, tq), i0);
+		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, Qs, NULL);
+		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, dOs, NULL);
+		row_stats(K, rowbase, nrows, LSE, DI);
+		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
+		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+		{
+			V r = R.iv, p[BK / VW], ds[BK / VW];
+			row_grads(K, S, dP, r, b, h, add(g, i0, r), kb,
+				  load(g, t_f32(g), at(g, LSE, r), 4),
+				  load(g, t_f32(g), at(g, DI, r), 4), p, ds);
+			for (int c = 0; c < BK / VW; c++) {
+				V o = add(g, mul(g, r, ci(g, BK)), ci(g, c * VW));
+				store(g, p[c], at(g, S, o), 4);
+				store(g, ds[c], at(g, dP, o), 4);
+			}
+		}
+		cg_loop_end(g, &R);
+		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
+		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true);
+		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true);
 	}
-	cg_loop_end(g, &R);
+	cg_loop_end(g, &QB);
 	cg_loop_end(g, &G);
 	int odk = g->r->n_in + A->out_dk, odv = g->r->n_in + A->out_dv;
-	cg_loop_begin(g, &Z, ci(g, 0), nk, ci(g, 1));
-	if (A->out_dk >= 0)
-		for (int64_t e = 0; e < D; e++)
-			sstore(g, odk, K->dt, add(g, add(g, kbase, mul(g, Z.iv, ci(g, D))), ci(g, e)),
-			       load(g, t_f32(g), at(g, dKs, add(g, mul(g, Z.iv, ci(g, D)), ci(g, e))), 4));
-	if (A->out_dv >= 0)
-		for (int64_t e = 0; e < DV; e++)
-			sstore(g, odv, K->dt, add(g, add(g, vbase, mul(g, Z.iv, ci(g, DV))), ci(g, e)),
-			       load(g, t_f32(g), at(g, dVs, add(g, mul(g, Z.iv, ci(g, DV)), ci(g, e))), 4));
-	cg_loop_end(g, &Z);
+	cg_loop_begin(g, &R, ci(g, 0), nk, ci(g, 1));
+	{
+		V kr = add(g, krow, R.iv);
+		if (A->out_dk >= 0)
+			for (int64_t e = 0; e < D; e++)
+				sstore(g, odk, K->dt, add(g, mul(g, kr, ci(g, D)), ci(g, e)),
+				       load(g, t_f32(g), at(g, dKs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
+		if (A->out_dv >= 0)
+			for (int64_t e = 0; e < DV; e++)
+				sstore(g, odv, K->dt, add(g, mul(g, kr, ci(g, DV)), ci(g, e)),
+				       load(g, t_f32(g), at(g, dVs, add(g, mul(g, R.iv, ci(g, DV)), ci(g, e))), 4));
+	}
+	cg_loop_end(g, &R);
 	cg_loop_end(g, &W);
 }
 
@@ -799,15 +860,14 @@ void cg_attention(cg *g)
 		cg_attention_gpu(g, &A);
 		return;
 	}
-	if (A.dtype == FZ_F64 || A.d % VW || A.dv % VW || A.d > 512 || A.dv > 512) {
+	if (A.dtype == FZ_F64 || A.d % NR || A.dv % NR || A.d > 512 || A.dv > 512) {
 		cg_fail(g, FZ_EUNSUPPORTED, A.first, "the host attention kernel takes "
 			"f32, f16 and bf16 with head dims that are multiples of %d "
-			"up to 512 (here %s, %lld and %lld)", VW, fz_dtype_name(A.dtype),
+			"up to 512 (here %s, %lld and %lld)", NR, fz_dtype_name(A.dtype),
 			(long long)A.d, (long long)A.dv);
 		return;
 	}
-	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv,
-		(int)(A.d / VW), (int)(A.dv / VW)};
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
 		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;

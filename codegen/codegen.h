@@ -93,16 +93,16 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 7 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 8 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
                               * 2 or -1, bf16 rounding by cvt on sm_80+;
                               * 6: host rows stash the last pass's values
                               * for the tail, bf16 stored without a second
-                              * rounding; 7: attention regions on the GPU
-                              * and emu, which earlier builds cached as
-                              * unsupported) */
+                              * rounding; 7: attention regions; 8: attention
+                              * regions on the GPU and emu, which builds of
+                              * version 7 cached as unsupported) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -54,38 +54,11 @@ static bool value_as_int(const fz_attr_value *v, int64_t *out)
 	return false;
 }
 
-/* An extent written as a name: "B", or a product "2*B*T". */
+/* An extent written as a name: "B", a product "2*B*T", or a sum of
+ * products "B*T+2", "T-1" (a derived symbol: type.c). */
 static bool parse_ext_name(fz_trace *t, const char *s, fz_ext *out)
 {
-	fz_ext e = fz_ext_const(1);
-	char buf[128];
-	while (*s) {
-		size_t n = strcspn(s, "*");
-		if (n == 0 || n >= sizeof buf)
-			return false;
-		memcpy(buf, s, n);
-		buf[n] = '\0';
-		fz_ext f;
-		char *end;
-		if (buf[0] >= '0' && buf[0] <= '9') {
-			long long v = strtoll(buf, &end, 10);
-			if (*end || v < 0)
-				return false;
-			f = fz_ext_const(v);
-		} else {
-			int sym = fz_trace_symbol_intern(t, buf);
-			if (sym < 0)
-				return false;
-			f = fz_ext_sym(sym);
-		}
-		if (!fz_ext_mul(e, f, &e))
-			return false;
-		s += n;
-		if (*s == '*' && !*++s)
-			return false;
-	}
-	*out = e;
-	return true;
+	return fz_trace_ext_parse(t, s, out);
 }
 
 static int list_items(fz_trace *t, const char *op, const char *key,
@@ -212,10 +185,11 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 			a->value = v->f;
 			return 0;
 		}
-		if (v->kind == FZ_AV_NAME && strchr(v->name, '*') == NULL) {
-			a->value_sym = fz_trace_symbol_intern(t, v->name);
-			if (a->value_sym >= 0)
-				return 0;
+		fz_ext ve;
+		if (v->kind == FZ_AV_NAME && parse_ext_name(t, v->name, &ve) &&
+		    fz_ext_as_sym(ve) >= 0) {
+			a->value_sym = fz_ext_as_sym(ve);
+			return 0;
 		}
 		return fz_fail(t, "%s: attribute 'value' must be a number or an "
 			       "extent name", op);
@@ -336,8 +310,11 @@ static int resolve_reshape(fz_trace *t, const fz_value *x, fz_attrs *a)
 	if (!fz_type_numel(&x->type, &total))
 		return fz_fail(t, "reshape: element count overflows");
 	char e1[128], e2[128];
+	fz_poly p;
 	if ((known.c == 0 && known.syms == 0) ||
-	    !fz_ext_div(total, known, &a->shape[hole]))
+	    !fz_ext_div(total, known, &a->shape[hole]) ||
+	    !fz_ext_expand(t, a->shape[hole], &p) ||
+	    !fz_trace_ext_of_poly(t, &p, &a->shape[hole]))
 		return fz_fail(t, "reshape: cannot infer -1: %s elements do not "
 			       "divide by %s", fz_ext_str(t, total, e1, sizeof e1),
 			       fz_ext_str(t, known, e2, sizeof e2));

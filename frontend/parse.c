@@ -57,6 +57,22 @@
  * inside an attribute a product of extents, `shape=[B*T, 4096]`, becomes
  * the one name "B*T" that the builder reads as an extent.
  *
+ * Extents may be sums of products, in a parameter's type and in an
+ * attribute alike, which extends DESIGN.md's grammar:
+ *
+ *     dim    := ['-'] prod (('+' | '-') prod)*     # B*T, T+1, B*T-B, 2*T
+ *     prod   := term ('*' term)*
+ *     term   := INT | NAME
+ *
+ *     trace shift(x: f32[B, T+1]) {
+ *       y = slice(x, start=[0, 1], end=[B, T+1])    # f32[B, T]
+ *       ...
+ *
+ * `T-1` lexes as NAME and the signed INT `-1`; the parser takes that INT as
+ * the operator and the next term at once. The extent's tokens become one
+ * name without spaces, "B*T-B", read by fz_trace_ext_parse (ir/type.c): a
+ * sum is a derived symbol, sized at run time from the free ones.
+ *
  * Limits are checked before they can hurt: nesting (of calls and of lists)
  * beyond MAX_DEPTH is an error raised before recursing, so 100000 nested
  * `neg(` cost no stack; integers that overflow int64 and numbers beyond the
@@ -85,7 +101,7 @@ typedef enum tkind {
 	TK_NAME,   /* identifiers; keywords, dtypes, true/false are NAMEs */
 	TK_INT,    /* an integer literal, optionally signed */
 	TK_NUMBER, /* a literal with a fraction or an exponent */
-	TK_PUNCT,  /* one of ( ) [ ] { } , = : * */
+	TK_PUNCT,  /* one of ( ) [ ] { } , = : * + - */
 	TK_BAD,    /* a byte that starts no token, or a malformed number */
 	TK_EOF,
 } tkind;
@@ -310,7 +326,7 @@ static bool is_alpha(int c)
 
 static bool is_digit(int c) { return c >= '0' && c <= '9'; }
 
-static bool is_punct(int c) { return c && strchr("()[]{},=:*", c) != NULL; }
+static bool is_punct(int c) { return c && strchr("()[]{},=:*+-", c) != NULL; }
 
 static bool is_space(int c)
 {
@@ -841,44 +857,72 @@ static bool is_op(const char *name)
 	return fz_op_from_name(name, &op);
 }
 
-/* An extent written as a product, as the printer writes a reshaped
- * symbolic extent, inside an attribute list:
- *     product := (INT | NAME) ('*' (INT | NAME))+
- * It becomes one NAME value, "2*B*T", which the builder reads as an
- * extent. The first factor has been consumed. */
-static bool parse_product(parser *P, const token *first, fz_attr_value *out)
+/* A signed integer token: "-1" in T-1 is the operator and a factor. */
+static bool signed_int(const parser *P, const token *tk)
 {
-	size_t n = first->len;
-	const token *last = first;
-	while (punct_is(P, peek(P), '*')) {
+	return tk->kind == TK_INT && (P->src[tk->pos] == '-' ||
+				      P->src[tk->pos] == '+');
+}
+
+/* Whether the token after an extent's first factor continues it. */
+static bool ext_continues(parser *P, const token *tk)
+{
+	return punct_is(P, tk, '*') || punct_is(P, tk, '+') ||
+	       punct_is(P, tk, '-') || signed_int(P, tk);
+}
+
+/* An extent that is more than one token, a product or a sum of products:
+ *     ext    := ['-'] factor ('*' factor)* (sign factor ('*' factor)*)*
+ *     sign   := '+' | '-'            (or the sign of an INT: T-1, B*T+2)
+ *     factor := INT | NAME
+ * as the printer writes a reshaped extent (B*T), a derived one (T+1,
+ * B*T-B) or a shape. It becomes one NAME value, "B*T-B" without spaces,
+ * which the builder reads as an extent (fz_trace_ext_parse). Nothing is
+ * consumed yet. */
+static bool parse_extent(parser *P, const char **out)
+{
+	size_t first = P->pos, n = 0;
+	bool want_factor = true;
+	if (punct_is(P, peek(P), '-'))
 		next(P);
+	for (;;) {
 		token *tk = peek(P);
-		if (!(tk->kind == TK_NAME || (tk->kind == TK_INT &&
-		      P->src[tk->pos] != '-' && P->src[tk->pos] != '+')))
-			return expected(P, tk, "an extent (an integer or a name) "
-					"after '*'");
-		next(P);
-		n += 1 + tk->len;
-		last = tk;
+		if (want_factor) {
+			if (!(tk->kind == TK_NAME || (tk->kind == TK_INT &&
+			      !tk->overflow && (P->pos == first || !signed_int(P, tk)))))
+				return expected(P, tk, "an extent (an integer or a "
+						"name)");
+			next(P);
+			want_factor = false;
+			continue;
+		}
+		if (signed_int(P, tk) && !tk->overflow) {
+			next(P); /* sign and factor at once */
+			continue;
+		}
+		if (punct_is(P, tk, '*') || punct_is(P, tk, '+') ||
+		    punct_is(P, tk, '-')) {
+			next(P);
+			want_factor = true;
+			continue;
+		}
+		break;
 	}
+	for (size_t i = first; i < P->pos; i++)
+		n += tok_at(P, i)->len;
 	char *s = fz_arena_alloc(&P->scratch, n + 1);
 	if (!s) {
 		P->oom = P->stop = true;
 		return false;
 	}
-	/* The factors, without the spaces between them: tokens alternate
-	 * factor, '*', factor, ... */
 	size_t k = 0;
-	for (const token *tk = first;; tk += 2) {
+	for (size_t i = first; i < P->pos; i++) {
+		const token *tk = tok_at(P, i);
 		memcpy(s + k, P->src + tk->pos, tk->len);
 		k += tk->len;
-		if (tk == last)
-			break;
-		s[k++] = '*';
 	}
 	s[k] = '\0';
-	out->kind = FZ_AV_NAME;
-	out->name = s;
+	*out = s;
 	return true;
 }
 
@@ -926,7 +970,7 @@ static void recover_stmt(parser *P, size_t start)
 }
 
 /* value := NUMBER | NAME | DTYPE | 'true' | 'false'
- *        | '[' (value (',' value)*)? ']' | product
+ *        | '[' (value (',' value)*)? ']' | ext
  * Returns false on a syntax error; *ok turns false on a semantic one. */
 static bool parse_value(parser *P, const char *key, fz_attr_value *out,
                         bool *ok)
@@ -934,10 +978,11 @@ static bool parse_value(parser *P, const char *key, fz_attr_value *out,
 	token *tk = peek(P);
 	char q[64];
 
-	if ((tk->kind == TK_NAME || (tk->kind == TK_INT && !tk->overflow)) &&
-	    punct_is(P, peek_at(P, 1), '*')) {
-		next(P);
-		return parse_product(P, tk, out);
+	if (((tk->kind == TK_NAME || (tk->kind == TK_INT && !tk->overflow)) &&
+	     ext_continues(P, peek_at(P, 1))) ||
+	    (punct_is(P, tk, '-') && peek_at(P, 1)->kind == TK_NAME)) {
+		out->kind = FZ_AV_NAME;
+		return parse_extent(P, &out->name);
 	}
 	if (tk->kind == TK_INT) {
 		next(P);
@@ -1257,11 +1302,17 @@ out:
 	return good;
 }
 
-/* dim := INT | NAME
+/* dim := INT | NAME | ext     (ext: a product B*T or a sum T+1, B*T-B)
  * Returns false on a syntax error; *ok turns false on a semantic one. */
 static bool parse_dim(parser *P, fz_dim *out, bool *ok)
 {
 	token *tk = peek(P);
+	if (((tk->kind == TK_NAME || (tk->kind == TK_INT && !tk->overflow)) &&
+	     ext_continues(P, peek_at(P, 1))) ||
+	    (punct_is(P, tk, '-') && peek_at(P, 1)->kind == TK_NAME)) {
+		out->size = 0;
+		return parse_extent(P, &out->sym);
+	}
 	if (tk->kind == TK_NAME) {
 		next(P);
 		out->size = 0;

@@ -295,6 +295,10 @@ FZ_API fz_status fz_exec_sync(fz_exec *x, void *stream, char **err);
 FZ_API void fz_exec_free(fz_exec *x);
 /* The target that runs: "cpu", "cuda" or "emu". */
 FZ_API const char *fz_exec_device(const fz_exec *x);
+/* Kernels this process has compiled (found in neither cache, so built
+ * with LLVM), on every thread: a framework reads it before and after a
+ * step to count what the step compiled. */
+FZ_API int64_t fz_kernel_builds(void);
 
 /* One-shot: prepares, runs once and frees. Outputs are contiguous,
  * allocated by the library, and released with fz_free (the interpreter's

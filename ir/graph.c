@@ -193,18 +193,16 @@ fz_value *fz_param(fz_trace *t, const char *name, fz_dtype dtype, int rank,
 	fz_type ty = {.dtype = dtype, .rank = rank};
 	for (int i = 0; i < rank; i++) {
 		if (dims[i].sym) {
-			if (!valid_name(dims[i].sym)) {
-				fz_fail(t, "parameter '%s': '%s' is not a valid extent name",
-					name, dims[i].sym);
+			if (!fz_trace_ext_parse(t, dims[i].sym, &ty.dims[i])) {
+				if (t->n_syms == FZ_MAX_SYMS)
+					fz_fail(t, "too many symbolic extents (at most %d)",
+						FZ_MAX_SYMS);
+				else
+					fz_fail(t, "parameter '%s': '%s' is not a valid "
+						"extent (a name, a product B*T, or a sum "
+						"T+1)", name, dims[i].sym);
 				return NULL;
 			}
-			int s = fz_trace_symbol_intern(t, dims[i].sym);
-			if (s < 0) {
-				fz_fail(t, "too many symbolic extents (at most %d)",
-					FZ_MAX_SYMS);
-				return NULL;
-			}
-			ty.dims[i] = fz_ext_sym(s);
 		} else if (dims[i].size < 0) {
 			fz_fail(t, "parameter '%s': extent %lld is negative", name,
 				(long long)dims[i].size);

@@ -249,7 +249,8 @@ static int infer_reshape(const ctx *c, const fz_attrs *a, fz_type *out)
 	fz_ext n1, n2;
 	if (!fz_type_numel(x, &n1) || !fz_type_numel(&r, &n2))
 		return FAIL(c, "reshape: element count overflows");
-	if (!fz_ext_eq(n1, n2))
+	fz_poly d;
+	if (!fz_ext_eq(n1, n2) && !(fz_ext_diff(c->t, n1, n2, &d) && d.n == 0))
 		return FAIL(c, "reshape: operand 1 has %s elements; the shape has %s",
 			    ext_s(c, n1, e1, sizeof e1), ext_s(c, n2, e2, sizeof e2));
 	out[0] = r;
@@ -272,6 +273,43 @@ static int infer_permute(const ctx *c, const fz_attrs *a, fz_type *out)
 	return 1;
 }
 
+/* Whether p >= 0 at every size: no negative coefficient. */
+static bool poly_nonneg(const fz_poly *p)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->term[i].c < 0)
+			return false;
+	return true;
+}
+
+/* A symbolic dim of a slice, step 1: the result is end - start, a sum
+ * like T+1-1 = T or T-1 (a derived symbol, interned here: the trace is
+ * written through the const pointer, see fz_trace_ext_of_poly). end must
+ * not pass the extent: where extent - end has no negative term it never
+ * does; else (the first T of 64 positions) extent - end becomes a derived
+ * symbol too, "-T+64", which binding refuses to see negative. */
+static int symbolic_slice(const ctx *c, int i, fz_ext ext, fz_ext end,
+			  int64_t s, int64_t st, fz_ext *out)
+{
+	char e1[128], e2[128];
+	fz_poly room, len, ps = {.n = 1, .term = {fz_ext_const(s)}};
+	if (st != 1 || s < 0)
+		return FAIL(c, "slice: dim %d has symbolic extent %s; it takes "
+			    "step 1 and a start >= 0", i, ext_s(c, ext, e1, sizeof e1));
+	fz_ext guard;
+	if (!fz_ext_diff(c->t, ext, end, &room) ||
+	    (!poly_nonneg(&room) &&
+	     !fz_trace_ext_of_poly((fz_trace *)c->t, &room, &guard)))
+		return FAIL(c, "slice: end %s in dim %d passes the extent %s",
+			    ext_s(c, end, e1, sizeof e1), i,
+			    ext_s(c, ext, e2, sizeof e2));
+	if (!fz_ext_expand(c->t, end, &len) || !fz_poly_add(&len, &ps, -1, &len) ||
+	    !fz_trace_ext_of_poly((fz_trace *)c->t, &len, out))
+		return FAIL(c, "slice: [%lld, %s) in dim %d is not an extent",
+			    (long long)s, ext_s(c, end, e1, sizeof e1), i);
+	return 0;
+}
+
 static int infer_slice(const ctx *c, const fz_attrs *a, fz_type *out)
 {
 	const fz_type *x = &c->in[0]->type;
@@ -288,12 +326,8 @@ static int infer_slice(const ctx *c, const fz_attrs *a, fz_type *out)
 			return FAIL(c, "slice: step %lld in dim %d; expected >= 1",
 				    (long long)st, i);
 		if (!fz_ext_is_const(ext) || !fz_ext_is_const(end)) {
-			if (!fz_ext_eq(end, ext) || s != 0 || st != 1)
-				return FAIL(c, "slice: dim %d has symbolic extent %s; "
-					    "it can only be kept whole (start 0, end %s,"
-					    " step 1)", i, ext_s(c, ext, e1, sizeof e1),
-					    e1);
-			out[0].dims[i] = ext;
+			if (symbolic_slice(c, i, ext, end, s, st, &out[0].dims[i]) < 0)
+				return -1;
 			continue;
 		}
 		if (s < 0 || s > end.c || end.c > ext.c)
@@ -348,7 +382,10 @@ static int infer_cat(const ctx *c, int n_in, const fz_attrs *a, fz_type *out)
 	char b[400], e1[128], e2[128];
 	if (check_dim(c, "dim", a->dim, x->rank) < 0)
 		return -1;
-	fz_ext sum = x->dims[a->dim];
+	fz_poly sum;
+	if (!fz_ext_expand(c->t, x->dims[a->dim], &sum))
+		return FAIL(c, "cat: the extent of operand 1 along dim %d cannot be "
+			    "added to", a->dim);
 	for (int i = 1; i < n_in; i++) {
 		const fz_type *y = &c->in[i]->type;
 		if (same_dtype(c, i, 0) < 0)
@@ -364,13 +401,17 @@ static int infer_cat(const ctx *c, int n_in, const fz_attrs *a, fz_type *out)
 					    ext_s(c, x->dims[k], e2, sizeof e2));
 		}
 		fz_ext e = y->dims[a->dim];
-		if (e.syms != sum.syms || __builtin_add_overflow(sum.c, e.c, &sum.c))
-			return FAIL(c, "cat: extents %s and %s along dim %d cannot be "
-				    "added into one extent", ext_s(c, sum, e1, sizeof e1),
-				    ext_s(c, e, e2, sizeof e2), a->dim);
+		fz_poly pe;
+		if (!fz_ext_expand(c->t, e, &pe) || !fz_poly_add(&sum, &pe, 1, &sum))
+			return FAIL(c, "cat: extents along dim %d cannot be added into "
+				    "one extent (at %s, %s)", a->dim,
+				    opnd(c, i, b, sizeof b), ext_s(c, e, e1, sizeof e1));
 	}
 	out[0] = *x;
-	out[0].dims[a->dim] = sum;
+	/* the sum, canonical: B and B give 2*B, T and 1 give T+1 */
+	if (!fz_trace_ext_of_poly((fz_trace *)c->t, &sum, &out[0].dims[a->dim]))
+		return FAIL(c, "cat: the extents along dim %d cannot be added into "
+			    "one extent", a->dim);
 	return 1;
 }
 
@@ -666,7 +707,7 @@ static int infer_attention(const ctx *c, int n_in, const fz_attrs *a, fz_type *o
 			    name);
 	fz_type o = *q, lse = *q;
 	o.dims[r - 1] = v->dims[r - 1];
-	lse.dtype = FZ_F32;
+	lse.dtype = d == FZ_F64 ? FZ_F64 : FZ_F32;
 	lse.rank = r - 1;
 	if (!fwd) {
 		const fz_type *want[3] = {&o, &lse, &o};

@@ -230,6 +230,14 @@ static fz_status bind_into(const fz_trace *t, const fz_tensor *inputs, int n_in,
 	 * unbound symbol it can solve for; repeat while that makes progress. */
 	for (bool progress = true; progress;) {
 		progress = false;
+		/* derived symbols (T+1): sized from the free ones, or solved */
+		char msg[300];
+		int derived = fz_trace_syms_derive(t, syms, msg, sizeof msg);
+		if (derived < 0) {
+			set_err(err, "%s", msg);
+			return FZ_EBIND;
+		}
+		progress = derived > 0;
 		for (int i = 0; i < n_in; i++) {
 			const fz_type *p = &t->params[i]->type;
 			for (int d = 0; d < p->rank; d++) {
@@ -1515,7 +1523,7 @@ static fz_status run_attention(interp *I, const fz_node *n)
 			for (int64_t e = 0; e < A.dv; e++)
 				fz_store_f64(S(I, n->out[0])->data, S(I, n->out[0])->dtype,
 					     row * A.dv + e, acc[e]);
-			fz_store_f64(S(I, n->out[1])->data, FZ_F32, row, lse);
+			fz_store_f64(S(I, n->out[1])->data, S(I, n->out[1])->dtype, row, lse);
 			continue;
 		}
 		lse = L[row];

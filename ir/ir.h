@@ -17,6 +17,17 @@
  *     {.c = 2, .syms = B + T (as nibbles)}      2*B*T
  *     {.c = 1, .syms = 2 << 4*T}                T*T
  *
+ * An extent that is a sum, T+1 or B*T-B, is a derived symbol: a trace
+ * symbol whose size is not bound by anyone but computed from the others
+ * by its definition, a polynomial over the free symbols (sym_def). The
+ * sum is kept in a canonical form, so that each value has one spelling:
+ * the terms' common factor comes out as a monomial and what is left,
+ * primitive, is the symbol. B*T-B is B * (T-1): the monomial B times the
+ * derived symbol named "T-1"; 2*T+2 is 2 * "T+1". A derived symbol's name
+ * is its definition as the printer writes it, so two spellings of one sum
+ * meet in one symbol, and passes and kernels see only monomials: a kernel
+ * takes "T+1" as one more size, bound at run time (fz_trace_syms_derive).
+ *
  * Everything a trace holds (nodes, values, shapes, names, attribute lists)
  * comes from its arena and is freed at once with the trace. Nothing frees a
  * single node.
@@ -108,6 +119,15 @@ static inline int fz_ext_as_sym(fz_ext e)
 	int bit = __builtin_ctzll(e.syms);
 	return bit % FZ_SYM_BITS ? -1 : bit / FZ_SYM_BITS;
 }
+
+/* A sum of monomials over free symbols: a derived symbol's definition,
+ * or an extent multiplied out. Canonical: like terms merged, no zero
+ * coefficient, terms by falling degree, the constant last. */
+#define FZ_POLY_TERMS 8
+typedef struct fz_poly {
+	int n;
+	fz_ext term[FZ_POLY_TERMS];
+} fz_poly;
 
 /* a*b; false on coefficient overflow or a power above 15. */
 bool fz_ext_mul(fz_ext a, fz_ext b, fz_ext *out);
@@ -305,6 +325,7 @@ struct fz_trace {
 	fz_value **outputs;
 	int n_outputs;
 	const char *syms[FZ_MAX_SYMS];
+	const fz_poly *sym_def[FZ_MAX_SYMS]; /* NULL: free; else derived */
 	int n_syms;
 
 	fz_name_slot *names;  /* open addressing; cap is a power of two */
@@ -336,6 +357,30 @@ double fz_now(void);
 /* The symbol index of `name`, adding it if new; -1 past FZ_MAX_SYMS. */
 int fz_trace_symbol_intern(fz_trace *t, const char *name);
 int fz_trace_symbol_find(const fz_trace *t, const char *name);
+
+/* Extents that are sums (type.c; see the essay above). */
+/* e multiplied out over the free symbols; false past FZ_POLY_TERMS terms
+ * or on overflow. */
+bool fz_ext_expand(const fz_trace *t, fz_ext e, fz_poly *out);
+/* a + sign*b, canonical; false past FZ_POLY_TERMS terms or on overflow. */
+bool fz_poly_add(const fz_poly *a, const fz_poly *b, int sign, fz_poly *out);
+/* The canonical extent of p, interning its derived symbol; false when p
+ * is negative for all sizes (no positive term), on overflow, or past
+ * FZ_MAX_SYMS. Passes that compute extents (slice, cat) come here, so
+ * the trace is written even when reached through a const pointer: a
+ * symbol already interned is found, never added twice. */
+bool fz_trace_ext_of_poly(fz_trace *t, const fz_poly *p, fz_ext *out);
+/* "B*T+2", "T-1", "2*T" (no spaces) into *out; false on bad text. */
+bool fz_trace_ext_parse(fz_trace *t, const char *s, fz_ext *out);
+/* a - b as a polynomial: equality is a zero polynomial; false when it
+ * cannot be multiplied out. */
+bool fz_ext_diff(const fz_trace *t, fz_ext a, fz_ext b, fz_poly *out);
+/* Fills the size of each derived symbol from the free ones and checks a
+ * derived size already given (by an input's dim or by the caller),
+ * solving for a free symbol that one derived size determines (an input
+ * f32[T+1] of 8 rows binds T to 7). Returns how many symbols it bound, or
+ * -1 with a message in msg when sizes disagree or a sum is negative. */
+int fz_trace_syms_derive(const fz_trace *t, int64_t *syms, char *msg, size_t n);
 
 /* Shape and dtype inference for one primitive op: fills out[0..n) and
  * returns n, or returns -1 with a message naming the op, the operand and

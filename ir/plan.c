@@ -460,8 +460,13 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 		p->opts = *o;
 	else
 		fz_plan_defaults(&p->opts);
+	int64_t given[FZ_MAX_SYMS];
+	char msg[8];
+	for (int s = 0; s < FZ_MAX_SYMS; s++)
+		given[s] = p->opts.sym_sizes && s < t->n_syms ? p->opts.sym_sizes[s] : -1;
+	fz_trace_syms_derive(t, given, msg, sizeof msg); /* T+1 from T */
 	for (int s = 0; s < FZ_MAX_SYMS; s++) {
-		int64_t v = p->opts.sym_sizes ? p->opts.sym_sizes[s] : -1;
+		int64_t v = given[s];
 		if (s < t->n_syms && v < 0)
 			p->unbound_syms |= 1ull << s;
 		p->sym_sizes[s] = v < 0 ? 1 : v;

@@ -10,7 +10,9 @@
  *   - every node holds a primitive op with a legal operand count, and its
  *     stored result types are what fz_infer says they are;
  *   - every future is waited on, and nothing returned is a future;
- *   - there is a return.
+ *   - there is a return;
+ *   - a derived symbol (an extent like T+1) is defined over free symbols
+ *     only, with at least two terms, as fz_trace_ext_of_poly makes it.
  *
  * fz_trace_verify_typed(t, false, ...) leaves out the second half of the
  * second check, for a trace the builder has just made and nothing has
@@ -50,6 +52,19 @@ fz_status fz_trace_verify_typed(const fz_trace *t, bool retype, char **err)
 		snprintf(msg, sizeof msg, "out of memory");
 		st = FZ_ENOMEM;
 		goto done;
+	}
+	for (int s = 0; s < t->n_syms; s++) {
+		const fz_poly *d = t->sym_def[s];
+		bool ok = !d || d->n >= 2;
+		for (int k = 0; ok && d && k < d->n; k++)
+			for (int r = 0; r < t->n_syms; r++)
+				ok &= !(fz_ext_power(d->term[k], r) && t->sym_def[r]);
+		if (!ok) {
+			snprintf(msg, sizeof msg, "symbol %d ('%s') is defined over "
+				 "derived symbols or by fewer than two terms", s,
+				 t->syms[s]);
+			goto done;
+		}
 	}
 	for (int i = 0; i < t->n_params; i++)
 		defined[t->params[i]->id] = true;

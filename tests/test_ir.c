@@ -142,6 +142,94 @@ START_TEST(extent_arithmetic)
 }
 END_TEST
 
+/* Sums as derived symbols: one canonical spelling, and binding that
+ * derives, checks and solves. */
+START_TEST(extent_sums)
+{
+	fz_module *m = parse(
+		"trace d(x: f32[B, T+1], y: f32[B*T+2], z: f32[T-1]) {\n"
+		"  return x, y, z\n"
+		"}\n");
+	fz_trace *t = fz_module_trace(m, 0);
+	fz_ext e, f;
+	char buf[64];
+	/* spellings of one value meet; a lone monomial stays a monomial */
+	ck_assert(fz_trace_ext_parse(t, "1+T", &e));
+	ck_assert(fz_trace_ext_parse(t, "T+1", &f));
+	ck_assert(fz_ext_eq(e, f));
+	ck_assert(fz_trace_ext_parse(t, "T*B-B", &e));
+	ck_assert_str_eq(fz_ext_str(t, e, buf, sizeof buf), "B*T-B");
+	ck_assert_int_eq(fz_ext_power(e, fz_trace_symbol_find(t, "B")), 1);
+	ck_assert(fz_trace_ext_parse(t, "T+T-T", &e));
+	ck_assert(fz_ext_eq(e, fz_ext_sym(fz_trace_symbol_find(t, "T"))));
+	ck_assert(fz_trace_ext_parse(t, "3*T-3", &e));
+	ck_assert_int_eq(e.c, 3);
+	ck_assert(fz_trace_ext_parse(t, "2-2", &e));
+	ck_assert(fz_ext_eq(e, fz_ext_const(0)));
+	int n_syms = t->n_syms;
+	ck_assert(!fz_trace_ext_parse(t, "-T", &e));       /* negative always */
+	ck_assert(!fz_trace_ext_parse(t, "T+", &e));
+	ck_assert(!fz_trace_ext_parse(t, "T**2", &e));
+	ck_assert(!fz_trace_ext_parse(t, "99999999999999999999", &e));
+	ck_assert_int_eq(t->n_syms, n_syms);
+
+	/* binding: T from x's T+1 rows; y's B*T+2 checks; z's T-1 derived */
+	float xs[2 * 8], ys[16], zs[6];
+	fz_tensor in[3];
+	fz_tensor_contiguous(&in[0], xs, FZ_F32, 2, (int64_t[]){2, 8});
+	fz_tensor_contiguous(&in[1], ys, FZ_F32, 1, (int64_t[]){16});
+	fz_tensor_contiguous(&in[2], zs, FZ_F32, 1, (int64_t[]){6});
+	int64_t sz[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_OK);
+	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "T")], 7);
+	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "B")], 2);
+	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "T-1")], 6);
+	/* a size that disagrees with T+1 */
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 5;
+	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_EBIND);
+	ck_assert_msg(strstr(err, "T+1") != NULL, "%s", err);
+	fz_free(err);
+	err = NULL;
+	/* y of 15 is not B*T+2 at B=2, T=7 */
+	fz_tensor_contiguous(&in[1], ys, FZ_F32, 1, (int64_t[]){15});
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_EBIND);
+	fz_free(err);
+	err = NULL;
+	/* T-1 below zero */
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 0;
+	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
+	ck_assert_msg(strstr(buf, "T-1") != NULL, "%s", buf);
+	fz_module_free(m);
+
+	/* the first T of 64 positions: T past 64 is refused at binding */
+	m = parse("trace g(pos: f32[64], x: f32[T]) {\n"
+		  "  p = slice(pos, start=[0], end=[T])\n"
+		  "  y = add(x, p)\n"
+		  "  return y\n"
+		  "}\n");
+	t = fz_module_trace(m, 0);
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 64;
+	ck_assert_int_ge(fz_trace_syms_derive(t, sz, buf, sizeof buf), 0);
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	sz[fz_trace_symbol_find(t, "T")] = 65;
+	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
+	ck_assert_msg(strstr(buf, "-T+64") != NULL, "%s", buf);
+	fz_module_free(m);
+}
+END_TEST
+
 /* ---- verifier ---- */
 
 static const char *const good =
@@ -358,6 +446,7 @@ static Suite *ir_suite(void)
 	tcase_add_test(tc, every_design_op_is_in_the_table);
 	tcase_add_test(tc, dtype_names);
 	tcase_add_test(tc, extent_arithmetic);
+	tcase_add_test(tc, extent_sums);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("verifier");

@@ -340,6 +340,65 @@ START_TEST(test_product_extents)
 }
 END_TEST
 
+/* Issue 23 point 9: a product in a parameter's type; and sums, which
+ * extend the grammar (a derived symbol each, ir/type.c). */
+START_TEST(test_sum_extents)
+{
+	fz_module *m = parse_ok(
+		"trace s(w: f32[B*T, 4], x: f32[B, T+1], y: f32[T - 1, 2],\n"
+		"        z: f32[B*T-B, 3]) {\n"
+		"  a = slice(x, start=[0, 1], end=[B, T+1])\n"
+		"  b = slice(x, start=[0, 0], end=[B, T-1])\n"
+		"  c = cat(a, x, dim=1)\n"
+		"  f = full(shape=[2*T+2, B*T+2], value=T+1, dtype=f32)\n"
+		"  r = reshape(w, shape=[B, T, 4])\n"
+		"  q = reshape(b, shape=[-1])\n"
+		"  return a, b, c, f, r, q\n"
+		"}\n");
+	fz_trace *t = fz_module_trace(m, 0);
+	const fz_value *w = fz_trace_param(t, 0), *x = fz_trace_param(t, 1),
+		*y = fz_trace_param(t, 2), *z = fz_trace_param(t, 3);
+	int B = fz_trace_symbol_find(t, "B"), T = fz_trace_symbol_find(t, "T"),
+	    T1 = fz_trace_symbol_find(t, "T+1"), Tm = fz_trace_symbol_find(t, "T-1");
+	ck_assert(B >= 0 && T >= 0 && T1 >= 0 && Tm >= 0);
+	ck_assert_ptr_null(t->sym_def[B]);
+	ck_assert_ptr_nonnull(t->sym_def[T1]);
+	fz_ext bt;
+	ck_assert(fz_ext_mul(fz_ext_sym(B), fz_ext_sym(T), &bt));
+	ck_assert(fz_ext_eq(w->type.dims[0], bt));
+	ck_assert(fz_ext_eq(x->type.dims[1], fz_ext_sym(T1)));
+	ck_assert(fz_ext_eq(y->type.dims[0], fz_ext_sym(Tm))); /* spaces: same */
+	fz_ext b_tm;                            /* B*T-B is B times T-1 */
+	ck_assert(fz_ext_mul(fz_ext_sym(B), fz_ext_sym(Tm), &b_tm));
+	ck_assert(fz_ext_eq(z->type.dims[0], b_tm));
+	/* slice [1, T+1) of T+1 is T; [0, T-1) is T-1; T + (T+1) is 2*T+1 */
+	const fz_value *a = fz_trace_output(t, 0), *b = fz_trace_output(t, 1),
+		*c = fz_trace_output(t, 2), *f = fz_trace_output(t, 3),
+		*q = fz_trace_output(t, 5);
+	ck_assert(fz_ext_eq(a->type.dims[1], fz_ext_sym(T)));
+	ck_assert(fz_ext_eq(b->type.dims[1], fz_ext_sym(Tm)));
+	char e[64];
+	ck_assert_str_eq(fz_ext_str(t, c->type.dims[1], e, sizeof e), "2*T+1");
+	/* 2*T+2 is 2 times the symbol T+1, not a symbol of its own */
+	ck_assert(fz_ext_eq(f->type.dims[0], (fz_ext){2, fz_ext_sym(T1).syms}));
+	ck_assert_str_eq(fz_ext_str(t, f->type.dims[0], e, sizeof e), "2*T+2");
+	ck_assert_str_eq(fz_ext_str(t, f->type.dims[1], e, sizeof e), "B*T+2");
+	ck_assert_int_eq(find_node(t, "full")->attrs.value_sym, T1);
+	ck_assert(fz_ext_eq(q->type.dims[0], b_tm)); /* reshape's -1: B*(T-1) */
+	int64_t sizes[FZ_MAX_SYMS];
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sizes[i] = -1;
+	sizes[B] = 3;
+	sizes[T] = 5;
+	ck_assert_int_eq(fz_trace_syms_derive(t, sizes, e, sizeof e), 4);
+	ck_assert_int_eq(fz_value_extent(z, 0, sizes), 12);
+	ck_assert_int_eq(fz_value_extent(c, 1, sizes), 11);
+	ck_assert_int_eq(fz_value_extent(f, 1, sizes), 17);
+	check_round_trip(m);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(test_multiple_results)
 {
 	fz_module *m = parse_ok(
@@ -498,6 +557,21 @@ typedef struct diag_case {
 } diag_case;
 
 static const diag_case diag_cases[] = {
+	/* extents that are sums */
+	{"trace f(x: f32[T+]) {\n  return x\n}\n", 1, 18,
+	 "expected an extent (an integer or a name), found ']'", FZ_EPARSE},
+	{"trace f(x: f32[T+1]) {\n  y = slice(x, start=[0], end=[T+T+2])\n"
+	 "  return y\n}\n", 2, 7, "slice: end 2*T+2 in dim 0 passes the extent "
+	 "T+1", FZ_EVERIFY},
+	{"trace f(x: f32[T]) {\n  y = slice(x, start=[0], end=[T], step=[2])\n"
+	 "  return y\n}\n", 2, 7, "it takes step 1 and a start >= 0",
+	 FZ_EVERIFY},
+	{"trace f(x: f32[T]) {\n  y = full(shape=[-T], value=0, dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "entry 0 of 'shape' must be an extent",
+	 FZ_EVERIFY},
+	{"trace f(x: f32[T], y: f32[T+1]) {\n  z = add(x, y)\n"
+	 "  return z\n}\n", 2, 7, "operand 2 has extent T+1 where another has T",
+	 FZ_EVERIFY},
 	/* unexpected tokens */
 	{HDR "  y = neg(x x)\n  return y\n}\n", 2, 13,
 	 "expected ',' or ')' after an argument, found 'x'", FZ_EPARSE},
@@ -1047,6 +1121,7 @@ Suite *parse_suite(void)
 	tcase_add_test(tc, test_attrs_every_kind);
 	tcase_add_test(tc, test_numbers);
 	tcase_add_test(tc, test_product_extents);
+	tcase_add_test(tc, test_sum_extents);
 	tcase_add_test(tc, test_multiple_results);
 	tcase_add_test(tc, test_several_traces_comments_crlf);
 	tcase_add_test(tc, test_node_locations);

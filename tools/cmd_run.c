@@ -406,6 +406,11 @@ static int run_trace(const fz_trace *t, run_opts *o, double *spi, check_result *
 	int64_t syms[FZ_MAX_SYMS];
 	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
 	tool_bind_symbols(t, o->binds, o->n_binds, syms);
+	char msg[300];
+	if (fz_trace_syms_derive(t, syms, msg, sizeof msg) < 0) {
+		fprintf(stderr, "fusec run: trace '%s': %s\n", fz_trace_name(t), msg);
+		return EXIT_BAD;
+	}
 	for (int s = 0; s < fz_trace_symbol_count(t); s++) {
 		if (syms[s] < 0) {
 			fprintf(stderr, "fusec run: trace '%s': symbol '%s' is unbound: "

@@ -104,6 +104,10 @@ void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
 			b[i].used = true;
 		}
 	}
+	/* derived extents (T+1) from the bound ones; a conflict is left
+	 * for binding to report */
+	char msg[8];
+	fz_trace_syms_derive(t, sym_sizes, msg, sizeof msg);
 }
 
 double tool_now(void) { return fz_now(); }

@@ -1,12 +1,23 @@
 """Shared by the Python tests: skip (exit 77) without PyTorch, find the
-binding, and compare fusec's outputs with PyTorch's."""
+binding, and compare fusec's outputs with PyTorch's.
 
+The tests import the installed fusec package (./setup.sh --test installs
+it into .venv, editable); where none is installed, the source tree's
+tools/python. The library is the build tree's where ctest names it
+(FUSEC_LIBRARY)."""
+
+import importlib.metadata
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+try:
+    importlib.metadata.distribution("fusec")
+    INSTALLED = True
+except importlib.metadata.PackageNotFoundError:
+    INSTALLED = False
+    sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 
 
 def need_torch():

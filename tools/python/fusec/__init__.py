@@ -184,10 +184,12 @@ class Program:
     device    "reference" | "cpu" | "cuda" | "auto"
     trace     which trace of the file: an index or a name (default: first)
     filename  the name diagnostics use
+    cache_dir the kernel cache's folder (default: FUSEC_CACHE_DIR, ...)
+    threads   cpu: threads a kernel may use (default 0: all)
     """
 
     def __init__(self, text, device="reference", trace=0,
-                 filename="<trace>"):
+                 filename="<trace>", cache_dir=None, threads=None):
         if device not in DEVICES:
             raise ValueError("device must be one of %s, not %r" %
                              (", ".join(DEVICES), device))
@@ -233,6 +235,15 @@ class Program:
             x = ctypes.c_void_p()
             err = ctypes.c_void_p()
             opts = self._cuda_options(lib, device)
+            if cache_dir is not None or threads is not None:
+                if opts is None:
+                    opts = _lib.ExecOptions()
+                    lib.fz_exec_options_init(ctypes.byref(opts))
+                if cache_dir is not None:
+                    self._cache_dir = str(cache_dir).encode()
+                    opts.cache_dir = self._cache_dir
+                if threads is not None:
+                    opts.threads = int(threads)
             _check(lib, lib.fz_exec_new(self._t, device.encode(),
                                         ctypes.byref(opts) if opts else None,
                                         ctypes.byref(x), ctypes.byref(err)),
@@ -330,6 +341,8 @@ class Program:
                          for shape, dt, dev in specs])
             for ft, o in zip(outs, res):
                 ft.data = o.data_ptr()
+        if stream is not None:  # cuda: the stream current now
+            stream = torch.cuda.current_stream(specs[0][2]).cuda_stream
         # the C function without argtypes: the arguments are ctypes objects
         # and ints already, and converting them costs more than the run
         st = run(self._x, sizes, ins.arr, n_in, outs.arr, n_out, stream,

@@ -4,9 +4,13 @@ This module only finds the shared library and declares the C signatures that
 the binding uses; everything with behaviour lives in fusec/__init__.py.
 
 Where the library comes from, first hit wins:
-  1. $FUSEC_LIBRARY, a path to libfusec.so;
-  2. the repository's build folder (build/libfusec.so beside tools/);
-  3. the system library path (ctypes.util.find_library("fusec")).
+  1. $FUSEC_LIBRARY, a path to libfusec.so (an explicit choice: a
+     sanitized build, another build folder);
+  2. the package's own folder (fusec/libfusec.so, put there by
+     `pip install .`);
+  3. the repository's build folder (build/libfusec.so beside tools/: the
+     source tree, or an editable install of it);
+  4. the system library path (ctypes.util.find_library("fusec")).
 When none loads, FusecLibraryError names every place that was tried and why
 it failed, so a missing build is one clear message, not a ctypes traceback.
 """
@@ -70,6 +74,7 @@ def _candidates():
     if env:
         yield "$FUSEC_LIBRARY", env
     here = os.path.dirname(os.path.abspath(__file__))
+    yield "the fusec package", os.path.join(here, "libfusec.so")
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
     yield "repository build folder", os.path.join(repo, "build", "libfusec.so")
     found = ctypes.util.find_library("fusec")
@@ -84,6 +89,7 @@ def _declare(lib):
     tens = ctypes.POINTER(Tensor)
     sigs = {
         "fz_status_name": (ctypes.c_char_p, [S]),
+        "fz_kernel_builds": (ctypes.c_int64, []),
         "fz_free": (None, [P]),
         "fz_module_parse": (S, [ctypes.c_char_p, ctypes.c_size_t,
                                 ctypes.c_char_p, ctypes.POINTER(P), P]),

@@ -1,0 +1,248 @@
+"""fusec.torch.program: one graph of ATen ops run as fusec programs.
+
+compile_graph(gm, kind, options) is what the backend hands AOTAutograd as
+its forward, backward and inference compiler. It takes the claims
+(fusec.torch.claims), cuts the graph into parts of claimed nodes with
+torch.fx's CapabilityBasedPartitioner (which keeps the cut acyclic), and
+replaces each part by a Part: a module that writes the part as trace text
+(the exporter's _write), prepares it as a fusec.Program on the target and
+runs it. The nodes between parts stay in the graph and run in PyTorch.
+
+A part whose graph has Dynamo's symbolic sizes is written twice, at the
+sizes of its first call and at other sizes, and the two texts merged
+(fusec.torch.symbolic): one program with symbolic extents serves every
+size. Where the merge cannot express a size (an affine T+1, until the
+trace format can), the part gets one program per binding of its sizes.
+
+A part fusec cannot prepare or run (a verifier error, a run-time error)
+runs in PyTorch from then on, with the reason in the report: the model
+never fails where eager runs. Nothing here talks to Dynamo or AOTAutograd
+(fusec.torch.backend does).
+"""
+
+import logging
+
+import torch
+
+from .claims import claim
+from .exporter import _write
+from .symbolic import _merge_symbolic
+from .values import ExportError, _ident, _is_size
+
+log = logging.getLogger("fusec.torch")
+
+_MISSING = object()
+
+
+class Counters(dict):
+    """stats(): graphs, parts, programs, fallbacks, runs (kernel compiles
+    are the library's count: backend.stats)."""
+
+    KEYS = ("graphs", "parts", "programs", "fallback_nodes",
+            "fallback_parts", "fallback_graphs", "runs")
+
+    def __init__(self):
+        super().__init__((k, 0) for k in self.KEYS)
+
+
+COUNTERS = Counters()
+REPORTS = []  # one dict per compiled graph, for explain()
+
+
+def kernel_builds():
+    """Kernels this process has compiled (fz_kernel_builds)."""
+    from .. import _lib
+    return _lib.load().fz_kernel_builds()
+
+
+def _symbols(vals):
+    """[(arg index, dim or None, sympy symbol)]: where each free symbol of
+    the placeholders' sizes can be read off the arguments of a call."""
+    out, seen = [], set()
+    for i, v in enumerate(vals):
+        dims = [(d, e) for d, e in enumerate(v.shape)] \
+            if isinstance(v, torch.Tensor) else \
+            [(None, v)] if _is_size(v) else []
+        for d, e in dims:
+            if isinstance(e, torch.SymInt) and e.node.maybe_as_int() is None:
+                expr = e.node.expr
+                if expr.is_Symbol and expr not in seen:
+                    seen.add(expr)
+                    out.append((i, d, expr))
+    return out
+
+
+def _hints(vals):
+    """{symbol: the size Dynamo traced with} for the placeholders' sizes."""
+    sizes = {}
+    for v in vals:
+        es = list(v.shape) if isinstance(v, torch.Tensor) else \
+            [v] if _is_size(v) else []
+        for e in es:
+            if isinstance(e, torch.SymInt) and e.node.maybe_as_int() is None \
+                    and e.node.expr.is_Symbol:
+                sizes[e.node.expr] = int(e.node.hint)
+    return sizes
+
+
+class Part(torch.nn.Module):
+    """One part of claimed nodes: a fusec program, or its graph in PyTorch
+    where fusec could not take it."""
+
+    def __init__(self, sub, name, target, options):
+        super().__init__()
+        self.sub = sub
+        self.name = name
+        self.target = target
+        self.options = options
+        phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        self.vals = [n.meta.get("val") for n in phs]
+        self.names = [_ident(n.name, "arg") for n in phs]
+        self.tensor_args = [i for i, v in enumerate(self.vals)
+                            if isinstance(v, torch.Tensor)]
+        self.binds = _symbols(self.vals)
+        out = [n for n in sub.graph.nodes if n.op == "output"][0]
+        self.tuple_out = isinstance(out.args[0], (tuple, list))
+        self.nodes = sum(1 for n in sub.graph.nodes
+                         if n.op == "call_function")
+        self.symbolic = None   # the one program, when sizes are symbolic
+        self.programs = {}     # binding of sizes -> Program, or None
+        self.status = "not run"
+        self.text = None
+
+    def forward(self, *args):
+        prog = self.symbolic
+        if prog is None:
+            key = tuple(int(args[i].shape[d]) if d is not None
+                        else int(args[i]) for i, d, _ in self.binds)
+            prog = self.programs.get(key, _MISSING)
+            if prog is _MISSING:
+                prog = self.programs[key] = self.prepare(key)
+        if prog is None:
+            return self.sub(*args)
+        COUNTERS["runs"] += 1
+        try:
+            out = prog(*[args[i] for i in self.tensor_args])
+        except Exception as e:  # noqa: BLE001: never fail where eager runs
+            self.fall_back("run failed: %s" % e)
+            return self.sub(*args)
+        if self.tuple_out and not isinstance(out, tuple):
+            return (out,)
+        return out
+
+    def fall_back(self, why):
+        log.warning("fusec: part %s runs in PyTorch: %s", self.name, why)
+        COUNTERS["fallback_parts"] += 1
+        self.status = "PyTorch (%s)" % why
+        self.symbolic = None
+        self.programs = {k: None for k in self.programs}
+        self.prepare = lambda key: None
+
+    def write(self, sizes, lit_dtypes=None):
+        return _write(self.sub, self.name, self.names, self.vals,
+                      lit_dtypes=lit_dtypes, sizes=sizes)
+
+    def prepare(self, key):
+        """The Program for a binding of the sizes (key, in self.binds'
+        order), or None where fusec cannot take the part."""
+        import fusec
+        sizes = {s: k for (_, _, s), k in zip(self.binds, key)}
+        try:
+            text, symbolic = self.write_text(sizes)
+            prog = fusec.Program(text, device=self.target,
+                                 cache_dir=self.options.get("cache_dir"),
+                                 threads=self.options.get("threads"))
+        except Exception as e:  # noqa: BLE001
+            self.fall_back("%s: %s" % (type(e).__name__,
+                                       str(e).splitlines()[0] if str(e)
+                                       else ""))
+            return None
+        COUNTERS["programs"] += 1
+        self.text = text
+        self.status = "fusec (%s%s)" % (self.target,
+                                         ", symbolic" if symbolic else "")
+        if symbolic:
+            self.symbolic = prog
+        return prog
+
+    def write_text(self, sizes):
+        """(text, symbolic?): with symbolic extents where the graph has
+        symbolic sizes and the merge can write them, else at sizes."""
+        lit = {}
+        text = self.write(sizes, lit)
+        if not sizes:
+            return text, False
+        names = {s: "S%s" % str(s).lstrip("s").upper() for s in sizes}
+        other = {s: v + 7 + 4 * k for k, (s, v) in
+                 enumerate(sorted(sizes.items(), key=lambda x: str(x[0])))}
+        try:
+            text_b = self.write(other)
+            merged = _merge_symbolic(
+                text, text_b, {names[s]: v for s, v in sizes.items()},
+                {names[s]: v for s, v in other.items()}, lit)
+            import fusec
+            fusec.check(merged)
+            return merged, True
+        except (ExportError, Exception) as e:  # noqa: BLE001
+            log.info("fusec: part %s: one program per size (%s)",
+                     self.name, str(e).splitlines()[0] if str(e) else e)
+            return text, False
+
+
+def _target(gm, options):
+    """(fusec target, the tensors' device type) for a graph."""
+    dev = None
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(v, torch.Tensor):
+            dev = v.device.type
+            break
+    dev = dev or "cpu"
+    want = options.get("device", "auto")
+    if dev == "cuda":
+        return "cuda", "cuda"
+    if want == "emu":
+        return "emu", "cpu"
+    return "cpu", "cpu"
+
+
+def compile_graph(gm, example_inputs, kind, options):
+    """gm with its claimed parts run by fusec; the rest runs in PyTorch."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    target, devtype = _target(gm, options)
+    vals = [n.meta.get("val") for n in gm.graph.nodes
+            if n.op == "placeholder"]
+    claims = claim(gm, devtype, _hints(vals))
+    claimed = set(c.node for c in claims if c.claimed)
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node):
+            return node.name in claimed
+
+    part = CapabilityBasedPartitioner(gm, Support(),
+                                      allows_single_node_partition=True)
+    gid = len(REPORTS)
+    fused = part.fuse_partitions(part.propose_partitions(),
+                                 prefix="%s%d_part" % (kind, gid))
+    parts = []
+    for n in fused.graph.nodes:
+        if n.op == "call_module" and n.target.startswith("%s%d_part" %
+                                                         (kind, gid)):
+            p = Part(getattr(fused, n.target), _ident(n.target), target,
+                     options)
+            setattr(fused, n.target, p)
+            parts.append(p)
+    fused.recompile()
+    COUNTERS["graphs"] += 1
+    COUNTERS["parts"] += len(parts)
+    fell = [c for c in claims if not c.claimed]
+    COUNTERS["fallback_nodes"] += len(fell)
+    REPORTS.append({"graph": gid, "kind": kind, "target": target,
+                    "claims": claims, "parts": parts})
+    log.info("fusec: %s graph %d: %d of %d nodes in %d fusec part(s) on %s; "
+             "%d in PyTorch%s", kind, gid, len(claimed), len(claims),
+             len(parts), target, len(fell),
+             "".join("\n  %r" % c for c in fell))
+    return fused
