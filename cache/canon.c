@@ -354,6 +354,10 @@ static void put_attrs(fz_buf *b, const symnum *s, const fz_node *n)
 		fz_buf_printf(b, " eps=%a", a->eps);
 	if (at & AT(K))
 		fz_buf_printf(b, " k=%lld", (long long)a->k);
+	if (at & AT(CAUSAL))
+		fz_buf_printf(b, " causal=%d scale=%a window=%lld softcap=%a",
+			      a->causal ? 1 : 0, a->scale, (long long)a->window,
+			      a->softcap);
 }
 
 /* "op; attrs -> types": what a node computes, without its operands. */

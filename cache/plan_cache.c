@@ -152,6 +152,11 @@ static void put_attrs(wbuf *b, const fz_attrs *a)
 	put_s(b, a->correction);
 	put_s(b, a->approximate);
 	put(b, &a->eps, sizeof a->eps);
+	/* attention's: without them a causal trace read a non-causal plan */
+	put_s(b, a->causal);
+	put(b, &a->scale, sizeof a->scale);
+	put(b, &a->window, sizeof a->window);
+	put(b, &a->softcap, sizeof a->softcap);
 }
 
 static void put_image(wbuf *b, const fz_trace *t)

@@ -212,12 +212,16 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 		}
 		g.slot[r->out[i]->id] = r->n_in + i;
 	}
+	bool attn = false;
+	for (int i = 0; i < r->n_nodes; i++)
+		attn |= fz_ops[r->nodes[i]->op].cls == FZ_CLASS_ATTENTION ||
+			r->nodes[i]->op == FZ_OP_MATMUL;
 	const fz_node *ia = NULL;
 	bool has_red = false;
 	fz_opclass row_op = FZ_CLASS_COUNT; /* a scan or a selection */
 	for (int i = 0; i < r->n_nodes; i++) {
 		const fz_node *n = r->nodes[i];
-		if (!kernel_op(fz_ops[n->op].cls)) {
+		if (!attn && !kernel_op(fz_ops[n->op].cls)) {
 			cg_fail(&g, FZ_EUNSUPPORTED, n, "a %s op is not part of a kernel",
 				fz_class_names[fz_ops[n->op].cls]);
 			goto done;
@@ -238,7 +242,7 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 		cg_fail(&g, FZ_EUNSUPPORTED, NULL, "the region has no outputs");
 		goto done;
 	}
-	if (ia && has_red) {
+	if (ia && has_red && !attn) {
 		cg_fail(&g, FZ_EUNSUPPORTED, ia, "index_add and a reduction in one region");
 		goto done;
 	}
@@ -249,7 +253,9 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	LLVMSetDataLayout(g.mod, c->layout);
 	g.b = LLVMCreateBuilderInContext(c->ctx);
 	k->sk = ia ? FZ_SK_SCATTER : has_red ? FZ_SK_ROW : FZ_SK_POINTWISE;
-	if (row_op == FZ_CLASS_SCAN)
+	if (attn)
+		cg_attention(&g);
+	else if (row_op == FZ_CLASS_SCAN)
 		cg_scan(&g);
 	else if (row_op == FZ_CLASS_SELECT)
 		cg_select(&g);

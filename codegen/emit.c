@@ -466,15 +466,17 @@ LLVMValueRef cg_elem_ptr(cg *g, int s, fz_dtype d, V off)
 }
 
 /* ---- the emulated GPU's side of the ABI ------------------------------------------
- * fz_emu_thread (codegen.h) as LLVM sees it: four i32, four pointers. */
+ * fz_emu_thread (codegen.h) as LLVM sees it: four i32, then pointers (the
+ * warp-level matrix operations' after these, CG_EMU_TILE ... in cg.h). */
 enum { EMU_CTX_TID, EMU_CTX_NTID, EMU_CTX_CTAID, EMU_CTX_NCTAID, EMU_CTX_BARRIER,
        EMU_CTX_SHFL, EMU_CTX_SMEM, EMU_CTX_OOB };
 
 static T emu_ctx_type(cg *g)
 {
-	T f[8] = {t_i32(g), t_i32(g), t_i32(g), t_i32(g), t_ptr(g, 0), t_ptr(g, 0),
-		  t_ptr(g, 0), t_ptr(g, 0)};
-	return LLVMStructTypeInContext(g->ctx, f, 8, 0);
+	T f[CG_EMU_FIELDS];
+	for (int i = 0; i < CG_EMU_FIELDS; i++)
+		f[i] = i < 4 ? t_i32(g) : t_ptr(g, 0);
+	return LLVMStructTypeInContext(g->ctx, f, CG_EMU_FIELDS, 0);
 }
 
 static V emu_field(cg *g, int i, T t)
@@ -484,7 +486,7 @@ static V emu_field(cg *g, int i, T t)
 }
 
 /* ctx->fn(ctx, args...) through the context's function pointer i. */
-static V emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
+V cg_emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
 {
 	T all[8];
 	V av[8];
@@ -527,7 +529,7 @@ LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st,
 	T ps[5] = {t_i32(g), t_i64(g), t_i64(g), t_i64(g), t_i32(g)};
 	V how = or_(g, c_i32(g, st), shl(g, zext(g, mis, t_i32(g)), c_i32(g, 1)));
 	V args[5] = {c_i32(g, s), o, c_i64(g, n), g->ext[s], how};
-	V q = emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
+	V q = cg_emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
 	br(g, cont);
 	at_end(g, cont);
 	V r = phi(g, t_ptr(g, 0));
@@ -559,7 +561,7 @@ LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 		T ps[5] = {t_i32(g), t_i64(g), t_i32(g), t_i32(g), t_i32(g)};
 		V args[5] = {c_i32(g, arr), zext_or_trunc(g, i, t_i64(g)),
 			     c_i32(g, bytes), c_i32(g, st), c_i32(g, g->emu_site++)};
-		return emu_call(g, EMU_CTX_SMEM, t_ptr(g, 0), ps, args, 5);
+		return cg_emu_call(g, EMU_CTX_SMEM, t_ptr(g, 0), ps, args, 5);
 	}
 	if (!g->smem[arr]) {
 		T at = t_arr(t, 32);
@@ -1163,6 +1165,18 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		out[l] = out[0];
 }
 
+void cg_value_given(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK],
+		    const V *vals)
+{
+	if (g->st != FZ_OK)
+		return;
+	V out[FZ_VW_MAX];
+	int n = lanes_distinct(v, nl, ix);
+	for (int l = 0; l < n; l++)
+		out[l] = vals[l];
+	memo_put(g, v, n, ix, memo_hash(v, n, v->type.rank, ix), out);
+}
+
 /* v's lanes at ix are what cg_store put in output o (v's dtype and shape)
  * at ix earlier in this thread: loaded from o's buffer and memoized as
  * v's, so that what uses v at ix reads it instead of computing it again
@@ -1338,7 +1352,7 @@ void cg_barrier(cg *g)
 			return; /* the seeded fault: a missing __syncthreads() */
 		T ps[1] = {t_i32(g)};
 		V args[1] = {c_i32(g, g->emu_site++)};
-		emu_call(g, EMU_CTX_BARRIER, t_void(g), ps, args, 1);
+		cg_emu_call(g, EMU_CTX_BARRIER, t_void(g), ps, args, 1);
 		return;
 	}
 	if (g->o.target != FZ_CG_NVPTX)
@@ -1363,14 +1377,14 @@ LLVMValueRef cg_emu_shfl(cg *g, V x, int lane_mask)
 			cont = block(g, "shfl.done");
 		cond_br(g, skip, cont, call);
 		at_end(g, call);
-		V y = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+		V y = cg_emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
 		br(g, cont);
 		at_end(g, cont);
 		r = phi(g, t_i32(g));
 		phi_add(r, xi, from);
 		phi_add(r, y, call);
 	} else {
-		r = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+		r = cg_emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
 	}
 	return isf ? bitcast(g, r, t_f32(g)) : r;
 }

@@ -303,6 +303,15 @@ void fz_kernel_launch_dims(const fz_kernel *k, int e, const int64_t *syms,
 void fz_kernel_launch_dims_on(const fz_kernel *k, int e, const int64_t *syms,
 			      int sm_count, int64_t *grid, int *block)
 {
+	if (k->sk == FZ_SK_TILE) {
+		/* tiles of k->vec rows of work[0], times work[1] (codegen/mma.c) */
+		int64_t rows = fz_ext_eval(k->work[e][0], syms), per = k->vec > 0 ? k->vec : 1;
+		int64_t n = k->n_work[e] > 1 ? fz_ext_eval(k->work[e][1], syms) : 1;
+		int64_t g = (rows + per - 1) / per * n;
+		*grid = g < 1 ? 1 : g > INT32_MAX ? INT32_MAX : g;
+		*block = FZ_TILE_BLOCK;
+		return;
+	}
 	int64_t w = eval_max(k, e, syms), gmax = 65535;
 	int b = 256;
 	int64_t per = 256; /* work items per block */

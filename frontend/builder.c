@@ -161,6 +161,8 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 			a->offset = iv;
 		} else if (id == FZ_ATTR_K) {
 			a->k = iv;
+		} else if (id == FZ_ATTR_WINDOW) {
+			a->window = iv;
 		} else {
 			a->correction = iv;
 		}
@@ -169,7 +171,10 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 		if (v->kind != FZ_AV_BOOL)
 			return fz_fail(t, "%s: attribute '%s' must be true or false", op,
 				       key);
-		a->keepdim = v->i != 0;
+		if (id == FZ_ATTR_CAUSAL)
+			a->causal = v->i != 0;
+		else
+			a->keepdim = v->i != 0;
 		return 0;
 	case K_SCALAR:
 		if (v->kind == FZ_AV_INT || v->kind == FZ_AV_BOOL) {
@@ -199,7 +204,13 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 		return 0;
 	case K_FLOAT:
 		if (v->kind == FZ_AV_FLOAT || v->kind == FZ_AV_INT) {
-			a->eps = v->kind == FZ_AV_FLOAT ? v->f : (double)v->i;
+			double f = v->kind == FZ_AV_FLOAT ? v->f : (double)v->i;
+			if (id == FZ_ATTR_SCALE)
+				a->scale = f;
+			else if (id == FZ_ATTR_SOFTCAP)
+				a->softcap = f;
+			else
+				a->eps = f;
 			return 0;
 		}
 		return fz_fail(t, "%s: attribute '%s' must be a number", op, key);
@@ -518,6 +529,14 @@ static int op_inner(fz_trace *t, fz_opcode op, const fz_arg *args, int nargs,
 	normalize(op, in, nargs, &a);
 	if (op == FZ_OP_RESHAPE && resolve_reshape(t, in[0], &a) < 0)
 		return -1;
+	/* attention's scale defaults to 1/sqrt(D), written out from here on */
+	if (oi->cls == FZ_CLASS_ATTENTION && !(a.present & AT(SCALE))) {
+		const fz_type *q = &in[0]->type;
+		if (q->rank >= 1 && fz_ext_is_const(q->dims[q->rank - 1]) &&
+		    q->dims[q->rank - 1].c > 0)
+			a.scale = 1.0 / sqrt((double)q->dims[q->rank - 1].c);
+		a.present |= AT(SCALE);
+	}
 
 	fz_value *res[2] = {NULL, NULL};
 	int n_out = 1;

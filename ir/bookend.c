@@ -493,8 +493,12 @@ fz_status fz_bookend(fz_program *p)
 	for (int i = 0; i < t->n_outputs; i++)
 		s.is_output[t->outputs[i]->id] = true;
 
+	/* an attention region keeps its meta ops: they say where its q, k
+	 * and v come from (ir/attention.c reads them), and it reads its
+	 * inputs contiguous anyway */
 	for (int r = 0; r < p->n_regions; r++)
-		if (fz_region_is_kernel(p->regions[r]->kind))
+		if (fz_region_is_kernel(p->regions[r]->kind) &&
+		    p->regions[r]->kind != FZ_REGION_ATTENTION)
 			peel_region(&s, p->regions[r]);
 
 	/* rebuild the region list: what is left of the old regions plus one

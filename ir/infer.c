@@ -655,6 +655,110 @@ static int infer_collective(const ctx *c, const fz_attrs *a, fz_type *out)
 	return 1;
 }
 
+/* attention(q, k, v, mask?) -> o, lse; attention_dq(q, k, v, o, lse, do,
+ * mask?) -> dq; attention_dkv(...) -> dk, dv. q [batch..., Hq, Tq, D],
+ * k [batch..., Hkv, Tk, D], v [batch..., Hkv, Tk, Dv], Hq a multiple of
+ * Hkv; o and do [batch..., Hq, Tq, Dv], lse f32 [batch..., Hq, Tq]; the
+ * mask bool or of q's dtype, broadcastable to [batch..., Hq, Tq, Tk]. */
+static int infer_attention(const ctx *c, int n_in, const fz_attrs *a, fz_type *out)
+{
+	char b[400], e1[128], e2[128];
+	const char *name = fz_ops[c->op].name;
+	bool fwd = c->op == FZ_OP_ATTENTION;
+	int n_main = fwd ? 3 : 6;
+	const fz_type *q = &c->in[0]->type, *k = &c->in[1]->type, *v = &c->in[2]->type;
+	fz_dtype d = q->dtype;
+	if (d != FZ_F32 && d != FZ_BF16 && d != FZ_F16 && d != FZ_F64)
+		return FAIL(c, "%s: %s has dtype %s; expected f64, f32, f16 or bf16",
+			    name, opnd(c, 0, b, sizeof b), fz_dtype_name(d));
+	int r = q->rank;
+	if (r < 3 || k->rank != r || v->rank != r)
+		return FAIL(c, "%s: q, k and v must have one rank of at least 3 "
+			    "([batch..., heads, length, head dim]); got %d, %d, %d",
+			    name, q->rank, k->rank, v->rank);
+	for (int i = 1; i < 3; i++)
+		if (c->in[i]->type.dtype != d)
+			return FAIL(c, "%s: %s has dtype %s; expected %s like q", name,
+				    opnd(c, i, b, sizeof b),
+				    fz_dtype_name(c->in[i]->type.dtype), fz_dtype_name(d));
+	for (int i = 0; i < r - 3; i++)
+		for (int j = 1; j < 3; j++)
+			if (!fz_ext_eq(c->in[j]->type.dims[i], q->dims[i]))
+				return FAIL(c, "%s: %s has batch extent %s in dim %d; "
+					    "expected %s like q", name, opnd(c, j, b, sizeof b),
+					    ext_s(c, c->in[j]->type.dims[i], e1, sizeof e1), i,
+					    ext_s(c, q->dims[i], e2, sizeof e2));
+	fz_ext hq = q->dims[r - 3], hkv = k->dims[r - 3], grp;
+	if (!fz_ext_eq(v->dims[r - 3], hkv) || !fz_ext_eq(v->dims[r - 2], k->dims[r - 2]))
+		return FAIL(c, "%s: v (%s) must have the heads and length of k", name,
+			    opnd(c, 2, b, sizeof b));
+	if (!fz_ext_eq(k->dims[r - 1], q->dims[r - 1]))
+		return FAIL(c, "%s: k's head dim %s differs from q's %s", name,
+			    ext_s(c, k->dims[r - 1], e1, sizeof e1),
+			    ext_s(c, q->dims[r - 1], e2, sizeof e2));
+	if (!fz_ext_is_const(q->dims[r - 1]) || !fz_ext_is_const(v->dims[r - 1]) ||
+	    q->dims[r - 1].c < 1 || v->dims[r - 1].c < 1)
+		return FAIL(c, "%s: the head dims must be concrete and positive", name);
+	if (!fz_ext_div(hq, hkv, &grp) || !fz_ext_is_const(grp) || grp.c < 1)
+		return FAIL(c, "%s: q's %s heads are not a multiple of k's %s", name,
+			    ext_s(c, hq, e1, sizeof e1), ext_s(c, hkv, e2, sizeof e2));
+	if (a->window < 0 || a->softcap < 0 || !(a->scale == a->scale))
+		return FAIL(c, "%s: window and softcap must be >= 0 and scale a number",
+			    name);
+	fz_type o = *q, lse = *q;
+	o.dims[r - 1] = v->dims[r - 1];
+	lse.dtype = d == FZ_F64 ? FZ_F64 : FZ_F32;
+	lse.rank = r - 1;
+	if (!fwd) {
+		const fz_type *want[3] = {&o, &lse, &o};
+		for (int i = 0; i < 3; i++) {
+			fz_type got = c->in[3 + i]->type;
+			got.future = false;
+			if (!fz_type_eq(&got, want[i])) {
+				char t1[200];
+				fz_type_str(c->t, want[i], t1, sizeof t1);
+				return FAIL(c, "%s: %s; expected %s (%s)", name,
+					    opnd(c, 3 + i, b, sizeof b), t1,
+					    i == 0 ? "o" : i == 1 ? "lse" : "do");
+			}
+		}
+	}
+	if (n_in > n_main) {
+		const fz_type *m = &c->in[n_main]->type;
+		fz_ext one = fz_ext_const(1);
+		if (m->dtype != FZ_BOOL && m->dtype != d)
+			return FAIL(c, "%s: the mask %s has dtype %s; expected bool or %s",
+				    name, opnd(c, n_main, b, sizeof b),
+				    fz_dtype_name(m->dtype), fz_dtype_name(d));
+		if (m->rank > r)
+			return FAIL(c, "%s: the mask %s has rank %d; at most %d", name,
+				    opnd(c, n_main, b, sizeof b), m->rank, r);
+		for (int i = 0; i < m->rank; i++) {
+			int qd = r - m->rank + i;
+			fz_ext want = qd == r - 1 ? k->dims[r - 2] : q->dims[qd];
+			if (!fz_ext_eq(m->dims[i], one) && !fz_ext_eq(m->dims[i], want))
+				return FAIL(c, "%s: the mask %s does not broadcast to the "
+					    "scores: extent %s in its dim %d, expected %s or 1",
+					    name, opnd(c, n_main, b, sizeof b),
+					    ext_s(c, m->dims[i], e1, sizeof e1), i,
+					    ext_s(c, want, e2, sizeof e2));
+		}
+	}
+	switch (c->op) {
+	case FZ_OP_ATTENTION:
+		out[0] = o;
+		out[1] = lse;
+		return 2;
+	case FZ_OP_ATTENTION_DQ:
+		out[0] = *q;
+		return 1;
+	default:
+		out[0] = *k;
+		out[1] = *v;
+		return 2;
+	}
+}
+
 int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 	     const fz_attrs *a, fz_type *out, char *err, size_t errlen)
 {
@@ -713,6 +817,8 @@ int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 					  : infer_linear(&c, n_in, out);
 	case FZ_CLASS_COLLECTIVE:
 		return infer_collective(&c, a, out);
+	case FZ_CLASS_ATTENTION:
+		return infer_attention(&c, n_in, a, out);
 	case FZ_CLASS_WAIT:
 		out[0] = in[0]->type;
 		out[0].future = false;

@@ -1379,6 +1379,201 @@ static fz_status run_linear(interp *I, const fz_node *n)
 	return FZ_OK;
 }
 
+/* attention, attention_dq, attention_dkv (ops.def) in f64, one query row
+ * at a time over every key: the scores of the row are formed whole (Tk of
+ * them), so the oracle has no blocks and no online softmax to get wrong.
+ * The backward uses the lse and o it is given, as its definition says:
+ * p = exp(s - lse), di = rowsum(do o), ds = p (do.v - di). */
+typedef struct attn_shape {
+	int64_t batch, hq, hkv, tq, tk, d, dv, group;
+	int64_t mst[4];      /* the mask's strides over (batch, h, i, j) */
+	int64_t mb[FZ_MAX_RANK]; /* per batch dim of the scores: mask stride */
+	int nb;
+	const int64_t *bshape;
+} attn_shape;
+
+static int64_t attn_mask_at(const attn_shape *A, int64_t bt, int64_t h, int64_t i,
+			    int64_t j)
+{
+	int64_t off = h * A->mst[1] + i * A->mst[2] + j * A->mst[3];
+	for (int d = A->nb - 1; d >= 0; d--) {
+		off += bt % A->bshape[d] * A->mb[d];
+		bt /= A->bshape[d];
+	}
+	return off;
+}
+
+/* The logit of raw product x at (bt, h, i, j), and d logit / dx; false
+ * when the key is hidden. */
+static bool attn_logit(const fz_attrs *a, const attn_shape *A, const slot *m,
+		       int64_t bt, int64_t h, int64_t i, int64_t j, double x,
+		       double *logit, double *dx)
+{
+	double s = a->scale * x, g = a->scale;
+	if (a->softcap > 0) {
+		double th = tanh(s / a->softcap);
+		s = a->softcap * th;
+		g *= 1 - th * th;
+	}
+	if (a->causal && j > i)
+		return false;
+	if (a->window > 0 && (i - j >= a->window || (!a->causal && j - i >= a->window)))
+		return false;
+	if (m) {
+		double mv = fz_load_f64(m->data, m->dtype, attn_mask_at(A, bt, h, i, j));
+		if (m->dtype == FZ_BOOL) {
+			if (mv == 0)
+				return false;
+		} else {
+			s += mv;
+		}
+	}
+	*logit = s;
+	*dx = g;
+	return s > -INFINITY;
+}
+
+static fz_status run_attention(interp *I, const fz_node *n)
+{
+	bool fwd = n->op == FZ_OP_ATTENTION;
+	const slot *q = S(I, n->in[0]), *k = S(I, n->in[1]), *v = S(I, n->in[2]);
+	int nm = fwd ? 3 : 6;
+	const slot *m = n->n_in > nm ? S(I, n->in[nm]) : NULL;
+	int r = q->rank;
+	attn_shape A = {0};
+	A.nb = r - 3;
+	A.bshape = q->shape;
+	A.batch = prod(q->shape, 0, r - 3);
+	A.hq = q->shape[r - 3];
+	A.tq = q->shape[r - 2];
+	A.d = q->shape[r - 1];
+	A.hkv = k->shape[r - 3];
+	A.tk = k->shape[r - 2];
+	A.dv = v->shape[r - 1];
+	if (A.hkv <= 0 || A.hq % A.hkv || k->shape[r - 1] != A.d)
+		return fail(I, FZ_EVERIFY, n, "q, k and v disagree at these sizes");
+	A.group = A.hq / A.hkv;
+	if (m) {
+		int64_t st = 1;
+		for (int d = m->rank - 1; d >= 0; d--) {
+			int sd = r - m->rank + d; /* the scores' dim */
+			int64_t want = sd == r - 1 ? A.tk : q->shape[sd];
+			if (m->shape[d] != 1 && m->shape[d] != want)
+				return fail(I, FZ_EVERIFY, n, "the mask does not broadcast "
+					    "at these sizes");
+			int64_t x = m->shape[d] == 1 ? 0 : st;
+			if (sd >= r - 3)
+				A.mst[sd - (r - 3) + 1] = x;
+			else
+				A.mb[sd] = x;
+			st *= m->shape[d];
+		}
+	}
+	const fz_attrs *a = &n->attrs;
+	double *qv = load_all_f64(q), *kv = load_all_f64(k), *vv = load_all_f64(v);
+	double *s = malloc(sizeof(double) * (size_t)(A.tk > 0 ? A.tk : 1) * 2);
+	double *acc = calloc((size_t)(A.dv + A.d + 1), sizeof(double));
+	double *O = NULL, *L = NULL, *dO = NULL, *g0 = NULL, *g1 = NULL;
+	fz_status st = FZ_OK;
+	if (!fwd) {
+		O = load_all_f64(S(I, n->in[3]));
+		L = load_all_f64(S(I, n->in[4]));
+		dO = load_all_f64(S(I, n->in[5]));
+		/* dq, or dk and dv, summed in f64 */
+		g0 = calloc((size_t)(n->op == FZ_OP_ATTENTION_DQ ? q->numel : k->numel) + 1,
+			    sizeof(double));
+		g1 = calloc((size_t)v->numel + 1, sizeof(double));
+	}
+	if (!qv || !kv || !vv || !s || !acc || (!fwd && (!O || !L || !dO || !g0 || !g1))) {
+		st = oom(I, n);
+		goto done;
+	}
+	double *dx = s + (A.tk > 0 ? A.tk : 1);
+	for (int64_t bt = 0; bt < A.batch; bt++)
+	for (int64_t h = 0; h < A.hq; h++)
+	for (int64_t i = 0; i < A.tq; i++) {
+		int64_t hk = h / A.group;
+		int64_t row = (bt * A.hq + h) * A.tq + i;
+		const double *qi = qv + row * A.d;
+		const double *kb = kv + (bt * A.hkv + hk) * A.tk * A.d;
+		const double *vb = vv + (bt * A.hkv + hk) * A.tk * A.dv;
+		double mx = -INFINITY;
+		for (int64_t j = 0; j < A.tk; j++) {
+			double x = 0;
+			for (int64_t e = 0; e < A.d; e++)
+				x += qi[e] * kb[j * A.d + e];
+			if (!attn_logit(a, &A, m, bt, h, i, j, x, &s[j], &dx[j]))
+				s[j] = -INFINITY;
+			if (s[j] > mx)
+				mx = s[j];
+		}
+		double lse;
+		if (fwd) {
+			double sum = 0;
+			for (int64_t j = 0; j < A.tk; j++)
+				sum += mx == -INFINITY ? 0 : exp(s[j] - mx);
+			lse = mx == -INFINITY ? -INFINITY : mx + log(sum);
+			for (int64_t e = 0; e < A.dv; e++)
+				acc[e] = 0;
+			for (int64_t j = 0; j < A.tk; j++) {
+				double p = lse == -INFINITY ? 0 : exp(s[j] - lse);
+				for (int64_t e = 0; e < A.dv; e++)
+					acc[e] += p * vb[j * A.dv + e];
+			}
+			for (int64_t e = 0; e < A.dv; e++)
+				fz_store_f64(S(I, n->out[0])->data, S(I, n->out[0])->dtype,
+					     row * A.dv + e, acc[e]);
+			fz_store_f64(S(I, n->out[1])->data, S(I, n->out[1])->dtype, row, lse);
+			continue;
+		}
+		lse = L[row];
+		const double *doi = dO + row * A.dv, *oi = O + row * A.dv;
+		double di = 0;
+		for (int64_t e = 0; e < A.dv; e++)
+			di += doi[e] * oi[e];
+		for (int64_t j = 0; j < A.tk; j++) {
+			if (s[j] == -INFINITY || lse == -INFINITY)
+				continue;
+			double p = exp(s[j] - lse), dp = 0;
+			for (int64_t e = 0; e < A.dv; e++)
+				dp += doi[e] * vb[j * A.dv + e];
+			double ds = p * (dp - di) * dx[j];
+			int64_t kr = (bt * A.hkv + hk) * A.tk + j;
+			if (n->op == FZ_OP_ATTENTION_DQ) {
+				for (int64_t e = 0; e < A.d; e++)
+					g0[row * A.d + e] += ds * kb[j * A.d + e];
+				continue;
+			}
+			for (int64_t e = 0; e < A.d; e++)
+				g0[kr * A.d + e] += ds * qi[e];
+			for (int64_t e = 0; e < A.dv; e++)
+				g1[kr * A.dv + e] += p * doi[e];
+		}
+	}
+	if (!fwd) {
+		slot *y0 = S(I, n->out[0]);
+		for (int64_t e = 0; e < y0->numel; e++)
+			fz_store_f64(y0->data, y0->dtype, e, g0[e]);
+		if (n->op == FZ_OP_ATTENTION_DKV) {
+			slot *y1 = S(I, n->out[1]);
+			for (int64_t e = 0; e < y1->numel; e++)
+				fz_store_f64(y1->data, y1->dtype, e, g1[e]);
+		}
+	}
+done:
+	free(qv);
+	free(kv);
+	free(vv);
+	free(s);
+	free(acc);
+	free(O);
+	free(L);
+	free(dO);
+	free(g0);
+	free(g1);
+	return st;
+}
+
 /* ---- the walk -------------------------------------------------------------------------- */
 
 static fz_status run_node(interp *I, const fz_node *n)
@@ -1393,6 +1588,7 @@ static fz_status run_node(interp *I, const fz_node *n)
 	case FZ_CLASS_INDEXING: return run_indexing(I, n);
 	case FZ_CLASS_SCAN: return run_scan(I, n);
 	case FZ_CLASS_SELECT: return run_select(I, n);
+	case FZ_CLASS_ATTENTION: return run_attention(I, n);
 	case FZ_CLASS_LIBRARY:
 		return n->op == FZ_OP_MATMUL ? run_matmul(I, n) : run_linear(I, n);
 	case FZ_CLASS_WAIT: {

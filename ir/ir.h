@@ -170,6 +170,7 @@ typedef enum fz_opclass {
 	FZ_CLASS_COLLECTIVE, FZ_CLASS_WAIT, FZ_CLASS_COMPOSITE,
 	FZ_CLASS_SCAN,       /* cumsum: a running combine along one dim */
 	FZ_CLASS_SELECT,     /* topk, argmax, argmin: the best of a row */
+	FZ_CLASS_ATTENTION,  /* attention and its backward (ir/attention.h) */
 	FZ_CLASS_COUNT
 } fz_opclass;
 
@@ -199,7 +200,11 @@ enum {
 	ATTR(CORRECTION, "correction", INT) \
 	ATTR(APPROXIMATE, "approximate", NAME) \
 	ATTR(EPS, "eps", FLOAT) \
-	ATTR(K, "k", INT)
+	ATTR(K, "k", INT) \
+	ATTR(CAUSAL, "causal", BOOL) \
+	ATTR(SCALE, "scale", FLOAT) \
+	ATTR(WINDOW, "window", INT) \
+	ATTR(SOFTCAP, "softcap", FLOAT)
 
 typedef enum fz_attr_id {
 #define ATTR(id, key, kind) FZ_ATTR_##id,
@@ -264,6 +269,10 @@ typedef struct fz_attrs {
 	int approximate;
 	double eps;
 	int64_t k;          /* topk: how many */
+	bool causal;        /* attention: keys after the query are hidden */
+	double scale;       /* attention: scores = scale * q.k (default 1/sqrt(D)) */
+	int64_t window;     /* attention: sliding window (0: none) */
+	double softcap;     /* attention: c * tanh(s / c) (0: none) */
 } fz_attrs;
 
 /* ---- Values, nodes, traces ----------------------------------------------- */

@@ -29,7 +29,7 @@ const char *const fz_attr_names[FZ_ATTR_COUNT] = {
 const char *const fz_class_names[FZ_CLASS_COUNT] = {
 	"unary", "binary", "ternary", "creation", "meta", "reduction",
 	"indexing", "library", "collective", "wait", "composite", "scan",
-	"select",
+	"select", "attention",
 };
 
 /* Ops by name: an open-addressed table of the op numbers + 1, filled once

@@ -60,7 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "attention.h"
 
 /* What the sweeps read, packed. A deep trace's nodes and values are tens
  * of megabytes of wide structs (attributes, eight extents per type), and
@@ -116,7 +116,7 @@ typedef struct part {
 	int *depth, *rank; /* rank: position in the canonical order */
 } part;
 
-enum { G_FIXED = 1, G_TAKE = 2, G_INDEX_ADD = 4 };
+enum { G_FIXED = 1, G_TAKE = 2, G_INDEX_ADD = 4, G_ATTN = 8 };
 
 static bool is_reduction(fz_opcode op)
 {
@@ -437,6 +437,7 @@ static uint64_t hash_node(const part *s, const fz_node *n)
 		h = mix(mix(mix(h, (uint64_t)a->start[i]), (uint64_t)a->step[i]),
 			(uint64_t)a->end[i].c ^ a->end[i].syms);
 	h = mix(mix(h, (uint64_t)a->correction), (uint64_t)a->approximate);
+	h = mix(mix(h, (uint64_t)a->causal), (uint64_t)a->window);
 	for (int k = 0; k < n->n_out; k++)
 		h = hash_type(h, &n->out[k]->type);
 	for (int k = 0; k < n->n_in; k++) {
@@ -610,10 +611,40 @@ fz_status fz_partition(fz_program *p)
 		s.g[i].flags = c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
 			     c == FZ_CLASS_WAIT || c == FZ_CLASS_SCAN ||
 			     c == FZ_CLASS_SELECT ? G_FIXED : 0;
+		if (c == FZ_CLASS_ATTENTION)
+			s.g[i].flags = G_FIXED | G_ATTN;
 		if (nd->op == FZ_OP_TAKE)
 			s.g[i].flags |= G_TAKE;
 		if (nd->op == FZ_OP_INDEX_ADD)
 			s.g[i].flags |= G_INDEX_ADD;
+	}
+
+	/* attention written out (ir/attention.c): each form one fixed group
+	 * before any fusion, rooted at its second product, which follows all
+	 * its other nodes (they are its ancestors, and nothing outside reads
+	 * them), so the group's ord is the product's and stays topological */
+	for (int i = 0; i < n; i++) {
+		int ids[96];
+		int m = t->nodes[i]->op == FZ_OP_MATMUL ?
+			fz_attn_match(t, t->nodes[i], ids, 96) : 0;
+		s.work += 1 + m;
+		bool free_nodes = m > 0;
+		for (int j = 0; j < m && free_nodes; j++)
+			free_nodes = find(&s, ids[j]) == ids[j] && s.g[ids[j]].size == 1 &&
+				     ids[j] <= i;
+		if (!free_nodes)
+			continue;
+		for (int j = 0; j < m; j++) {
+			int x = ids[j];
+			if (x == i)
+				continue;
+			s.g[x].parent = i;
+			s.g[s.g[i].tail].next = x;
+			s.g[i].tail = x;
+			s.g[i].size++;
+		}
+		s.g[i].red = -1;
+		s.g[i].flags = G_FIXED | G_ATTN;
 	}
 
 	/* producer-consumer fusion in the canonical order, swept again while
@@ -684,6 +715,10 @@ fz_status fz_partition(fz_program *p)
 		const fz_node *first = R->nodes[0];
 		fz_opclass c = fz_ops[first->op].cls;
 		int root = find(&s, first->id);
+		if (s.g[root].flags & G_ATTN) {
+			R->kind = FZ_REGION_ATTENTION;
+			continue;
+		}
 		if (c == FZ_CLASS_LIBRARY || c == FZ_CLASS_COLLECTIVE ||
 		    c == FZ_CLASS_WAIT) {
 			R->kind = c == FZ_CLASS_LIBRARY ? FZ_REGION_LIBRARY :

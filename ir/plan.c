@@ -38,7 +38,7 @@
 
 const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
 	"pointwise", "reduction", "normalization", "indexing", "library",
-	"collective", "wait", "view", "scan", "select",
+	"collective", "wait", "view", "scan", "select", "attention",
 };
 
 const char *const fz_pass_names[FZ_PASS_COUNT] = {

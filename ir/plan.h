@@ -29,6 +29,9 @@ typedef enum fz_region_kind {
 	FZ_REGION_VIEW,          /* only bookended meta ops: launches nothing */
 	FZ_REGION_SCAN,          /* one cumsum: a row scan (codegen/scan.c) */
 	FZ_REGION_SELECT,        /* one topk, argmax or argmin (codegen/select.c) */
+	FZ_REGION_ATTENTION,     /* one attention pass (ir/attention.h): an
+	                          * attention op, or matmul / scores / softmax /
+	                          * matmul recognized (codegen/attention.c) */
 	FZ_REGION_KIND_COUNT
 } fz_region_kind;
 
@@ -38,7 +41,8 @@ static inline bool fz_region_is_kernel(fz_region_kind k)
 {
 	return k == FZ_REGION_POINTWISE || k == FZ_REGION_REDUCTION ||
 	       k == FZ_REGION_NORMALIZATION || k == FZ_REGION_INDEXING ||
-	       k == FZ_REGION_SCAN || k == FZ_REGION_SELECT;
+	       k == FZ_REGION_SCAN || k == FZ_REGION_SELECT ||
+	       k == FZ_REGION_ATTENTION;
 }
 
 /* The dims a reduction node reduces, as a bit mask. */

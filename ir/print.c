@@ -109,6 +109,10 @@ static void print_attr(fz_buf *b, const fz_trace *t, const fz_node *nd,
 		break;
 	case FZ_ATTR_EPS: print_double(b, a->eps); break;
 	case FZ_ATTR_K: fz_buf_printf(b, "%lld", (long long)a->k); break;
+	case FZ_ATTR_CAUSAL: fz_buf_puts(b, a->causal ? "true" : "false"); break;
+	case FZ_ATTR_SCALE: print_double(b, a->scale); break;
+	case FZ_ATTR_WINDOW: fz_buf_printf(b, "%lld", (long long)a->window); break;
+	case FZ_ATTR_SOFTCAP: print_double(b, a->softcap); break;
 	default: FZ_ASSERT(!"unknown attribute");
 	}
 }
@@ -294,6 +298,14 @@ static bool attrs_eq(const fz_node *x, const fz_node *y)
 	if ((s & AT(EPS)) && a->eps != b->eps)
 		return false;
 	if ((s & AT(K)) && a->k != b->k)
+		return false;
+	if ((s & AT(CAUSAL)) && a->causal != b->causal)
+		return false;
+	if ((s & AT(SCALE)) && a->scale != b->scale)
+		return false;
+	if ((s & AT(WINDOW)) && a->window != b->window)
+		return false;
+	if ((s & AT(SOFTCAP)) && a->softcap != b->softcap)
 		return false;
 	return true;
 }

@@ -205,6 +205,8 @@ static int launch_parts(const cpu_device *c, const fz_kernel *k, const int64_t *
 	}
 	if (k->sk == FZ_SK_ROW)
 		return fz_pool_parts(c->pool, w, 1);
+	if (k->sk == FZ_SK_ATTENTION) /* w rows: a part is a block of 32 or more */
+		return fz_pool_parts(c->pool, (w + 31) / 32, 1);
 	return fz_pool_parts(c->pool, w * (k->vec > 0 ? k->vec : 1), 16384);
 }
 

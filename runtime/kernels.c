@@ -340,7 +340,8 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
 {
 	ki->src = *r;
-	if (!p->view_of)
+	/* attention reads q, k and v contiguous, where the runner staged them */
+	if (!p->view_of || r->kind == FZ_REGION_ATTENTION)
 		return true;
 	int cap = 0;
 	for (int i = 0; i < r->n_in; i++)

@@ -11,7 +11,9 @@
  *
  *   compute stream  regions in order; a library call costs
  *                   max(flops / F, bytes / B), a kernel bytes / B (what it
- *                   reads and writes), each plus a launch of LAUNCH_S; a view
+ *                   reads and writes), an attention region (the fused
+ *                   kernel) max(flops / F, bytes / B) with the flops of its
+ *                   products (fz_attn_flops), each plus a launch of LAUNCH_S; a view
  *                   costs nothing
  *   comm stream     collectives in the order they are issued; one cannot
  *                   start before the compute stream reaches it (its operand
@@ -47,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "attention.h"
 #include "tool.h"
 
 #define LAUNCH_S 4e-6       /* a kernel or library launch */
@@ -259,6 +261,17 @@ static int simulate(const fz_program *p, const int *order, const sim_model *m,
 				if (fl / m->flops > d)
 					d = fl / m->flops;
 				color = C_MATMUL;
+			}
+			fz_attn at;
+			if (R->kind == FZ_REGION_ATTENTION &&
+			    fz_attn_describe(p->trace, R, &at, NULL, 0)) {
+				/* the fused kernel: its products on the tensor
+				 * cores at the matmul rate (causal: half the
+				 * pairs), its bytes (q, k, v, o; no T x T) */
+				double fl = fz_attn_flops(&at, p->sym_sizes);
+				r->flops += fl;
+				if (fl / m->flops > d)
+					d = fl / m->flops;
 			}
 			d += LAUNCH_S;
 			*(color == C_MATMUL ? &r->matmul : &r->kernel) += d;

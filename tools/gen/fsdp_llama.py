@@ -177,9 +177,10 @@ def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name):
             w("%s_%s = %s" % (s, t, heads_of("linear(%s_n1, %sw%s_a)" % (s, p, t))))
         for t in ("q", "k"):
             w("%s_%sr = add(mul(%s_%s, cos), mul(%s, sin))" % (s, t, s, t, rot(s + "_" + t)))
-        w("%s_sc = mul(matmul(%s_qr, transpose(%s_kr, 2, 3)), %s)" % (s, s, s, scale))
-        w("%s_pr = softmax(where(mask, %s_sc, -1e9), dim=-1)" % (s, s))
-        w("%s_ctx = %s" % (s, unheads("matmul(%s_pr, %s_v)" % (s, s))))
+        # attention as the primitive (FlashAttention: o and the log-sum-exp
+        # are kept for the backward, not the probabilities)
+        w("%s_o, %s_lse = attention(%s_qr, %s_kr, %s_v, mask, scale=%s)" % (s, s, s, s, s, scale))
+        w("%s_ctx = %s" % (s, unheads(s + "_o")))
         w("%s_h = add(%s, linear(%s_ctx, %swo_a))" % (s, x, s, p))
         rms(s + "_h", p + "mlp_norm_a", s + "_n2")
         w("%s_a = linear(%s_n2, %sw_gate_a)" % (s, s, p))
@@ -231,12 +232,9 @@ def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name):
         # attention: h = x + wo(ctx)
         w("%s_dctx = %s" % (s, heads_of("linear(%s_dh, transpose(%swo_b, 0, 1))" % (s, p))))
         scatter(p + "wo", wgrad(s + "_dh", H, s + "_ctx", H))
-        w("%s_dp = matmul(%s_dctx, transpose(%s_v, 2, 3))" % (s, s, s))
-        w("%s_dv = matmul(transpose(%s_pr, 2, 3), %s_dctx)" % (s, s, s))
-        w("%s_ds = mul(mul(%s_pr, sub(%s_dp, sum(mul(%s_dp, %s_pr), dims=[3], keepdim=true))), %s)"
-          % (s, s, s, s, s, scale))
-        w("%s_dqr = matmul(%s_ds, %s_kr)" % (s, s, s))
-        w("%s_dkr = matmul(transpose(%s_ds, 2, 3), %s_qr)" % (s, s, s))
+        args = "%s_qr, %s_kr, %s_v, %s_o, %s_lse, %s_dctx, mask, scale=%s" % (s, s, s, s, s, s, scale)
+        w("%s_dqr = attention_dq(%s)" % (s, args))
+        w("%s_dkr, %s_dv = attention_dkv(%s)" % (s, s, args))
         for t in ("q", "k"):
             w("%s_d%sh = add(mul(%s_d%sr, cos), %s)" % (s, t, s, t, rot_t("mul(%s_d%sr, sin)" % (s, t))))
             w("%s_d%s = %s" % (s, t, unheads("%s_d%sh" % (s, t))))

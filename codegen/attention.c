@@ -1,0 +1,889 @@
+/*
+ * attention.c: attention regions (ir/attention.h) on the host: the
+ * FlashAttention-2 algorithm, tiled and vectorized, one work item per
+ * (batch, head, block of BQ query rows) for the forward and the dq pass,
+ * per (batch, kv head, block of BK keys) for the dk/dv pass, the items
+ * split across the pool (cg_host_chunk). No buffer of Tq x Tk exists: a
+ * work item holds one block of keys (BK of them) at a time, in f32, on
+ * its stack.
+ *
+ * Forward, for each block of keys a query block may see (the causal and
+ * window ranges skip the others): K transposed into Kt [D][BK] and V into
+ * Vs [BK][Dv], both f32; then per query row i
+ *
+ *     s[j]  = q_i . k_j                 BK/8 vector accumulators over D
+ *     l[j]  = cg_attn_scores(s)         the trace's modification, -inf where
+ *                                       hidden (the shared emitter)
+ *     m'    = max(m, max_j l[j]);  a = exp(m - m');  p[j] = exp(l[j] - m')
+ *     sum'  = a sum + sum_j p[j];  o_i = a o_i + sum_j p[j] v_j
+ *
+ * and at the end o_i / sum and lse_i = m + log(sum) (a row that saw no
+ * key: o = 0, lse = -inf). The backward recomputes p = exp(l - lse) per
+ * block: the dq pass (a block of queries walks its keys) forms
+ * dp = do_i . v_j, ds = p (dp - di) dl/ds, dq_i += ds k_j; the dk/dv pass
+ * (a block of keys walks the `group` query heads sharing its kv head and
+ * their rows) adds dv_j += p do_i and dk_j += ds q_i. di = do_i . o_i.
+ *
+ * Vectors are 8 floats (one AVX register; two SSE ones, which LLVM splits):
+ * D and Dv must be multiples of 8. exp on the probabilities is a vector
+ * polynomial (vexp, math.c's expf in lanes). The scores' modification is
+ * per lane through cg_value, which the SLP vectorizer packs where it can.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg.h"
+#include "llvm.h"
+
+#define VW 8   /* floats per vector */
+#define BK 64  /* keys per block */
+#define BQ 64  /* query rows per work item */
+
+/* ---- vector helpers -------------------------------------------------------- */
+
+static T vf(cg *g) { return t_vec(t_f32(g), VW); }
+
+static V splat(cg *g, V x)
+{
+	V v = c_undef(vf(g));
+	for (int l = 0; l < VW; l++)
+		v = insert(g, v, x, (unsigned)l);
+	return v;
+}
+
+static V vconst(cg *g, double x) { return splat(g, c_f32(g, x)); }
+
+static V splat_i32(cg *g, int x)
+{
+	V e[VW];
+	for (int l = 0; l < VW; l++)
+		e[l] = c_i32(g, x);
+	return LLVMConstVector(e, VW);
+}
+
+static V vfma(cg *g, V a, V b, V c)
+{
+	V args[3] = {a, b, c};
+	return call_intrinsic(g, "llvm.fma", type_of(a), type_of(a), args, 3);
+}
+
+static V vun(cg *g, const char *name, V x)
+{
+	return call_intrinsic(g, name, type_of(x), type_of(x), &x, 1);
+}
+
+static V vbin(cg *g, const char *name, V a, V b)
+{
+	V args[2] = {a, b};
+	return call_intrinsic(g, name, type_of(a), type_of(a), args, 2);
+}
+
+/* exp of 8 lanes: x = k ln2 + r, degree-7 polynomial, 2^k by exponent
+ * bits (math.c's expf, in lanes); -inf and anything below -104 give 0. */
+static V vexp(cg *g, V x)
+{
+	const double ln2 = 0.69314718055994530942;
+	float hi = (float)ln2;
+	float lo = (float)(ln2 - (double)hi);
+	T vi = t_vec(t_i32(g), VW);
+	V low = fcmp(g, LLVMRealOLT, x, vconst(g, -104.0));
+	V xc = vbin(g, "llvm.minnum", vbin(g, "llvm.maxnum", x, vconst(g, -104.0)),
+		    vconst(g, 88.0));
+	V k = vun(g, "llvm.rint", fmul(g, xc, vconst(g, 1.4426950408889634)));
+	V r = vfma(g, fneg(g, k), vconst(g, hi), xc);
+	r = vfma(g, fneg(g, k), vconst(g, lo), r);
+	static const double C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
+				   1.0 / 720, 1.0 / 5040};
+	V p = vconst(g, C[7]);
+	for (int i = 6; i >= 0; i--)
+		p = vfma(g, p, r, vconst(g, C[i]));
+	V ki = LLVMBuildFPToSI(g->b, k, vi, "");
+	V k1 = ashr(g, ki, splat_i32(g, 1)), k2 = sub(g, ki, k1);
+	V s1 = bitcast(g, shl(g, add(g, k1, splat_i32(g, 127)), splat_i32(g, 23)), vf(g));
+	V s2 = bitcast(g, shl(g, add(g, k2, splat_i32(g, 127)), splat_i32(g, 23)), vf(g));
+	V y = fmul(g, fmul(g, p, s1), s2);
+	return sel(g, low, vconst(g, 0.0), y);
+}
+
+static V hreduce(cg *g, V v, bool max)
+{
+	V x = extract(g, v, 0);
+	for (int l = 1; l < VW; l++) {
+		V e = extract(g, v, (unsigned)l);
+		V args[2] = {x, e};
+		x = max ? call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g), args, 2) :
+			  fadd(g, x, e);
+	}
+	return x;
+}
+
+/* ---- memory: region buffers in their dtype, scratch in f32 ----------------- */
+
+/* VW elements of buffer slot s (dtype d) from element off, as f32. */
+static V vload(cg *g, int s, fz_dtype d, V off)
+{
+	V p = cg_elem_ptr(g, s, d, off);
+	switch (d) {
+	case FZ_F32:
+		return load(g, vf(g), p, 4);
+	case FZ_F16:
+		return LLVMBuildFPExt(g->b, load(g, t_vec(t_f16(g), VW), p, 2), vf(g), "");
+	default: { /* bf16: the high half of an f32 */
+		V h = load(g, t_vec(t_i16(g), VW), p, 2);
+		V w = LLVMBuildZExt(g->b, h, t_vec(t_i32(g), VW), "");
+		return bitcast(g, shl(g, w, splat_i32(g, 16)), vf(g));
+	}
+	}
+}
+
+static V sload(cg *g, int s, fz_dtype d, V off)
+{
+	return cg_from_storage(g, load(g, cg_stype(g, d), cg_elem_ptr(g, s, d, off),
+				       (unsigned)fz_dtype_size(d)), d);
+}
+
+/* Rounds f32 x to dtype d once and stores it at element off of slot s. */
+static void sstore(cg *g, int s, fz_dtype d, V off, V x)
+{
+	store(g, cg_to_storage(g, cg_round_half(g, x, d), d), cg_elem_ptr(g, s, d, off),
+	      (unsigned)fz_dtype_size(d));
+}
+
+static V scratch(cg *g, int n) { return cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n)); }
+
+static V at(cg *g, V base, V i) { return gep(g, t_f32(g), base, i); }
+
+static V ci(cg *g, int64_t x) { return c_int(g->ity, x); }
+
+static V umin(cg *g, V a, V b) { return sel(g, icmp(g, LLVMIntULT, a, b), a, b); }
+
+/* Phis for loop-carried values in L's head, started from init; the body
+ * then uses ph and hands the next values to loop_next. */
+static void loop_phis(cg *g, cg_loop *L, int n, const V *init, V *ph)
+{
+	LLVMBasicBlockRef body = current(g);
+	V ins = LLVMGetFirstInstruction(L->head);
+	while (ins && LLVMGetInstructionOpcode(ins) == LLVMPHI)
+		ins = LLVMGetNextInstruction(ins);
+	LLVMPositionBuilderBefore(g->b, ins);
+	for (int i = 0; i < n; i++) {
+		ph[i] = phi(g, type_of(init[i]));
+		phi_add(ph[i], init[i], L->pre);
+	}
+	at_end(g, body);
+}
+
+static void loop_next(cg *g, int n, const V *ph, const V *next)
+{
+	for (int i = 0; i < n; i++)
+		phi_add(ph[i], next[i], current(g));
+}
+
+/* ---- the scores (shared with the GPU emitter) ------------------------------ */
+
+static void mask_lanes(cg *g, const fz_attn *A, const fz_value *mv, const cg_ix *bix,
+		       V h, V i, int nl, const cg_ix *jl, V *out)
+{
+	int r = A->n_batch + 3, mr = mv->type.rank;
+	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+	for (int l = 0; l < nl; l++)
+		for (int d = 0; d < mr; d++) {
+			int sd = r - mr + d;
+			cg_ix x = sd < A->n_batch ? bix[sd] : sd == A->n_batch ? cg_ix_of(h, 1) :
+				  sd == A->n_batch + 1 ? cg_ix_of(i, 1) : jl[l];
+			fz_ext e = mv->type.dims[d];
+			ix[l][d] = fz_ext_is_const(e) && e.c == 1 ? cg_ix_zero() : x;
+		}
+	cg_value(g, mv, nl, ix, out);
+}
+
+/* The scores at nl lanes of keys jl[], loads where they lie. */
+static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int nl,
+		      const cg_ix *jl, const V *s, V *out, V *dl)
+{
+	if (A->decomposed) {
+		const fz_value *sv = A->score;
+		int r = sv->type.rank;
+		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
+		V sr[FZ_VW_MAX] = {0};
+		for (int l = 0; l < nl; l++) {
+			for (int d = 0; d < A->n_batch; d++)
+				ix[l][d] = bix[d];
+			ix[l][r - 3] = cg_ix_of(h, 1);
+			ix[l][r - 2] = cg_ix_of(i, 1);
+			ix[l][r - 1] = jl[l];
+			sr[l] = cg_round_half(g, s[l], A->score_dtype);
+		}
+		cg_value_given(g, sv, nl, ix, sr);
+		cg_value(g, A->logits, nl, ix, out);
+		for (int l = 0; l < nl; l++)
+			if (A->logits->type.dtype == FZ_F64)
+				out[l] = fptrunc(g, out[l], t_f32(g));
+		if (dl)
+			cg_fail(g, FZ_EUNSUPPORTED, A->last, "the backward of a "
+				"decomposed attention is not a region");
+		return;
+	}
+	V mk[FZ_VW_MAX] = {0};
+	if (A->mask)
+		mask_lanes(g, A, A->mask, bix, h, i, nl, jl, mk);
+	for (int l = 0; l < nl; l++) {
+		V x = fmul(g, s[l], c_f32(g, A->scale));
+		V d = c_f32(g, A->scale);
+		if (A->softcap > 0) {
+			V th = cg_math_unary(g, FZ_OP_TANH, fmul(g, x, c_f32(g, 1.0 / A->softcap)));
+			x = fmul(g, th, c_f32(g, A->softcap));
+			d = fmul(g, d, fsub(g, c_f32(g, 1.0), fmul(g, th, th)));
+		}
+		V hidden = c_i1(g, 0);
+		if (A->mask && A->mask->type.dtype == FZ_BOOL)
+			hidden = icmp(g, LLVMIntEQ, mk[l], c_i1(g, 0));
+		else if (A->mask)
+			x = fadd(g, x, mk[l]);
+		out[l] = sel(g, hidden, c_f32(g, -INFINITY), x);
+		if (dl)
+			dl[l] = sel(g, hidden, c_f32(g, 0.0), d);
+	}
+}
+
+/* One arm of cg_attn_scores' branch: the scores, then on to join, with
+ * what the arm memoized and its index arithmetic forgotten (the other arm
+ * does not see them). Returns the arm's last block. */
+static LLVMBasicBlockRef scores_arm(cg *g, const fz_attn *A, const cg_ix *bix, V h,
+				    V i, int nl, const cg_ix *jl, const V *s, V *out,
+				    V *dl, LLVMBasicBlockRef join, int mark, int cse)
+{
+	scores_at(g, A, bix, h, i, nl, jl, s, out, dl);
+	LLVMBasicBlockRef bb = current(g);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+	return bb;
+}
+
+void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
+		    const V *s, V *out, V *dl)
+{
+	FZ_ASSERT(nl >= 1 && nl <= FZ_VW_MAX);
+	/* the batch dims of b */
+	cg_ix bix[FZ_MAX_RANK];
+	if (A->n_batch > 0) {
+		const fz_type *qt = A->decomposed ? &A->score->type : NULL;
+		fz_type bt = {0};
+		bt.rank = A->n_batch;
+		if (!A->decomposed) {
+			/* the mask may lack batch dims; the q operand has them */
+			const fz_node *n = g->r->nodes[0];
+			qt = &n->in[0]->type;
+		}
+		for (int d = 0; d < A->n_batch; d++)
+			bt.dims[d] = qt->dims[d];
+		cg_delinearize(g, &bt, b, 1, bix);
+	}
+	bool need = A->decomposed || A->mask;
+	V tk = cg_ext(g, A->tk);
+	V jlast = add(g, cg_ix_value(g, j0), ci(g, nl - 1));
+	V res[FZ_VW_MAX], dres[FZ_VW_MAX];
+	if (need) {
+		/* all lanes inside [0, Tk): the lanes' loads as one vector;
+		 * else each lane at its key clamped to Tk - 1 */
+		LLVMBasicBlockRef fast = block(g, "attn.in"), slow = block(g, "attn.edge"),
+				  join = block(g, "attn.join"), bbf, bbs;
+		cond_br(g, icmp(g, LLVMIntULT, jlast, tk), fast, slow);
+		V fo[FZ_VW_MAX], fd[FZ_VW_MAX], so[FZ_VW_MAX], sd[FZ_VW_MAX];
+		int mark = cg_memo_mark(g), cse = g->n_cse;
+		at_end(g, fast);
+		cg_ix jl[FZ_VW_MAX];
+		for (int l = 0; l < nl; l++) {
+			jl[l] = j0;
+			jl[l].o += l;
+		}
+		bbf = scores_arm(g, A, bix, h, i, nl, jl, s, fo, dl ? fd : NULL, join, mark, cse);
+		at_end(g, slow);
+		V tk1 = sub(g, tk, ci(g, 1));
+		for (int l = 0; l < nl; l++) {
+			V j = add(g, cg_ix_value(g, j0), ci(g, l));
+			jl[l] = cg_ix_of(umin(g, j, tk1), 1);
+		}
+		bbs = scores_arm(g, A, bix, h, i, nl, jl, s, so, dl ? sd : NULL, join, mark, cse);
+		at_end(g, join);
+		for (int l = 0; l < nl; l++) {
+			res[l] = phi(g, t_f32(g));
+			phi_add(res[l], fo[l], bbf);
+			phi_add(res[l], so[l], bbs);
+			if (dl) {
+				dres[l] = phi(g, t_f32(g));
+				phi_add(dres[l], fd[l], bbf);
+				phi_add(dres[l], sd[l], bbs);
+			}
+		}
+	} else {
+		cg_ix jl[FZ_VW_MAX];
+		for (int l = 0; l < nl; l++) {
+			jl[l] = j0;
+			jl[l].o += l;
+		}
+		scores_at(g, A, bix, h, i, nl, jl, s, res, dl ? dres : NULL);
+	}
+	/* beyond Tk, causal, window */
+	for (int l = 0; l < nl; l++) {
+		V j = add(g, cg_ix_value(g, j0), ci(g, l));
+		V hidden = icmp(g, LLVMIntUGE, j, tk);
+		if (A->causal)
+			hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, i));
+		if (A->window > 0) {
+			V w = ci(g, A->window);
+			hidden = or_(g, hidden, icmp(g, LLVMIntUGE, i, add(g, j, w)));
+			if (!A->causal)
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, i, w)));
+		}
+		out[l] = sel(g, hidden, c_f32(g, -INFINITY), res[l]);
+		if (dl)
+			dl[l] = sel(g, hidden, c_f32(g, 0.0), dres[l]);
+	}
+}
+
+void cg_attn_key_range(cg *g, const fz_attn *A, V i0, V i1, V *lo, V *hi)
+{
+	V tk = cg_ext(g, A->tk);
+	*lo = ci(g, 0);
+	*hi = tk;
+	if (A->causal)
+		*hi = umin(g, tk, i1);
+	if (A->window > 0) {
+		V w = ci(g, A->window), a = add(g, i0, ci(g, 1));
+		*lo = sel(g, icmp(g, LLVMIntUGT, a, w), sub(g, a, w), ci(g, 0));
+		if (!A->causal)
+			*hi = umin(g, tk, add(g, sub(g, i1, ci(g, 1)), w));
+	}
+}
+
+void cg_attn_query_range(cg *g, const fz_attn *A, V j0, V j1, V *lo, V *hi)
+{
+	V tq = cg_ext(g, A->tq);
+	*lo = ci(g, 0);
+	*hi = tq;
+	if (A->causal)
+		*lo = umin(g, j0, tq);
+	if (A->window > 0) {
+		V w = ci(g, A->window);
+		*hi = umin(g, tq, add(g, sub(g, j1, ci(g, 1)), w));
+		if (!A->causal) {
+			V a = add(g, j0, ci(g, 1));
+			*lo = sel(g, icmp(g, LLVMIntUGT, a, w), sub(g, a, w), ci(g, 0));
+		}
+	}
+}
+
+/* ---- the host kernels ------------------------------------------------------- */
+
+typedef struct ak {
+	cg *g;
+	const fz_attn *A;
+	int sq, sk, sv, so, slse, sdo; /* buffer slots (-1 absent) */
+	fz_dtype dt;
+	int64_t D, DV;
+} ak;
+
+/* Rows [0, n) of slot s from element `first`, `len` floats each (a
+ * multiple of VW), into scratch X [rows][len] (rows from n to `cap` zero):
+ * a block of q, k, v or do rows. With Xt, the rows go transposed into
+ * Xt [len][cap] instead. */
+static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V Xt)
+{
+	cg *g = K->g;
+	cg_loop L;
+	int step = Xt ? VW : 1; /* transposed: 8 rows at a time, 8 x 8 tiles */
+	cg_loop_begin(g, &L, ci(g, 0), ci(g, cap), ci(g, step));
+	for (int64_t d = 0; d < len; d += VW) {
+		V x[VW];
+		for (int u = 0; u < step; u++) {
+			V r = add(g, L.iv, ci(g, u));
+			V valid = icmp(g, LLVMIntULT, r, n);
+			V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ci(g, len)));
+			x[u] = sel(g, valid, vload(g, s, K->dt, add(g, row, ci(g, d))),
+				   vconst(g, 0.0));
+			if (X)
+				store(g, x[u], at(g, X, add(g, mul(g, r, ci(g, len)), ci(g, d))), 4);
+		}
+		if (!Xt)
+			continue;
+		/* transpose: at level k (1, 2, 4), rows i and i + k (bit k of i
+		 * clear) trade the elements whose column has bit k clear for
+		 * those that have it set: bit k moves from column to row */
+		for (int k = 1; k < VW; k <<= 1)
+			for (int i = 0; i < VW; i++) {
+				if (i & k)
+					continue;
+				V lo[VW], hi[VW];
+				for (int j = 0; j < VW; j++) {
+					lo[j] = c_i32(g, j & k ? VW + j - k : j);
+					hi[j] = c_i32(g, j & k ? VW + j : j + k);
+				}
+				V a = x[i], bb = x[i + k];
+				x[i] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(lo, VW), "");
+				x[i + k] = LLVMBuildShuffleVector(g->b, a, bb, LLVMConstVector(hi, VW), "");
+			}
+		for (int l = 0; l < VW; l++)
+			store(g, x[l], at(g, Xt, add(g, ci(g, (d + l) * cap), L.iv)), 4);
+	}
+	cg_loop_end(g, &L);
+}
+
+static void zero(cg *g, V X, int64_t n)
+{
+	cg_loop L;
+	cg_loop_begin(g, &L, ci(g, 0), ci(g, n / VW), ci(g, 1));
+	store(g, vconst(g, 0.0), at(g, X, mul(g, L.iv, ci(g, VW))), 4);
+	cg_loop_end(g, &L);
+}
+
+#define MR 4          /* rows of a product's register tile */
+#define NR (2 * VW)   /* columns: two vectors */
+
+/* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
+ * (M a multiple of MR, N of NR), f32 scratch all: the block products of
+ * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
+ * dK += dSt Q). A tile of MR x NR sums in 8 registers over k: two vector
+ * loads of B and MR broadcasts of A feed 8 fmas. */
+static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc)
+{
+	cg_loop LM, LN, LK;
+	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
+	cg_loop_begin(g, &LN, ci(g, 0), ci(g, N), ci(g, NR));
+	V m0 = LM.iv, n0 = LN.iv;
+	V init[MR * 2], ph[MR * 2], next[MR * 2], cp[MR * 2];
+	for (int r = 0; r < MR; r++)
+		for (int h = 0; h < 2; h++) {
+			cp[r * 2 + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
+						     add(g, n0, ci(g, h * VW))));
+			init[r * 2 + h] = acc ? load(g, vf(g), cp[r * 2 + h], 4) : vconst(g, 0.0);
+		}
+	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	loop_phis(g, &LK, MR * 2, init, ph);
+	V k = LK.iv;
+	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
+	V b0 = load(g, vf(g), at(g, B, bp), 4);
+	V b1 = load(g, vf(g), at(g, B, add(g, bp, ci(g, VW))), 4);
+	for (int r = 0; r < MR; r++) {
+		V a = splat(g, load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)),
+									 ci(g, am)),
+								  mul(g, k, ci(g, ak)))), 4));
+		next[r * 2] = vfma(g, a, b0, ph[r * 2]);
+		next[r * 2 + 1] = vfma(g, a, b1, ph[r * 2 + 1]);
+	}
+	loop_next(g, MR * 2, ph, next);
+	cg_loop_end(g, &LK);
+	for (int i = 0; i < MR * 2; i++)
+		store(g, ph[i], cp[i], 4);
+	cg_loop_end(g, &LN);
+	cg_loop_end(g, &LM);
+}
+
+/* A vector of ity: x + (0, 1, ..., VW - 1). */
+static V iota_from(cg *g, V x)
+{
+	T vt = t_vec(g->ity, VW);
+	V e[VW];
+	for (int l = 0; l < VW; l++)
+		e[l] = c_int(g->ity, l);
+	V v = c_undef(vt);
+	for (int l = 0; l < VW; l++)
+		v = insert(g, v, x, (unsigned)l);
+	return add(g, v, LLVMConstVector(e, VW));
+}
+
+static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
+		 int64_t M, int64_t N, int64_t kn, bool acc)
+{
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc);
+}
+
+/* The logits (and derivatives) of row r of S [..][BK], keys from kb. A
+ * primitive with neither mask nor softcap (scale, causal, window) is
+ * computed here in whole vectors; anything else lane by lane through
+ * cg_attn_scores, the expression emitter's way. */
+static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, V *lg, V *dlg)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	if (!A->decomposed && !A->mask && A->softcap == 0) {
+		T vt = t_vec(g->ity, VW);
+		V tk = cg_ext(g, A->tk), vi = iota_from(g, i), ninf = vconst(g, -INFINITY);
+		V tkv = iota_from(g, tk), vw = iota_from(g, ci(g, A->window));
+		(void)vt;
+		/* iota_from(x) - iota: x in every lane */
+		V zero_iota = iota_from(g, ci(g, 0));
+		vi = sub(g, vi, zero_iota);
+		tkv = sub(g, tkv, zero_iota);
+		vw = sub(g, vw, zero_iota);
+		for (int c = 0; c < BK / VW; c++) {
+			V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+			V j = iota_from(g, add(g, kb, ci(g, c * VW)));
+			V hidden = icmp(g, LLVMIntUGE, j, tkv);
+			if (A->causal)
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
+			if (A->window > 0) {
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, vi, add(g, j, vw)));
+				if (!A->causal)
+					hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, vi, vw)));
+			}
+			lg[c] = sel(g, hidden, ninf, fmul(g, sv, vconst(g, A->scale)));
+			if (dlg)
+				dlg[c] = sel(g, hidden, vconst(g, 0.0), vconst(g, A->scale));
+		}
+		return;
+	}
+	for (int c = 0; c < BK / VW; c++) {
+		V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+		V s[VW], o[VW], d[VW];
+		for (int l = 0; l < VW; l++)
+			s[l] = extract(g, sv, (unsigned)l);
+		cg_ix j0 = cg_ix_of(add(g, kb, ci(g, c * VW)), VW);
+		cg_attn_scores(g, K->A, b, h, i, j0, VW, s, o, dlg ? d : NULL);
+		lg[c] = c_undef(vf(g));
+		if (dlg)
+			dlg[c] = c_undef(vf(g));
+		for (int l = 0; l < VW; l++) {
+			lg[c] = insert(g, lg[c], o[l], (unsigned)l);
+			if (dlg)
+				dlg[c] = insert(g, dlg[c], d[l], (unsigned)l);
+		}
+	}
+}
+
+static V exp_masked(cg *g, V lg, V shift)
+{
+	V p = vexp(g, fsub(g, lg, shift));
+	return sel(g, fcmp(g, LLVMRealOEQ, lg, vconst(g, -INFINITY)), vconst(g, 0.0), p);
+}
+
+static V dot_rows(ak *K, int s1, V off1, int s2, V off2, int64_t n)
+{
+	cg *g = K->g;
+	V acc = vconst(g, 0.0);
+	for (int64_t e = 0; e < n; e += VW)
+		acc = vfma(g, vload(g, s1, K->dt, add(g, off1, ci(g, e))),
+			   vload(g, s2, K->dt, add(g, off2, ci(g, e))), acc);
+	return hreduce(g, acc, false);
+}
+
+/* Work items over `outer` x ceil(len / blk): *o is the item's outer
+ * index, *first its block's first element. */
+static void work_loop(cg *g, cg_loop *L, V outer, V len, int blk, V *o, V *first)
+{
+	V nb = udiv(g, add(g, len, ci(g, blk - 1)), ci(g, blk));
+	V total = mul(g, outer, nb), beg, end;
+	cg_host_chunk(g, total, &beg, &end);
+	cg_loop_begin(g, L, beg, end, ci(g, 1));
+	*o = udiv(g, L->iv, nb);
+	*first = mul(g, urem(g, L->iv, nb), ci(g, blk));
+}
+
+/* Where a work item over query rows [i0, i0 + BQ) of head h reads. */
+typedef struct qitem {
+	V b, h, bh, i0, i1, nrows, kbase, vbase, rowbase;
+} qitem;
+
+static void query_item(ak *K, cg_loop *W, qitem *Q)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
+	work_loop(g, W, mul(g, cg_ext(g, A->batch), hq), tq, BQ, &Q->bh, &Q->i0);
+	Q->b = udiv(g, Q->bh, hq);
+	Q->h = urem(g, Q->bh, hq);
+	V hk = udiv(g, Q->h, ci(g, A->group));
+	Q->i1 = umin(g, add(g, Q->i0, ci(g, BQ)), tq);
+	Q->nrows = sub(g, Q->i1, Q->i0);
+	V kvh = add(g, mul(g, Q->b, cg_ext(g, A->hkv)), hk);
+	Q->kbase = mul(g, kvh, tk);
+	Q->vbase = Q->kbase;
+	Q->rowbase = add(g, mul(g, Q->bh, tq), Q->i0);
+}
+
+/* Opens the loop over the blocks of keys the item's rows may see: *kb
+ * the block's first key, *nk its keys (BK but at the end). */
+static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
+{
+	cg *g = K->g;
+	V klo, khi;
+	cg_attn_key_range(g, K->A, Q->i0, Q->i1, &klo, &khi);
+	cg_loop_begin(g, KB, mul(g, udiv(g, klo, ci(g, BK)), ci(g, BK)), khi, ci(g, BK));
+	*kb = KB->iv;
+	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
+}
+
+static void kernel_fwd(ak *K)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	int64_t D = K->D, DV = K->DV;
+	V Qs = scratch(g, BQ * (int)D), Kt = scratch(g, (int)D * BK);
+	V Vs = scratch(g, BK * (int)DV), Os = scratch(g, BQ * (int)DV);
+	V S = scratch(g, BQ * BK), Ms = scratch(g, BQ), Ls = scratch(g, BQ);
+	cg_loop W, R, KB;
+	qitem Q;
+	query_item(K, &W, &Q);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
+	zero(g, Os, BQ * DV);
+	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
+	store(g, c_f32(g, -INFINITY), at(g, Ms, R.iv), 4);
+	store(g, c_f32(g, 0.0), at(g, Ls, R.iv), 4);
+	cg_loop_end(g, &R);
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
+	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
+	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+	/* per row: online softmax; S becomes p, O is rescaled */
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
+	{
+		V r = R.iv, lg[BK / VW];
+		row_logits(K, S, r, Q.b, Q.h, add(g, Q.i0, r), kb, lg, NULL);
+		V bm = lg[0];
+		for (int c = 1; c < BK / VW; c++)
+			bm = vbin(g, "llvm.maxnum", bm, lg[c]);
+		V mold = load(g, t_f32(g), at(g, Ms, r), 4);
+		V mnew = call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g),
+					(V[]){mold, hreduce(g, bm, true)}, 2);
+		V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)),
+			     c_f32(g, 0.0), mnew);
+		V alpha = extract(g, vexp(g, splat(g, fsub(g, mold, muse))), 0);
+		V psum = vconst(g, 0.0), vm = splat(g, muse);
+		for (int c = 0; c < BK / VW; c++) {
+			V p = exp_masked(g, lg[c], vm);
+			psum = fadd(g, psum, p);
+			store(g, p, at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+		}
+		V lold = load(g, t_f32(g), at(g, Ls, r), 4);
+		store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, Ls, r), 4);
+		store(g, mnew, at(g, Ms, r), 4);
+		V va = splat(g, alpha), orow = mul(g, r, ci(g, DV));
+		for (int64_t e = 0; e < DV; e += VW) {
+			V p = at(g, Os, add(g, orow, ci(g, e)));
+			store(g, fmul(g, va, load(g, vf(g), p, 4)), p, 4);
+		}
+	}
+	cg_loop_end(g, &R);
+	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true);
+	cg_loop_end(g, &KB);
+	/* o / l, lse */
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
+	{
+		V r = R.iv, row = add(g, Q.rowbase, r);
+		V l = load(g, t_f32(g), at(g, Ls, r), 4);
+		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
+		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
+		if (A->out_o >= 0)
+			for (int64_t e = 0; e < DV; e++) {
+				V x = load(g, t_f32(g), at(g, Os, add(g, mul(g, r, ci(g, DV)), ci(g, e))), 4);
+				sstore(g, K->so, K->dt, add(g, mul(g, row, ci(g, DV)), ci(g, e)),
+				       fmul(g, x, inv));
+			}
+		if (A->out_lse >= 0) {
+			V m = load(g, t_f32(g), at(g, Ms, r), 4);
+			V lse = fadd(g, m, cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
+			sstore(g, K->slse, FZ_F32, row, sel(g, empty, c_f32(g, -INFINITY), lse));
+		}
+	}
+	cg_loop_end(g, &R);
+	cg_loop_end(g, &W);
+}
+
+/* p and ds of row r from S and dP (rows of [..][BK]) into their vectors. */
+static void row_grads(ak *K, V S, V dP, V r, V b, V h, V i, V kb, V lse, V di,
+		      V *p, V *ds)
+{
+	cg *g = K->g;
+	V lg[BK / VW], dl[BK / VW];
+	row_logits(K, S, r, b, h, i, kb, lg, dl);
+	V vl = splat(g, lse), vd = splat(g, di);
+	for (int c = 0; c < BK / VW; c++) {
+		V dp = load(g, vf(g), at(g, dP, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+		p[c] = exp_masked(g, lg[c], vl);
+		ds[c] = fmul(g, fmul(g, p[c], fsub(g, dp, vd)), dl[c]);
+	}
+}
+
+/* lse and di = do . o of the rows of a query block into LSE, DI. */
+static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
+{
+	cg *g = K->g;
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V row = add(g, rowbase, R.iv), off = mul(g, row, ci(g, K->DV));
+	store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
+	store(g, dot_rows(K, K->sdo, off, K->so, off, K->DV), at(g, DI, R.iv), 4);
+	cg_loop_end(g, &R);
+}
+
+static void kernel_dq(ak *K)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	int64_t D = K->D, DV = K->DV;
+	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
+	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
+	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
+	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
+	cg_loop W, R, KB;
+	qitem Q;
+	query_item(K, &W, &Q);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
+	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, dOs, NULL);
+	zero(g, dQs, BQ * D);
+	row_stats(K, Q.rowbase, Q.nrows, LSE, DI);
+	V kb, nk;
+	key_blocks(K, &Q, &KB, &kb, &nk);
+	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
+	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+	/* S becomes ds (rows past nrows: q and do are 0 there, so S and dP
+	 * are 0, and ds stays 0) */
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
+	{
+		V r = R.iv, p[BK / VW], ds[BK / VW];
+		row_grads(K, S, dP, r, Q.b, Q.h, add(g, Q.i0, r), kb,
+			  load(g, t_f32(g), at(g, LSE, r), 4), load(g, t_f32(g), at(g, DI, r), 4),
+			  p, ds);
+		for (int c = 0; c < BK / VW; c++)
+			store(g, ds[c], at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
+	}
+	cg_loop_end(g, &R);
+	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true);
+	cg_loop_end(g, &KB);
+	int odq = g->r->n_in + A->out_dq;
+	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
+	{
+		V row = add(g, Q.rowbase, R.iv);
+		for (int64_t e = 0; e < D; e++)
+			sstore(g, odq, K->dt, add(g, mul(g, row, ci(g, D)), ci(g, e)),
+			       load(g, t_f32(g), at(g, dQs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
+	}
+	cg_loop_end(g, &R);
+	cg_loop_end(g, &W);
+}
+
+static void kernel_dkv(ak *K)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	int64_t D = K->D, DV = K->DV;
+	V Kt = scratch(g, (int)D * BK), Vt = scratch(g, (int)DV * BK);
+	V dKs = scratch(g, BK * (int)D), dVs = scratch(g, BK * (int)DV);
+	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
+	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
+	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
+	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
+	cg_loop W, G, QB, R;
+	V bk, kb;
+	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
+	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
+	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
+	V krow = add(g, mul(g, bk, tk), kb);
+	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, Kt);
+	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, Vt);
+	zero(g, dKs, BK * D);
+	zero(g, dVs, BK * DV);
+	V qlo, qhi;
+	cg_attn_query_range(g, A, kb, add(g, kb, nk), &qlo, &qhi);
+	cg_loop_begin(g, &G, ci(g, 0), ci(g, A->group), ci(g, 1));
+	V h = add(g, mul(g, hk, ci(g, A->group)), G.iv);
+	V bh = add(g, mul(g, b, hq), h);
+	cg_loop_begin(g, &QB, mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ)), qhi, ci(g, BQ));
+	{
+		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
+		V rowbase = add(g, mul(g, bh, tq), i0);
+		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, Qs, NULL);
+		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, dOs, NULL);
+		row_stats(K, rowbase, nrows, LSE, DI);
+		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
+		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
+		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+		{
+			V r = R.iv, p[BK / VW], ds[BK / VW];
+			row_grads(K, S, dP, r, b, h, add(g, i0, r), kb,
+				  load(g, t_f32(g), at(g, LSE, r), 4),
+				  load(g, t_f32(g), at(g, DI, r), 4), p, ds);
+			for (int c = 0; c < BK / VW; c++) {
+				V o = add(g, mul(g, r, ci(g, BK)), ci(g, c * VW));
+				store(g, p[c], at(g, S, o), 4);
+				store(g, ds[c], at(g, dP, o), 4);
+			}
+		}
+		cg_loop_end(g, &R);
+		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
+		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true);
+		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true);
+	}
+	cg_loop_end(g, &QB);
+	cg_loop_end(g, &G);
+	int odk = g->r->n_in + A->out_dk, odv = g->r->n_in + A->out_dv;
+	cg_loop_begin(g, &R, ci(g, 0), nk, ci(g, 1));
+	{
+		V kr = add(g, krow, R.iv);
+		if (A->out_dk >= 0)
+			for (int64_t e = 0; e < D; e++)
+				sstore(g, odk, K->dt, add(g, mul(g, kr, ci(g, D)), ci(g, e)),
+				       load(g, t_f32(g), at(g, dKs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
+		if (A->out_dv >= 0)
+			for (int64_t e = 0; e < DV; e++)
+				sstore(g, odv, K->dt, add(g, mul(g, kr, ci(g, DV)), ci(g, e)),
+				       load(g, t_f32(g), at(g, dVs, add(g, mul(g, R.iv, ci(g, DV)), ci(g, e))), 4));
+	}
+	cg_loop_end(g, &R);
+	cg_loop_end(g, &W);
+}
+
+void cg_attention(cg *g)
+{
+	fz_attn A;
+	char why[200];
+	if (!fz_attn_describe(g->t, g->r, &A, why, sizeof why)) {
+		cg_fail(g, FZ_EUNSUPPORTED, NULL, "not an attention region: %s", why);
+		return;
+	}
+	g->k->sk = FZ_SK_ATTENTION;
+	g->k->n_work[0] = 1;
+	fz_ext w;
+	if (!fz_ext_mul(A.batch, A.pass == FZ_ATTN_DKV ? A.hkv : A.hq, &w) ||
+	    !fz_ext_mul(w, A.pass == FZ_ATTN_DKV ? A.tk : A.tq, &w))
+		w = A.batch;
+	g->k->work[0][0] = w;
+	if (cg_gpu(g)) {
+		cg_attention_gpu(g, &A);
+		return;
+	}
+	if (A.dtype == FZ_F64 || A.d % NR || A.dv % NR || A.d > 512 || A.dv > 512) {
+		cg_fail(g, FZ_EUNSUPPORTED, A.first, "the host attention kernel takes "
+			"f32, f16 and bf16 with head dims that are multiples of %d "
+			"up to 512 (here %s, %lld and %lld)", NR, fz_dtype_name(A.dtype),
+			(long long)A.d, (long long)A.dv);
+		return;
+	}
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv};
+	int n_in = g->r->n_in;
+	if (A.pass == FZ_ATTN_FWD) {
+		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;
+		K.slse = A.out_lse >= 0 ? n_in + A.out_lse : -1;
+	} else {
+		K.so = A.in_o;
+		K.slse = A.in_lse;
+		K.sdo = A.in_do;
+	}
+	cg_function_begin(g, g->k->names[0]);
+	if (g->st != FZ_OK)
+		return;
+	switch (A.pass) {
+	case FZ_ATTN_FWD: kernel_fwd(&K); break;
+	case FZ_ATTN_DQ: kernel_dq(&K); break;
+	case FZ_ATTN_DKV: kernel_dkv(&K); break;
+	}
+	cg_function_end(g);
+}

@@ -1,0 +1,473 @@
+/*
+ * attention.c: attention regions found and described (ir/attention.h).
+ *
+ * Two forms make an attention region. The primitive (attention,
+ * attention_dq, attention_dkv) is a region by itself. The decomposed form
+ * is what eager attention writes, and what the partitioner looks for at
+ * every matmul whose left operand is a softmax's result (fz_attn_match):
+ *
+ *     S  = matmul(Q, permute(K, [.., -1, -2]))  [batch..., Hq, Tq, Tk]
+ *     L  = f(S, mask, iota, constants)           elementwise in S
+ *     P  = cast?(softmax(L, dim=-1))             (lowered: cast, amax, sub,
+ *                                                 exp, sum, div, cast)
+ *     O  = matmul(P, V)
+ *
+ * K and V may be kv heads repeated to the query heads (GQA: HF's repeat_kv
+ * writes broadcast_in_dim to [B, Hkv, g, T, D], then reshape to
+ * [B, Hkv g, T, D], with or without an unsqueeze first); the region then
+ * reads the unrepeated heads, and the kernel indexes head h / g.
+ *
+ * The match takes S, P and everything between only when nothing outside
+ * reads them: the region then writes O alone, and nothing of T x T size is
+ * ever stored. It takes the nodes of f that depend on S, and those feeding
+ * f that nothing else reads (a mask built from iota, a broadcast of a
+ * bias, a scalar), so they become code in the kernel; a value that others
+ * read too (one causal mask shared by every layer) stays an input, read
+ * where it lies. f must be elementwise along S's path (no meta op moves
+ * S's elements), so that the kernel can give it S one element at a time.
+ *
+ * fz_attn_describe reads a region (made either way) back into fz_attn,
+ * from its nodes alone, so the partitioner, the code generators and a
+ * program the plan cache loaded all describe it the same way.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+#define MATCH_MAX 96 /* nodes of one decomposed attention, at most */
+
+typedef struct match {
+	const fz_node *nodes[MATCH_MAX];
+	int n;
+	const fz_value *q, *k, *v;    /* the sources the kernel reads */
+	int64_t kgroup, vgroup;
+	const fz_value *score, *logits, *p;
+	const fz_node *m1, *m2;
+} match;
+
+static bool has(const match *M, const fz_node *n)
+{
+	for (int i = 0; i < M->n; i++)
+		if (M->nodes[i] == n)
+			return true;
+	return false;
+}
+
+static bool add(match *M, const fz_node *n)
+{
+	if (has(M, n))
+		return true;
+	if (M->n >= MATCH_MAX)
+		return false;
+	M->nodes[M->n++] = n;
+	return true;
+}
+
+static const fz_node *def_op(const fz_value *v, fz_opcode op)
+{
+	return v && v->def && v->def->op == op ? v->def : NULL;
+}
+
+/* Is v [batch..., H, T, D] seen as repeated kv heads (HF's repeat_kv)? Then
+ * *src is the unrepeated [batch..., Hkv, T, D], *g the repeat, and the
+ * meta nodes are added to M. Else *src = v, *g = 1. */
+static bool unrepeat(match *M, const fz_value *v, const fz_value **src, int64_t *g)
+{
+	*src = v;
+	*g = 1;
+	const fz_node *rs = def_op(v, FZ_OP_RESHAPE);
+	int r = v->type.rank;
+	if (!rs || r < 3)
+		return true;
+	const fz_value *y = rs->in[0];
+	const fz_node *bc = def_op(y, FZ_OP_BROADCAST_IN_DIM);
+	if (!bc || y->type.rank != r + 1 || y->n_uses != 1 || v->n_uses != 1)
+		return true;
+	/* y [batch..., Hkv, g, T, D] */
+	int hd = r - 3;
+	for (int i = 0; i < hd; i++)
+		if (!fz_ext_eq(y->type.dims[i], v->type.dims[i]))
+			return true;
+	fz_ext gx = y->type.dims[hd + 1], hq;
+	if (!fz_ext_is_const(gx) || !fz_ext_mul(y->type.dims[hd], gx, &hq) ||
+	    !fz_ext_eq(hq, v->type.dims[hd]) ||
+	    !fz_ext_eq(y->type.dims[hd + 2], v->type.dims[hd + 1]) ||
+	    !fz_ext_eq(y->type.dims[hd + 3], v->type.dims[hd + 2]))
+		return true;
+	const fz_value *x = bc->in[0];
+	const fz_node *un = NULL;
+	if (x->type.rank == r) {
+		/* broadcast_in_dim(k, dims=[0.., hd, hd+2, hd+3]) */
+		for (int i = 0; i < r; i++)
+			if (bc->attrs.dims[i] != (i <= hd ? i : i + 1))
+				return true;
+	} else if (x->type.rank == r + 1 && fz_ext_eq(x->type.dims[hd + 1],
+						       fz_ext_const(1))) {
+		for (int i = 0; i <= r; i++)
+			if (bc->attrs.dims[i] != i)
+				return true;
+		un = x->def;
+		if (!un || x->n_uses != 1 || !(un->op == FZ_OP_UNSQUEEZE ||
+					       un->op == FZ_OP_RESHAPE) ||
+		    un->in[0]->type.rank != r)
+			return true;
+		x = un->in[0];
+	} else {
+		return true;
+	}
+	for (int i = 0; i < r; i++)
+		if (!fz_ext_eq(x->type.dims[i], i == hd ? y->type.dims[hd] : v->type.dims[i]))
+			return true;
+	if (!add(M, rs) || !add(M, bc) || (un && !add(M, un)))
+		return false;
+	*src = x;
+	*g = gx.c;
+	return true;
+}
+
+/* Do the nodes of M alone read value v (besides `except` readers)? */
+static bool read_only_in(const match *M, const fz_value *v)
+{
+	int uses = 0;
+	for (int i = 0; i < M->n; i++)
+		for (int k = 0; k < M->nodes[i]->n_in; k++)
+			uses += M->nodes[i]->in[k] == v;
+	return uses == v->n_uses;
+}
+
+/* Is v an elementwise function of s (through ops of s's shape alone, the
+ * only way S's path may go)? */
+static bool depends_on(const fz_value *v, const fz_value *s, int depth)
+{
+	if (v == s)
+		return true;
+	if (!v->def || depth > 48 || !fz_op_is_elementwise(v->def->op) ||
+	    !fz_same_shape(&v->type, &s->type))
+		return false;
+	for (int k = 0; k < v->def->n_in; k++)
+		if (depends_on(v->def->in[k], s, depth + 1))
+			return true;
+	return false;
+}
+
+/* The nodes of f: those on S's path (elementwise, S's shape), and what
+ * feeds them that only they read and that has no other input than
+ * iota/full (so the kernel computes it from the indices); `other`
+ * collects candidates to check once the set is complete. */
+static bool take_expr(match *M, const fz_value *v, const fz_value *s, int depth)
+{
+	if (v == s || depth > 48)
+		return v == s;
+	const fz_node *n = v->def;
+	if (!n)
+		return true; /* a parameter: an input */
+	if (has(M, n))
+		return true;
+	bool on_path = depends_on(v, s, 0);
+	fz_opclass c = fz_ops[n->op].cls;
+	if (on_path) {
+		if (!fz_op_is_elementwise(n->op) || !fz_same_shape(&v->type, &s->type))
+			return false;
+	} else if (!(fz_op_is_elementwise(n->op) || c == FZ_CLASS_CREATION ||
+		     (c == FZ_CLASS_META && n->op != FZ_OP_CAT))) {
+		return true; /* computed elsewhere: an input */
+	}
+	if (!add(M, n))
+		return false;
+	for (int k = 0; k < n->n_in; k++)
+		if (!take_expr(M, n->in[k], s, depth + 1))
+			return false;
+	return true;
+}
+
+/* Drops the nodes off S's path that something outside reads (they stay
+ * where they are: their values become inputs), until none is left. */
+static void drop_shared(match *M, const fz_value *s)
+{
+	for (bool changed = true; changed;) {
+		changed = false;
+		for (int i = 0; i < M->n; i++) {
+			const fz_node *n = M->nodes[i];
+			if (n == M->m1 || n == M->m2 || depends_on(n->out[0], s, 0) ||
+			    fz_ops[n->op].cls == FZ_CLASS_LIBRARY)
+				continue;
+			bool shared = false;
+			for (int k = 0; k < n->n_out; k++)
+				shared |= !read_only_in(M, n->out[k]);
+			if (n->n_out == 0 || shared || n->out[0]->n_uses == 0) {
+				M->nodes[i] = M->nodes[--M->n];
+				changed = true;
+				i--;
+			}
+		}
+	}
+}
+
+/* The matmul an elementwise path of shape ty from v reaches; NULL if none,
+ * (fz_node *)1 if two. */
+static const fz_node *find_product(const fz_value *v, const fz_type *ty, int depth)
+{
+	const fz_node *n = v->def;
+	if (!n || depth > 48 || !fz_same_shape(&v->type, ty))
+		return NULL;
+	if (n->op == FZ_OP_MATMUL)
+		return n;
+	if (!fz_op_is_elementwise(n->op))
+		return NULL;
+	const fz_node *found = NULL;
+	for (int k = 0; k < n->n_in; k++) {
+		const fz_node *f = find_product(n->in[k], ty, depth + 1);
+		if (!f || f == found)
+			continue;
+		if (found || f == (const fz_node *)1)
+			return (const fz_node *)1;
+		found = f;
+	}
+	return found;
+}
+
+/* The decomposed form ending at m2 (a matmul): false when it is not one. */
+static bool match_at(const fz_node *m2, match *M)
+{
+	memset(M, 0, sizeof *M);
+	if (m2->op != FZ_OP_MATMUL)
+		return false;
+	const fz_value *p = m2->in[0], *pv = m2->in[1];
+	int r = p->type.rank;
+	if (r < 3 || pv->type.rank != r || m2->out[0]->type.rank != r)
+		return false;
+	M->m2 = m2;
+	add(M, m2);
+	/* casts after the softmax */
+	const fz_value *x = p;
+	while (x->def && x->def->op == FZ_OP_CAST && x->def->origin != FZ_OP_SOFTMAX) {
+		if (x->n_uses != 1 || !add(M, x->def))
+			return false;
+		x = x->def->in[0];
+	}
+	/* the softmax: nodes of origin softmax, back from its div */
+	const fz_node *last = x->def;
+	if (!last || last->origin != FZ_OP_SOFTMAX || x->n_uses != 1)
+		return false;
+	const fz_value *logits = NULL;
+	const fz_node *stack[32];
+	int sp = 0, n_sm = 0;
+	stack[sp++] = last;
+	while (sp) {
+		const fz_node *n = stack[--sp];
+		if (has(M, n))
+			continue;
+		if (!add(M, n) || ++n_sm > 16)
+			return false;
+		if (n->op == FZ_OP_AMAX || n->op == FZ_OP_SUM)
+			if (n->attrs.n_dims != 1 || n->attrs.dims[0] != r - 1)
+				return false;
+		for (int k = 0; k < n->n_in; k++) {
+			const fz_value *u = n->in[k];
+			if (u->def && u->def->origin == FZ_OP_SOFTMAX && sp < 32) {
+				stack[sp++] = u->def;
+			} else if (!logits || logits == u) {
+				logits = u;
+			} else {
+				return false;
+			}
+		}
+	}
+	if (!logits || logits->type.rank != r)
+		return false;
+	/* the scores back to the first product: the one matmul that an
+	 * elementwise path of L's shape reaches */
+	const fz_node *m1 = find_product(logits, &logits->type, 0);
+	if (!m1 || m1 == (const fz_node *)1)
+		return false;
+	const fz_value *s = m1->out[0];
+	if (!fz_same_shape(&s->type, &logits->type) || s->n_uses != 1)
+		return false;
+	M->m1 = m1;
+	add(M, m1);
+	if (!take_expr(M, logits, s, 0))
+		return false;
+	/* the operands: Q, permute(K) */
+	const fz_value *qx = m1->in[0], *kt = m1->in[1];
+	const fz_node *perm = def_op(kt, FZ_OP_PERMUTE);
+	if (qx->type.rank != r || kt->type.rank != r || !perm || kt->n_uses != 1)
+		return false;
+	for (int i = 0; i < r; i++)
+		if (perm->attrs.dims[i] != (i < r - 2 ? i : i == r - 2 ? r - 1 : r - 2))
+			return false;
+	add(M, perm);
+	const fz_value *kx = perm->in[0];
+	/* shapes: Q [b.., Hq, Tq, D], K [b.., Hq, Tk, D], V [b.., Hq, Tk, Dv] */
+	for (int i = 0; i < r - 2; i++)
+		if (!fz_ext_eq(qx->type.dims[i], kx->type.dims[i]) ||
+		    !fz_ext_eq(qx->type.dims[i], pv->type.dims[i]) ||
+		    !fz_ext_eq(qx->type.dims[i], s->type.dims[i]))
+			return false;
+	if (!fz_ext_eq(qx->type.dims[r - 1], kx->type.dims[r - 1]) ||
+	    !fz_ext_eq(kx->type.dims[r - 2], pv->type.dims[r - 2]) ||
+	    !fz_ext_is_const(qx->type.dims[r - 1]) ||
+	    !fz_ext_is_const(pv->type.dims[r - 1]))
+		return false;
+	fz_dtype dt = qx->type.dtype;
+	if (!fz_dtype_is_float(dt) || kx->type.dtype != dt || pv->type.dtype != dt ||
+	    m2->out[0]->type.dtype != dt)
+		return false;
+	if (!unrepeat(M, kx, &M->k, &M->kgroup) || !unrepeat(M, pv, &M->v, &M->vgroup))
+		return false;
+	if (M->kgroup != M->vgroup)
+		return false;
+	M->q = qx;
+	drop_shared(M, s);
+	/* everything between the products is read here alone */
+	for (int i = 0; i < M->n; i++) {
+		const fz_node *n = M->nodes[i];
+		if (n == m2)
+			continue;
+		for (int k = 0; k < n->n_out; k++)
+			if (!read_only_in(M, n->out[k]))
+				return false;
+	}
+	M->score = s;
+	M->logits = logits;
+	M->p = p;
+	return true;
+}
+
+int fz_attn_match(const fz_trace *t, const fz_node *m2, int *ids, int max)
+{
+	(void)t;
+	match M;
+	if (!match_at(m2, &M) || M.n > max)
+		return 0;
+	for (int i = 0; i < M.n; i++)
+		ids[i] = M.nodes[i]->id;
+	return M.n;
+}
+
+static int index_in(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; v && i < n; i++)
+		if (vs[i] == v)
+			return i;
+	return -1;
+}
+
+static bool why_not(char *why, size_t n, const char *msg)
+{
+	if (why && n)
+		snprintf(why, n, "%s", msg);
+	return false;
+}
+
+static void shapes(fz_attn *A, const fz_type *q, const fz_type *k, const fz_type *v)
+{
+	int r = q->rank;
+	A->n_batch = r - 3;
+	A->batch = fz_ext_const(1);
+	for (int i = 0; i < r - 3; i++)
+		fz_ext_mul(A->batch, q->dims[i], &A->batch);
+	A->hq = q->dims[r - 3];
+	A->tq = q->dims[r - 2];
+	A->d = q->dims[r - 1].c;
+	A->hkv = k->dims[r - 3];
+	A->tk = k->dims[r - 2];
+	A->dv = v->dims[r - 1].c;
+	fz_ext g;
+	A->group = fz_ext_div(A->hq, A->hkv, &g) && fz_ext_is_const(g) ? g.c : 1;
+}
+
+bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
+		      char *why, size_t n)
+{
+	(void)t;
+	memset(A, 0, sizeof *A);
+	A->in_q = A->in_k = A->in_v = A->in_mask = A->in_o = A->in_lse = A->in_do = -1;
+	A->out_o = A->out_lse = A->out_dq = A->out_dk = A->out_dv = -1;
+	const fz_node *prim = NULL, *m2 = NULL;
+	for (int i = 0; i < R->n_nodes; i++) {
+		const fz_node *nd = R->nodes[i];
+		if (fz_ops[nd->op].cls == FZ_CLASS_ATTENTION)
+			prim = nd;
+		if (nd->op == FZ_OP_MATMUL && index_in(R->out, R->n_out, nd->out[0]) >= 0)
+			m2 = nd;
+	}
+	if (prim) {
+		if (R->n_nodes != 1)
+			return why_not(why, n, "an attention op shares its region");
+		const fz_attrs *a = &prim->attrs;
+		A->pass = prim->op == FZ_OP_ATTENTION ? FZ_ATTN_FWD :
+			  prim->op == FZ_OP_ATTENTION_DQ ? FZ_ATTN_DQ : FZ_ATTN_DKV;
+		A->dtype = prim->in[0]->type.dtype;
+		shapes(A, &prim->in[0]->type, &prim->in[1]->type, &prim->in[2]->type);
+		A->scale = a->scale;
+		A->softcap = a->softcap;
+		A->causal = a->causal;
+		A->window = a->window;
+		A->in_q = index_in(R->in, R->n_in, prim->in[0]);
+		A->in_k = index_in(R->in, R->n_in, prim->in[1]);
+		A->in_v = index_in(R->in, R->n_in, prim->in[2]);
+		int nm = A->pass == FZ_ATTN_FWD ? 3 : 6;
+		if (A->pass != FZ_ATTN_FWD) {
+			A->in_o = index_in(R->in, R->n_in, prim->in[3]);
+			A->in_lse = index_in(R->in, R->n_in, prim->in[4]);
+			A->in_do = index_in(R->in, R->n_in, prim->in[5]);
+		}
+		if (prim->n_in > nm) {
+			A->mask = prim->in[nm];
+			A->in_mask = index_in(R->in, R->n_in, A->mask);
+		}
+		int o0 = index_in(R->out, R->n_out, prim->out[0]);
+		int o1 = prim->n_out > 1 ? index_in(R->out, R->n_out, prim->out[1]) : -1;
+		switch (A->pass) {
+		case FZ_ATTN_FWD: A->out_o = o0; A->out_lse = o1; break;
+		case FZ_ATTN_DQ: A->out_dq = o0; break;
+		case FZ_ATTN_DKV: A->out_dk = o0; A->out_dv = o1; break;
+		}
+		return true;
+	}
+	if (!m2)
+		return why_not(why, n, "no attention op and no product written out");
+	match M;
+	if (!match_at(m2, &M))
+		return why_not(why, n, "not matmul, scores, softmax, matmul");
+	if (M.n != R->n_nodes)
+		return why_not(why, n, "the region holds more than the attention");
+	A->pass = FZ_ATTN_FWD;
+	A->decomposed = true;
+	A->dtype = M.q->type.dtype;
+	shapes(A, &M.q->type, &M.k->type, &M.v->type);
+	A->scale = 1;
+	A->in_q = index_in(R->in, R->n_in, M.q);
+	A->in_k = index_in(R->in, R->n_in, M.k);
+	A->in_v = index_in(R->in, R->n_in, M.v);
+	A->out_o = index_in(R->out, R->n_out, m2->out[0]);
+	A->score = M.score;
+	A->logits = M.logits;
+	A->score_dtype = M.score->type.dtype;
+	A->p_dtype = M.p->type.dtype;
+	A->first = M.m1;
+	A->last = M.m2;
+	if (A->in_q < 0 || A->in_k < 0 || A->in_v < 0 || A->out_o < 0)
+		return why_not(why, n, "q, k, v or o is not where the region has it");
+	return true;
+}
+
+double fz_attn_flops(const fz_attn *A, const int64_t *sizes)
+{
+	double b = (double)fz_ext_eval(A->batch, sizes), h = (double)fz_ext_eval(A->hq, sizes);
+	double tq = (double)fz_ext_eval(A->tq, sizes), tk = (double)fz_ext_eval(A->tk, sizes);
+	double pairs = tq * tk;
+	if (A->causal)
+		pairs = tq * tk - (tk > 1 ? tk * (tk - 1) / 2 : 0);
+	if (A->window > 0 && (double)A->window < tk)
+		pairs = fmin(pairs, tq * (double)A->window);
+	if (pairs < 0)
+		pairs = tq;
+	double f = 2 * b * h * pairs * (double)(A->d + A->dv);
+	/* the backward's passes: dq recomputes s and dp (3 products), dk/dv
+	 * recomputes s and dp and forms dk, dv (4) */
+	return A->pass == FZ_ATTN_FWD ? f : A->pass == FZ_ATTN_DQ ? 1.5 * f : 2 * f;
+}

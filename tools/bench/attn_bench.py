@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""attn_bench.py: fusec's fused attention on the CPU against PyTorch's SDPA.
+
+Causal attention forward plus backward, the three cases of issue 22:
+
+  f32        B=1, H=16, T=2048, D=64, f32
+  bf16       the same in bf16
+  gqa_bf16   16 query heads over 4 kv heads (GQA 16:4), bf16
+
+Each runs two ways in one process, on the same inputs, interleaved round by
+round (a burst of load from another process hits both alike), and the
+median over the rounds is reported:
+
+  torch   F.scaled_dot_product_attention(q, k, v, is_causal=True,
+          enable_gqa=...) and .backward(do) through autograd: PyTorch's own
+          CPU kernel (flash attention for the CPU), forward and backward
+  fusec   fusec.Program(text, device="cpu") on one trace:
+              o, lse = attention(q, k, v, causal=true)
+              dq = attention_dq(q, k, v, o, lse, do, causal=true)
+              dk, dv = attention_dkv(q, k, v, o, lse, do, causal=true)
+          (the three fused kernels of codegen/attention.c)
+
+The gradients of the first round are compared with torch's (max abs error
+relative to the largest gradient), so a fast wrong answer is seen. The
+summary is torch time / fusec time per case and their geometric mean (the
+issue's goal: >= 1.0).
+
+    tools/bench/attn_bench.py                     the three cases, 5 rounds
+    tools/bench/attn_bench.py --cases f32 --T 512 --rounds 3
+
+Writes tools/bench/results/attn_bench-<host>-<utc time>.json (or --out) and
+prints a table. Run from the repository root with a built tree (build/) and
+the venv that has torch.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import fusec  # noqa: E402
+
+CASES = {
+    "f32": (16, 16, "f32", torch.float32),
+    "bf16": (16, 16, "bf16", torch.bfloat16),
+    "gqa_bf16": (16, 4, "bf16", torch.bfloat16),
+}
+
+
+def trace_text(B, H, HKV, T, D, dt):
+    q = "%s[%d, %d, %d, %d]" % (dt, B, H, T, D)
+    kv = "%s[%d, %d, %d, %d]" % (dt, B, HKV, T, D)
+    return ("trace attn(q: %s, k: %s, v: %s, do: %s) {\n"
+            "  o, lse = attention(q, k, v, causal=true)\n"
+            "  dq = attention_dq(q, k, v, o, lse, do, causal=true)\n"
+            "  dk, dv = attention_dkv(q, k, v, o, lse, do, causal=true)\n"
+            "  return o, dq, dk, dv\n}\n" % (q, kv, kv, q))
+
+
+def run_case(name, B, T, D, rounds):
+    H, HKV, dt, tdt = CASES[name]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, T, D, generator=g).to(tdt)
+    k = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    v = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    do = torch.randn(B, H, T, D, generator=g).to(tdt)
+
+    def torch_step():
+        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True,
+                                           enable_gqa=HKV != H)
+        o.backward(do)
+        return o, qq.grad, kk.grad, vv.grad
+
+    prog = fusec.Program(trace_text(B, H, HKV, T, D, dt), device="cpu")
+
+    def fusec_step():
+        return prog(q, k, v, do)
+
+    # warm up and compare once
+    ref = torch_step()
+    got = fusec_step()
+    errs = {}
+    for nm, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+        a, b = a.float(), b.float()
+        errs[nm] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    tt, tf = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        torch_step()
+        t1 = time.perf_counter()
+        fusec_step()
+        t2 = time.perf_counter()
+        tt.append(t1 - t0)
+        tf.append(t2 - t1)
+    r = {"case": name, "B": B, "H": H, "HKV": HKV, "T": T, "D": D, "dtype": dt,
+         "torch_ms": statistics.median(tt) * 1e3, "fusec_ms": statistics.median(tf) * 1e3,
+         "torch_ms_all": [x * 1e3 for x in tt], "fusec_ms_all": [x * 1e3 for x in tf],
+         "rel_err": errs}
+    r["torch_over_fusec"] = r["torch_ms"] / r["fusec_ms"]
+    return r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="attn_bench.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--B", type=int, default=1)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads (fusec: FUSEC_THREADS); 0: all")
+    ap.add_argument("--note", default="", help="a note kept in the JSON (the machine's load)")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+        os.environ["FUSEC_THREADS"] = str(a.threads)
+    load0 = os.getloadavg()
+    results = []
+    print("%-10s %10s %10s %8s  %s" % ("case", "torch ms", "fusec ms", "t/f", "rel err (o dq dk dv)"))
+    for name in a.cases.split(","):
+        r = run_case(name, a.B, a.T, a.D, a.rounds)
+        results.append(r)
+        e = r["rel_err"]
+        print("%-10s %10.1f %10.1f %8.2f  %.1e %.1e %.1e %.1e" % (
+            name, r["torch_ms"], r["fusec_ms"], r["torch_over_fusec"],
+            e["o"], e["dq"], e["dk"], e["dv"]))
+    load1 = os.getloadavg()
+    geo = math.exp(sum(math.log(r["torch_over_fusec"]) for r in results) / len(results))
+    print("geomean torch/fusec: %.2f (load %.1f -> %.1f)" % (geo, load0[0], load1[0]))
+    now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = a.out or os.path.join(HERE, "results", "attn_bench-%s-%s.json" %
+                                (socket.gethostname(), now))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"bench": "attn_bench", "utc": now, "host": socket.gethostname(),
+                   "cpus": os.cpu_count(), "machine": platform.machine(),
+                   "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                   "load_before": load0, "load_after": load1, "note": a.note,
+                   "geomean_torch_over_fusec": geo, "results": results}, f, indent=1)
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/bin/sh
+# attn_sweep.sh [FUSEC]: the whole attention sweep against the interpreter
+# on the CPU: query/key lengths 1, 17, 64, 127, 128, 129, 1000, 4097, head
+# dims 64, 80, 128, f32 and bf16, each with every variant of
+# tools/gen/attn_cases.py (plain, causal, GQA 4:1, bool padding mask,
+# sliding window, softcap with a float mask, the decomposed eager form).
+# The interpreter is f64 and not fast: the 4097 cases take minutes.
+here=$(cd "$(dirname "$0")/../.." && pwd)
+fusec=${1:-$here/build/tools/fusec}
+for T in 1 17 64 127 128 129 1000 4097; do
+	for D in 64 80 128; do
+		for dt in f32 bf16; do
+			printf 'T=%s D=%s %s: ' "$T" "$D" "$dt"
+			sh "$here/tests/attention_run.sh" "$fusec" "$here" "$T" "$D" "$dt" | grep '^check' || echo FAILED
+		done
+	done
+done

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Write attention traces for checking the fused kernels against the
+reference interpreter (fusec run --check).
+
+    python3 tools/gen/attn_cases.py [--lengths 1,17,129] [--dims 64,80]
+        [--dtypes f32,bf16] [--batch 1] [--heads 4] [-o FILE]
+
+Per (length, head dim, dtype), the file holds:
+  - the primitive forward and backward in one trace (o, lse = attention;
+    dq = attention_dq; dk, dv = attention_dkv), in the variants: plain,
+    causal, GQA 4:1 (4 query heads per kv head) causal, a bool padding
+    mask [B, 1, 1, T] with a causal mask, a sliding window of 16 keys, and
+    softcap 30 with a float mask;
+  - the decomposed forward eager attention writes (matmul, scale, where on
+    an iota causal mask, softmax, matmul), which the partitioner makes the
+    same region.
+Query and key lengths are the same (T); the padding mask hides the last
+third of the keys of every batch. Standard library only; deterministic.
+"""
+import argparse
+import sys
+
+
+def ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def cases(T, D, dt, B, H):
+    G = 4
+    out = []
+    w = out.append
+    tag = "t%d_d%d_%s" % (T, D, dt)
+    qkv = lambda hq, hk: "q: %s[%d, %d, %d, %d], k: %s[%d, %d, %d, %d], v: %s[%d, %d, %d, %d], do: %s[%d, %d, %d, %d]" % (
+        dt, B, hq, T, D, dt, B, hk, T, D, dt, B, hk, T, D, dt, B, hq, T, D)
+    variants = [
+        ("plain", H, H, "", "", ""),
+        ("causal", H, H, "", "", ", causal=true"),
+        ("gqa", H, H // G if H >= G else 1, "", "", ", causal=true"),
+        ("pad", H, H, ", pad: bool[%d, 1, 1, %d]" % (B, T), ", pad", ", causal=true"),
+        ("window", H, H, "", "", ", causal=true, window=16"),
+        ("softcap", H, H, ", bias: %s[%d, %d]" % (dt, T, T), ", bias", ", softcap=30.0"),
+    ]
+    for name, hq, hk, mparam, marg, attrs in variants:
+        w("trace %s_%s(%s%s) {\n" % (name, tag, qkv(hq, hk), mparam))
+        w("  o, lse = attention(q, k, v%s%s)\n" % (marg, attrs))
+        w("  dq = attention_dq(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
+        w("  dk, dv = attention_dkv(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
+        w("  return o, lse, dq, dk, dv\n}\n")
+    # the decomposed form, with an iota causal mask and a scale
+    w("trace eager_%s(%s) {\n" % (tag, qkv(H, H)))
+    w("  i = iota(length=%d, dtype=i64)\n" % T)
+    w("  causal = ge(reshape(i, shape=[%d, 1]), reshape(i, shape=[1, %d]))\n" % (T, T))
+    w("  s = mul(matmul(q, transpose(k, 2, 3)), %r)\n" % (1.0 / D ** 0.5))
+    w("  p = softmax(where(causal, s, -1e9), dim=-1)\n")
+    w("  o = matmul(p, v)\n")
+    w("  return o\n}\n")
+    return "".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="attn_cases.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", type=ints, default=[1, 17, 129])
+    ap.add_argument("--dims", type=ints, default=[64, 80])
+    ap.add_argument("--dtypes", default="f32,bf16")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("-o", "--output")
+    a = ap.parse_args(argv)
+    text = "".join(cases(T, D, dt, a.batch, a.heads) for T in a.lengths for D in a.dims
+                   for dt in a.dtypes.split(","))
+    if a.output and a.output != "-":
+        with open(a.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
