@@ -27,7 +27,7 @@ import torch
 from .claims import claim
 from .exporter import _write
 from .symbolic import _merge_symbolic
-from .values import ExportError, _ident, _is_size
+from .values import _ident, _is_size
 
 log = logging.getLogger("fusec.torch")
 
@@ -219,7 +219,7 @@ class Part(torch.nn.Module):
             import fusec
             fusec.check(merged)
             return merged, True
-        except (ExportError, Exception) as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001: ExportError, a verifier error
             log.info("fusec: part %s: one program per size (%s)",
                      self.name, str(e).splitlines()[0] if str(e) else e)
             return text, False
