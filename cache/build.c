@@ -63,7 +63,7 @@ void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 	}
 	/* EMU: host code for this CPU, of that GPU's kernels, with its faults */
 	static const char *fault[FZ_EMU_FAULT_COUNT] = {"", "+fault-barrier",
-		"+fault-load", "+fault-store", "+fault-shfl"};
+		"+fault-load", "+fault-store", "+fault-shfl", "+fault-mma", "+fault-cpwait"};
 	char emu[64] = "";
 	if (o->target == FZ_CG_EMU)
 		snprintf(emu, sizeof emu, "emu-sm_%d%s%s-", o->sm,

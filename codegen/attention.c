@@ -270,7 +270,7 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 	/* the batch dims of b */
 	cg_ix bix[FZ_MAX_RANK];
 	if (A->n_batch > 0) {
-		const fz_type *qt = A->decomposed ? &A->score->type : &A->mask->type;
+		const fz_type *qt = A->decomposed ? &A->score->type : NULL;
 		fz_type bt = {0};
 		bt.rank = A->n_batch;
 		if (!A->decomposed) {

@@ -86,6 +86,8 @@ typedef struct cg {
 	int emu_site;         /* EMU: numbers barriers and shuffles */
 	const char *emu_smem[10]; /* EMU: named shared arrays (cg_smem32) */
 	int n_emu_smem;
+	LLVMValueRef tile;    /* NVPTX: the tile memory array (mma.c) */
+	int tile_bytes;       /* its size (0: none) */
 	const fz_node *cur;   /* the op being emitted, for messages */
 	fz_status st;
 	char msg[FZ_ERRLEN];
@@ -121,6 +123,9 @@ void cg_value_reload(cg *g, const fz_value *v, const fz_value *o, int nl,
 /* Rounds an f32 compute value to f16 or bf16 precision (else x itself):
  * every op whose result is f16/bf16 rounds, as the interpreter does. */
 LLVMValueRef cg_round_half(cg *g, LLVMValueRef x, fz_dtype d);
+/* Wraps an i64 compute value to the width of integer dtype d, as a store
+ * and a load would (x itself for i64 and bool). */
+LLVMValueRef cg_wrap_int(cg *g, LLVMValueRef x, fz_dtype d);
 /* Converts a compute value of dtype d to storage, and back. */
 LLVMValueRef cg_to_storage(cg *g, LLVMValueRef x, fz_dtype d);
 LLVMValueRef cg_from_storage(cg *g, LLVMValueRef x, fz_dtype d);
@@ -247,6 +252,83 @@ LLVMValueRef cg_shfl_up(cg *g, LLVMValueRef x, int d);
 /* Slot w of a 32-entry shared array of type t named `name`. */
 LLVMValueRef cg_smem32(cg *g, LLVMTypeRef t, const char *name, LLVMValueRef w,
                        bool store);
+
+/* ---- mma.c: the tensor cores' warp-level operations and tile memory -----
+ * The fields of fz_emu_thread (codegen.h) after emit.c's eight, and a call
+ * through one of them (emit.c). */
+enum { CG_EMU_TILE = 8, CG_EMU_LDMATRIX, CG_EMU_MMA, CG_EMU_CP_ASYNC, CG_EMU_CP_GROUP,
+       CG_EMU_FIELDS };
+LLVMValueRef cg_emu_call(cg *g, int field, LLVMTypeRef ret, LLVMTypeRef *ps,
+                         LLVMValueRef *args, unsigned n);
+
+/* The block's tile memory: one shared array of `bytes` (at most 48 KiB, the
+ * static limit), declared once per kernel before any use. Offsets are i32
+ * byte offsets into it. */
+void cg_tile_alloc(cg *g, int bytes);
+/* The address of bytes [off, off + bytes) for a load or a store (EMU:
+ * checked for bounds and races). */
+LLVMValueRef cg_tile_ptr(cg *g, LLVMValueRef off, int bytes, bool store);
+/* ldmatrix.x{n}[.trans] with this lane's row at off: out[0..n), i32. */
+void cg_ldmatrix(cg *g, int n, bool trans, LLVMValueRef off, LLVMValueRef *out);
+/* mma.sync m16n8k16: d[4] = a b + c, a[4] and b[2] i32 registers of bf16
+ * or f16 pairs (dtype d), c and d f32. */
+void cg_mma(cg *g, fz_dtype d, LLVMValueRef *a, LLVMValueRef *b, LLVMValueRef *c,
+            LLVMValueRef *out);
+/* cp.async: 16 bytes at element off (ity) of buffer slot s (dtype d) into
+ * tile offset dst, all of them (valid) or none (zeros; off must still be
+ * inside the buffer). */
+void cg_cp_async(cg *g, LLVMValueRef dst, int s, fz_dtype d, LLVMValueRef off,
+                 LLVMValueRef valid);
+void cg_cp_commit(cg *g);
+void cg_cp_wait(cg *g, int n);
+/* The lane (0-31) and warp of this thread, i32. */
+LLVMValueRef cg_lane(cg *g);
+LLVMValueRef cg_warp(cg *g);
+
+/* A tile of rows x cols 16-bit elements in tile memory (cols a multiple of
+ * 8: rows of 16-byte chunks), `stages` copies for double buffering. Rows
+ * are `pitch` chunks apart: cols / 8 with the chunks XOR-swizzled by the
+ * row when that is a multiple of 8, else the next odd number, so the 8
+ * rows an ldmatrix reads fall in distinct banks either way. */
+typedef struct cg_tile {
+	int off, rows, cols, pitch, stages, stage_bytes;
+} cg_tile;
+/* Lays a tile out at *next (bytes), advancing it. */
+cg_tile cg_tile_make(int *next, int rows, int cols, int stages);
+/* The byte offset of chunk ch (8 elements) of row r (i32) of stage st. */
+LLVMValueRef cg_tile_chunk(cg *g, const cg_tile *t, LLVMValueRef st, LLVMValueRef r,
+                           LLVMValueRef ch);
+/* All FZ_TILE_BLOCK threads copy rows [0, rows) x cols of the tile from
+ * buffer slot s at element base + r * stride + c (ity), rows >= rows_valid
+ * and columns >= cols_valid (a multiple of 16 bytes) zero-filled: cp.async,
+ * not committed. A tile of 4-byte elements has cols = 2 x their count
+ * (cols count 16-bit units). */
+void cg_tile_fetch(cg *g, const cg_tile *t, LLVMValueRef st, int s, fz_dtype d,
+                   LLVMValueRef base, LLVMValueRef stride, LLVMValueRef rows_valid,
+                   LLVMValueRef cols_valid);
+/* This warp's A fragment (16 x 16, row-major) at rows r0 (i32) and column
+ * k0 (constant, a multiple of 16) of a tile: ldmatrix.x4. */
+void cg_frag_a(cg *g, const cg_tile *t, LLVMValueRef st, LLVMValueRef r0, int k0,
+               LLVMValueRef *a);
+/* B fragments of two n-tiles (n0 and n0 + 8) for k0 .. k0 + 15: from a tile
+ * stored [n][k] (trans false: the K of Q Kᵀ) or [k][n] (trans true: the V of
+ * P V). b[0..1] the first n-tile's, b[2..3] the second's. */
+void cg_frag_b2(cg *g, const cg_tile *t, LLVMValueRef st, int n0, int k0, bool kn,
+                LLVMValueRef *b);
+/* Two f32 as a register of two bf16 or f16 (lo first), rounded to nearest. */
+LLVMValueRef cg_pack_half2(cg *g, fz_dtype d, LLVMValueRef lo, LLVMValueRef hi);
+
+/* A GEMM tile kernel through these operations, for the tests: C[M, N] (f32)
+ * = A[M, K] · B with B [N, K] (kn false) or [K, N] (kn true), bf16 or f16,
+ * K a multiple of 8; blocks of 64 x 32 over C, a k loop of 32 with
+ * cp.async double buffering. One entry point, inputs A and B, output C. */
+typedef struct cg_gemm_spec {
+	int64_t M, N, K;
+	fz_dtype dtype;
+	bool kn;
+} cg_gemm_spec;
+fz_status cg_gemm_build(fz_compiler *c, const cg_gemm_spec *s, fz_kernel **out,
+                        char **err);
 
 /* Lanes a region can use: a vector register (16 bytes on the GPU, 32 on
  * an AVX host) over its widest element, at most

@@ -93,14 +93,19 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 7 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 8 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
                               * 2 or -1, bf16 rounding by cvt on sm_80+;
                               * 6: host rows stash the last pass's values
                               * for the tail, bf16 stored without a second
-                              * rounding; 7: attention regions) */
+                              * rounding; 7: integer sums wrap to their
+                              * dtype, f64 -> f16/bf16 round once, no access
+                              * through a bad index, f64 math and byte
+                              * index_add on the GPU, chained passes; 8:
+                              * attention regions, on the host, the GPU and
+                              * emu) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -119,6 +124,8 @@ typedef enum fz_emu_fault {
 	FZ_EMU_FAULT_LOAD,    /* every global load one access further on */
 	FZ_EMU_FAULT_STORE,   /* every global store one access further on */
 	FZ_EMU_FAULT_SHFL,    /* the last lane of a warp skips each shuffle */
+	FZ_EMU_FAULT_MMA,     /* the last lane of a warp skips each mma.sync */
+	FZ_EMU_FAULT_CPWAIT,  /* every cp.async.wait_group dropped */
 	FZ_EMU_FAULT_COUNT
 } fz_emu_fault;
 
@@ -137,11 +144,14 @@ typedef struct fz_cg_options {
  * ("emu-sm_80": the kernels of that GPU, emulated). */
 fz_status fz_cg_options_parse(const char *target, fz_cg_options *o, char **err);
 
+/* ATTENTION: attention.c (host): work[0] = blocks of (batch, head, query
+ * rows) or (batch, kv head, keys). TILE: warps over tiles of matrix
+ * products (codegen/mma.c, attention_gpu.c): FZ_TILE_BLOCK threads, k->vec
+ * rows of work[0] per tile times work[1], fibers on emu. */
 typedef enum fz_skeleton {
-	FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER,
-	FZ_SK_ATTENTION, /* attention.c: work[0] = blocks of (batch, head,
-	                  * query rows) or (batch, kv head, keys) */
+	FZ_SK_POINTWISE, FZ_SK_ROW, FZ_SK_SCATTER, FZ_SK_ATTENTION, FZ_SK_TILE,
 } fz_skeleton;
+#define FZ_TILE_BLOCK 128
 typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
 
 /* The host entry point of a kernel: region inputs then outputs in bufs,
@@ -239,7 +249,31 @@ struct fz_emu_thread {
 	 * scratch memory the access may touch instead */
 	void *(*oob)(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
 	             int64_t ext, int32_t how);
+	/* The warp-level matrix operations (codegen/mma.c) and the block's tile
+	 * memory they use: one shared array of `size` bytes (the kernel's), up
+	 * to FZ_EMU_TILE_MAX, raced and bounded per 2-byte element as above.
+	 * tile: the address of bytes [off, off + bytes) for a load or a store */
+	void *(*tile)(fz_emu_thread *t, int64_t off, int32_t bytes, int32_t store,
+	              int32_t size, int32_t site);
+	/* ldmatrix.sync.m8n8.x{n}[.trans].b16 (how: n, | 16 for .trans) with
+	 * this lane's row at tile offset off: n registers into out[]; every
+	 * lane of the warp takes part */
+	void (*ldmatrix)(fz_emu_thread *t, int64_t off, int32_t how, int32_t size,
+	                 int32_t *out, int32_t site);
+	/* mma.sync.m16n8k16.row.col, f32 accumulators (kind 0: bf16, 1: f16
+	 * operands): this lane's fragments a[4], b[2], c[4] in, d[4] out;
+	 * every lane of the warp takes part */
+	void (*mma)(fz_emu_thread *t, int32_t kind, const int32_t *a, const int32_t *b,
+	            const float *c, float *d, int32_t site);
+	/* cp.async of 16 bytes from global src (bounds checked by the kernel)
+	 * to tile offset dst, the first src_bytes read and the rest zeros:
+	 * visible to this thread after the wait_group that retires it */
+	void (*cp_async)(fz_emu_thread *t, int64_t dst, const void *src,
+	                 int32_t src_bytes, int32_t size, int32_t site);
+	/* cp.async.commit_group (n < 0), or cp.async.wait_group n */
+	void (*cp_group)(fz_emu_thread *t, int32_t n, int32_t site);
 };
+#define FZ_EMU_TILE_MAX (227 * 1024) /* an sm_90 block's shared memory */
 typedef void (*fz_emu_fn)(void **bufs, const int64_t *syms, int32_t *err,
                           fz_emu_thread *t);
 

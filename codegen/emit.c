@@ -17,7 +17,8 @@
  *   uniform          linear index (ir/philox.h is the definition)
  *   take,            the index tensor at the mapped index, checked against
  *   take_along       the extent (a bad one sets the error word and reads
- *                    element 0 instead), then the operand at it
+ *                    element 0 instead, or nothing where the extent may be
+ *                    0), then the operand at it
  *   a reduction      the row's reduced value, set by the row skeleton, when
  *                    the index is the current row
  *
@@ -133,6 +134,30 @@ static V round_to(cg *g, V x, fz_dtype d)
 	return x;
 }
 
+/* An f64 value to f32 rounded to odd: the nearest f32 when x is one,
+ * else whichever of the two f32 neighbours of x has an odd last bit (an
+ * overflow becomes the largest finite f32, an underflow the smallest
+ * subnormal). Rounding that to f16 or bf16 (11 or 8 bits, at least two
+ * fewer than f32's 24) to nearest even is then the correctly rounded
+ * f64 -> f16/bf16, as the interpreter's one rounding; rounding f64 to f32
+ * to nearest first can land a value just off a half-type halfway point
+ * on it, and the tie then goes to even: one ulp off. */
+static V f64_to_f32_odd(cg *g, V x)
+{
+	V y = fptrunc(g, x, t_f32(g));
+	V yx = fpext(g, y, t_f64(g));
+	V inexact = fcmp(g, LLVMRealONE, yx, x);
+	V bits = bitcast(g, y, t_i32(g));
+	V even = icmp(g, LLVMIntEQ, and_(g, bits, c_i32(g, 1)), c_i32(g, 0));
+	/* the neighbour toward x: one step down in magnitude if y is beyond
+	 * x, else one up (the bits of an f32 order its magnitude) */
+	V ay = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &yx, 1);
+	V ax = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &x, 1);
+	V step = sel(g, fcmp(g, LLVMRealOGT, ay, ax), c_i32(g, -1), c_i32(g, 1));
+	V odd = bitcast(g, add(g, bits, step), t_f32(g));
+	return sel(g, and_(g, inexact, even), odd, y);
+}
+
 LLVMValueRef cg_round_half(cg *g, V x, fz_dtype d)
 {
 	if (d != FZ_F16 && d != FZ_BF16)
@@ -163,8 +188,8 @@ LLVMValueRef cg_from_storage(cg *g, V x, fz_dtype d)
 	}
 }
 
-/* Wraps an i64 compute value to the width of d, as a store and load would. */
-static V wrap_int(cg *g, V x, fz_dtype d)
+/* an i64 compute value wrapped to d's width (cg.h) */
+LLVMValueRef cg_wrap_int(cg *g, V x, fz_dtype d)
 {
 	if (d == FZ_I64 || d == FZ_BOOL)
 		return x;
@@ -441,15 +466,17 @@ LLVMValueRef cg_elem_ptr(cg *g, int s, fz_dtype d, V off)
 }
 
 /* ---- the emulated GPU's side of the ABI ------------------------------------------
- * fz_emu_thread (codegen.h) as LLVM sees it: four i32, four pointers. */
+ * fz_emu_thread (codegen.h) as LLVM sees it: four i32, then pointers (the
+ * warp-level matrix operations' after these, CG_EMU_TILE ... in cg.h). */
 enum { EMU_CTX_TID, EMU_CTX_NTID, EMU_CTX_CTAID, EMU_CTX_NCTAID, EMU_CTX_BARRIER,
        EMU_CTX_SHFL, EMU_CTX_SMEM, EMU_CTX_OOB };
 
 static T emu_ctx_type(cg *g)
 {
-	T f[8] = {t_i32(g), t_i32(g), t_i32(g), t_i32(g), t_ptr(g, 0), t_ptr(g, 0),
-		  t_ptr(g, 0), t_ptr(g, 0)};
-	return LLVMStructTypeInContext(g->ctx, f, 8, 0);
+	T f[CG_EMU_FIELDS];
+	for (int i = 0; i < CG_EMU_FIELDS; i++)
+		f[i] = i < 4 ? t_i32(g) : t_ptr(g, 0);
+	return LLVMStructTypeInContext(g->ctx, f, CG_EMU_FIELDS, 0);
 }
 
 static V emu_field(cg *g, int i, T t)
@@ -459,7 +486,7 @@ static V emu_field(cg *g, int i, T t)
 }
 
 /* ctx->fn(ctx, args...) through the context's function pointer i. */
-static V emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
+V cg_emu_call(cg *g, int i, T ret, T *ps, V *args, unsigned n)
 {
 	T all[8];
 	V av[8];
@@ -502,7 +529,7 @@ LLVMValueRef cg_access_ptr(cg *g, int s, fz_dtype d, V off, int n, bool st,
 	T ps[5] = {t_i32(g), t_i64(g), t_i64(g), t_i64(g), t_i32(g)};
 	V how = or_(g, c_i32(g, st), shl(g, zext(g, mis, t_i32(g)), c_i32(g, 1)));
 	V args[5] = {c_i32(g, s), o, c_i64(g, n), g->ext[s], how};
-	V q = emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
+	V q = cg_emu_call(g, EMU_CTX_OOB, t_ptr(g, 0), ps, args, 5);
 	br(g, cont);
 	at_end(g, cont);
 	V r = phi(g, t_ptr(g, 0));
@@ -534,7 +561,7 @@ LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 		T ps[5] = {t_i32(g), t_i64(g), t_i32(g), t_i32(g), t_i32(g)};
 		V args[5] = {c_i32(g, arr), zext_or_trunc(g, i, t_i64(g)),
 			     c_i32(g, bytes), c_i32(g, st), c_i32(g, g->emu_site++)};
-		return emu_call(g, EMU_CTX_SMEM, t_ptr(g, 0), ps, args, 5);
+		return cg_emu_call(g, EMU_CTX_SMEM, t_ptr(g, 0), ps, args, 5);
 	}
 	if (!g->smem[arr]) {
 		T at = t_arr(t, 32);
@@ -674,7 +701,8 @@ static V op_unary(cg *g, const fz_node *n, V x)
 				return fcmp(g, LLVMRealUNE, x, c_real(xt, 0));
 			if (fz_dtype_is_float(yd)) {
 				T yt = cg_ctype(g, yd);
-				V y = xt == yt ? x : xt == t_f64(g) ? fptrunc(g, x, yt) : fpext(g, x, yt);
+				V y = xt == yt ? x : xt != t_f64(g) ? fpext(g, x, yt) :
+				      yd == FZ_F32 ? fptrunc(g, x, yt) : f64_to_f32_odd(g, x);
 				return round_to(g, y, yd);
 			}
 			/* saturating, NaN to 0: the cast semantics of numeric.h */
@@ -692,7 +720,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 			return icmp(g, LLVMIntNE, x, c_i64(g, 0));
 		if (fz_dtype_is_float(yd))
 			return round_to(g, sitofp(g, x, cg_ctype(g, yd)), yd);
-		return wrap_int(g, x, yd);
+		return cg_wrap_int(g, x, yd);
 	case FZ_OP_ISFINITE: {
 		V a = call_intrinsic(g, "llvm.fabs", xt, xt, &x, 1);
 		return fcmp(g, LLVMRealOLT, a, c_real(xt, INFINITY));
@@ -716,7 +744,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return x;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 static V op_compare(cg *g, fz_opcode op, bool isf, V a, V b)
@@ -778,7 +806,7 @@ static V op_binary(cg *g, const fz_node *n, V a, V b)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return a;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 /* ---- Philox ------------------------------------------------------------------------ */
@@ -978,7 +1006,38 @@ static void gather_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RAN
 			xi[l][dim] = cg_ix_of(kk[l], 1);
 		}
 	}
-	cg_value(g, x, nl, xi, out);
+	fz_ext ext = x->type.dims[dim];
+	if (fz_ext_is_const(ext) && ext.c > 0) {
+		cg_value(g, x, nl, xi, out);
+		return;
+	}
+	/* An operand that may have no elements along dim: then every index
+	 * is bad and element 0 does not exist either, so x is computed (and
+	 * its inputs loaded) only where it has elements, else the lanes are
+	 * 0. The branch is the same for every element: the optimizer may
+	 * hoist it out of the loop. */
+	LLVMBasicBlockRef pre = current(g), rd = block(g, "gather"),
+			  join = block(g, "gathered");
+	cond_br(g, icmp(g, LLVMIntEQ, E, c_i64(g, 0)), join, rd);
+	at_end(g, rd);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	V vals[FZ_VW_MAX];
+	cg_value(g, x, nl, xi, vals);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	cg_memo_pop(g, mark); /* what rd computed does not dominate the rest */
+	g->n_cse = cse;
+	V zero = const_of(g, y->type.dtype, 0.0);
+	for (int l = 0; l < nl; l++) {
+		if (l > 0 && vals[l] == vals[l - 1]) {
+			out[l] = out[l - 1];
+			continue;
+		}
+		out[l] = phi(g, type_of(vals[l]));
+		phi_add(out[l], zero, pre);
+		phi_add(out[l], vals[l], end);
+	}
 }
 
 /* Lanes that coincide are computed once: 1 when every lane's index is
@@ -1060,7 +1119,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V sv = zext_or_trunc(g, g->sym[nd->attrs.value_sym], t_i64(g));
 					k = fz_dtype_is_float(d) ? round_to(g, sitofp(g, sv, cg_ctype(g, d)), d) :
 					    d == FZ_BOOL ? icmp(g, LLVMIntNE, sv, c_i64(g, 0)) :
-					    wrap_int(g, sv, d);
+					    cg_wrap_int(g, sv, d);
 				} else {
 					k = const_of(g, v->type.dtype, nd->attrs.value);
 				}
@@ -1072,7 +1131,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V i = zext_or_trunc(g, cg_ix_value(g, ix[l][0]), t_i64(g));
 					out[l] = fz_dtype_is_float(d) ? round_to(g, sitofp(g, i, cg_ctype(g, d)), d) :
 						 d == FZ_BOOL ? icmp(g, LLVMIntNE, i, c_i64(g, 0)) :
-						 wrap_int(g, i, d);
+						 cg_wrap_int(g, i, d);
 				}
 			} else {
 				uniform_lanes(g, nd, n, ix, out);
@@ -1293,7 +1352,7 @@ void cg_barrier(cg *g)
 			return; /* the seeded fault: a missing __syncthreads() */
 		T ps[1] = {t_i32(g)};
 		V args[1] = {c_i32(g, g->emu_site++)};
-		emu_call(g, EMU_CTX_BARRIER, t_void(g), ps, args, 1);
+		cg_emu_call(g, EMU_CTX_BARRIER, t_void(g), ps, args, 1);
 		return;
 	}
 	if (g->o.target != FZ_CG_NVPTX)
@@ -1318,14 +1377,14 @@ LLVMValueRef cg_emu_shfl(cg *g, V x, int lane_mask)
 			cont = block(g, "shfl.done");
 		cond_br(g, skip, cont, call);
 		at_end(g, call);
-		V y = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+		V y = cg_emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
 		br(g, cont);
 		at_end(g, cont);
 		r = phi(g, t_i32(g));
 		phi_add(r, xi, from);
 		phi_add(r, y, call);
 	} else {
-		r = emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
+		r = cg_emu_call(g, EMU_CTX_SHFL, t_i32(g), ps, args, 3);
 	}
 	return isf ? bitcast(g, r, t_f32(g)) : r;
 }

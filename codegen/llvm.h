@@ -16,6 +16,7 @@
 
 #include <llvm-c/Core.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cg.h"
@@ -157,5 +158,60 @@ static inline V call_intrinsic(cg *g, const char *name, T over, T ret, V *args, 
 	(void)ret;
 	return LLVMBuildCall2(g->b, fty, f, args, n, "");
 }
+
+/* ---- warp-level matrix operations (NVVM, sm_80+) ---------------------------
+ * The tensor cores' instructions as LLVM 19 spells them; the fragment
+ * layouts and what emu makes of them are in codegen/mma.c. Every operand
+ * is a 32-bit register holding two 16-bit elements (lower index in the
+ * low half), as PTX has them. */
+
+/* A non-overloaded NVVM intrinsic by name (declared on first use), called. */
+static inline V call_nvvm(cg *g, const char *name, V *args, unsigned n)
+{
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, NULL, 0);
+	return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, NULL, 0), f, args, n, "");
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: d = a b + c
+ * for one warp; a four registers, b two, c four floats; the result is a
+ * struct of four floats (extractvalue). f16 operands are <2 x half>. */
+static inline V nv_mma_m16n8k16(cg *g, bool bf16, V *a, V *b, V *c)
+{
+	V args[10] = {a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]};
+	return call_nvvm(g, bf16 ? "llvm.nvvm.mma.m16n8k16.row.col.bf16" :
+			 "llvm.nvvm.mma.m16n8k16.row.col.f32.f32", args, 10);
+}
+
+/* ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 from p (a shared
+ * pointer, this lane's row): i32 for x1, a struct of n i32 for x2, x4. */
+static inline V nv_ldmatrix(cg *g, int n, bool trans, V p)
+{
+	char name[64];
+	snprintf(name, sizeof name, "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x%d%s.b16", n,
+		 trans ? ".trans" : "");
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	T over[1] = {type_of(p)};
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, over, 1);
+	return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, over, 1), f, &p, 1, "");
+}
+
+/* cp.async.{ca,cg}.shared.global [dst], [src], 16, src_bytes: 16 bytes,
+ * of which the first src_bytes (i32, 0 to 16) are read and the rest
+ * zero-filled. ca caches in L1, cg in L2 only. */
+static inline V nv_cp_async16(cg *g, bool l1, V dst, V src, V src_bytes)
+{
+	V args[3] = {dst, src, src_bytes};
+	return call_nvvm(g, l1 ? "llvm.nvvm.cp.async.ca.shared.global.16.s" :
+			 "llvm.nvvm.cp.async.cg.shared.global.16.s", args, 3);
+}
+static inline V nv_cp_async_commit(cg *g) { return call_nvvm(g, "llvm.nvvm.cp.async.commit.group", NULL, 0); }
+/* cp.async.wait_group n: all but the n most recent groups have landed. */
+static inline V nv_cp_async_wait(cg *g, int n)
+{
+	V a = c_i32(g, n);
+	return call_nvvm(g, "llvm.nvvm.cp.async.wait.group", &a, 1);
+}
+static inline V extract_value(cg *g, V agg, unsigned i) { return LLVMBuildExtractValue(g->b, agg, i, ""); }
 
 #endif

@@ -330,6 +330,30 @@ static void normalize(fz_opcode op, fz_value **in, int n_in, fz_attrs *a)
 	a->dim = norm_dim(a->dim, op == FZ_OP_UNSQUEEZE ? rank + 1 : rank);
 }
 
+/*
+ * index_add of f16/bf16 sums in f32 and rounds once, as every reduction of
+ * a half dtype does. A scatter adds into its output one source row at a
+ * time (atomics on the GPU), so in the storage dtype each repeated index
+ * would round again: the embedding backward of bf16 training adds
+ * thousands of rows into one, and drifts by several ulps. Written as
+ *
+ *     y = index_add(x, i, s)    ->    y = cast(index_add(cast(x, f32), i,
+ *                                                        cast(s, f32)), bf16)
+ *
+ * the accumulator is a buffer of f32 the size of the output, which the
+ * memory planner owns like any other.
+ */
+static fz_value *index_add_in_f32(fz_trace *t, fz_value **in, const fz_attrs *a)
+{
+	fz_dtype d = in[0]->type.dtype;
+	fz_value *w[3] = {fz_b_cast(t, in[0], FZ_F32), in[1],
+			  fz_b_cast(t, in[2], FZ_F32)};
+	if (!w[0] || !w[2])
+		return NULL;
+	fz_node *nd = fz_node_add(t, FZ_OP_INDEX_ADD, w, 3, a);
+	return nd ? fz_b_cast(t, nd->out[0], d) : NULL;
+}
+
 /* ---- operands: literals and broadcasting ---- */
 
 static fz_value *add1(fz_trace *t, fz_opcode op, fz_value **in, int n,
@@ -523,6 +547,15 @@ static int op_inner(fz_trace *t, fz_opcode op, const fz_arg *args, int nargs,
 			return -1;
 		int before = t->n_nodes;
 		res[0] = fz_lower(t, op, in, nargs, nums, &a);
+		if (!res[0])
+			return -1;
+		for (int i = before; i < t->n_nodes; i++)
+			t->nodes[i]->origin = op;
+	} else if (op == FZ_OP_INDEX_ADD && nargs == 3 &&
+		   (in[0]->type.dtype == FZ_F16 || in[0]->type.dtype == FZ_BF16) &&
+		   in[2]->type.dtype == in[0]->type.dtype) {
+		int before = t->n_nodes;
+		res[0] = index_add_in_f32(t, in, &a);
 		if (!res[0])
 			return -1;
 		for (int i = before; i < t->n_nodes; i++)

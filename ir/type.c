@@ -238,16 +238,7 @@ const char *fz_ext_str(const fz_trace *t, fz_ext e, char *buf, size_t n)
 		poly_str(t, &p, buf, n);
 		return buf;
 	}
-	size_t len = 0;
-	buf[0] = '\0';
-	if (e.c != 1 || e.syms == 0)
-		len += (size_t)snprintf(buf, n, "%lld", (long long)e.c);
-	for (int i = 0; i < FZ_MAX_SYMS && len < n; i++) {
-		const char *s = t && i < t->n_syms ? t->syms[i] : "?";
-		for (int p = fz_ext_power(e, i); p > 0 && len < n; p--)
-			len += (size_t)snprintf(buf + len, n - len, "%s%s",
-						len ? "*" : "", s);
-	}
+	mono_str(t, e, e.c != 1 || e.syms == 0, buf, n);
 	return buf;
 }
 
@@ -377,6 +368,8 @@ bool fz_trace_ext_of_poly(fz_trace *t, const fz_poly *in, fz_ext *out)
 	poly_sort(&p);
 	char name[256];
 	poly_str(t, &p, name, sizeof name);
+	if (strlen(name) + 1 >= sizeof name)
+		return false; /* a name cut short could meet another sum's */
 	int s = fz_trace_symbol_find(t, name);
 	if (s < 0) {
 		fz_poly *def = fz_arena_alloc(&t->arena, sizeof *def);

@@ -39,9 +39,11 @@
  *                              loops over its rows or elements with a
  *                              stride, so small tests run those loops'
  *                              later iterations and tails (tests only)
- *   FUSEC_EMU_FAULT=barrier|load|store|shfl
+ *   FUSEC_EMU_FAULT=barrier|load|store|shfl|mma|cpwait
  *                              a seeded fault in every kernel compiled,
- *                              to prove the checks fire (tests only)
+ *                              to prove the checks fire (tests only):
+ *                              mma has lane 31 skip every mma.sync,
+ *                              cpwait drops every cp.async.wait_group
  *
  * What CI runs (`ctest -L emu`, tests/CMakeLists.txt): every corpus trace
  * at B,T = 1,1 / 3,17 / 17,3 / 2,100, at 3,17 with 64-bit indices and at
@@ -117,7 +119,8 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 		*sm_count = (int)v;
 	}
 	static const char *const faults[FZ_EMU_FAULT_COUNT] = {"none", "barrier", "load",
-							       "store", "shfl"};
+							       "store", "shfl", "mma",
+							       "cpwait"};
 	const char *f = getenv("FUSEC_EMU_FAULT");
 	o->emu_fault = FZ_EMU_FAULT_NONE;
 	if (f && f[0]) {
@@ -126,7 +129,8 @@ static fz_status settings(fz_cg_options *o, int *sm_count, char **err)
 			i++;
 		if (i == FZ_EMU_FAULT_COUNT) {
 			fz_set_err(err, fz_strdup_printf("FUSEC_EMU_FAULT='%s': expected none, "
-						      "barrier, load, store or shfl", f));
+						      "barrier, load, store, shfl, mma or cpwait",
+						      f));
 			return FZ_EINVAL;
 		}
 		o->emu_fault = (fz_emu_fault)i;
@@ -158,10 +162,12 @@ static void emu_close(fz_device *d)
 	if (getenv("FUSEC_EMU_STATS") && e->s) {
 		const fz_emu_stats *st = fz_emu_sched_stats(e->s);
 		fprintf(stderr, "emu: %lld launches, %lld blocks, %lld threads, %lld "
-			"barriers, %lld warp shuffles, %lld shared-memory accesses checked\n",
+			"barriers, %lld warp shuffles, %lld shared-memory accesses, %lld "
+			"mma.sync, %lld ldmatrix, %lld cp.async checked\n",
 			(long long)st->launches, (long long)st->blocks, (long long)st->threads,
 			(long long)st->barriers, (long long)st->shuffles,
-			(long long)st->smem_accesses);
+			(long long)st->smem_accesses, (long long)st->mmas,
+			(long long)st->ldmatrix, (long long)st->cp_async);
 	}
 	fz_emu_sched_free(e->s);
 	fz_compiler_free(e->c);
@@ -308,8 +314,10 @@ static fz_status emu_launch(fz_device *d, const fz_kernel *k, void *const *fn,
 			.kernel = k->names[i], .region = k->region,
 			.fn = (fz_emu_fn)(void (*)(void))fn[i], .bufs = bufs, .syms = syms,
 			.flag = flag, .grid = grid, .block = block,
-			/* rows spread over a warp or a block shuffle and sync */
-			.fibers = k->sk == FZ_SK_ROW && k->par != FZ_PAR_THREAD,
+			/* rows spread over a warp or a block shuffle and sync;
+			 * tiles are warps' matrix operations */
+			.fibers = (k->sk == FZ_SK_ROW && k->par != FZ_PAR_THREAD) ||
+				  k->sk == FZ_SK_TILE,
 			.n_in = k->n_in,
 		};
 		st = fz_emu_run(e->s, &L, err);

@@ -42,6 +42,7 @@ typedef struct fz_emu_stats {
 	int64_t launches, blocks, threads;
 	int64_t barriers, shuffles;   /* released, per block and warp */
 	int64_t smem_accesses;
+	int64_t mmas, ldmatrix, cp_async; /* warp-wide, warp-wide, per thread */
 } fz_emu_stats;
 
 fz_status fz_emu_sched_new(fz_emu_sched **out, char **err);

@@ -84,6 +84,7 @@
 #include <unistd.h>
 
 #include "emu.h"
+#include "numeric.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EMU_ASAN 1
@@ -93,6 +94,7 @@
 #endif
 #endif
 #ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_STACK (128 * 1024)
 #else
@@ -129,7 +131,27 @@ __asm__(".text\n"
 	".size fz_emu_switch,.-fz_emu_switch\n");
 #endif
 
-typedef enum tstate { T_READY, T_BAR, T_SHFL, T_DONE } tstate;
+typedef enum tstate { T_READY, T_BAR, T_SHFL, T_WARP, T_DONE } tstate;
+
+/* A lane's part in a warp-wide matrix operation (T_WARP), on its stack. */
+typedef struct warp_op {
+	int kind;               /* W_LDMATRIX, W_MMA */
+	int32_t how;            /* ldmatrix: n | 16 (.trans); mma: 0 bf16, 1 f16 */
+	int64_t off;            /* ldmatrix: this lane's row */
+	int32_t size;
+	int32_t *out;           /* ldmatrix: n registers */
+	const int32_t *a, *b;   /* mma fragments */
+	const float *c;
+	float *d;
+} warp_op;
+enum { W_LDMATRIX, W_MMA };
+
+/* A cp.async in flight: lands at the wait_group that retires its group. */
+typedef struct cp_copy {
+	int64_t dst;
+	int32_t group, bytes;
+	unsigned char data[16];
+} cp_copy;
 
 typedef struct fiber {
 	fz_emu_thread ctx;      /* first: the kernel's pointer is the fiber's */
@@ -137,6 +159,10 @@ typedef struct fiber {
 	int idx;                /* its thread index in a block */
 	tstate st;
 	int32_t site, mask, val, res;
+	warp_op *op;            /* T_WARP: what this lane brings */
+	cp_copy *cp;            /* copies in flight, oldest first */
+	int n_cp, cap_cp;
+	int32_t groups;         /* cp.async groups committed */
 	char *map;              /* guard page + stack */
 	size_t map_len;
 #if defined(__x86_64__)
@@ -152,6 +178,15 @@ typedef struct shadow {
 	int32_t r, re;          /* reader of epoch re; -2: several */
 	int32_t ur;             /* read before any write, by this thread (-1) */
 } shadow;
+
+/* Tile memory's shadow, per 2-byte element: valid in block `gen` only
+ * (older ones read as fresh, so a block starts clean without a sweep). */
+typedef struct tshadow {
+	shadow h;
+	int32_t pend;           /* thread whose cp.async to it is in flight (-1) */
+	int32_t gen;
+} tshadow;
+#define TILE_ELEMS (FZ_EMU_TILE_MAX / 2)
 
 struct fz_emu_sched {
 	fiber **f;              /* each allocated once: a fiber never moves */
@@ -177,6 +212,10 @@ struct fz_emu_sched {
 	_Alignas(64) unsigned char smem[SMEM_ARRAYS * SMEM_ELEMS * SMEM_ELEM];
 	shadow sh[SMEM_ARRAYS * SMEM_ELEMS];
 	_Alignas(64) unsigned char scratch[128];
+	unsigned char *tile;    /* FZ_EMU_TILE_MAX bytes, on first use */
+	tshadow *tsh;
+	int32_t tgen;           /* the block's stamp for tsh */
+	int64_t tile_hi;        /* bytes a kernel declared: made garbage per block */
 	bool bad;
 	char msg[768];
 	fz_emu_stats stats;
@@ -264,6 +303,12 @@ static void fiber_reset(fiber *f)
 #endif
 	f->fake = NULL;
 	f->st = T_DONE;
+#ifdef EMU_ASAN
+	/* an abandoned fiber's frames leave their redzones poisoned, where
+	 * the next kernel's uninstrumented frames (whose registers the warp's
+	 * last lane writes: ldmatrix, mma) will lie */
+	__asan_unpoison_memory_region(f->map + page_size(), f->map_len - page_size());
+#endif
 }
 
 static fz_status fibers_grow(fz_emu_sched *s, int n)
@@ -400,6 +445,54 @@ static int32_t emu_shfl(fz_emu_thread *t, int32_t x, int32_t mask, int32_t site)
 	return f->res;
 }
 
+/* Names an element for a message: of shared array arr, or (arr < 0) the
+ * 2-byte element at byte i of tile memory. */
+static const char *elem_name(char *buf, size_t n, int32_t arr, int64_t i)
+{
+	if (arr >= 0)
+		snprintf(buf, n, "element %lld of shared array %d", (long long)i, arr);
+	else
+		snprintf(buf, n, "byte %lld of tile memory", (long long)i);
+	return buf;
+}
+
+/* The race checks of one access of an element by thread me (see the
+ * essay); true when the access is clean. */
+static bool shadow_access(fz_emu_sched *s, shadow *h, int32_t me, bool store, int32_t arr,
+			  int64_t i)
+{
+	int32_t ep = s->epoch;
+	char nm[64];
+	if (store) {
+		if (h->we == ep && h->w != me)
+			violate(s, me, "shared-memory race (write after write): %s, written "
+				"by thread %d with no barrier between", elem_name(nm, sizeof nm,
+				arr, i), h->w);
+		else if (h->re == ep && h->r != me)
+			violate(s, me, "shared-memory race (write after read): %s, read by "
+				"thread %s%d with no barrier between", elem_name(nm, sizeof nm,
+				arr, i), h->r == -2 ? "(several, e.g.) " : "", h->r == -2 ? 0 : h->r);
+		h->w = me;
+		h->we = ep;
+	} else {
+		/* a read of an element no thread wrote yet: reported at the
+		 * next barrier, unless a write in this epoch shows it a race */
+		if (h->we < 0 && h->ur < 0)
+			h->ur = me;
+		else if (h->we == ep && h->w != me)
+			violate(s, me, "shared-memory race (read after write): %s, written by "
+				"thread %d with no barrier between", elem_name(nm, sizeof nm, arr,
+				i), h->w);
+		if (h->re != ep) {
+			h->r = me;
+			h->re = ep;
+		} else if (h->r != me) {
+			h->r = -2;
+		}
+	}
+	return !s->bad;
+}
+
 static void *emu_smem(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
 		      int32_t store, int32_t site)
 {
@@ -414,37 +507,266 @@ static void *emu_smem(fz_emu_thread *t, int32_t arr, int64_t i, int32_t bytes,
 		return s->scratch;
 	}
 	int e = arr * SMEM_ELEMS + (int)i;
-	shadow *h = &s->sh[e];
-	int32_t me = t->tid, ep = s->epoch;
-	if (store) {
-		if (h->we == ep && h->w != me)
-			violate(s, me, "shared-memory race (write after write): element %lld "
-				"of shared array %d, written by thread %d with no barrier "
-				"between", (long long)i, arr, h->w);
-		else if (h->re == ep && h->r != me)
-			violate(s, me, "shared-memory race (write after read): element %lld "
-				"of shared array %d, read by thread %s%d with no barrier "
-				"between", (long long)i, arr, h->r == -2 ? "(several, e.g.) " : "",
-				h->r == -2 ? 0 : h->r);
-		h->w = me;
-		h->we = ep;
-	} else {
-		/* a read of an element no thread wrote yet: reported at the
-		 * next barrier, unless a write in this epoch shows it a race */
-		if (h->we < 0 && h->ur < 0)
-			h->ur = me;
-		else if (h->we == ep && h->w != me)
-			violate(s, me, "shared-memory race (read after write): element %lld "
-				"of shared array %d, written by thread %d with no barrier "
-				"between", (long long)i, arr, h->w);
-		if (h->re != ep) {
-			h->r = me;
-			h->re = ep;
-		} else if (h->r != me) {
-			h->r = -2;
+	shadow_access(s, &s->sh[e], t->tid, store, arr, i);
+	return s->smem + (size_t)e * SMEM_ELEM;
+}
+
+/* ---- tile memory and the warp-level matrix operations ------------------------------ */
+
+static tshadow *tile_shadow(fz_emu_sched *s, int64_t byte)
+{
+	tshadow *h = &s->tsh[byte / 2];
+	if (h->gen != s->tgen)
+		*h = (tshadow){{-1, -1, -1, -1, -1}, -1, s->tgen};
+	return h;
+}
+
+/* Bytes [off, off + n) of a tile of `size` bytes, accessed by thread me
+ * (what: for messages): bounds, alignment to `align`, then every element's
+ * race checks; a read also of bytes a cp.async has not delivered, and of
+ * bytes nothing wrote. NULL on a violation. */
+static unsigned char *tile_access(fz_emu_sched *s, int32_t me, int64_t off, int64_t n,
+				  int32_t size, bool store, int align, const char *what)
+{
+	if (!s->tile) {
+		s->tile = malloc(FZ_EMU_TILE_MAX);
+		s->tsh = calloc(TILE_ELEMS, sizeof *s->tsh);
+		if (!s->tile || !s->tsh) {
+			violate(s, me, "out of memory for the tile memory");
+			return NULL;
+		}
+		memset(s->tile, 0xa5, FZ_EMU_TILE_MAX);
+		s->tgen = 1; /* calloc's shadows are of no block */
+	}
+	if (size <= 0 || size > FZ_EMU_TILE_MAX) {
+		violate(s, me, "a kernel with %d bytes of tile memory (at most %d)", size,
+			FZ_EMU_TILE_MAX);
+		return NULL;
+	}
+	if (size > s->tile_hi)
+		s->tile_hi = size;
+	if (off < 0 || n <= 0 || off + n > size) {
+		violate(s, me, "shared memory out of bounds: %s of bytes [%lld, %lld) of "
+			"tile memory (%d bytes)", what, (long long)off, (long long)(off + n), size);
+		return NULL;
+	}
+	if (off % align || off % 2) {
+		violate(s, me, "misaligned %s: byte %lld of tile memory, not aligned to %d",
+			what, (long long)off, align > 2 ? align : 2);
+		return NULL;
+	}
+	s->stats.smem_accesses++;
+	for (int64_t b = off; b < off + n; b += 2) {
+		tshadow *h = tile_shadow(s, b);
+		if (!store && h->pend >= 0) {
+			violate(s, me, "%s of byte %lld of tile memory before the "
+				"cp.async.wait_group that delivers it (thread %d's copy in "
+				"flight)", what, (long long)b, h->pend);
+			return NULL;
+		}
+		if (!store && h->h.we < 0) {
+			violate(s, me, "%s of tile memory no thread had written: byte %lld",
+				what, (long long)b);
+			return NULL;
+		}
+		if (!shadow_access(s, &h->h, me, store, -1, b))
+			return NULL;
+	}
+	return s->tile + off;
+}
+
+static void *emu_tile(fz_emu_thread *t, int64_t off, int32_t bytes, int32_t store,
+		      int32_t size, int32_t site)
+{
+	(void)site;
+	fz_emu_sched *s = sched_of(t);
+	unsigned char *p = tile_access(s, t->tid, off, bytes, size, store,
+				       bytes <= 16 ? bytes : 16, store ? "store" : "load");
+	if (!p) {
+		memset(s->scratch, 0, sizeof s->scratch);
+		return s->scratch;
+	}
+	return p;
+}
+
+/* The fiber of thread t for operation `what`; NULL (a violation) when the
+ * kernel was launched without fibers. */
+static fiber *fiber_for(fz_emu_sched *s, fz_emu_thread *t, const char *what)
+{
+	if (in_fiber(s, t))
+		return fiber_of(t);
+	violate(s, t->tid, "%s in a kernel launched without fibers", what);
+	return NULL;
+}
+
+static void cp_async(fz_emu_thread *t, int64_t dst, const void *src, int32_t src_bytes,
+		     int32_t size, int32_t site)
+{
+	(void)site;
+	fz_emu_sched *s = sched_of(t);
+	fiber *f = fiber_for(s, t, "cp.async");
+	if (!f)
+		return;
+	/* the copy writes its bytes some time before the wait: a write now,
+	 * for the race checks, and in flight until then */
+	if (!tile_access(s, t->tid, dst, 16, size, true, 16, "cp.async"))
+		return;
+	if (f->n_cp == f->cap_cp) {
+		int cap = f->cap_cp ? 2 * f->cap_cp : 64;
+		cp_copy *n = realloc(f->cp, sizeof *n * (size_t)cap);
+		if (!n) {
+			violate(s, t->tid, "out of memory for cp.async");
+			return;
+		}
+		f->cp = n;
+		f->cap_cp = cap;
+	}
+	cp_copy *c = &f->cp[f->n_cp++];
+	c->dst = dst;
+	c->group = f->groups;
+	c->bytes = src_bytes < 0 ? 0 : src_bytes > 16 ? 16 : src_bytes;
+	memset(c->data, 0, 16);
+	memcpy(c->data, src, (size_t)c->bytes);
+	for (int b = 0; b < 16; b += 2)
+		tile_shadow(s, dst + b)->pend = t->tid;
+	s->stats.cp_async++;
+}
+
+static void cp_group(fz_emu_thread *t, int32_t n, int32_t site)
+{
+	(void)site;
+	fz_emu_sched *s = sched_of(t);
+	fiber *f = fiber_for(s, t, "cp.async");
+	if (!f)
+		return;
+	if (n < 0) { /* commit_group */
+		f->groups++;
+		return;
+	}
+	/* wait_group n: every committed group but the n newest lands now */
+	int keep = 0;
+	for (int i = 0; i < f->n_cp; i++) {
+		cp_copy *c = &f->cp[i];
+		if (c->group >= f->groups - n) {
+			f->cp[keep++] = *c;
+			continue;
+		}
+		memcpy(s->tile + c->dst, c->data, 16);
+		for (int b = 0; b < 16; b += 2) {
+			tshadow *h = tile_shadow(s, c->dst + b);
+			h->pend = -1;
+			shadow_access(s, &h->h, t->tid, true, -1, c->dst + b);
 		}
 	}
-	return s->smem + (size_t)e * SMEM_ELEM;
+	f->n_cp = keep;
+}
+
+/* A warp-wide operation: this lane waits until all 32 bring theirs. */
+static void warp_op_wait(fz_emu_thread *t, warp_op *op, int32_t site, const char *what)
+{
+	fz_emu_sched *s = sched_of(t);
+	fiber *f = fiber_for(s, t, what);
+	if (!f)
+		return;
+	f->st = T_WARP;
+	f->site = site;
+	f->op = op;
+	int w0 = f->idx & ~31;
+	if (w0 + 32 <= s->nthr && ++s->warp_arr[w0 / 32] == 32)
+		warp_release(s, w0);
+	fiber_yield(f);
+}
+
+static void emu_ldmatrix(fz_emu_thread *t, int64_t off, int32_t how, int32_t size,
+			 int32_t *out, int32_t site)
+{
+	warp_op op = {.kind = W_LDMATRIX, .how = how, .off = off, .size = size, .out = out};
+	warp_op_wait(t, &op, site, "ldmatrix");
+}
+
+static void emu_mma(fz_emu_thread *t, int32_t kind, const int32_t *a, const int32_t *b,
+		    const float *c, float *d, int32_t site)
+{
+	warp_op op = {.kind = W_MMA, .how = kind, .a = a, .b = b, .c = c, .d = d};
+	warp_op_wait(t, &op, site, "mma.sync");
+}
+
+/* ldmatrix for the warp at w0 (every lane at it): lane 8m + r names row r
+ * of matrix m; lane l gets row l / 4, elements 2(l % 4) and + 1 of each
+ * matrix (.trans: column l / 4, rows 2(l % 4) and + 1). */
+static void ldmatrix_release(fz_emu_sched *s, int w0)
+{
+	warp_op *op0 = s->f[w0]->op;
+	int n = op0->how & 7;
+	bool trans = op0->how & 16;
+	if (n != 1 && n != 2 && n != 4) {
+		violate(s, s->f[w0]->ctx.tid, "ldmatrix of %d matrices", n);
+		return;
+	}
+	const unsigned char *row[32];
+	for (int l = 0; l < 8 * n; l++) {
+		fiber *f = s->f[w0 + l];
+		row[l] = tile_access(s, f->ctx.tid, f->op->off, 16, f->op->size, false, 16,
+				     "ldmatrix");
+		if (!row[l])
+			return;
+	}
+	for (int l = 0; l < 32; l++) {
+		int g = l / 4, c2 = 2 * (l % 4);
+		for (int m = 0; m < n; m++) {
+			uint16_t lo, hi;
+			if (!trans) {
+				memcpy(&lo, row[8 * m + g] + 2 * c2, 2);
+				memcpy(&hi, row[8 * m + g] + 2 * c2 + 2, 2);
+			} else {
+				memcpy(&lo, row[8 * m + c2] + 2 * g, 2);
+				memcpy(&hi, row[8 * m + c2 + 1] + 2 * g, 2);
+			}
+			s->f[w0 + l]->op->out[m] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+		}
+	}
+	s->stats.ldmatrix++;
+}
+
+static double half_of(int32_t reg, int hi, int f16)
+{
+	uint16_t h = (uint16_t)((uint32_t)reg >> (hi ? 16 : 0));
+	return f16 ? fz_f16_to_f64(h) : fz_bf16_to_f64(h);
+}
+
+/* mma.m16n8k16 for the warp at w0, the fragments as the PTX ISA lays them
+ * out (codegen/mma.c): D = A B + C, products exact, summed in f64, each
+ * result rounded once to f32. */
+static void mma_release(fz_emu_sched *s, int w0)
+{
+	double A[16][16], B[16][8], C[16][8];
+	int f16 = s->f[w0]->op->how;
+	for (int l = 0; l < 32; l++) {
+		const warp_op *op = s->f[w0 + l]->op;
+		int g = l / 4, t2 = 2 * (l % 4);
+		for (int e = 0; e < 2; e++) {
+			A[g][t2 + e] = half_of(op->a[0], e, f16);
+			A[g + 8][t2 + e] = half_of(op->a[1], e, f16);
+			A[g][t2 + 8 + e] = half_of(op->a[2], e, f16);
+			A[g + 8][t2 + 8 + e] = half_of(op->a[3], e, f16);
+			B[t2 + e][g] = half_of(op->b[0], e, f16);
+			B[t2 + 8 + e][g] = half_of(op->b[1], e, f16);
+			C[g][t2 + e] = op->c[e];
+			C[g + 8][t2 + e] = op->c[2 + e];
+		}
+	}
+	for (int l = 0; l < 32; l++) {
+		const warp_op *op = s->f[w0 + l]->op;
+		int g = l / 4, t2 = 2 * (l % 4);
+		for (int i = 0; i < 4; i++) {
+			int r = g + (i >= 2 ? 8 : 0), c = t2 + (i & 1);
+			double acc = C[r][c];
+			for (int k = 0; k < 16; k++)
+				acc += A[r][k] * B[k][c];
+			op->d[i] = (float)acc;
+		}
+	}
+	s->stats.mmas++;
 }
 
 static void *emu_oob(fz_emu_thread *t, int32_t slot, int64_t off, int64_t n,
@@ -481,9 +803,37 @@ static void ctx_init(fz_emu_thread *c, int tid, const fz_emu_launch *L, int64_t 
 	c->shfl = emu_shfl;
 	c->smem = emu_smem;
 	c->oob = emu_oob;
+	c->tile = emu_tile;
+	c->ldmatrix = emu_ldmatrix;
+	c->mma = emu_mma;
+	c->cp_async = cp_async;
+	c->cp_group = cp_group;
 }
 
 /* ---- one block ------------------------------------------------------------------- */
+
+static const char *state_name(const fiber *f)
+{
+	switch (f->st) {
+	case T_BAR: return "waits at a barrier";
+	case T_SHFL: return "waits at another shuffle";
+	case T_WARP: return f->op->kind == W_MMA ? "waits at another mma.sync" :
+			    "waits at another ldmatrix";
+	case T_DONE: return "exited";
+	default: return "runs";
+	}
+}
+
+/* "a shuffle (xor 4)", "an mma.sync (site 12)": what lane f waits at. */
+static void warp_what(const fiber *f, char *buf, size_t n)
+{
+	if (f->st == T_SHFL)
+		snprintf(buf, n, "a shuffle (%s %d)", f->mask & 0x100 ? "up" : "xor",
+			 f->mask & 31);
+	else
+		snprintf(buf, n, "%s (site %d)", f->op->kind == W_MMA ? "an mma.sync" :
+			 "an ldmatrix", f->site);
+}
 
 /* The 32 lanes of the warp at w0 all wait at a shuffle: each gets lane
  * (lane ^ mask)'s value, computed for all before any resumes. */
@@ -492,12 +842,24 @@ static void warp_release(fz_emu_sched *s, int w0)
 	fiber *a = s->f[w0];
 	for (int i = w0 + 1; i < w0 + 32; i++) {
 		fiber *b = s->f[i];
-		if (b->site != a->site || b->mask != a->mask) {
-			violate(s, a->ctx.tid, "warp %d: lane 0 reaches a shuffle (%s %d) "
-				"that lane %d never reaches: it waits at another shuffle",
-				w0 / 32, a->mask & 0x100 ? "up" : "xor", a->mask & 31, i - w0);
+		if (b->st != a->st || b->site != a->site ||
+		    (a->st == T_SHFL && b->mask != a->mask)) {
+			char what[48];
+			warp_what(a, what, sizeof what);
+			violate(s, a->ctx.tid, "warp %d: lane 0 reaches %s that lane %d never "
+				"reaches: it %s", w0 / 32, what, i - w0, state_name(b));
 			return;
 		}
+	}
+	if (a->st == T_WARP) {
+		if (a->op->kind == W_LDMATRIX)
+			ldmatrix_release(s, w0);
+		else
+			mma_release(s, w0);
+		for (int i = w0; i < w0 + 32; i++)
+			s->f[i]->st = T_READY;
+		s->warp_arr[w0 / 32] = 0;
+		return;
 	}
 	for (int i = w0; i < w0 + 32; i++) {
 		fiber *b = s->f[i];
@@ -544,15 +906,6 @@ static void barrier_release(fz_emu_sched *s)
 	s->stats.barriers++;
 }
 
-static const char *state_name(const fiber *f)
-{
-	switch (f->st) {
-	case T_BAR: return "waits at a barrier";
-	case T_SHFL: return "waits at another shuffle";
-	case T_DONE: return "exited";
-	default: return "runs";
-	}
-}
 
 /* No fiber can run and not all are done: say why. */
 static void report_stuck(fz_emu_sched *s)
@@ -561,22 +914,25 @@ static void report_stuck(fz_emu_sched *s)
 	for (int w0 = 0; w0 < n && !s->bad; w0 += 32) {
 		int w1 = w0 + 32 < n ? w0 + 32 : n, lead = -1;
 		for (int i = w0; i < w1 && lead < 0; i++)
-			if (s->f[i]->st == T_SHFL)
+			if (s->f[i]->st == T_SHFL || s->f[i]->st == T_WARP)
 				lead = i;
 		if (lead < 0)
 			continue;
 		fiber *a = s->f[lead];
+		char what[48];
+		warp_what(a, what, sizeof what);
 		for (int i = w0; i < w1 && !s->bad; i++) {
 			fiber *b = s->f[i];
-			if (b->st != T_SHFL || b->site != a->site || b->mask != a->mask)
-				violate(s, a->ctx.tid, "warp %d: lane %d reaches a shuffle (%s "
-					"%d) that lane %d never reaches: it %s", w0 / 32,
-					lead - w0, a->mask & 0x100 ? "up" : "xor", a->mask & 31,
+			if (b->st != a->st || b->site != a->site ||
+			    (a->st == T_SHFL && b->mask != a->mask))
+				violate(s, a->ctx.tid, "warp %d: lane %d reaches %s that lane "
+					"%d never reaches: it %s", w0 / 32, lead - w0, what,
 					i - w0, state_name(b));
 		}
 		if (!s->bad)
-			violate(s, a->ctx.tid, "a full-warp shuffle in a warp of %d threads "
-				"(the block has %d)", w1 - w0, n);
+			violate(s, a->ctx.tid, "a full-warp %s in a warp of %d threads "
+				"(the block has %d)", a->st == T_SHFL ? "shuffle" :
+				"matrix operation", w1 - w0, n);
 	}
 	int first = -1;
 	for (int i = 0; i < n && first < 0 && !s->bad; i++)
@@ -597,6 +953,9 @@ static void smem_reset(fz_emu_sched *s)
 	s->epoch = 0;
 	/* garbage, as a GPU's shared memory is at a block's start */
 	memset(s->smem, 0xa5, sizeof s->smem);
+	if (s->tile && s->tile_hi)
+		memset(s->tile, 0xa5, (size_t)s->tile_hi);
+	s->tgen++;
 }
 
 static void block_fibers(fz_emu_sched *s, int64_t b)
@@ -606,6 +965,8 @@ static void block_fibers(fz_emu_sched *s, int64_t b)
 	for (int i = 0; i < n; i++) {
 		ctx_init(&s->f[i]->ctx, i, L, b);
 		s->f[i]->st = T_READY;
+		s->f[i]->n_cp = 0; /* copies a thread left in flight end with it */
+		s->f[i]->groups = 0;
 	}
 	s->bar_arr = 0;
 	memset(s->warp_arr, 0, sizeof s->warp_arr);
@@ -652,9 +1013,12 @@ void fz_emu_sched_free(fz_emu_sched *s)
 		return;
 	for (int i = 0; i < s->nf; i++) {
 		munmap(s->f[i]->map, s->f[i]->map_len);
+		free(s->f[i]->cp);
 		free(s->f[i]);
 	}
 	free(s->f);
+	free(s->tile);
+	free(s->tsh);
 	free(s);
 }
 

@@ -12,7 +12,7 @@
  * (the second loads nothing); the primary context is the thread's current
  * one for torch to share; a run captured into a CUDA graph replays to the
  * same outputs (fz_exec_run_graph). The corpus and model sweep is
- * tools/gpu/run_gpu_checks.sh.
+ * tools/gpu/run.sh.
  */
 #include <check.h>
 #include <math.h>

@@ -297,7 +297,8 @@ static fz_status on_kernel(const fz_region *r, int op, fz_kernel *k, void *ud,
 		int64_t grid;
 		int block;
 		fz_kernel_launch_dims(&kk, e, R->syms, &grid, &block);
-		bool fibers = kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD;
+		bool fibers = (kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD) ||
+			      kk.sk == FZ_SK_TILE;
 		fz_emu_launch L = {kk.names[e], r->id, (fz_emu_fn)(void (*)(void))fn, bufs,
 				   R->syms, &R->flag, grid, block, fibers, r->n_in};
 		st = fz_emu_run(R->s, &L, err);
@@ -597,6 +598,88 @@ START_TEST(half_atomics)
 }
 END_TEST
 
+/* src at B, T on emu (32-bit indices, lanes): must run; the worst error
+ * relative to tol */
+static double emu_worst(const char *src, int64_t B, int64_t T, double tol)
+{
+	int64_t syms[2] = {B, T};
+	double worst;
+	char *err = NULL;
+	fz_status st = emu_compare(src, syms, emu_opts(true, true, 0), tol, &worst,
+				   &err, NULL);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : fz_status_name(st));
+	free(err);
+	return worst;
+}
+
+/* The GPU's f64 -> f16/bf16 casts round once (issue 23.4; test_codegen
+ * has the host's): values just above a halfway point round up, bit for
+ * bit as the interpreter's. */
+START_TEST(cast_f64_half_once)
+{
+	const char *src =
+		"trace f(x: f64[B, T]) {\n"
+		"  s = add(mul(x, 1e-12), 1.00048828125)\n"
+		"  a = cast(add(s, 0.00341796875), dtype=bf16)\n"
+		"  h = cast(neg(s), dtype=f16)\n"
+		"  return a, h\n}\n";
+	double worst = emu_worst(src, 3, 17, 0x1p-1000);
+	ck_assert_msg(worst == 0, "not bit for bit: worst %g", worst);
+}
+END_TEST
+
+/* take, take_along and index_add into an extent of 0 (issue 23.5): every
+ * index is out of range and is reported, and the kernels load and store
+ * nothing (they read or wrote element 0 of the empty buffer, which the
+ * emulator caught); at an extent of 5 they match the interpreter. */
+START_TEST(index_into_empty_extent)
+{
+	const char *const srcs[] = {
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(mul(w, 2.0), ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, B], ids: i64[3, B]) {\n"
+		"  y = take_along(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(x: f32[V, 4], ids: i64[B], s: f32[B, 4]) {\n"
+		"  y = index_add(x, ids, s, dim=0)\n  return y\n}\n",
+	};
+	for (size_t i = 0; i < sizeof srcs / sizeof *srcs; i++)
+		for (int64_t V = 0; V <= 5; V += 5) {
+			int64_t syms[2] = {V, 3};
+			double worst;
+			char *err = NULL;
+			fz_status st = emu_compare(srcs[i], syms, emu_opts(true, true, 0),
+						   1e-6, &worst, &err, NULL);
+			ck_assert_msg(st == (V ? FZ_OK : FZ_ERANGE), "trace %zu at V=%lld: %s "
+				      "(%s)", i, (long long)V, fz_status_name(st), err ? err : "");
+			ck_assert_msg(worst <= 1, "trace %zu: worst %g", i, worst);
+			free(err);
+		}
+}
+END_TEST
+
+/* The GPU's f64 math (issue 23.8: it refused these ops): within a few
+ * ulp of the interpreter's libm over ranges that reach overflow to inf
+ * and underflow to 0 (exp at +-800, exp2 at +-1100), subnormal and huge
+ * logs, angles to 100, erf's series, continued fraction and tail. */
+START_TEST(f64_math)
+{
+	const char *src =
+		"trace f(x: f64[B, T], y: f64[B, T]) {\n"
+		"  e = exp(mul(x, 400.0))\n  e2 = exp2(mul(x, 550.0))\n"
+		"  l = log(mul(abs(x), 1e300))\n  ls = log(mul(abs(x), 1e-312))\n"
+		"  l2 = log2(abs(x))\n  lp = log1p(mul(x, 0.49))\n"
+		"  em = expm1(x)\n  s = sin(mul(x, 50.0))\n  c = cos(mul(x, 50.0))\n"
+		"  th = tanh(mul(x, 12.0))\n  sg = sigmoid(mul(x, 20.0))\n"
+		"  ef = erf(mul(x, 3.5))\n"
+		"  p = pow(abs(mul(x, 10.0)), mul(y, 8.0))\n"
+		"  return e, e2, l, ls, l2, lp, em, s, c, th, sg, ef, p\n}\n";
+	double worst = emu_worst(src, 5, 97, 1e-14);
+	ck_assert_msg(worst <= 1, "worst %g x 1e-14", worst);
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -609,6 +692,333 @@ START_TEST(options_parse)
 	ck_assert(err && strstr(err, "emu[-sm_NN]"));
 	free(err);
 	ck_assert_int_eq(fz_cg_options_parse("emux", &o, NULL), FZ_EINVAL);
+}
+END_TEST
+
+/* ---- warp-level matrix operations (codegen/mma.c) --------------------------- */
+
+/* The GEMM tile kernel of spec sp on EMU (options o) against a plain f64
+ * product of the same 16-bit inputs: the status, and the worst error
+ * relative to 1e-5 of the sum of |a b| (an f32 accumulation's bound). */
+static fz_status gemm_emu(fz_cg_options o, cg_gemm_spec sp, double *worst, char **err,
+			  fz_emu_stats *stats)
+{
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	fz_kernel *k = NULL;
+	fz_status st = cg_gemm_build(c, &sp, &k, err);
+	ck_assert_msg(st == FZ_OK, "build: %s", *err ? *err : "?");
+	int64_t M = sp.M, N = sp.N, K = sp.K;
+	uint16_t *a = malloc(sizeof *a * (size_t)(M * K)), *b = malloc(sizeof *b * (size_t)(N * K));
+	float *y = malloc(sizeof *y * (size_t)(M * N));
+	for (int64_t i = 0; i < M * K; i++)
+		fz_store_f64(a, sp.dtype, i, urand() * 4 - 2);
+	for (int64_t i = 0; i < N * K; i++)
+		fz_store_f64(b, sp.dtype, i, urand() * 4 - 2);
+	fz_kernel kk = *k;
+	kk.mod = NULL;
+	void *obj = NULL;
+	size_t len = 0;
+	fz_host_fn fn = NULL;
+	st = fz_kernel_object(c, k, &obj, &len, err);
+	if (st == FZ_OK)
+		st = fz_host_load(c, obj, len, kk.names[0], &fn, err);
+	ck_assert_msg(st == FZ_OK, "%s", *err ? *err : "?");
+	int64_t grid;
+	int block;
+	fz_kernel_launch_dims(&kk, 0, NULL, &grid, &block);
+	ck_assert_int_eq(block, FZ_TILE_BLOCK);
+	ck_assert_int_eq(grid, (M + 63) / 64 * ((N + 31) / 32));
+	fz_emu_sched *s;
+	ck_assert_int_eq(fz_emu_sched_new(&s, NULL), FZ_OK);
+	void *bufs[3] = {a, b, y};
+	int32_t flag = 0;
+	int64_t syms[1] = {0};
+	/* fewer blocks than tiles as well: the grid-stride loop */
+	for (int pass = 0; pass < 2 && st == FZ_OK; pass++) {
+		for (int64_t i = 0; i < M * N; i++)
+			y[i] = NAN;
+		fz_emu_launch L = {kk.names[0], 0, (fz_emu_fn)(void (*)(void))fn, bufs, syms,
+				   &flag, pass ? 1 : grid, block, true, 2};
+		st = fz_emu_run(s, &L, err);
+		*worst = 0;
+		for (int64_t i = 0; st == FZ_OK && i < M; i++)
+			for (int64_t j = 0; j < N; j++) {
+				double want = 0, mag = 0;
+				for (int64_t q = 0; q < K; q++) {
+					double x = fz_load_f64(a, sp.dtype, i * K + q);
+					double w = fz_load_f64(b, sp.dtype, sp.kn ? q * N + j : j * K + q);
+					want += x * w;
+					mag += fabs(x * w);
+				}
+				double r = fabs(y[i * N + j] - want) / (1e-5 * mag + 1e-30);
+				if (!(r <= *worst))
+					*worst = isnan(r) ? INFINITY : r;
+			}
+	}
+	if (stats)
+		*stats = *fz_emu_sched_stats(s);
+	fz_emu_sched_free(s);
+	free(obj);
+	free(a);
+	free(b);
+	free(y);
+	fz_kernel_free(k);
+	fz_compiler_free(c);
+	return st;
+}
+
+/* mma.sync, ldmatrix (plain for A and for B stored [n][k], .trans for B
+ * stored [k][n]) and cp.async with double buffering, in the PTX layouts:
+ * the product is right at full tiles, at tails in M, N and K, and at one
+ * row; every mma and ldmatrix went through the warp. */
+START_TEST(gemm_tile_matches)
+{
+	static const int64_t sizes[][3] = {{64, 32, 32}, {100, 72, 40}, {1, 8, 8},
+					   {129, 40, 96}};
+	for (int v = 0; v < 4; v++)
+		for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+			cg_gemm_spec sp = {sizes[z][0], sizes[z][1], sizes[z][2],
+					   v & 1 ? FZ_F16 : FZ_BF16, v >= 2};
+			double worst = 0;
+			char *err = NULL;
+			fz_emu_stats stats;
+			fz_status st = gemm_emu(emu_opts(true, true, 0), sp, &worst, &err, &stats);
+			ck_assert_msg(st == FZ_OK, "%s %s %lldx%lldx%lld: %s", v & 1 ? "f16" : "bf16",
+				      v >= 2 ? "kn" : "nk", (long long)sp.M, (long long)sp.N,
+				      (long long)sp.K, err ? err : "?");
+			ck_assert_msg(worst <= 1, "%s %s %lldx%lldx%lld: worst %g",
+				      v & 1 ? "f16" : "bf16", v >= 2 ? "kn" : "nk",
+				      (long long)sp.M, (long long)sp.N, (long long)sp.K, worst);
+			/* per tile and k step: 4 warps x 4 n-tiles of mma, 4 x (1 + 2)
+			 * ldmatrix; twice (grid, then one block) */
+			int64_t tiles = (sp.M + 63) / 64 * ((sp.N + 31) / 32);
+			int64_t ks = (sp.K + 31) / 32 * 2;
+			ck_assert_int_eq(stats.mmas, 2 * tiles * ks * 16);
+			ck_assert_int_eq(stats.ldmatrix, 2 * tiles * ks * 12);
+			ck_assert(stats.cp_async > 0);
+			free(err);
+		}
+}
+END_TEST
+
+/* Each seeded fault trips the GEMM tile with its violation. */
+START_TEST(gemm_tile_faults)
+{
+	struct { fz_emu_fault f; const char *what; } cases[] = {
+		{FZ_EMU_FAULT_MMA, "reaches an mma.sync (site"},
+		{FZ_EMU_FAULT_CPWAIT, "before the cp.async.wait_group that delivers it"},
+		{FZ_EMU_FAULT_BARRIER, "shared-memory race"},
+		{FZ_EMU_FAULT_LOAD, "global load out of bounds"},
+		{FZ_EMU_FAULT_STORE, "global store out of bounds"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		cg_gemm_spec sp = {100, 72, 40, FZ_BF16, i % 2};
+		double worst;
+		char *err = NULL;
+		fz_status st = gemm_emu(emu_opts(true, true, cases[i].f), sp, &worst, &err, NULL);
+		ck_assert_msg(st == FZ_ERUNTIME && err && strstr(err, cases[i].what),
+			      "fault %d: %s '%s'", cases[i].f, fz_status_name(st), err ? err : "");
+		free(err);
+	}
+	/* the mma fault names the lane that never came (it went on to the
+	 * next ldmatrix) */
+	cg_gemm_spec sp = {64, 32, 32, FZ_F16, false};
+	double worst;
+	char *err = NULL;
+	gemm_emu(emu_opts(true, true, FZ_EMU_FAULT_MMA), sp, &worst, &err, NULL);
+	ck_assert_msg(err && strstr(err, "that lane 31 never reaches: it waits at another"),
+		      "%s", err ? err : "");
+	free(err);
+}
+END_TEST
+
+/* Hand-written: ldmatrix x1, x2, x4, plain and .trans, against the layout
+ * (lane l: row l / 4, elements 2(l % 4) and + 1 of each matrix; .trans:
+ * the transpose); the tile is filled by cp.async (half of it zero-filled)
+ * and read after the wait and a barrier. Modes: 0 clean; 1 a read before
+ * the wait; 2 a read before the barrier by another warp's thread; 3 lane
+ * 9 skips the ldmatrix; 4 an ldmatrix row past the tile; 5 a misaligned
+ * row. */
+static int ldm_mode, ldm_n, ldm_trans;
+static uint16_t ldm_src[64 * 8];
+static void k_ldmatrix(void **bufs, const int64_t *syms, int32_t *err, fz_emu_thread *t)
+{
+	(void)syms; (void)err;
+	int32_t *y = bufs[1];
+	int size = 64 * 16;
+	/* 64 rows of 16 bytes: thread i copies row i (rows 32.. zeros) */
+	if (t->tid < 64)
+		t->cp_async(t, t->tid * 16, ldm_src + t->tid * 8, t->tid < 32 ? 16 : 0, size, 0);
+	t->cp_group(t, -1, 1);
+	if (ldm_mode == 1 && t->tid == 3) /* its own row, still in flight */
+		(void)*(volatile int16_t *)t->tile(t, 3 * 16, 2, 0, size, 2);
+	t->cp_group(t, 0, 3);
+	if (ldm_mode != 2)
+		t->barrier(t, 4);
+	if (ldm_mode == 2 && t->tid == 40)
+		(void)*(volatile int16_t *)t->tile(t, 16 * 5, 2, 0, size, 5);
+	int lane = t->tid % 32, warp = t->tid / 32;
+	int64_t off = (warp * 32 + lane) * 16; /* warp w: rows 32w .. */
+	if (ldm_mode == 4 && lane == 0)
+		off = 64 * 16;
+	if (ldm_mode == 5 && lane == 1)
+		off += 2;
+	int32_t r[4] = {0};
+	if (!(ldm_mode == 3 && lane == 9))
+		t->ldmatrix(t, off, ldm_n | (ldm_trans ? 16 : 0), size, r, 6);
+	for (int m = 0; m < 4; m++)
+		y[t->tid * 4 + m] = r[m];
+}
+
+START_TEST(ldmatrix_layouts)
+{
+	for (int i = 0; i < 64 * 8; i++)
+		ldm_src[i] = (uint16_t)(i + 1);
+	static int32_t y[64 * 4];
+	void *bufs[2] = {ldm_src, y};
+	for (int n = 1; n <= 4; n *= 2)
+		for (int tr = 0; tr < 2; tr++) {
+			ldm_mode = 0;
+			ldm_n = n;
+			ldm_trans = tr;
+			char *e = NULL;
+			ck_assert_msg(launch_c(k_ldmatrix, bufs, 2, 64, true, &e) == FZ_OK, "%s", e);
+			for (int tid = 0; tid < 64; tid++)
+				for (int m = 0; m < n; m++) {
+					int l = tid % 32, w = tid / 32, g = l / 4, c = 2 * (l % 4);
+					/* element (row, col) of matrix m of warp w */
+					int rlo = tr ? c : g, clo = tr ? g : c;
+					int rhi = tr ? c + 1 : g, chi = tr ? g : c + 1;
+					int base = (w * 32 + 8 * m) * 8;
+					uint32_t lo = w ? 0 : ldm_src[base + rlo * 8 + clo];
+					uint32_t hi = w ? 0 : ldm_src[base + rhi * 8 + chi];
+					ck_assert_msg((uint32_t)y[tid * 4 + m] == (lo | hi << 16),
+						      "x%d%s thread %d matrix %d: %08x, want %08x", n,
+						      tr ? ".trans" : "", tid, m, (uint32_t)y[tid * 4 + m],
+						      lo | hi << 16);
+				}
+		}
+	ldm_n = 4;
+	ldm_trans = 0;
+	struct { int mode; const char *what; } bad[] = {
+		{1, "load of byte 48 of tile memory before the cp.async.wait_group"},
+		{2, "shared-memory race (read after write): byte 80 of tile memory"},
+		{3, "reaches an ldmatrix (site 6) that lane 9 never reaches: it exited"},
+		{4, "shared memory out of bounds: ldmatrix of bytes [1024, 1040)"},
+		{5, "misaligned ldmatrix"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		ldm_mode = bad[i].mode;
+		char *e = NULL;
+		ck_assert_int_eq(launch_c(k_ldmatrix, bufs, 1, 64, true, &e), FZ_ERUNTIME);
+		ck_assert_msg(e && strstr(e, bad[i].what), "mode %d: '%s'", bad[i].mode, e);
+		free(e);
+	}
+}
+END_TEST
+
+/* ---- attention on tensor cores (codegen/attention_gpu.c) -------------------- */
+
+/* Under AddressSanitizer the emulator is tens of times slower: the
+ * sanitized build runs the small attention cases only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTN_LIGHT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTN_LIGHT 1
+#endif
+#endif
+#ifndef ATTN_LIGHT
+#define ATTN_LIGHT 0
+#endif
+
+/* Forward, dq and dk/dv of one configuration as three regions; B and T
+ * symbolic (T queries and keys). */
+static char *attn_src(const char *dt, int hq, int hkv, int d, const char *opts, bool pad)
+{
+	char mp[64] = "", ma[8] = "";
+	if (pad) {
+		snprintf(mp, sizeof mp, ", m: bool[B, 1, 1, T]");
+		snprintf(ma, sizeof ma, ", m");
+	}
+	return fz_strdup_printf(
+		"trace a(q: %s[B, %d, T, %d], k: %s[B, %d, T, %d], v: %s[B, %d, T, %d], "
+		"do: %s[B, %d, T, %d]%s) {\n"
+		"  o, lse = attention(q, k, v%s%s)\n"
+		"  dq = attention_dq(q, k, v, o, lse, do%s%s)\n"
+		"  dk, dv = attention_dkv(q, k, v, o, lse, do%s%s)\n"
+		"  return o, lse, dq, dk, dv\n}\n", dt, hq, d, dt, hkv, d, dt, hkv, d, dt, hq, d,
+		mp, ma, opts, ma, opts, ma, opts);
+}
+
+/* The GPU's attention kernels on emu against the interpreter: causal and
+ * not, GQA 4:1, a bool padding mask, a sliding window, softcap, head dims
+ * 32, 64, 80 and 128, bf16 and f16 (and f32's forward), at lengths around
+ * the blocks of 64 (1, 17, 64, 127, 128, 129), two batches. */
+START_TEST(attention_matches)
+{
+	struct { const char *dt; int hq, hkv, d; const char *opts; bool pad; int64_t T; } c[] = {
+		{"bf16", 8, 2, 64, ", causal=true", false, 129},
+		{"bf16", 8, 2, 64, ", causal=true", false, 1},
+		{"bf16", 2, 2, 64, "", false, 17},
+		{"bf16", 2, 2, 80, ", causal=true", false, 64},
+		{"bf16", 2, 2, 64, "", true, 127},
+		{"f16", 2, 2, 128, ", causal=true, window=20", false, 128},
+		{"bf16", 2, 2, 32, ", softcap=5.0", false, 129},
+		{"f32", 4, 1, 64, ", causal=true", true, 65}, /* FMA; forward only */
+	};
+	int64_t tiles = 0, want = 0;
+	for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+		if (ATTN_LIGHT && c[i].T > 17)
+			continue;
+		char *src = attn_src(c[i].dt, c[i].hq, c[i].hkv, c[i].d, c[i].opts, c[i].pad);
+		bool fwd_only = !strcmp(c[i].dt, "f32"); /* the GPU's f32 path */
+		if (fwd_only) {
+			*strstr(src, "  dq =") = 0;
+			strcat(src, "  return o, lse\n}\n");
+		}
+		want += fwd_only ? 1 : 3;
+		int64_t syms[2] = {2, c[i].T};
+		double worst;
+		char *err = NULL;
+		int fib = 0;
+		fz_status st = emu_compare(src, syms, emu_opts(true, true, 0), 2e-2, &worst, &err,
+					   &fib);
+		ck_assert_msg(st == FZ_OK, "case %zu (%s d %d%s T %lld): %s", i, c[i].dt, c[i].d,
+			      c[i].opts, (long long)c[i].T, err ? err : fz_status_name(st));
+		ck_assert_msg(worst <= 1, "case %zu (%s d %d%s T %lld): worst %g", i, c[i].dt,
+			      c[i].d, c[i].opts, (long long)c[i].T, worst);
+		tiles += fib;
+		free(err);
+		fz_free(src);
+	}
+	ck_assert_int_eq(tiles, want); /* every kernel on fibers */
+}
+END_TEST
+
+/* The seeded faults trip the attention kernels too. */
+START_TEST(attention_faults)
+{
+	struct { fz_emu_fault f; const char *what; } c[] = {
+		{FZ_EMU_FAULT_MMA, "that lane 31 never reaches"},
+		{FZ_EMU_FAULT_CPWAIT, "before the cp.async.wait_group that delivers it"},
+		{FZ_EMU_FAULT_BARRIER, "shared-memory race"},
+		{FZ_EMU_FAULT_LOAD, "global load out of bounds"},
+		{FZ_EMU_FAULT_STORE, "global store out of bounds"},
+	};
+	char *src = attn_src("bf16", 4, 1, 64, ", causal=true", false);
+	for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+		int64_t syms[2] = {1, ATTN_LIGHT ? 17 : 70};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(src, syms, emu_opts(true, true, c[i].f), 2e-2, &worst,
+					   &err, NULL);
+		ck_assert_msg(st == FZ_ERUNTIME && err && strstr(err, c[i].what),
+			      "fault %d: %s '%s'", c[i].f, fz_status_name(st), err ? err : "");
+		free(err);
+	}
+	fz_free(src);
 }
 END_TEST
 
@@ -631,6 +1041,17 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, forced_64bit_indices);
 	tcase_add_test(tc, misaligned_vector_access);
 	tcase_add_test(tc, half_atomics);
+	tcase_add_test(tc, cast_f64_half_once);
+	tcase_add_test(tc, index_into_empty_extent);
+	tcase_add_test(tc, f64_math);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("mma");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, ldmatrix_layouts);
+	tcase_add_test(tc, gemm_tile_matches);
+	tcase_add_test(tc, gemm_tile_faults);
+	tcase_add_test(tc, attention_matches);
+	tcase_add_test(tc, attention_faults);
 	suite_add_tcase(s, tc);
 	return s;
 }

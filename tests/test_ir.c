@@ -142,6 +142,15 @@ START_TEST(extent_arithmetic)
 }
 END_TEST
 
+/* Every symbol of sz unbound, then T (when t has it) bound to T. */
+static void sizes_with_T(const fz_trace *t, int64_t *sz, int64_t T)
+{
+	for (int i = 0; i < FZ_MAX_SYMS; i++)
+		sz[i] = -1;
+	if (T >= 0)
+		sz[fz_trace_symbol_find(t, "T")] = T;
+}
+
 /* Sums as derived symbols: one canonical spelling, and binding that
  * derives, checks and solves. */
 START_TEST(extent_sums)
@@ -180,32 +189,26 @@ START_TEST(extent_sums)
 	fz_tensor_contiguous(&in[1], ys, FZ_F32, 1, (int64_t[]){16});
 	fz_tensor_contiguous(&in[2], zs, FZ_F32, 1, (int64_t[]){6});
 	int64_t sz[FZ_MAX_SYMS];
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
+	sizes_with_T(t, sz, -1);
 	char *err = NULL;
 	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_OK);
 	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "T")], 7);
 	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "B")], 2);
 	ck_assert_int_eq(sz[fz_trace_symbol_find(t, "T-1")], 6);
 	/* a size that disagrees with T+1 */
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
-	sz[fz_trace_symbol_find(t, "T")] = 5;
+	sizes_with_T(t, sz, 5);
 	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_EBIND);
 	ck_assert_msg(strstr(err, "T+1") != NULL, "%s", err);
 	fz_free(err);
 	err = NULL;
 	/* y of 15 is not B*T+2 at B=2, T=7 */
 	fz_tensor_contiguous(&in[1], ys, FZ_F32, 1, (int64_t[]){15});
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
+	sizes_with_T(t, sz, -1);
 	ck_assert_int_eq(fz_trace_bind(t, in, 3, sz, &err), FZ_EBIND);
 	fz_free(err);
 	err = NULL;
 	/* T-1 below zero */
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
-	sz[fz_trace_symbol_find(t, "T")] = 0;
+	sizes_with_T(t, sz, 0);
 	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
 	ck_assert_msg(strstr(buf, "T-1") != NULL, "%s", buf);
 	fz_module_free(m);
@@ -217,13 +220,9 @@ START_TEST(extent_sums)
 		  "  return y\n"
 		  "}\n");
 	t = fz_module_trace(m, 0);
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
-	sz[fz_trace_symbol_find(t, "T")] = 64;
+	sizes_with_T(t, sz, 64);
 	ck_assert_int_ge(fz_trace_syms_derive(t, sz, buf, sizeof buf), 0);
-	for (int i = 0; i < FZ_MAX_SYMS; i++)
-		sz[i] = -1;
-	sz[fz_trace_symbol_find(t, "T")] = 65;
+	sizes_with_T(t, sz, 65);
 	ck_assert_int_eq(fz_trace_syms_derive(t, sz, buf, sizeof buf), -1);
 	ck_assert_msg(strstr(buf, "-T+64") != NULL, "%s", buf);
 	fz_module_free(m);

@@ -8,7 +8,11 @@
  * written out, and handed to `ptxas -arch=sm_90`. Also checked: no kernel
  * uses local memory (.local: spills or stack arrays), and the layer norm
  * at 16x128x1600 bf16 (gpt2_layernorm.trace) reads with 16-byte vector
- * loads, each of x, w and b once (the row held in registers). Exits 77 (skipped) where ptxas is absent.
+ * loads, each of x, w and b once (the row held in registers). The
+ * warp-level matrix operations (a GEMM tile, codegen/mma.c) and the
+ * attention kernels (forward, dq, dk/dv at head dims 64 and 128) assemble
+ * for sm_80 and sm_90 with `ptxas -v` reporting no spills and no stack
+ * frame. Exits 77 (skipped) where ptxas is absent.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cg.h"
 #include "codegen.h"
 #include "fusec.h"
 #include "ir.h"
@@ -116,6 +121,170 @@ static int check_file(const char *path, const char *dir, int *kernels, int *v4_o
 	return bad;
 }
 
+/* ptxas -v of ptx for arch into dir: 0 when it assembles with no spills
+ * and no stack frame; *regs the registers it reports. */
+static int ptxas_clean(const char *ptx, const char *arch, const char *dir, const char *what,
+		       int *regs)
+{
+	char path[1024], log[1100], cmd[3400];
+	snprintf(path, sizeof path, "%s/%s-%s.ptx", dir, what, arch);
+	snprintf(log, sizeof log, "%s/%s-%s.log", dir, what, arch);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return 1;
+	fputs(ptx, f);
+	fclose(f);
+	snprintf(cmd, sizeof cmd, "%s -v -arch=%s %s -o %s/k.cubin >%s 2>&1", PTXAS, arch,
+		 path, dir, log);
+	if (system(cmd) != 0) {
+		printf("FAIL %s for %s: ptxas rejects it (%s)\n", what, arch, log);
+		return 1;
+	}
+	f = fopen(log, "r");
+	if (!f)
+		return 1;
+	char line[512];
+	int bad = 0;
+	*regs = -1;
+	while (fgets(line, sizeof line, f)) {
+		const char *p;
+		unsigned a = 0, b = 0;
+		if ((p = strstr(line, "Used ")))
+			sscanf(p, "Used %d registers", regs);
+		if ((p = strstr(line, "bytes stack frame")) &&
+		    sscanf(line, "%u bytes stack frame, %u bytes spill stores", &a, &b) == 2 &&
+		    (a || b))
+			bad = 1;
+		if ((p = strstr(line, "spill loads")) && strstr(line, " 0 bytes spill loads") == NULL)
+			bad = 1;
+	}
+	fclose(f);
+	if (bad || strstr(ptx, ".local")) {
+		printf("FAIL %s for %s: local memory (spills or a stack frame): %s\n", what,
+		       arch, log);
+		return 1;
+	}
+	return 0;
+}
+
+/* The warp-level matrix operations (codegen/mma.c) through a GEMM tile:
+ * mma.sync, ldmatrix (plain and .trans) and cp.async assemble for sm_80
+ * and sm_90, in registers. */
+static int check_gemm_tile(const char *dir)
+{
+	int bad = 0;
+	const char *archs[2] = {"sm_80", "sm_90"};
+	for (int a = 0; a < 2; a++)
+		for (int v = 0; v < 4; v++) {
+			fz_cg_options o;
+			fz_cg_options_parse(archs[a], &o, NULL);
+			fz_compiler *c = NULL;
+			fz_kernel *k = NULL;
+			char *err = NULL, *ptx = NULL, what[64];
+			cg_gemm_spec sp = {100, 72, 40, v & 1 ? FZ_F16 : FZ_BF16, v >= 2};
+			snprintf(what, sizeof what, "gemm-%s-%s", v & 1 ? "f16" : "bf16",
+				 v >= 2 ? "kn" : "nk");
+			if (fz_compiler_new(&o, &c, &err) != FZ_OK ||
+			    cg_gemm_build(c, &sp, &k, &err) != FZ_OK ||
+			    fz_kernel_ptx(c, k, &ptx, &err) != FZ_OK) {
+				printf("FAIL %s: %s\n", what, err ? err : "?");
+				bad++;
+			} else {
+				int regs;
+				const char *need[3] = {"mma.sync.aligned.m16n8k16.row.col.f32",
+						       "ldmatrix.sync.aligned.m8n8.x4",
+						       "cp.async.cg.shared.global"};
+				for (int i = 0; i < 3; i++)
+					if (!strstr(ptx, need[i])) {
+						printf("FAIL %s: no %s in its PTX\n", what, need[i]);
+						bad++;
+					}
+				if (v >= 2 && !strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans")) {
+					printf("FAIL %s: no ldmatrix .trans\n", what);
+					bad++;
+				}
+				if (ptxas_clean(ptx, archs[a], dir, what, &regs) == 0)
+					printf("ok   %s for %s: %d registers, no local memory\n",
+					       what, archs[a], regs);
+				else
+					bad++;
+			}
+			free(err);
+			fz_free(ptx);
+			fz_kernel_free(k);
+			fz_compiler_free(c);
+		}
+	return bad;
+}
+
+/* The attention kernels (codegen/attention_gpu.c): forward, dq and dk/dv
+ * at head dims 64 and 128, causal GQA with a padding mask, bf16, assemble
+ * for sm_80 and sm_90 with no local memory (no spills, no stack frame). */
+typedef struct attn_acc {
+	fz_compiler *c;
+	const char *dir, *arch;
+	int d, kernels, bad;
+} attn_acc;
+
+static fz_status attn_one(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	attn_acc *a = ud;
+	char *ptx = NULL, what[64];
+	fz_status st = fz_kernel_ptx(a->c, k, &ptx, err);
+	if (st != FZ_OK)
+		return st;
+	snprintf(what, sizeof what, "attention-d%d-region%d", a->d, r->id);
+	int regs;
+	a->kernels++;
+	if (op >= 0 || !strstr(ptx, "mma.sync.aligned.m16n8k16") || !strstr(ptx, "cp.async")) {
+		printf("FAIL %s: not the tensor-core kernel\n", what);
+		a->bad++;
+	} else if (ptxas_clean(ptx, a->arch, a->dir, what, &regs) == 0) {
+		printf("ok   %s for %s: %d registers, no local memory\n", what, a->arch, regs);
+	} else {
+		a->bad++;
+	}
+	fz_free(ptx);
+	return FZ_OK;
+}
+
+static int check_attention(const char *dir)
+{
+	int bad = 0;
+	const char *archs[2] = {"sm_80", "sm_90"};
+	for (int a = 0; a < 2; a++)
+		for (int d = 64; d <= 128; d += 64) {
+			char *src = fz_strdup_printf(
+				"trace a(q: bf16[B, 8, T, %d], k: bf16[B, 2, T, %d], v: bf16[B, 2, T, %d], "
+				"do: bf16[B, 8, T, %d], m: bool[B, 1, 1, T]) {\n"
+				"  o, lse = attention(q, k, v, m, causal=true)\n"
+				"  dq = attention_dq(q, k, v, o, lse, do, m, causal=true)\n"
+				"  dk, dv = attention_dkv(q, k, v, o, lse, do, m, causal=true)\n"
+				"  return o, lse, dq, dk, dv\n}\n", d, d, d, d);
+			fz_module *m = NULL;
+			char *err = NULL;
+			fz_cg_options o;
+			fz_cg_options_parse(archs[a], &o, NULL);
+			attn_acc acc = {NULL, dir, archs[a], d, 0, 0};
+			if (fz_module_parse(src, strlen(src), "attn.trace", &m, &err) != FZ_OK ||
+			    fz_compiler_new(&o, &acc.c, &err) != FZ_OK ||
+			    fz_compile_trace(acc.c, fz_module_trace(m, 0), NULL, -1, attn_one, &acc,
+					     &err) != FZ_OK) {
+				printf("FAIL attention d %d for %s: %s\n", d, archs[a], err ? err : "?");
+				bad++;
+			} else if (acc.kernels != 3) {
+				printf("FAIL attention d %d: %d kernels, not 3\n", d, acc.kernels);
+				bad++;
+			}
+			bad += acc.bad;
+			fz_free(err);
+			fz_free(src);
+			fz_compiler_free(acc.c);
+			fz_module_free(m);
+		}
+	return bad;
+}
+
 int main(void)
 {
 	if (access(PTXAS, X_OK) != 0) {
@@ -125,6 +294,7 @@ int main(void)
 	char dir[] = "/tmp/fusec-ptxas-XXXXXX";
 	if (!mkdtemp(dir))
 		return 1;
+	int bad = check_gemm_tile(dir) + check_attention(dir);
 	const char *tdir = getenv("FUSEC_TRACE_DIR"); /* another corpus */
 	if (!tdir)
 		tdir = FZ_SOURCE_DIR "/tests/traces";
@@ -132,7 +302,7 @@ int main(void)
 	if (!d)
 		return 1;
 	struct dirent *e;
-	int bad = 0, kernels = 0, ln_v4 = -1, ln_ld = -1;
+	int kernels = 0, ln_v4 = -1, ln_ld = -1;
 	char *names[256];
 	int n = 0;
 	while ((e = readdir(d)) && n < 256)

@@ -419,5 +419,214 @@ class TestErrors(unittest.TestCase):
         self.assertIn("w: f32[65536, 65536]", text)
 
 
+class TestSymbolicSums(unittest.TestCase):
+    """Sizes that are sums of the symbols (T+1, T-1, B*T-B) become extents
+    (issue 21, point 3): one export serves every sequence length."""
+
+    def test_label_shift_losses(self):
+        torch.manual_seed(0)
+        def f(logits, labels):
+            # transformers' ForCausalLMLoss: pad with -100, shift left
+            lab = F.pad(labels, (0, 1), value=-100)[..., 1:]
+            a = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                lab.reshape(-1), ignore_index=-100)
+            # the older shift: logits[:, :-1] against labels[:, 1:]
+            b = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                labels[:, 1:].reshape(-1))
+            return a + b
+        lg = torch.randn(2, 6, 5, requires_grad=True)
+        lab = torch.randint(0, 5, (2, 6))
+
+        def step(logits, labels):
+            loss = f(logits, labels)
+            return (loss,) + torch.autograd.grad(loss, [logits])
+        text = ft.export(step, lg, lab, symbolic={"logits": {0: "B", 1: "T"},
+                                                  "labels": {0: "B", 1: "T"}})
+        self.assertIn("T+1", text)
+        self.assertIn("B*T-B", text)
+        p = fusec.Program(text)
+        for b, t in ((2, 6), (3, 4), (1, 9)):
+            x = torch.randn(b, t, 5, requires_grad=True)
+            y = torch.randint(0, 5, (b, t))
+            y[0, 0] = -100
+            en, em = fzcheck.worst(p(x.detach(), y), step(x, y))
+            self.assertLess(en, 1e-5)
+            self.assertLess(em, 1e-5)
+
+    def test_sums_as_literals_values_and_shapes(self):
+        torch.manual_seed(0)
+        def f(x):
+            return (x.sum() / (x.shape[0] + 1) +
+                    torch.full((x.shape[0] + 1,), float(x.shape[1] - 1)).sum()
+                    + x.mean(0)[:-1].sum())
+        text = ft.export(f, torch.randn(4, 3),
+                         symbolic={"x": {0: "B", 1: "T"}})
+        for piece in ("value=B+1", "shape=[B+1], value=T-1", "end=[T-1]"):
+            self.assertIn(piece, text)
+        p = fusec.Program(text)
+        for shape in ((4, 3), (6, 5), (1, 2)):
+            x = torch.randn(*shape)
+            self.assertLess(fzcheck.worst(p(x), f(x))[0], 1e-6)
+
+    def test_first_T_positions_of_a_table(self):
+        # a learned position table sliced to the sequence length: T may not
+        # pass the table's 64 rows, which binding checks
+        def f(x, pos):
+            return x + pos[: x.shape[1]]
+        text = ft.export(f, torch.randn(2, 5, 3), torch.randn(64, 3),
+                         symbolic={"x": {0: "B", 1: "T"}})
+        p = fusec.Program(text)
+        x, pos = torch.randn(3, 64, 3), torch.randn(64, 3)
+        self.assertLess(fzcheck.worst(p(x, pos), f(x, pos))[0], 1e-6)
+        with self.assertRaises(fusec.FusecError) as cm:
+            p(torch.randn(1, 65, 3), pos)
+        self.assertIn("-T+64", str(cm.exception))
+
+
+class TestModuleState(unittest.TestCase):
+    """Module state is never frozen into a trace (issue 21, point 6)."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 3)
+        self.lin.register_buffer("scale", torch.rand(3))
+
+    def f(self, x):
+        return self.lin(x) * self.lin.scale
+
+    def test_closure_state_is_named(self):
+        torch.manual_seed(0)
+        lin = self.lin
+
+        def f(x):
+            return lin(x) * lin.scale
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(f, torch.randn(2, 4))
+        msg = str(cm.exception)
+        for name in ("lin.weight", "lin.bias", "lin.scale"):
+            self.assertIn(name, msg)
+        # a bound method reaches its module through self
+        with self.assertRaises(ft.ExportError) as cm:
+            ft.export(self.f, torch.randn(2, 4))
+        self.assertIn("lin.weight", str(cm.exception))
+
+    def test_closure_state_as_inputs(self):
+        torch.manual_seed(0)
+        lin = self.lin
+
+        def f(x):
+            return lin(x) * lin.scale
+        x = torch.randn(5, 4)
+        text = ft.export(f, torch.randn(2, 4), closure="inputs",
+                         symbolic={"x": {0: "B"}})
+        self.assertEqual(text.closure_names,
+                         ("lin_weight", "lin_bias", "lin_scale"))
+        self.assertNotIn("full(", text)        # nothing written as literals
+        p = fusec.Program(text)
+        with torch.no_grad():  # an optimizer step: the program sees it
+            lin.weight.add_(0.5)
+            lin.scale.mul_(2)
+        en, _ = fzcheck.worst(p(x, *text.closure_inputs), f(x))
+        self.assertLess(en, 1e-6)
+
+    def test_literals_past_256_elements_verify(self):
+        torch.manual_seed(0)
+        vals = [float(i % 17) - 8 for i in range(1000)]
+
+        def f(x):
+            return x * torch.tensor(vals).reshape(10, 100)
+        x = torch.randn(10, 100)
+        text = ft.export(f, x)
+        self.assertLess(fzcheck.worst(fusec.Program(text)(x), f(x))[0],
+                        1e-6)
+
+
+class TestMixtureOfExperts(unittest.TestCase):
+    """Top-k routing forward and backward (issue 21, point 6)."""
+
+    def test_topk_routing_backward(self):
+        torch.manual_seed(0)
+        def moe(x, router, w1, w2):
+            # a token's k=2 experts of 4: softmax, top-k, renormalize, the
+            # experts' weights gathered per (token, k), weighted sum
+            probs = torch.softmax(x @ router.t(), -1)
+            wts, idx = probs.topk(2, dim=-1)
+            wts = wts / wts.sum(-1, keepdim=True)
+            xs = x.repeat_interleave(2, dim=0)
+            e = idx.reshape(-1)
+            h = torch.bmm(xs.unsqueeze(1), w1[e]).squeeze(1).relu()
+            o = torch.bmm(h.unsqueeze(1), w2[e]).squeeze(1)
+            y = (o * wts.reshape(-1, 1)).view(x.shape[0], 2, -1).sum(1)
+            loss = y.square().mean()
+            return (loss,) + torch.autograd.grad(loss, [x, router, w1, w2])
+        torch.manual_seed(0)
+        args = (torch.randn(6, 8, requires_grad=True),
+                torch.randn(4, 8, requires_grad=True),
+                torch.randn(4, 8, 16, requires_grad=True),
+                torch.randn(4, 16, 8, requires_grad=True))
+        text = ft.export(moe, *args)
+        self.assertIn("index_add", text)
+        out = fusec.Program(text)(*[a.detach() for a in args])
+        en, em = fzcheck.worst(out, moe(*args))
+        self.assertLess(en, 1e-5)
+        self.assertLess(em, 1e-5)
+
+    def test_scatter_k_entries_per_row(self):
+        torch.manual_seed(0)
+        x, src = torch.randn(3, 6), torch.randn(3, 4)
+        idx = torch.tensor([[0, 5, 2, 5], [1, 1, 1, 1], [3, 2, 4, 0]])
+        f = lambda x, idx, src: x.scatter(1, idx, src)  # noqa: E731
+        text = ft.export(f, x, idx, src)
+        out = fusec.Program(text)(x, idx, src)  # a repeat keeps the last
+        self.assertEqual(fzcheck.worst(out, f(x, idx, src))[0], 0)
+
+    def test_transformers_moe(self):
+        torch.manual_seed(0)
+        try:
+            import transformers as tr
+        except ImportError:
+            self.skipTest("transformers is not installed")
+        dec = dict(vocab_size=64, hidden_size=32, intermediate_size=32,
+                   num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1)
+        for cfg, cls in (
+                (tr.MixtralConfig(**dec, num_local_experts=4,
+                                  num_experts_per_tok=2),
+                 tr.MixtralForCausalLM),
+                (tr.Qwen2MoeConfig(**dec, num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=16,
+                                   shared_expert_intermediate_size=32),
+                 tr.Qwen2MoeForCausalLM)):
+            cfg._attn_implementation = "eager"
+            torch.manual_seed(0)
+            m = cls(cfg)
+            impl = m.config._experts_implementation
+            pn = [n for n, _ in m.named_parameters()]
+            params = dict(m.named_parameters())
+            params.update(m.named_buffers())
+
+            def step(params, ids, mask):
+                out = torch.func.functional_call(
+                    m, params, (ids,), {"attention_mask": mask,
+                                        "labels": ids, "use_cache": False})
+                g = torch.autograd.grad(out.loss, [params[n] for n in pn],
+                                        allow_unused=True)
+                return (out.loss,) + tuple(x for x in g if x is not None)
+            def data(t):
+                mask = torch.ones(2, t, dtype=torch.long)
+                mask[0, :2] = 0       # left padding on the first row
+                return torch.randint(0, 64, (2, t)), mask
+            text = ft.export(step, params, *data(5),
+                             symbolic={"ids": {1: "T"}, "mask": {1: "T"}})
+            self.assertEqual(m.config._experts_implementation, impl)
+            p = fusec.Program(text)
+            for t in (5, 7):
+                ids, mask = data(t)
+                out = p(*[x.detach() for x in params.values()], ids, mask)
+                en, em = fzcheck.worst(out, step(params, ids, mask))
+                self.assertLess(en, 1e-5, cls.__name__)
+                self.assertLess(em, 1e-5, cls.__name__)
+
+
 if __name__ == "__main__":
     unittest.main()

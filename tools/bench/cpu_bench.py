@@ -12,14 +12,28 @@ process hits all three alike), and reports the median over the rounds:
             seconds_per_iter; random inputs of the same shapes), a second
             view of fusec's time without the Python binding
 
-Cases: the five memory-bound fusions of issue 15 (rms_norm bf16 4096x4096,
-layer_norm f32 2048x1600, softmax f32 4096x2048, gelu(tanh)+bias bf16
-4096x4096, swiglu bf16 4096x4096) and a Llama decoder block (RMSNorm,
-attention with RoPE, SwiGLU MLP; f32) forward, and forward plus backward
-(the gradients of a loss by torch.autograd.grad), both exported to trace
-text with fusec.torch.export. Times are microseconds; GB/s is the bytes of
-the inputs and outputs over the time (the traffic a fused kernel needs at
+Cases. The memory-bound fusions: rms_norm bf16 4096x4096, layer_norm f32
+2048x1600, softmax f32 4096x2048, gelu(tanh)+bias bf16 4096x4096, swiglu
+bf16 4096x4096 (issue 15's five); a residual add then rms_norm, and then
+layer_norm, with both results as outputs (bf16 2048x4096: h = x + r,
+y = norm(h)); rotary embedding (bf16 q of 4x1024x32x128, Llama's
+rotate_half form); cross-entropy forward and backward (bf16 logits
+2048x32000: the loss and the logits' gradient); the bf16 embedding backward
+(8192 tokens into a 32000x1024 table); softmax backward (f32 4096x2048);
+an AdamW update over 24 f32 tensors of 16.5 M elements in all (new
+parameters, first and second moments). Then a Llama decoder block
+(RMSNorm, attention with RoPE, SwiGLU MLP; f32) forward, and forward plus
+backward (the gradients of a loss by torch.autograd.grad). Cases whose
+trace is long are exported to trace text with fusec.torch.export; the rest
+are written by hand. Times are microseconds; GB/s is the bytes of the
+inputs and outputs over the time (the traffic a fused kernel needs at
 least; for the Llama block it is only indicative).
+
+Copy bandwidth. Before the cases, the machine's copy bandwidth is measured
+the same way (a 256 MiB f32 tensor copied into another by PyTorch at the
+same thread count, bytes read and written over the median time), and every
+memory-bound case is also reported as a fraction of it: how close each way
+comes to what the memory system can move at all.
 
     tools/bench/cpu_bench.py                   everything, 20 rounds
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
@@ -63,7 +77,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import fusec  # noqa: E402
 
-MEMORY_BOUND = ("rms_norm", "layer_norm", "softmax", "gelu_bias", "swiglu")
+MEMORY_BOUND = ("rms_norm", "layer_norm", "softmax", "gelu_bias", "swiglu",
+                "add_rms_norm", "add_layer_norm", "rotary", "cross_entropy",
+                "embedding_bwd", "softmax_bwd", "adamw")
 
 
 # ---- the cases -----------------------------------------------------------------
@@ -138,6 +154,129 @@ def case_swiglu(g):
 }
 """
     return fn, (a, u), text
+
+
+def case_add_rms_norm(g):
+    x = torch.randn(2048, 4096, generator=g).bfloat16()
+    r = torch.randn(2048, 4096, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).bfloat16()
+
+    def fn(x, r, w):
+        h = x + r
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return h, (y * w.float()).bfloat16()
+    text = """trace add_rms_norm(x: bf16[2048, 4096], r: bf16[2048, 4096], w: bf16[4096]) {
+  h = add(x, r)
+  y = rms_norm(h, w, dims=[1], eps=1e-5)
+  return h, y
+}
+"""
+    return fn, (x, r, w), text
+
+
+def case_add_layer_norm(g):
+    x = torch.randn(2048, 4096, generator=g).bfloat16()
+    r = torch.randn(2048, 4096, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).bfloat16()
+    b = (0.1 * torch.randn(4096, generator=g)).bfloat16()
+
+    def fn(x, r, w, b):
+        h = x + r
+        return h, F.layer_norm(h, (4096,), w, b, 1e-5)
+    text = """trace add_layer_norm(x: bf16[2048, 4096], r: bf16[2048, 4096], w: bf16[4096], b: bf16[4096]) {
+  h = add(x, r)
+  y = layer_norm(h, w, b, dims=[1], eps=1e-5)
+  return h, y
+}
+"""
+    return fn, (x, r, w, b), text
+
+
+def case_rotary(g):
+    B, T, H, D = 4, 1024, 32, 128
+    q = torch.randn(B, T, H, D, generator=g).bfloat16()
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    f = torch.outer(torch.arange(T).float(), inv)
+    emb = torch.cat((f, f), dim=-1).view(T, 1, D)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+
+    def fn(q, cos, sin):
+        return q * cos + _rotate(q) * sin
+    text = fusec.torch.export(fn, q, cos, sin, name="rotary")
+    return fn, (q, cos, sin), text
+
+
+def case_cross_entropy(g):
+    N, V = 2048, 32000
+    logits = torch.randn(N, V, generator=g).bfloat16().requires_grad_()
+    target = torch.randint(0, V, (N,), generator=g)
+
+    def fn(logits, target):
+        loss = F.cross_entropy(logits.float(), target)
+        return (loss,) + tuple(torch.autograd.grad(loss, (logits,)))
+    text = fusec.torch.export(fn, logits, target, name="cross_entropy")
+    return fn, (logits, target), text
+
+
+def case_embedding_bwd(g):
+    N, V, C = 8192, 32000, 1024
+    table = torch.randn(V, C, generator=g).bfloat16().requires_grad_()
+    idx = torch.randint(0, V, (N,), generator=g)
+    dy = torch.randn(N, C, generator=g).bfloat16()
+
+    def fn(table, idx, dy):
+        y = F.embedding(idx, table)
+        return torch.autograd.grad(y, (table,), dy)[0]
+    text = fusec.torch.export(fn, table, idx, dy, name="embedding_bwd")
+    return fn, (table, idx, dy), text
+
+
+def case_softmax_bwd(g):
+    y = torch.softmax(torch.randn(4096, 2048, generator=g), dim=1)
+    dy = torch.randn(4096, 2048, generator=g)
+
+    def fn(y, dy):
+        return torch._softmax_backward_data(dy, y, 1, torch.float32)
+    text = """trace softmax_bwd(y: f32[4096, 2048], dy: f32[4096, 2048]) {
+  s = sum(mul(dy, y), dims=[1], keepdim=true)
+  dx = mul(y, sub(dy, s))
+  return dx
+}
+"""
+    return fn, (y, dy), text
+
+
+# AdamW's update at step 10 with torch.optim.AdamW's defaults but lr 1e-3:
+# what a fused optimizer step computes for every parameter tensor of a
+# model (here 24 of them, shapes of a small transformer's).
+ADAMW = dict(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.01, step=10)
+ADAMW_SHAPES = [(1024, 1024)] * 8 + [(2816, 1024)] * 4 + [(1024,)] * 8 + \
+               [(32000, 128)] * 4
+
+
+def case_adamw(g):
+    c = ADAMW
+    bc1, bc2 = 1 - c["b1"] ** c["step"], 1 - c["b2"] ** c["step"]
+    args = []
+    for shape in ADAMW_SHAPES:
+        args += [torch.randn(*shape, generator=g),
+                 0.01 * torch.randn(*shape, generator=g),
+                 0.01 * torch.randn(*shape, generator=g),
+                 1e-4 * torch.rand(*shape, generator=g)]
+
+    def fn(*a):
+        out = []
+        for i in range(0, len(a), 4):
+            p, gr, m, v = a[i:i + 4]
+            m = c["b1"] * m + (1 - c["b1"]) * gr
+            v = c["b2"] * v + (1 - c["b2"]) * gr * gr
+            p = p * (1 - c["lr"] * c["wd"]) - \
+                (c["lr"] / bc1) * m / (torch.sqrt(v / bc2) + c["eps"])
+            out += [p, m, v]
+        return tuple(out)
+    text = fusec.torch.export(fn, *args, name="adamw")
+    return fn, tuple(args), text
 
 
 # A Llama decoder block in plain PyTorch (what transformers' LlamaDecoderLayer
@@ -216,6 +355,13 @@ CASES = {
     "softmax": case_softmax,
     "gelu_bias": case_gelu_bias,
     "swiglu": case_swiglu,
+    "add_rms_norm": case_add_rms_norm,
+    "add_layer_norm": case_add_layer_norm,
+    "rotary": case_rotary,
+    "cross_entropy": case_cross_entropy,
+    "embedding_bwd": case_embedding_bwd,
+    "softmax_bwd": case_softmax_bwd,
+    "adamw": case_adamw,
     "llama_fwd": case_llama_fwd,
     "llama_bwd": case_llama_bwd,
 }
@@ -307,6 +453,21 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways):
     return res
 
 
+def copy_bandwidth(rounds, warmup):
+    """GB/s of PyTorch copying a 256 MiB f32 tensor into another, counting
+    the bytes read and the bytes written (the median over the rounds)."""
+    n = 256 << 20
+    src = torch.ones(n // 4)
+    dst = torch.empty_like(src)
+    for _ in range(warmup):
+        dst.copy_(src)
+    ts = []
+    for _ in range(rounds):
+        dt, _ = _timed(dst.copy_, (src,))
+        ts.append(dt)
+    return 2 * n / statistics.median(ts) / 1e9
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -341,14 +502,20 @@ def main():
     os.environ["FUSEC_THREADS"] = str(threads)
 
     load0 = os.getloadavg()
+    copy_gbps = copy_bandwidth(max(a.rounds, 5), a.warmup)
+    print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
     results = []
     for c in names:
         r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways)
+        if c in MEMORY_BOUND:
+            for k in ("eager", "compile", "fusec", "run"):
+                if k + "_GBps" in r:
+                    r[k + "_of_copy"] = r[k + "_GBps"] / copy_gbps
         results.append(r)
         print(json.dumps(r), file=sys.stderr)
     load1 = os.getloadavg()
 
-    summary = {}
+    summary = {"copy_GBps": copy_gbps}
     ratios = [r["compile_us"] / r["fusec_us"] for r in results
               if r["case"] in MEMORY_BOUND and "compile_us" in r and "fusec_us" in r]
     if ratios:
@@ -359,6 +526,11 @@ def main():
     if ratios:
         summary["memory_bound_geomean_compile_over_run"] = geomean(ratios)
         summary["memory_bound_worst_compile_over_run"] = min(ratios)
+    for k in ("fusec", "run"):
+        fr = [r[k + "_of_copy"] for r in results if k + "_of_copy" in r]
+        if fr:
+            summary["memory_bound_geomean_%s_of_copy" % k] = geomean(fr)
+            summary["memory_bound_worst_%s_of_copy" % k] = min(fr)
     for r in results:
         if r["case"].startswith("llama") and "eager_us" in r:
             for k in ("fusec", "run"):
@@ -397,15 +569,17 @@ def main():
         f.write("\n")
 
     cols = ["eager", "compile", "fusec", "run"]
-    print("%-11s %s %s" % ("case", "".join("%14s" % (c + " us") for c in cols),
-                           "  compile/fusec  GB/s(fusec)"))
+    print("copy bandwidth %.1f GB/s" % copy_gbps)
+    print("%-14s %s %s" % ("case", "".join("%14s" % (c + " us") for c in cols),
+                           "  compile/fusec  GB/s(fusec)  of copy"))
     for r in results:
         cells = "".join("%14.0f" % r[c + "_us"] if c + "_us" in r else "%14s" % "-"
                         for c in cols)
         ratio = r["compile_us"] / r["fusec_us"] if "compile_us" in r and "fusec_us" in r else None
-        print("%-11s %s  %13s  %11s" % (r["case"], cells,
-                                         "%.2f" % ratio if ratio else "-",
-                                         "%.1f" % r["fusec_GBps"] if "fusec_GBps" in r else "-"))
+        print("%-14s %s  %13s  %11s  %7s" % (
+            r["case"], cells, "%.2f" % ratio if ratio else "-",
+            "%.1f" % r["fusec_GBps"] if "fusec_GBps" in r else "-",
+            "%.0f%%" % (100 * r["fusec_of_copy"]) if "fusec_of_copy" in r else "-"))
     for k, v in summary.items():
         print("%s: %.3f" % (k, v))
     print("load average before %s, after %s; written to %s" % (

@@ -101,7 +101,7 @@ class _Prober(_Writer):
     def run(self):
         for node in self.gm.graph.nodes:
             self.node = node
-            if node.op == "placeholder":
+            if node.op in ("placeholder", "get_attr"):  # a part's inputs
                 self.env[node] = self.opaque(node)
                 continue
             if node.op == "output":
@@ -111,15 +111,15 @@ class _Prober(_Writer):
                 continue
             reason = None
             try:
-                if node.op == "get_attr":
-                    self.env[node] = self.constant(node)
-                    continue
                 if node.op != "call_function":
                     raise _Unmapped(node.op)
                 if node.target is operator.getitem and \
                         node.args[0].name in self.left:
-                    raise _Refused("an element of %s, which PyTorch runs" %
-                                   node.args[0].name)
+                    # an element of a node PyTorch runs: part of it, with
+                    # no claim of its own
+                    self.env[node] = self.opaque(node)
+                    self.left.add(node.name)
+                    continue
                 self.check_tensors(node)
                 self.env[node] = self.dispatch(node, self.load(node.args),
                                                self.load(node.kwargs))

@@ -73,9 +73,14 @@ symbolic names extents to write as symbols: {param: {dim: "NAME"}} where
 param is a parameter's index or name (or the example tensor itself), e.g.
 symbolic={"input_ids": {0: "B", 1: "T"}}. The function is traced a second
 time (with fake tensors) at other sizes for those dims; extents that move
-with a symbol are written with its name (reshape may use one -1 for a
-product of symbols), and anything that cannot be written that way is an
-ExportError.
+with a symbol are written with its name, a product (B*T) or a sum of
+products (T+1, B*T-B: fitted to the two traces, confirmed on a third),
+and anything that cannot be written that way (a slice starting at T-1 of
+a computed tensor) is an ExportError.
+
+Module state that fn reads without being given it is never frozen: see
+export(closure=). transformers' mixture-of-experts layers are traced in
+their batched_mm form (see _BatchedExperts).
 
 fake=True traces with fake tensors: no memory is allocated for the example
 arguments or any intermediate, so a full-size model exports on a laptop.
@@ -98,7 +103,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _concrete,
-                     _fmt_list, _ident, _is_size, _numel, aten)
+                     _fmt_list, _ident, _is_size, _numel, _unique, aten)
 from .attention import _MathAttention
 from .writer import _Writer
 from .symbolic import _merge_symbolic, _other_sizes, _resolve_symbolic
@@ -310,6 +315,13 @@ def _reached(fn):
                 visit(v, "%s[%d]" % (path, i), depth + 1)
         elif inspect.isfunction(obj) or inspect.ismethod(obj):
             visit_fn(obj, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type) and \
+                not inspect.ismodule(obj):
+            # an object holding modules: a bound method's self
+            for k, v in list(vars(obj).items())[:1000]:
+                if not k.startswith("__"):
+                    visit(v, "%s.%s" % (path, k) if path != "self" else k,
+                          depth + 1)
 
     def visit_fn(f, depth):
         if isinstance(f, torch.nn.Module):
@@ -401,14 +413,8 @@ def _state_names(state, used):
     names = []
     for _, _, desc in state:
         base = _ident(desc.split(" (")[0], "state")
-        if base.startswith("a_tensor"):
-            base = "state"
-        nm, k = base, 1
-        while nm in used:
-            nm = "%s_%d" % (base, k)
-            k += 1
-        used.add(nm)
-        names.append(nm)
+        names.append(_unique("state" if base.startswith("a_tensor") else
+                             base, used))
     return names
 
 
@@ -599,12 +605,7 @@ def _param_names(fn, example_args, tpos):
             nm = _path_name(path[1:], base)
         else:
             nm = _ident(base, "arg")
-        cand, k = nm, 1
-        while cand in used:
-            cand = "%s_%d" % (nm, k)
-            k += 1
-        used.add(cand)
-        names.append(cand)
+        names.append(_unique(nm, used))
     return names
 
 

@@ -8,10 +8,10 @@ replaces each part by a Part: a module that writes the part as trace text
 (the exporter's _write), prepares it as a fusec.Program on the target and
 runs it. The nodes between parts stay in the graph and run in PyTorch.
 
-A part whose graph has Dynamo's symbolic sizes is written twice, at the
-sizes of its first call and at other sizes, and the two texts merged
-(fusec.torch.symbolic): one program with symbolic extents serves every
-size. Where the merge cannot express a size (an affine T+1, until the
+A part whose graph has Dynamo's symbolic sizes is written at the sizes of
+its first call and at other sizes (a third binding confirms an extent that
+is a sum), and the texts merged (fusec.torch.symbolic): one program with
+symbolic extents serves every size. Where the merge cannot express a size (an affine T+1, until the
 trace format can), the part gets one program per binding of its sizes.
 
 A part fusec cannot prepare or run (a verifier error, a run-time error)
@@ -27,7 +27,7 @@ import torch
 from .claims import claim
 from .exporter import _write
 from .symbolic import _merge_symbolic
-from .values import ExportError, _ident, _is_size
+from .values import _ident, _is_size
 
 log = logging.getLogger("fusec.torch")
 
@@ -55,20 +55,39 @@ def kernel_builds():
     return _lib.load().fz_kernel_builds()
 
 
+def _dims(v):
+    """(dim or None, size) of a placeholder's value: a tensor's dims, or
+    the size itself."""
+    if isinstance(v, torch.Tensor):
+        return list(enumerate(v.shape))
+    return [(None, v)] if _is_size(v) else []
+
+
+def _symbolic(e):
+    return isinstance(e, torch.SymInt) and e.node.maybe_as_int() is None
+
+
 def _symbols(vals):
-    """[(arg index, dim or None, sympy symbol)]: where each free symbol of
-    the placeholders' sizes can be read off the arguments of a call."""
+    """[(arg index, dim or None, sympy symbol, (a, b))]: where each free
+    symbol s of the placeholders' sizes can be read off the arguments of a
+    call, from a size a*s + b (a plain s first)."""
     out, seen = [], set()
-    for i, v in enumerate(vals):
-        dims = [(d, e) for d, e in enumerate(v.shape)] \
-            if isinstance(v, torch.Tensor) else \
-            [(None, v)] if _is_size(v) else []
-        for d, e in dims:
-            if isinstance(e, torch.SymInt) and e.node.maybe_as_int() is None:
+    for plain in (True, False):
+        for i, v in enumerate(vals):
+            for d, e in _dims(v):
+                if not _symbolic(e):
+                    continue
                 expr = e.node.expr
-                if expr.is_Symbol and expr not in seen:
-                    seen.add(expr)
-                    out.append((i, d, expr))
+                free = [s for s in expr.free_symbols if s not in seen]
+                if plain and not expr.is_Symbol or len(free) != 1 or \
+                        len(expr.free_symbols) != 1:
+                    continue
+                s = free[0]
+                a, b = expr.diff(s), expr.subs(s, 0)
+                if not (a.is_number and b.is_number) or a == 0:
+                    continue  # not a*s + b
+                seen.add(s)
+                out.append((i, d, s, (int(a), int(b))))
     return out
 
 
@@ -76,12 +95,14 @@ def _hints(vals):
     """{symbol: the size Dynamo traced with} for the placeholders' sizes."""
     sizes = {}
     for v in vals:
-        es = list(v.shape) if isinstance(v, torch.Tensor) else \
-            [v] if _is_size(v) else []
-        for e in es:
-            if isinstance(e, torch.SymInt) and e.node.maybe_as_int() is None \
-                    and e.node.expr.is_Symbol:
-                sizes[e.node.expr] = int(e.node.hint)
+        for _, e in _dims(v):
+            if _symbolic(e):
+                senv = e.node.shape_env  # (var_to_val before 2.15)
+                env = getattr(senv, "backed_var_to_val", None) or \
+                    senv.var_to_val
+                for s in e.node.expr.free_symbols:
+                    if s in env:
+                        sizes[s] = int(env[s])
     return sizes
 
 
@@ -108,13 +129,14 @@ class Part(torch.nn.Module):
         self.symbolic = None   # the one program, when sizes are symbolic
         self.programs = {}     # binding of sizes -> Program, or None
         self.status = "not run"
+        self.given_up = False  # fusec failed on it once: PyTorch from then
         self.text = None
 
     def forward(self, *args):
         prog = self.symbolic
         if prog is None:
             key = tuple(int(args[i].shape[d]) if d is not None
-                        else int(args[i]) for i, d, _ in self.binds)
+                        else int(args[i]) for i, d, _, _ in self.binds)
             prog = self.programs.get(key, _MISSING)
             if prog is _MISSING:
                 prog = self.programs[key] = self.prepare(key)
@@ -136,17 +158,20 @@ class Part(torch.nn.Module):
         self.status = "PyTorch (%s)" % why
         self.symbolic = None
         self.programs = {k: None for k in self.programs}
-        self.prepare = lambda key: None
+        self.given_up = True
 
     def write(self, sizes, lit_dtypes=None):
         return _write(self.sub, self.name, self.names, self.vals,
                       lit_dtypes=lit_dtypes, sizes=sizes)
 
     def prepare(self, key):
-        """The Program for a binding of the sizes (key, in self.binds'
-        order), or None where fusec cannot take the part."""
+        """The Program for the sizes read off a call's arguments (key, in
+        self.binds' order), or None where fusec cannot take the part."""
         import fusec
-        sizes = {s: k for (_, _, s), k in zip(self.binds, key)}
+        if self.given_up:
+            return None
+        sizes = {s: (k - b) // a for (_, _, s, (a, b)), k in
+                 zip(self.binds, key)}
         try:
             text, symbolic = self.write_text(sizes)
             prog = fusec.Program(text, device=self.target,
@@ -173,17 +198,28 @@ class Part(torch.nn.Module):
         if not sizes:
             return text, False
         names = {s: "S%s" % str(s).lstrip("s").upper() for s in sizes}
-        other = {s: v + 7 + 4 * k for k, (s, v) in
-                 enumerate(sorted(sizes.items(), key=lambda x: str(x[0])))}
+        order = sorted(sizes.items(), key=lambda x: str(x[0]))
+        # other sizes, distinct per symbol (as the exporter's), and a third
+        # binding on which an extent that is a sum (T+1) is confirmed
+        other = {s: v + 7 + 4 * k for k, (s, v) in enumerate(order)}
+        third_sizes = {s: v + 19 + 6 * k for k, (s, v) in enumerate(order)}
+
+        def named(sz):
+            return {names[s]: v for s, v in sz.items()}
+
+        def third():
+            try:
+                return self.write(third_sizes), named(third_sizes)
+            except Exception:  # noqa: BLE001: then no sum is confirmed
+                return None, None
         try:
             text_b = self.write(other)
-            merged = _merge_symbolic(
-                text, text_b, {names[s]: v for s, v in sizes.items()},
-                {names[s]: v for s, v in other.items()}, lit)
+            merged = _merge_symbolic(text, text_b, named(sizes), named(other),
+                                     lit, third)
             import fusec
             fusec.check(merged)
             return merged, True
-        except (ExportError, Exception) as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001: ExportError, a verifier error
             log.info("fusec: part %s: one program per size (%s)",
                      self.name, str(e).splitlines()[0] if str(e) else e)
             return text, False
@@ -199,11 +235,9 @@ def _target(gm, options):
             break
     dev = dev or "cpu"
     want = options.get("device", "auto")
-    if dev == "cuda":
-        return "cuda", "cuda"
-    if want == "emu":
-        return "emu", "cpu"
-    return "cpu", "cpu"
+    if want in ("auto", "cuda"):
+        return ("cuda", "cuda") if dev == "cuda" else ("cpu", "cpu")
+    return want, "cpu"  # cpu or emu: CUDA tensors are left to PyTorch
 
 
 def compile_graph(gm, example_inputs, kind, options):

@@ -2,7 +2,8 @@
 
 export(symbolic=) traces fn a second time, with fake tensors, at other
 sizes for the named dims, and _merge_symbolic writes the numbers that
-moved as the symbols' names (or a reshape's one -1). Also here: reading
+moved as the symbols' names, as sums of products of them (T+1, B*T-B;
+confirmed on a third trace), or as a reshape's one -1. Also here: reading
 the user's symbolic= spec (_resolve_symbolic) and making the fake example
 arguments at the other sizes (_other_sizes).
 
@@ -14,7 +15,7 @@ import re
 import torch
 import torch.utils._pytree as pytree
 
-from .values import ExportError, _fmt_num, _ident, _numel
+from .values import ExportError, _fmt_num, _ident, _numel, _unique
 
 
 # ---- Symbolic extents -------------------------------------------------------
@@ -22,10 +23,13 @@ from .values import ExportError, _fmt_num, _ident, _numel
 # fn is traced twice: at the example sizes (text A) and, with fake tensors,
 # at other sizes for the symbolic dims (text B). Both walks write the same
 # statements; only numbers that depend on the symbolic sizes differ. Each
-# such number is written as the symbol whose size it is in both traces, or,
-# in a reshape's shape, as its one -1 (a product such as B*T). Any other
-# size-dependent number (a literal operand, a slice start) cannot be written
-# in the trace format and is an ExportError naming the statement.
+# such number is written as the symbol whose size it is in both traces, or
+# as the extent c*M*(P+k) it fits (T+1, B*T-B, 2*T: _fits; confirmed on a
+# third trace, since two points fit more than one form), or, in a
+# reshape's shape, as its one -1. A literal operand that is a size becomes
+# a rank-0 value built from the symbols. Any other size-dependent number
+# (a slice start) cannot be written in the trace format and is an
+# ExportError naming the statement.
 
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|-?\d+(?:\.\d*)?(?:e-?\d+)?|\S")
 
@@ -188,8 +192,10 @@ def _merge_symbolic(text_a, text_b, sizes_a, sizes_b, lit_dtypes,
                    str(sizes_b[nm]) == y]
             ext = key in ("shape", "end", "length", "param", "value")
             form = fit(lno, k, x, y) if ext and not hit else None
-            if form and key == "value" and (form[1][0] != 1 or form[1][1]):
-                form = None  # full's value names one symbol: T+1, not 2*T+2
+            if form and key == "value":
+                c, M, P, kk = form[1]
+                if c != 1 or M or (not kk and len(P) > 1):
+                    form = None  # full's value is one symbol: T+1, not 2*T
             if ext and hit:
                 res.append(hit[0])
             elif form:
@@ -241,12 +247,7 @@ def _scalar_of(c, S, dt, used, scalars, pre):
         return scalars[key]
 
     def fresh(base):
-        nm, k = base, 1
-        while nm in used:
-            nm = "%s_%d" % (base, k)
-            k += 1
-        used.add(nm)
-        return nm
+        return _unique(base, used)
     cur = None
     for sname in S:
         nm = fresh("size_%s_%s" % (_ident(sname, "s"), dt))

@@ -62,6 +62,16 @@ def _ident(s, fallback="v"):
     return s
 
 
+def _unique(base, used):
+    """base, or base_1, base_2...: the first not in used (then added)."""
+    nm, k = base, 1
+    while nm in used:
+        nm = "%s_%d" % (base, k)
+        k += 1
+    used.add(nm)
+    return nm
+
+
 def _numel(shape):
     n = 1
     for e in shape:

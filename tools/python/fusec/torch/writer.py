@@ -58,6 +58,7 @@ class _Writer:
         self.lit_dtype = {}   # statement index -> dtype of its literals
         self.stmts = []       # (names defined, bytes of each, operand names)
         self.cpu_threads = 0  # see export(cpu_threads=)
+        self.fulls = {}       # name of a full -> (value, dtype)
         self.sizes = {}       # symbol -> int, for Dynamo's symbolic sizes
 
     # names and statements
@@ -165,10 +166,12 @@ class _Writer:
             value = 1 if value else 0
         elif dtype not in _FLOATS:
             value = int(value)
-        return self.emit("full", [], [("shape", self.shape_attr(shape)),
-                                      ("value", _fmt_num(value)),
-                                      ("dtype", dtype)],
-                         dtype, shape, hint=hint)
+        v = self.emit("full", [], [("shape", self.shape_attr(shape)),
+                                   ("value", _fmt_num(value)),
+                                   ("dtype", dtype)],
+                      dtype, shape, hint=hint)
+        self.fulls[v.name] = (value, dtype)
+        return v
 
     # ---- basic building blocks
     def cast(self, v, dtype):
@@ -219,6 +222,13 @@ class _Writer:
             return v
         if start >= end:
             raise _Refused("a slice of length zero")
+        if v.name in self.fulls:
+            # a slice of a constant is a smaller constant: no start to
+            # write (the rest of a slice_scatter into zeros, x[:, :-1]'s
+            # gradient, starts at T-1, which a symbolic trace cannot say)
+            shape = list(v.shape)
+            shape[dim] = (end - start + step - 1) // step
+            return self.full(tuple(shape), *self.fulls[v.name])
         starts = [0] * v.rank
         ends = list(v.shape)
         steps = [1] * v.rank
