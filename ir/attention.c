@@ -26,6 +26,16 @@
  * where it lies. f must be elementwise along S's path (no meta op moves
  * S's elements), so that the kernel can give it S one element at a time.
  *
+ * The match also refuses a form that rounds the probabilities to a
+ * narrower float before the second product (a bf16 softmax, or HF's
+ * softmax in f32 then `.to(bf16)`): FlashAttention's one pass never holds
+ * the normalized P, so it cannot round it where the trace does, and the
+ * difference is half a bf16 ulp in every probability, not a rare flip. The
+ * fused kernel would be the more accurate of the two, but a trace means
+ * what it says: such a form runs as written (its T x T buffers included),
+ * and a framework that wants FlashAttention's numerics writes the
+ * attention primitive (tools/gen/llama.py does by default).
+ *
  * fz_attn_describe reads a region (made either way) back into fz_attn,
  * from its nodes alone, so the partitioner, the code generators and a
  * program the plan cache loaded all describe it the same way.
@@ -64,6 +74,14 @@ static bool add(match *M, const fz_node *n)
 		return false;
 	M->nodes[M->n++] = n;
 	return true;
+}
+
+/* A cast from a float to a narrower float (P rounded to bf16, say). */
+static bool narrows(const fz_node *n)
+{
+	fz_dtype from = n->in[0]->type.dtype, to = n->out[0]->type.dtype;
+	return n->op == FZ_OP_CAST && fz_dtype_is_float(from) &&
+	       fz_dtype_is_float(to) && fz_dtype_size(to) < fz_dtype_size(from);
 }
 
 static const fz_node *def_op(const fz_value *v, fz_opcode op)
@@ -276,7 +294,7 @@ static bool match_at(const fz_node *m2, match *M)
 	/* casts after the softmax, reshapes of the bmm form */
 	const fz_value *x = unflat(M, p);
 	while (x->def && x->def->op == FZ_OP_CAST && x->def->origin != FZ_OP_SOFTMAX) {
-		if (x->n_uses != 1 || !add(M, x->def))
+		if (x->n_uses != 1 || narrows(x->def) || !add(M, x->def))
 			return false;
 		x = unflat(M, x->def->in[0]);
 	}
@@ -293,7 +311,7 @@ static bool match_at(const fz_node *m2, match *M)
 		const fz_node *n = stack[--sp];
 		if (has(M, n))
 			continue;
-		if (!add(M, n) || ++n_sm > 16)
+		if (narrows(n) || !add(M, n) || ++n_sm > 16)
 			return false;
 		if (n->op == FZ_OP_AMAX || n->op == FZ_OP_SUM)
 			if (n->attrs.n_dims != 1 || n->attrs.dims[0] != r - 1)

@@ -3,7 +3,7 @@
 
     python3 tools/gen/llama.py --layers N [--hidden 4096] [--heads 32]
         [--intermediate 11008] [--vocab 32000] [--dtype bf16] [--eps 1e-5]
-        [--name NAME] [-o FILE]
+        [--attention primitive|decomposed] [--name NAME] [-o FILE]
 
 The defaults are Llama-2-7B's shapes (hidden 4096, 32 heads of head_dim 128,
 intermediate 11008, vocabulary 32000, rms_norm_eps 1e-5, bf16). Batch B and
@@ -13,6 +13,13 @@ rotate_half, causal attention with a bool[T, T] mask, o_proj, residual,
 rms_norm, SwiGLU MLP with silu, residual), final rms_norm, lm_head linear.
 Each layer's weights are separate parameters (layer<i>_...); the rotary
 tables cos/sin [T, head_dim] and the mask are shared by all layers.
+
+Attention is written as the primitive (`o, lse = attention(q, k, v, mask,
+scale=...)`: FlashAttention's numerics, probabilities never rounded to the
+model's dtype, no T x T buffer), or with --attention decomposed as eager
+attention writes it (matmul, scale, where on the mask, softmax in the
+model's dtype, matmul), which the partitioner fuses only where the
+probabilities are not rounded to a narrower dtype (ir/attention.c).
 
 Standard library only. The output is deterministic: the same arguments give
 the same bytes.
@@ -42,7 +49,8 @@ def fmt_float(x):
     return r
 
 
-def generate(layers, hidden, heads, inter, vocab, dtype, eps, name):
+def generate(layers, hidden, heads, inter, vocab, dtype, eps, name,
+             attention="primitive"):
     D = hidden // heads
     half = D // 2
     scale = fmt_float(1.0 / (D ** 0.5))
@@ -55,11 +63,14 @@ def generate(layers, hidden, heads, inter, vocab, dtype, eps, name):
     w("# vocabulary %d, rms_norm_eps %s, %s, symbolic batch B and sequence T.\n"
       % (vocab, eps_s, dt))
     w("# (Llama-2-7B: --hidden 4096 --heads 32 --intermediate 11008 --vocab 32000.)\n")
-    w("# Each layer (HuggingFace LlamaDecoderLayer, eval, eager attention, no KV cache):\n")
+    w("# Each layer (HuggingFace LlamaDecoderLayer, eval, %s attention, no KV cache):\n"
+      % ("fused (the attention primitive)" if attention == "primitive" else "eager"))
     w("#   h = x + o_proj(attn(rms_norm(x))); y = h + down(silu(gate(n)) * up(n)), n = rms_norm(h)\n")
     w("# cos/sin: rotary tables [T, head_dim]; mask: causal bool[T, T]; both shared by all layers.\n")
     w("# Written by: python3 tools/gen/llama.py --layers %d --hidden %d --heads %d "
-      "--intermediate %d --vocab %d --dtype %s --eps %s\n" % (layers, hidden, heads, inter, vocab, dt, eps_s))
+      "--intermediate %d --vocab %d --dtype %s --eps %s%s\n"
+      % (layers, hidden, heads, inter, vocab, dt, eps_s,
+         "" if attention == "primitive" else " --attention decomposed"))
     w("\n")
 
     # parameters
@@ -111,9 +122,14 @@ def generate(layers, hidden, heads, inter, vocab, dtype, eps, name):
             w("  %s_%s2 = slice(%s_%s, %s)\n" % (s, t, s, t, hi))
             w("  %s_%sr = add(mul(%s_%s, cos), mul(cat(neg(%s_%s2), %s_%s1, dim=3), sin))\n"
               % (s, t, s, t, s, t, s, t))
-        w("  %s_sc = mul(matmul(%s_qr, transpose(%s_kr, 2, 3)), %s)\n" % (s, s, s, scale))
-        w("  %s_pr = softmax(where(mask, %s_sc, -1e9), dim=-1)\n" % (s, s))
-        w("  %s_ctx = reshape(permute(matmul(%s_pr, %s_v), %s), %s)\n" % (s, s, s, perm, merge))
+        if attention == "primitive":
+            w("  %s_o, %s_lse = attention(%s_qr, %s_kr, %s_v, mask, scale=%s)\n"
+              % (s, s, s, s, s, scale))
+        else:
+            w("  %s_sc = mul(matmul(%s_qr, transpose(%s_kr, 2, 3)), %s)\n" % (s, s, s, scale))
+            w("  %s_pr = softmax(where(mask, %s_sc, -1e9), dim=-1)\n" % (s, s))
+            w("  %s_o = matmul(%s_pr, %s_v)\n" % (s, s, s))
+        w("  %s_ctx = reshape(permute(%s_o, %s), %s)\n" % (s, s, perm, merge))
         w("  %s_h = add(%s, linear(%s_ctx, %swo))\n" % (s, x, s, p))
         w("  %s_n2 = rms_norm(%s_h, %smlp_norm, dims=[2], eps=%s)\n" % (s, s, p, eps_s))
         w("  %s_g = silu(linear(%s_n2, %sw_gate))\n" % (s, s, p))
@@ -139,6 +155,9 @@ def main(argv=None):
     ap.add_argument("--vocab", type=positive, default=32000, help="vocabulary size (default 32000)")
     ap.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype (default bf16)")
     ap.add_argument("--eps", type=float, default=1e-5, help="rms_norm epsilon (default 1e-5)")
+    ap.add_argument("--attention", choices=("primitive", "decomposed"), default="primitive",
+                    help="attention as the fused primitive (default) or as eager "
+                         "attention's matmul/softmax/matmul")
     ap.add_argument("--name", default="llama", help="trace name (default llama)")
     ap.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     a = ap.parse_args(argv)
@@ -149,7 +168,8 @@ def main(argv=None):
     if not (a.name[:1].isalpha() or a.name[:1] == "_") or \
             not all(c.isalnum() or c == "_" for c in a.name):
         ap.error("--name must be an identifier")
-    text = generate(a.layers, a.hidden, a.heads, a.intermediate, a.vocab, a.dtype, a.eps, a.name)
+    text = generate(a.layers, a.hidden, a.heads, a.intermediate, a.vocab, a.dtype, a.eps, a.name,
+                    a.attention)
     if a.output and a.output != "-":
         with open(a.output, "w") as f:
             f.write(text)
