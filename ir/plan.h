@@ -108,8 +108,9 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
 /* The planner's version: it enters the key of every program the disk cache
  * keeps (cache/plan_cache.c), so a fusec whose passes plan differently never
  * loads a program an older one made. Bump it with any change to what the
- * passes produce. */
-#define FZ_PLAN_VERSION 1
+ * passes produce. (2: dead ops in no region, attention regions, an output
+ * placed only over an input it is computed from.) */
+#define FZ_PLAN_VERSION 2
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
