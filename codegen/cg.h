@@ -120,6 +120,9 @@ void cg_value_reload(cg *g, const fz_value *v, const fz_value *o, int nl,
 /* Rounds an f32 compute value to f16 or bf16 precision (else x itself):
  * every op whose result is f16/bf16 rounds, as the interpreter does. */
 LLVMValueRef cg_round_half(cg *g, LLVMValueRef x, fz_dtype d);
+/* Wraps an i64 compute value to the width of integer dtype d, as a store
+ * and a load would (x itself for i64 and bool). */
+LLVMValueRef cg_wrap_int(cg *g, LLVMValueRef x, fz_dtype d);
 /* Converts a compute value of dtype d to storage, and back. */
 LLVMValueRef cg_to_storage(cg *g, LLVMValueRef x, fz_dtype d);
 LLVMValueRef cg_from_storage(cg *g, LLVMValueRef x, fz_dtype d);

@@ -133,6 +133,30 @@ static V round_to(cg *g, V x, fz_dtype d)
 	return x;
 }
 
+/* An f64 value to f32 rounded to odd: the nearest f32 when x is one,
+ * else whichever of the two f32 neighbours of x has an odd last bit (an
+ * overflow becomes the largest finite f32, an underflow the smallest
+ * subnormal). Rounding that to f16 or bf16 (11 or 8 bits, at least two
+ * fewer than f32's 24) to nearest even is then the correctly rounded
+ * f64 -> f16/bf16, as the interpreter's one rounding; rounding f64 to f32
+ * to nearest first can land a value just off a half-type halfway point
+ * on it, and the tie then goes to even: one ulp off. */
+static V f64_to_f32_odd(cg *g, V x)
+{
+	V y = fptrunc(g, x, t_f32(g));
+	V yx = fpext(g, y, t_f64(g));
+	V inexact = fcmp(g, LLVMRealONE, yx, x);
+	V bits = bitcast(g, y, t_i32(g));
+	V even = icmp(g, LLVMIntEQ, and_(g, bits, c_i32(g, 1)), c_i32(g, 0));
+	/* the neighbour toward x: one step down in magnitude if y is beyond
+	 * x, else one up (the bits of an f32 order its magnitude) */
+	V ay = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &yx, 1);
+	V ax = call_intrinsic(g, "llvm.fabs", t_f64(g), t_f64(g), &x, 1);
+	V step = sel(g, fcmp(g, LLVMRealOGT, ay, ax), c_i32(g, -1), c_i32(g, 1));
+	V odd = bitcast(g, add(g, bits, step), t_f32(g));
+	return sel(g, and_(g, inexact, even), odd, y);
+}
+
 LLVMValueRef cg_round_half(cg *g, V x, fz_dtype d)
 {
 	if (d != FZ_F16 && d != FZ_BF16)
@@ -163,8 +187,8 @@ LLVMValueRef cg_from_storage(cg *g, V x, fz_dtype d)
 	}
 }
 
-/* Wraps an i64 compute value to the width of d, as a store and load would. */
-static V wrap_int(cg *g, V x, fz_dtype d)
+/* an i64 compute value wrapped to d's width (cg.h) */
+LLVMValueRef cg_wrap_int(cg *g, V x, fz_dtype d)
 {
 	if (d == FZ_I64 || d == FZ_BOOL)
 		return x;
@@ -674,7 +698,8 @@ static V op_unary(cg *g, const fz_node *n, V x)
 				return fcmp(g, LLVMRealUNE, x, c_real(xt, 0));
 			if (fz_dtype_is_float(yd)) {
 				T yt = cg_ctype(g, yd);
-				V y = xt == yt ? x : xt == t_f64(g) ? fptrunc(g, x, yt) : fpext(g, x, yt);
+				V y = xt == yt ? x : xt != t_f64(g) ? fpext(g, x, yt) :
+				      yd == FZ_F32 ? fptrunc(g, x, yt) : f64_to_f32_odd(g, x);
 				return round_to(g, y, yd);
 			}
 			/* saturating, NaN to 0: the cast semantics of numeric.h */
@@ -692,7 +717,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 			return icmp(g, LLVMIntNE, x, c_i64(g, 0));
 		if (fz_dtype_is_float(yd))
 			return round_to(g, sitofp(g, x, cg_ctype(g, yd)), yd);
-		return wrap_int(g, x, yd);
+		return cg_wrap_int(g, x, yd);
 	case FZ_OP_ISFINITE: {
 		V a = call_intrinsic(g, "llvm.fabs", xt, xt, &x, 1);
 		return fcmp(g, LLVMRealOLT, a, c_real(xt, INFINITY));
@@ -716,7 +741,7 @@ static V op_unary(cg *g, const fz_node *n, V x)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return x;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 static V op_compare(cg *g, fz_opcode op, bool isf, V a, V b)
@@ -778,7 +803,7 @@ static V op_binary(cg *g, const fz_node *n, V a, V b)
 		cg_fail(g, FZ_EUNSUPPORTED, n, "no integer form of this op");
 		return a;
 	}
-	return wrap_int(g, r, yd);
+	return cg_wrap_int(g, r, yd);
 }
 
 /* ---- Philox ------------------------------------------------------------------------ */
@@ -978,7 +1003,38 @@ static void gather_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RAN
 			xi[l][dim] = cg_ix_of(kk[l], 1);
 		}
 	}
-	cg_value(g, x, nl, xi, out);
+	fz_ext ext = x->type.dims[dim];
+	if (fz_ext_is_const(ext) && ext.c > 0) {
+		cg_value(g, x, nl, xi, out);
+		return;
+	}
+	/* An operand that may have no elements along dim: then every index
+	 * is bad and element 0 does not exist either, so x is computed (and
+	 * its inputs loaded) only where it has elements, else the lanes are
+	 * 0. The branch is the same for every element: the optimizer may
+	 * hoist it out of the loop. */
+	LLVMBasicBlockRef pre = current(g), rd = block(g, "gather"),
+			  join = block(g, "gathered");
+	cond_br(g, icmp(g, LLVMIntEQ, E, c_i64(g, 0)), join, rd);
+	at_end(g, rd);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	V vals[FZ_VW_MAX];
+	cg_value(g, x, nl, xi, vals);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	cg_memo_pop(g, mark); /* what rd computed does not dominate the rest */
+	g->n_cse = cse;
+	V zero = const_of(g, y->type.dtype, 0.0);
+	for (int l = 0; l < nl; l++) {
+		if (l > 0 && vals[l] == vals[l - 1]) {
+			out[l] = out[l - 1];
+			continue;
+		}
+		out[l] = phi(g, type_of(vals[l]));
+		phi_add(out[l], zero, pre);
+		phi_add(out[l], vals[l], end);
+	}
 }
 
 /* Lanes that coincide are computed once: 1 when every lane's index is
@@ -1060,7 +1116,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V sv = zext_or_trunc(g, g->sym[nd->attrs.value_sym], t_i64(g));
 					k = fz_dtype_is_float(d) ? round_to(g, sitofp(g, sv, cg_ctype(g, d)), d) :
 					    d == FZ_BOOL ? icmp(g, LLVMIntNE, sv, c_i64(g, 0)) :
-					    wrap_int(g, sv, d);
+					    cg_wrap_int(g, sv, d);
 				} else {
 					k = const_of(g, v->type.dtype, nd->attrs.value);
 				}
@@ -1072,7 +1128,7 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 					V i = zext_or_trunc(g, cg_ix_value(g, ix[l][0]), t_i64(g));
 					out[l] = fz_dtype_is_float(d) ? round_to(g, sitofp(g, i, cg_ctype(g, d)), d) :
 						 d == FZ_BOOL ? icmp(g, LLVMIntNE, i, c_i64(g, 0)) :
-						 wrap_int(g, i, d);
+						 cg_wrap_int(g, i, d);
 				}
 			} else {
 				uniform_lanes(g, nd, n, ix, out);

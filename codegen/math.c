@@ -31,8 +31,12 @@
  *           rounded up; exact while the quotient is below 2^29
  *
  * f64 values on the host call libm (the JIT resolves exp, log, ... from the
- * process), on the GPU only the ops that need no library are available;
- * the others are FZ_EUNSUPPORTED with the op named.
+ * process). On the GPU (and emu) the same methods run in f64, with longer
+ * polynomials (exp and expm1 to r^13, log's R to z^11, sin and cos to
+ * r^19 and r^18) and f64 splits of ln2 and pi/2, so each is within a few
+ * ulp of f64 on its reduced range; erf in f64 is the series below 2 and a
+ * continued fraction for erfc above (erf64_). pow is exp2(b log2|a|) as in
+ * f32, its error growing with |b log2|a|| (1e-13 relative at 1000).
  */
 #include <math.h>
 #include <string.h>
@@ -40,7 +44,11 @@
 #include "cg.h"
 #include "llvm.h"
 
-static V fc(cg *g, double x) { return c_f32(g, x); }
+/* x's type: f64 (true) or f32 */
+static bool is64(cg *g, V x) { return type_of(x) == t_f64(g); }
+
+/* the constant k of x's type */
+static V kc(V x, double k) { return c_real(type_of(x), k); }
 
 static V fma3(cg *g, V a, V b, V c)
 {
@@ -65,92 +73,129 @@ static V poly(cg *g, V x, const double *c, int n)
 
 static V isnan_(cg *g, V x) { return fcmp(g, LLVMRealUNO, x, x); }
 
-/* p * 2^k for k (i32) in [-300, 300]: two exact power-of-two factors. */
+/* rint(x) as i32 (saturating: x is clamped to a few thousand anyway) */
+static V to_i32(cg *g, V x)
+{
+	const char *sat = "llvm.fptosi.sat";
+	unsigned id = LLVMLookupIntrinsicID(sat, strlen(sat));
+	T tys[2] = {t_i32(g), type_of(x)};
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, 2);
+	return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, tys, 2), f, &x, 1, "");
+}
+
+/* 2^k (k: i32) of p's type, k within its normal exponents */
+static V pow2(cg *g, V p, V k)
+{
+	if (!is64(g, p))
+		return bitcast(g, shl(g, add(g, k, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
+	V e = add(g, sext(g, k, t_i64(g)), c_i64(g, 1023));
+	return bitcast(g, shl(g, e, c_i64(g, 52)), t_f64(g));
+}
+
+/* p * 2^k for k (i32) in [-300, 300] (f32) or [-2100, 2100] (f64): two
+ * exact power-of-two factors. */
 static V scale2(cg *g, V p, V k)
 {
 	V k1 = ashr(g, k, c_i32(g, 1)), k2 = sub(g, k, k1);
-	V s1 = bitcast(g, shl(g, add(g, k1, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
-	V s2 = bitcast(g, shl(g, add(g, k2, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
+	V s1 = pow2(g, p, k1);
+	V s2 = pow2(g, p, k2);
 	return fmul(g, fmul(g, p, s1), s2);
 }
 
+/* 1/n!: e^r's Taylor coefficients; f32 takes 8 (truncation 3e-9 on
+ * |r| <= ln2/2), f64 14 (4e-18) */
 static const double EXP_C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
-			       1.0 / 720, 1.0 / 5040};
+			       1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
+			       1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600,
+			       1.0 / 6227020800.0};
 
 static V clampf(cg *g, V x, double lo, double hi)
 {
-	x = sel(g, isnan_(g, x), fc(g, 0), x);
-	x = sel(g, fcmp(g, LLVMRealOGT, x, fc(g, hi)), fc(g, hi), x);
-	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, lo)), fc(g, lo), x);
+	x = sel(g, isnan_(g, x), kc(x, 0), x);
+	x = sel(g, fcmp(g, LLVMRealOGT, x, kc(x, hi)), kc(x, hi), x);
+	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, lo)), kc(x, lo), x);
 }
 
 static V expf_(cg *g, V x)
 {
 	const double ln2 = 0.69314718055994530942;
-	float hi = (float)ln2;
-	float lo = (float)(ln2 - (double)hi);
-	V xc = clampf(g, x, -104.0, 89.0);
-	V k = un(g, "llvm.rint", fmul(g, xc, fc(g, 1.4426950408889634)));
-	V r = fma3(g, fneg(g, k), fc(g, hi), xc);
-	r = fma3(g, fneg(g, k), fc(g, lo), r);
-	V p = poly(g, r, EXP_C, 8);
+	bool d = is64(g, x);
+	/* ln2 = hi + lo, each of x's type (f64: lo from the exact value) */
+	double hi = d ? ln2 : (double)(float)ln2;
+	double lo = d ? 2.3190468138462996e-17 : (double)(float)(ln2 - hi);
+	V xc = d ? clampf(g, x, -746.0, 710.0) : clampf(g, x, -104.0, 89.0);
+	V k = un(g, "llvm.rint", fmul(g, xc, kc(x, 1.4426950408889634)));
+	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
+	r = fma3(g, fneg(g, k), kc(x, lo), r);
+	V p = poly(g, r, EXP_C, d ? 14 : 8);
 	V y = scale2(g, p, fptosi(g, k, t_i32(g)));
 	return sel(g, isnan_(g, x), x, y);
 }
 
 static V exp2f_(cg *g, V x)
 {
-	V xc = clampf(g, x, -152.0, 129.0);
+	bool d = is64(g, x);
+	V xc = d ? clampf(g, x, -1080.0, 1025.0) : clampf(g, x, -152.0, 129.0);
 	V k = un(g, "llvm.rint", xc);
-	V r = fmul(g, fsub(g, xc, k), fc(g, 0.69314718055994530942));
-	V y = scale2(g, poly(g, r, EXP_C, 8), fptosi(g, k, t_i32(g)));
+	V r = fmul(g, fsub(g, xc, k), kc(x, 0.69314718055994530942));
+	V y = scale2(g, poly(g, r, EXP_C, d ? 14 : 8), fptosi(g, k, t_i32(g)));
 	return sel(g, isnan_(g, x), x, y);
 }
 
 static V expm1f_(cg *g, V x)
 {
+	/* 1/(n+1)!: f32 takes 9, f64 14 */
 	static const double c[] = {1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
-				   1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880};
-	V small = fcmp(g, LLVMRealOLT, un(g, "llvm.fabs", x), fc(g, 0.34657359));
-	V ps = fmul(g, x, poly(g, x, c, 9));
-	V pl = fsub(g, expf_(g, x), fc(g, 1.0));
+				   1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
+				   1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600,
+				   1.0 / 6227020800.0, 1.0 / 87178291200.0};
+	V small = fcmp(g, LLVMRealOLT, un(g, "llvm.fabs", x), kc(x, 0.34657359));
+	V ps = fmul(g, x, poly(g, x, c, is64(g, x) ? 14 : 9));
+	V pl = fsub(g, expf_(g, x), kc(x, 1.0));
 	return sel(g, small, ps, pl);
 }
 
-/* log(m) for m in [sqrt(1/2), sqrt(2)) as f - hfsq + s (hfsq + R). */
+/* log(m) for m in [sqrt(1/2), sqrt(2)) as f - hfsq + s (hfsq + R): R's
+ * Taylor coefficients 2/(2k+1), f32 to z^5 (1e-10), f64 to z^11. */
 static V log_core(cg *g, V m)
 {
-	static const double R[] = {0, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11};
-	V f = fsub(g, m, fc(g, 1.0));
-	V s = fdiv(g, f, fadd(g, fc(g, 2.0), f));
+	static const double R[] = {0, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11,
+				   2.0 / 13, 2.0 / 15, 2.0 / 17, 2.0 / 19, 2.0 / 21,
+				   2.0 / 23};
+	V f = fsub(g, m, kc(m, 1.0));
+	V s = fdiv(g, f, fadd(g, kc(m, 2.0), f));
 	V z = fmul(g, s, s);
-	V Rz = poly(g, z, R, 6);
-	V hfsq = fmul(g, fc(g, 0.5), fmul(g, f, f));
+	V Rz = poly(g, z, R, is64(g, m) ? 12 : 6);
+	V hfsq = fmul(g, kc(m, 0.5), fmul(g, f, f));
 	return fsub(g, f, fsub(g, hfsq, fmul(g, s, fadd(g, hfsq, Rz))));
 }
 
-/* x = 2^e m; returns m in [sqrt(1/2), sqrt(2)) and e as f32. */
+/* x = 2^e m; returns m in [sqrt(1/2), sqrt(2)) and e in x's type. */
 static V log_split(cg *g, V x, V *e_out)
 {
-	V sub_ = fcmp(g, LLVMRealOLT, x, fc(g, 0x1p-126));
-	V xs = sel(g, sub_, fmul(g, x, fc(g, 0x1p23)), x);
-	V bits = bitcast(g, xs, t_i32(g));
-	V e = sub(g, lshr(g, bits, c_i32(g, 23)), c_i32(g, 127));
-	e = sel(g, sub_, sub(g, e, c_i32(g, 23)), e);
-	V m = bitcast(g, or_(g, and_(g, bits, c_i32(g, 0x7fffff)), c_i32(g, 0x3f800000)),
-		      t_f32(g));
-	V big = fcmp(g, LLVMRealOGT, m, fc(g, 1.41421356));
-	m = sel(g, big, fmul(g, m, fc(g, 0.5)), m);
+	bool d = is64(g, x);
+	T it = d ? t_i64(g) : t_i32(g);
+	int mb = d ? 52 : 23; /* mantissa bits */
+	V sub_ = fcmp(g, LLVMRealOLT, x, kc(x, d ? 0x1p-1022 : 0x1p-126));
+	V xs = sel(g, sub_, fmul(g, x, kc(x, d ? 0x1p54 : 0x1p23)), x);
+	V bits = bitcast(g, xs, it);
+	V e = sext_or_trunc(g, sub(g, lshr(g, bits, c_int(it, mb)), c_int(it, d ? 1023 : 127)),
+			    t_i32(g));
+	e = sel(g, sub_, sub(g, e, c_i32(g, d ? 54 : 23)), e);
+	V m = bitcast(g, or_(g, and_(g, bits, c_int(it, d ? 0xfffffffffffffll : 0x7fffff)),
+			     c_int(it, d ? 0x3ff0000000000000ll : 0x3f800000)), type_of(x));
+	V big = fcmp(g, LLVMRealOGT, m, kc(x, d ? 1.4142135623730951 : 1.41421356));
+	m = sel(g, big, fmul(g, m, kc(x, 0.5)), m);
 	e = sel(g, big, add(g, e, c_i32(g, 1)), e);
-	*e_out = sitofp(g, e, t_f32(g));
+	*e_out = sitofp(g, e, type_of(x));
 	return m;
 }
 
 static V log_special(cg *g, V x, V y)
 {
-	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, INFINITY)), x, y);
-	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, 0.0)), fc(g, -INFINITY), y);
-	return sel(g, fcmp(g, LLVMRealULT, x, fc(g, 0.0)), fc(g, NAN), y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, kc(x, INFINITY)), x, y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, kc(x, 0.0)), kc(x, -INFINITY), y);
+	return sel(g, fcmp(g, LLVMRealULT, x, kc(x, 0.0)), kc(x, NAN), y);
 }
 
 static V logf_(cg *g, V x)
@@ -158,8 +203,11 @@ static V logf_(cg *g, V x)
 	V e;
 	V m = log_split(g, x, &e);
 	V L = log_core(g, m);
-	V y = fadd(g, fmul(g, e, fc(g, 6.9313812256e-01)),
-		   fadd(g, L, fmul(g, e, fc(g, 9.0580006145e-06))));
+	/* ln2 = hi + lo, hi with trailing zeros so that e hi is exact */
+	bool d = is64(g, x);
+	V hi = kc(x, d ? 6.93147180369123816490e-01 : 6.9313812256e-01);
+	V lo = kc(x, d ? 1.90821492927058770002e-10 : 9.0580006145e-06);
+	V y = fadd(g, fmul(g, e, hi), fadd(g, L, fmul(g, e, lo)));
 	return log_special(g, x, y);
 }
 
@@ -167,42 +215,48 @@ static V log2f_(cg *g, V x)
 {
 	V e;
 	V m = log_split(g, x, &e);
-	V y = fadd(g, e, fmul(g, log_core(g, m), fc(g, 1.4426950408889634)));
+	V y = fadd(g, e, fmul(g, log_core(g, m), kc(x, 1.4426950408889634)));
 	return log_special(g, x, y);
 }
 
 static V log1pf_(cg *g, V x)
 {
-	V u = fadd(g, fc(g, 1.0), x);
-	V d = fsub(g, u, fc(g, 1.0));
+	V u = fadd(g, kc(x, 1.0), x);
+	V d = fsub(g, u, kc(x, 1.0));
 	V y = fmul(g, logf_(g, u), fdiv(g, x, d));
-	y = sel(g, fcmp(g, LLVMRealOEQ, d, fc(g, 0.0)), x, y);
-	y = sel(g, fcmp(g, LLVMRealOEQ, x, fc(g, INFINITY)), x, y);
-	return sel(g, fcmp(g, LLVMRealOEQ, u, fc(g, 0.0)), fc(g, -INFINITY), y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, d, kc(x, 0.0)), x, y);
+	y = sel(g, fcmp(g, LLVMRealOEQ, x, kc(x, INFINITY)), x, y);
+	return sel(g, fcmp(g, LLVMRealOEQ, u, kc(x, 0.0)), kc(x, -INFINITY), y);
 }
 
 static V sincosf_(cg *g, V x, bool cosine)
 {
 	const double pio2 = 1.57079632679489661923;
-	float p1 = (float)pio2;
-	float p2 = (float)(pio2 - (double)p1);
-	float p3 = (float)(pio2 - (double)p1 - (double)p2);
-	V k = un(g, "llvm.rint", fmul(g, x, fc(g, 0.63661977236758134)));
+	bool d = is64(g, x);
+	/* pi/2 = p1 + p2 + p3, each of x's type */
+	float f1 = (float)pio2;
+	float f2 = (float)(pio2 - (double)f1);
+	float f3 = (float)(pio2 - (double)f1 - (double)f2);
+	double p1 = d ? pio2 : f1, p2 = d ? 6.123233995736766e-17 : f2,
+	       p3 = d ? -1.4973849048591698e-33 : f3;
+	V k = un(g, "llvm.rint", fmul(g, x, kc(x, 0.63661977236758134)));
 	V nk = fneg(g, k);
-	V r = fma3(g, nk, fc(g, p1), x);
-	r = fma3(g, nk, fc(g, p2), r);
-	r = fma3(g, nk, fc(g, p3), r);
-	static const double S[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880};
+	V r = fma3(g, nk, kc(x, p1), x);
+	r = fma3(g, nk, kc(x, p2), r);
+	r = fma3(g, nk, kc(x, p3), r);
+	/* Taylor on |r| <= pi/4: f32 to r^9 and r^10, f64 to r^19, r^18 */
+	static const double S[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880,
+				   -1.0 / 39916800, 1.0 / 6227020800.0,
+				   -1.0 / 1307674368000.0, 1.0 / 355687428096000.0,
+				   -1.0 / 121645100408832000.0};
 	static const double C[] = {-0.5, 1.0 / 24, -1.0 / 720, 1.0 / 40320,
-				   -1.0 / 3628800};
+				   -1.0 / 3628800, 1.0 / 479001600,
+				   -1.0 / 87178291200.0, 1.0 / 20922789888000.0,
+				   -1.0 / 6402373705728000.0};
 	V z = fmul(g, r, r);
-	V s = fadd(g, r, fmul(g, fmul(g, r, z), poly(g, z, S, 4)));
-	V c = fadd(g, fc(g, 1.0), fmul(g, z, poly(g, z, C, 5)));
-	const char *sat = "llvm.fptosi.sat";
-	unsigned id = LLVMLookupIntrinsicID(sat, strlen(sat));
-	T tys[2] = {t_i32(g), t_f32(g)};
-	V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, 2);
-	V q = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, tys, 2), f, &k, 1, "");
+	V s = fadd(g, r, fmul(g, fmul(g, r, z), poly(g, z, S, d ? 9 : 4)));
+	V c = fadd(g, kc(x, 1.0), fmul(g, z, poly(g, z, C, d ? 9 : 5)));
+	V q = to_i32(g, k);
 	if (cosine)
 		q = add(g, q, c_i32(g, 1));
 	q = and_(g, q, c_i32(g, 3));
@@ -210,46 +264,107 @@ static V sincosf_(cg *g, V x, bool cosine)
 	V negq = icmp(g, LLVMIntNE, and_(g, q, c_i32(g, 2)), c_i32(g, 0));
 	V y = sel(g, odd, c, s);
 	y = sel(g, negq, fneg(g, y), y);
-	return sel(g, isnan_(g, r), fc(g, NAN), y);
+	return sel(g, isnan_(g, r), kc(x, NAN), y);
 }
 
 static V tanhf_(cg *g, V x)
 {
 	V a = un(g, "llvm.fabs", x);
-	V e = expm1f_(g, fmul(g, a, fc(g, 2.0)));
-	V t = fdiv(g, e, fadd(g, e, fc(g, 2.0)));
-	t = sel(g, fcmp(g, LLVMRealOGT, a, fc(g, 9.0)), fc(g, 1.0), t);
-	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, 0.0)), fneg(g, t), t);
+	V e = expm1f_(g, fmul(g, a, kc(x, 2.0)));
+	V t = fdiv(g, e, fadd(g, e, kc(x, 2.0)));
+	/* past 9 (f32) or 22 (f64), tanh rounds to 1 */
+	t = sel(g, fcmp(g, LLVMRealOGT, a, kc(x, is64(g, x) ? 22.0 : 9.0)), kc(x, 1.0), t);
+	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, 0.0)), fneg(g, t), t);
+}
+
+/* A loop of n rounds (i32 counter i from 1 to n) over f64 states (erf's
+ * series and continued fraction). */
+typedef struct f64_loop {
+	LLVMBasicBlockRef head, done;
+	V i;
+} f64_loop;
+
+static void loop_begin(cg *g, f64_loop *L, V *state, int ns)
+{
+	LLVMBasicBlockRef pre = current(g);
+	L->head = block(g, "erf");
+	L->done = block(g, "erf.done");
+	br(g, L->head);
+	at_end(g, L->head);
+	L->i = phi(g, t_i32(g));
+	phi_add(L->i, c_i32(g, 1), pre);
+	for (int j = 0; j < ns; j++) {
+		V p = phi(g, t_f64(g));
+		phi_add(p, state[j], pre);
+		state[j] = p;
+	}
+}
+
+static void loop_end(cg *g, f64_loop *L, V *phis, V *next, int ns, int n)
+{
+	V i2 = add(g, L->i, c_i32(g, 1));
+	phi_add(L->i, i2, L->head);
+	for (int j = 0; j < ns; j++)
+		phi_add(phis[j], next[j], L->head);
+	cond_br(g, icmp(g, LLVMIntSLE, i2, c_i32(g, n)), L->head, L->done);
+	at_end(g, L->done);
+}
+
+/* sum over n of (-x^2)^n / n! x / (2n + 1), n = 0 .. N: erf(x) sqrt(pi)/2
+ * for xd (f64) */
+static V erf_series(cg *g, V xd, int N)
+{
+	V mx2 = fneg(g, fmul(g, xd, xd));
+	/* for n in 1..N: p *= -x^2 / n; sum += p / (2n + 1) */
+	V st[2] = {xd, xd};
+	f64_loop L;
+	loop_begin(g, &L, st, 2);
+	V nf = sitofp(g, L.i, t_f64(g));
+	V p2 = fdiv(g, fmul(g, st[0], mx2), nf);
+	V s2 = fadd(g, st[1], fdiv(g, p2, fadd(g, fmul(g, nf, c_f64(g, 2.0)), c_f64(g, 1.0))));
+	V nx[2] = {p2, s2};
+	loop_end(g, &L, st, nx, 2, N);
+	return s2;
 }
 
 /* erf of an f32 value, computed in f64 (see the essay). */
 static V erff_(cg *g, V x)
 {
 	V a = un(g, "llvm.fabs", x);
-	V ac = sel(g, fcmp(g, LLVMRealOLT, a, fc(g, 3.95)), a, fc(g, 3.95));
-	V xd = fpext(g, ac, t_f64(g));
-	V mx2 = fneg(g, fmul(g, xd, xd));
-	/* for n in 1..56: p *= -x^2 / n; sum += p / (2n + 1) */
-	LLVMBasicBlockRef pre = current(g), head = block(g, "erf"), done = block(g, "erf.done");
-	br(g, head);
-	at_end(g, head);
-	V n = phi(g, t_i32(g)), p = phi(g, t_f64(g)), s = phi(g, t_f64(g));
-	phi_add(n, c_i32(g, 1), pre);
-	phi_add(p, xd, pre);
-	phi_add(s, xd, pre);
-	V nf = sitofp(g, n, t_f64(g));
-	V p2 = fdiv(g, fmul(g, p, mx2), nf);
-	V s2 = fadd(g, s, fdiv(g, p2, fadd(g, fmul(g, nf, c_f64(g, 2.0)), c_f64(g, 1.0))));
-	V n2 = add(g, n, c_i32(g, 1));
-	phi_add(n, n2, head);
-	phi_add(p, p2, head);
-	phi_add(s, s2, head);
-	cond_br(g, icmp(g, LLVMIntSLE, n2, c_i32(g, 56)), head, done);
-	at_end(g, done);
+	V ac = sel(g, fcmp(g, LLVMRealOLT, a, kc(x, 3.95)), a, kc(x, 3.95));
+	V s2 = erf_series(g, fpext(g, ac, t_f64(g)), 56);
 	V r = fptrunc(g, fmul(g, s2, c_f64(g, 1.1283791670955126)), t_f32(g));
-	r = sel(g, fcmp(g, LLVMRealOGE, a, fc(g, 3.95)), fc(g, 1.0), r);
+	r = sel(g, fcmp(g, LLVMRealOGE, a, kc(x, 3.95)), kc(x, 1.0), r);
 	r = sel(g, isnan_(g, x), x, r);
-	return sel(g, fcmp(g, LLVMRealOLT, x, fc(g, 0.0)), fneg(g, r), r);
+	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, 0.0)), fneg(g, r), r);
+}
+
+/* erf of an f64 value (the GPU's): below 2 the series (40 terms, which
+ * loses 2 of 16 digits to cancellation there), from 2 on 1 - erfc, erfc
+ * by Laplace's continued fraction exp(-x^2)/sqrt(pi) / (x + (1/2)/(x +
+ * 1/(x + (3/2)/(x + ...)))) evaluated from its 60th term back (2e-16 at
+ * x = 2), and 1 from 6 on (erfc(6) is below half an ulp of 1). */
+static V erf64_(cg *g, V x)
+{
+	V a = un(g, "llvm.fabs", x);
+	V as = sel(g, fcmp(g, LLVMRealOLT, a, c_f64(g, 2.0)), a, c_f64(g, 2.0));
+	V small = fmul(g, erf_series(g, as, 40), c_f64(g, 1.1283791670955126));
+	V al = sel(g, fcmp(g, LLVMRealOLT, a, c_f64(g, 2.0)), c_f64(g, 2.0),
+		   sel(g, fcmp(g, LLVMRealOLT, a, c_f64(g, 6.0)), a, c_f64(g, 6.0)));
+	/* t = x + (k/2) / t for k = 60 .. 1 */
+	V st[1] = {al};
+	f64_loop L;
+	loop_begin(g, &L, st, 1);
+	V half_k = fmul(g, sitofp(g, sub(g, c_i32(g, 61), L.i), t_f64(g)), c_f64(g, 0.5));
+	V t2 = fadd(g, al, fdiv(g, half_k, st[0]));
+	loop_end(g, &L, st, &t2, 1, 60);
+	V erfc = fdiv(g, fmul(g, expf_(g, fneg(g, fmul(g, al, al))),
+			      c_f64(g, 0.56418958354775628695)), t2);
+	V large = fsub(g, c_f64(g, 1.0), erfc);
+	V r = sel(g, fcmp(g, LLVMRealOLT, a, c_f64(g, 2.0)), small, large);
+	r = sel(g, fcmp(g, LLVMRealOGE, a, c_f64(g, 6.0)), c_f64(g, 1.0), r);
+	r = sel(g, isnan_(g, x), x, r);
+	return sel(g, fcmp(g, LLVMRealOLT, x, c_f64(g, 0.0)), fneg(g, r), r);
 }
 
 static V libm(cg *g, const char *name, V x)
@@ -296,12 +411,7 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 	default:
 		break;
 	}
-	if (t == t_f64(g)) {
-		if (cg_gpu(g)) {
-			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 %s has no GPU lowering "
-				"(no libdevice); compute it in f32", fz_ops[op].name);
-			return x;
-		}
+	if (t == t_f64(g) && !cg_gpu(g)) {
 		switch (op) {
 		case FZ_OP_EXP: return libm(g, "exp", x);
 		case FZ_OP_EXP2: return libm(g, "exp2", x);
@@ -328,7 +438,7 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 		case FZ_OP_SIN: return sincosf_(g, x, false);
 		case FZ_OP_COS: return sincosf_(g, x, true);
 		case FZ_OP_TANH: return tanhf_(g, x);
-		case FZ_OP_ERF: return erff_(g, x);
+		case FZ_OP_ERF: return t == t_f64(g) ? erf64_(g, x) : erff_(g, x);
 		case FZ_OP_SIGMOID:
 			return fdiv(g, one, fadd(g, one, expf_(g, fneg(g, x))));
 		default: break;
@@ -370,25 +480,21 @@ LLVMValueRef cg_math_pow(cg *g, V a, V b)
 	V k = pow_const(g, a, b);
 	if (k)
 		return k;
-	if (t == t_f64(g)) {
-		if (cg_gpu(g)) {
-			cg_fail(g, FZ_EUNSUPPORTED, g->cur, "f64 pow has no GPU lowering");
-			return a;
-		}
+	if (t == t_f64(g) && !cg_gpu(g))
 		return libm2(g, "pow", a, b);
-	}
-	V one = fc(g, 1.0), zero = fc(g, 0.0);
+	V one = kc(a, 1.0), zero = kc(a, 0.0);
 	V aa = un(g, "llvm.fabs", a);
 	V r = exp2f_(g, fmul(g, b, log2f_(g, aa)));
 	V bint = fcmp(g, LLVMRealOEQ, un(g, "llvm.rint", b), b);
-	V half = fmul(g, b, fc(g, 0.5));
+	V half = fmul(g, b, kc(a, 0.5));
 	V odd = and_(g, bint, fcmp(g, LLVMRealONE, un(g, "llvm.rint", half), half));
 	V aneg = fcmp(g, LLVMRealOLT, a, zero);
 	V rn = sel(g, odd, fneg(g, r), r);
-	r = sel(g, aneg, sel(g, bint, rn, fc(g, NAN)), r);
+	r = sel(g, aneg, sel(g, bint, rn, kc(a, NAN)), r);
 	/* -0 with an odd exponent keeps its sign */
+	T it = t == t_f64(g) ? t_i64(g) : t_i32(g);
 	V negzero = and_(g, fcmp(g, LLVMRealOEQ, a, zero),
-			 icmp(g, LLVMIntSLT, bitcast(g, a, t_i32(g)), c_i32(g, 0)));
+			 icmp(g, LLVMIntSLT, bitcast(g, a, it), c_int(it, 0)));
 	r = sel(g, and_(g, negzero, odd), fneg(g, r), r);
 	r = sel(g, fcmp(g, LLVMRealOEQ, a, one), one, r);
 	return sel(g, fcmp(g, LLVMRealOEQ, b, zero), one, r);

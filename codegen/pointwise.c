@@ -29,7 +29,9 @@
  * pointwise loop above stores x into it) and then every element of src is
  * added at the row its index names. On the GPU that is a second entry point
  * (`..._scatter`, launched after the first, with atomic adds: f32, f64, f16,
- * bf16, i32, i64; f16 and bf16 round at every add, as PyTorch's atomics on
+ * bf16, i64, i32, i8 and u8 (a byte's add wraps as the sum would; NVPTX
+ * has no 8-bit atomics, and LLVM makes it a compare-and-swap on the word
+ * around the byte); f16 and bf16 round at every add, as PyTorch's atomics on
  * the GPU and the host's loop here do); on the host both loops run in order
  * in one function, all of it in part 0 of a launch (the adds must follow
  * the copy and may not race).
@@ -194,8 +196,7 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		return;
 	}
 	add_work(g, cg_gpu(g) ? 1 : 0, numel);
-	if (cg_gpu(g) && !fz_dtype_is_float(d) && d != FZ_I32 &&
-	    d != FZ_I64) {
+	if (cg_gpu(g) && d == FZ_BOOL) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
 		return;
@@ -216,9 +217,13 @@ static void scatter_loop(cg *g, const fz_node *ia)
 	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
 	V bad = icmp(g, LLVMIntUGE, k, E);
 	cg_flag_error(g, ia, bad);
+	/* a bad index adds nothing anywhere: the add is skipped (row 0 may
+	 * not exist: x may have no rows at all) */
+	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
+	cond_br(g, bad, next, add_b);
+	at_end(g, add_b);
 	memcpy(I[0], J[0], sizeof J[0]);
-	I[0][dim] = cg_ix_of(zext_or_trunc(g, sel(g, bad, c_i64(g, 0), k), g->ity), 1);
-	v = sel(g, bad, fz_dtype_is_float(d) ? c_real(type_of(v), 0.0) : c_int(type_of(v), 0), v);
+	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
 	cg_ix lin;
 	cg_linear(g, &y->type, I[0], &lin);
 	int s = g->slot[y->id];
@@ -240,6 +245,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		V sum = fz_dtype_is_float(d) ? fadd(g, old, v) : add(g, old, v);
 		store(g, cg_to_storage(g, sum, d), p, es);
 	}
+	br(g, next);
+	at_end(g, next);
 	cg_loop_end(g, &L);
 }
 

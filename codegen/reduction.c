@@ -20,7 +20,8 @@
  *      earlier reduced values (softmax sums exp(x - max)); the emitter
  *      reads them from the row's registers. On the host the last pass
  *      may stash what it reduces in an output for the tail (see "the
- *      stash").
+ *      stash"), and in a chain of 3 or more looping passes every pass
+ *      does, for the next (see "the chain").
  *   2. outputs of the row's shape (a loss per row, a mean kept for backward)
  *      are computed at the row's index and stored by one thread;
  *   3. outputs of D's shape are a last pass over the row (the normalization
@@ -84,6 +85,11 @@ typedef struct rows {
 	 * reduces, `stash_v`, into output `stash_o`; the tail reads it back. */
 	const fz_node *stash_by;
 	const fz_value *stash_v, *stash_o;
+	/* The chain (see "the chain"): every pass stores what it reduces in
+	 * stash_o, and each pass but the first reads back the value the pass
+	 * before it reduced, from chain[k] (NULL: none). */
+	bool chained;
+	const fz_value *chain[64];
 } rows;
 
 static V identity(cg *g, fz_opcode op, T t)
@@ -491,7 +497,7 @@ static bool costly(const cg *g, const fz_value *v, int *budget)
 #define FZ_HOST_ACCS 4
 
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
-	      const fz_value *stash)
+	      const fz_value *stash, const fz_value *reload)
 {
 	accum A[FZ_HOST_ACCS];
 	T t = cg_ctype(g, x->type.dtype);
@@ -517,6 +523,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 		cg_loop_begin(g, &M, c_int(g->ity, 0), rest, turn);
 		for (int i = 0; i < n; i++) {
 			row_lanes(g, R, add(g, M.iv, c_int(g->ity, i * R->L)), ix);
+			if (reload)
+				cg_value_reload(g, reload, R->stash_o, R->L, ix);
 			cg_value(g, x, R->L, ix, vals);
 			acc_step(g, R, &A[i], vals, NULL, mh, ml);
 			if (stash)
@@ -530,6 +538,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 	else
 		row_loop_begin(g, R, &L);
 	row_lanes(g, R, L.iv, ix);
+	if (reload)
+		cg_value_reload(g, reload, R->stash_o, R->L, ix);
 	cg_value(g, x, R->L, ix, vals);
 	acc_step(g, R, &A[0], vals, NULL, mh, ml);
 	if (stash)
@@ -552,7 +562,7 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
 	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
-static void reduce_node(cg *g, rows *R, const fz_node *n)
+static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 {
 	const fz_value *x = n->in[0];
 	if (n->op == FZ_OP_AMAX || n->op == FZ_OP_AMIN)
@@ -561,16 +571,21 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 	V lo = NULL;
 	if (n->op != FZ_OP_VAR_MEAN) {
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
-			   n == R->stash_by ? R->stash_o : NULL);
+			   n == R->stash_by || R->chained ? R->stash_o : NULL,
+			   R->chained ? R->chain[k] : NULL);
 		T rt = cg_ctype(g, x->type.dtype);
-		g->red[n->out[0]->id] = cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d);
+		/* an integer sum accumulates in i64 and is a value of its
+		 * dtype: u8, i8, i32 wrap before the region uses it */
+		g->red[n->out[0]->id] = fz_dtype_is_float(d) ?
+			cg_round_half(g, lo ? pair_value(g, r, lo, NULL, rt) : r, d) :
+			cg_wrap_int(g, r, d);
 		return;
 	}
 	/* the mean in f64 (f32 data) and split into mh + ml, so that the
 	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL);
+	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL);
 	V mh, ml;
 	if (t == t_f32(g)) {
 		V s = pair_sum(g, sh, lo, t_f64(g));
@@ -582,7 +597,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n)
 		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
 		ml = c_real(t, 0.0);
 	}
-	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL);
+	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
 	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
@@ -748,6 +763,66 @@ static void stash_pick(cg *g, rows *R, const fz_node *last)
 	R->stash_o = o;
 }
 
+/* ---- the chain ------------------------------------------------------------------
+ * Reductions in a chain, each over a value made from the one the pass
+ * before it reduced (x1 = f(x0, r0), r1 = sum(x1), x2 = f(x1, r1), ...),
+ * with the row not in registers (looping passes: the host, long or
+ * symbolic rows on the GPU): pass k would compute x_k from the region's
+ * inputs again, through every x before it, so the code grew as the square
+ * of the chain's length and the optimizer's time as its cube (35 sums of
+ * exps over a bf16 row: 20 s and 200 MB for one kernel). Instead every
+ * pass stores the value it reduces in a domain-shaped output, as the
+ * stash does for the last pass, and pass k reads x_{k-1} back (the same
+ * thread wrote it at the same index, rounded to its dtype) and computes
+ * only x_k from it. Taken when the region has 3 reductions or more (so
+ * softmax, the norms and cross_entropy keep their code), none a var_mean,
+ * each pass's value is made from the last one's through elementwise ops
+ * and reads no domain-shaped input but through it (once the output is
+ * written, an input under it may be gone: the stash's rule), and the tail
+ * reads none either. The tail then reads the last pass's value back, as
+ * with the stash. */
+static bool chain_pick(cg *g, rows *R, const fz_node *const *reds, int nr)
+{
+	const fz_region *r = g->r;
+	if (nr < 3)
+		return false;
+	for (int k = 0; k < nr; k++)
+		if (reds[k]->op == FZ_OP_VAR_MEAN)
+			return false;
+	fz_dtype d = reds[0]->in[0]->type.dtype;
+	const fz_value *o = NULL;
+	for (int i = 0; i < r->n_out && !o; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		if (r->out[i]->type.dtype == d && classify(g, R, r->out[i], tmp) == 2)
+			o = r->out[i];
+	}
+	if (!o)
+		return false;
+	for (int k = 1; k < nr; k++) {
+		const fz_value *v = reds[k]->in[0], *u = reds[k - 1]->in[0];
+		int b1 = STASH_WALK, b2 = STASH_WALK;
+		if (v == u || v->type.dtype != d || !is_v_pointwise(g, v, u, &b1) ||
+		    reads_domain_input(g, R, v, u, &b2))
+			return false;
+	}
+	const fz_value *last = reds[nr - 1]->in[0];
+	for (int i = 0; i < r->n_out; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		int b = STASH_WALK;
+		if (classify(g, R, r->out[i], tmp) == 2 &&
+		    reads_domain_input(g, R, r->out[i], last, &b))
+			return false;
+	}
+	R->chained = true;
+	R->chain[0] = NULL;
+	for (int k = 1; k < nr; k++)
+		R->chain[k] = reds[k - 1]->in[0];
+	R->stash_by = reds[nr - 1];
+	R->stash_v = last;
+	R->stash_o = o;
+	return true;
+}
+
 void cg_rows(cg *g)
 {
 	const fz_region *r = g->r;
@@ -870,11 +945,11 @@ void cg_rows(cg *g)
 	g->row_valid = true;
 	if (R.S)
 		row_regs(g, &R);
-	else if (g->o.target == FZ_CG_HOST)
+	else if (!chain_pick(g, &R, reds, nr) && g->o.target == FZ_CG_HOST)
 		stash_pick(g, &R, reds[nr - 1]);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
-		reduce_node(g, &R, reds[i]);
+		reduce_node(g, &R, reds[i], i);
 
 	/* row-shaped outputs, then the tail over the row */
 	V leader = icmp(g, LLVMIntEQ, R.tid_in_row, c_int(g->ity, 0));

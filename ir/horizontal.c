@@ -110,7 +110,7 @@ typedef struct hz {
 	int win[2][WINDOW + 2], n_win[2];
 	int64_t win_live[2][WINDOW + 2];
 	bool *reach;
-	int *cand, *dcount, *dlist;
+	int *dcount, *dlist;
 	int cap_nodes, cap_in, cap_out;
 	fz_region tent;             /* the candidate merged region */
 	int tx, ty;                 /* its two roots */
@@ -223,13 +223,11 @@ static bool build_tent(hz *h, int x, int y)
 	    !grow((void **)&T->in, &h->cap_in, ni, sizeof(fz_value *)) ||
 	    !grow((void **)&T->out, &h->cap_out, no, sizeof(fz_value *)))
 		return false;
-	free(h->cand);
 	free(h->dcount);
 	free(h->dlist);
-	h->cand = malloc(sizeof(int) * ((size_t)ni + 1));
 	h->dcount = malloc(sizeof(int) * ((size_t)no + 1));
 	h->dlist = malloc(sizeof(int) * ((size_t)ni * (size_t)no + 1));
-	if (!h->cand || !h->dcount || !h->dlist)
+	if (!h->dcount || !h->dlist)
 		return false;
 	/* nodes: both lists ascend by id, so merge them */
 	int a = 0, b = 0, k = 0;
@@ -257,7 +255,7 @@ static bool build_tent(hz *h, int x, int y)
 	/* rows with a map over them: reduce, then a pass over the row */
 	T->kind = X->kind == Y->kind ? X->kind : FZ_REGION_NORMALIZATION;
 	T->id = -1;
-	fz_region_donors(h->p, T, h->reach, h->cand, h->dcount, h->dlist);
+	fz_region_donors(h->p, T, h->reach, h->dcount, h->dlist);
 	h->tx = x;
 	h->ty = y;
 	return true;
@@ -818,7 +816,6 @@ done:
 	free(h.succs);
 	free(h.rd_start);
 	free(h.rd);
-	free(h.cand);
 	free(h.dcount);
 	free(h.dlist);
 	free(h.tent.nodes);

@@ -339,9 +339,9 @@ int fz_pick_donor(const fz_program *p, int o, const int *readers,
 		  const bool *pinned, const bool *donated);
 /* The in-place rule for one region (schedule.c): count[k] inputs that
  * output k may take over, listed at list[k * R->n_in ...]. reach: n_values
- * bools, false on entry and on return; cand: R->n_in ints of scratch. */
+ * bools, false on entry and on return. */
 void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
-		      int *cand, int *count, int *list);
+		      int *count, int *list);
 /* The view of v (given its base's tensor) under other sizes. */
 fz_status fz_view_eval(const fz_program *p, const fz_value *v,
                        const int64_t *sym_sizes, fz_layout *out);

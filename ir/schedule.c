@@ -68,12 +68,18 @@ static bool owns_id(const fz_program *p, int v)
 /* The in-place rule, for one region: which inputs each output may take
  * over. Only a pointwise region's elementwise outputs may, and only an input
  * buffer it owns (no view of it is read beside it), read along elementwise
- * ops only, of the output's extents and element size. */
+ * ops only, of the output's extents and element size, and only an input
+ * the output itself is computed from. That last condition is what makes
+ * the overwrite safe in the kernel: element i of the output is stored
+ * after, and because of, the load of element i of the input, and every
+ * other read of that element in the region is the same load (the
+ * emitter's memo; every value computed from the input elementwise has its
+ * shape, so it is in the output's loop). An output that does not read the
+ * input could be stored before another output loads it (y = m - x, with m
+ * over x: issue 23). */
 void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
-		      int *cand, int *count, int *list)
+		      int *count, int *list)
 {
-	const fz_trace *t = p->trace;
-	int nc = 0;
 	for (int k = 0; k < R->n_out; k++)
 		count[k] = 0;
 	if (R->kind != FZ_REGION_POINTWISE)
@@ -101,29 +107,26 @@ void fz_region_donors(const fz_program *p, const fz_region *R, bool *reach,
 			for (int i = 0; i < nd->n_out; i++)
 				reach[nd->out[i]->id] = d;
 		}
+		/* the outputs computed from b, of its extents and element size */
+		for (int o = 0; o < R->n_out && ok; o++) {
+			const fz_value *y = R->out[o];
+			if (!reach[y->id] || !owns(p, y) ||
+			    !fz_op_is_elementwise(y->def->op))
+				continue;
+			bool same = b->type.rank == y->type.rank &&
+				    fz_dtype_size(b->type.dtype) ==
+				    fz_dtype_size(y->type.dtype);
+			for (int d = 0; same && d < y->type.rank; d++)
+				same = fz_ext_eq(b->type.dims[d], y->type.dims[d]);
+			if (same)
+				list[o * R->n_in + count[o]++] = b->id;
+		}
 		/* clear what this walk set, not all the marks: a memset per
 		 * input made this quadratic in the trace */
 		reach[b->id] = false;
 		while (j-- > 0)
 			for (int i = 0; i < R->nodes[j]->n_out; i++)
 				reach[R->nodes[j]->out[i]->id] = false;
-		if (ok)
-			cand[nc++] = b->id;
-	}
-	for (int k = 0; k < R->n_out && nc; k++) {
-		const fz_value *o = R->out[k];
-		if (!owns(p, o) || !fz_op_is_elementwise(o->def->op))
-			continue;
-		for (int c = 0; c < nc; c++) {
-			const fz_value *b = t->values[cand[c]];
-			bool same = b->type.rank == o->type.rank &&
-				    fz_dtype_size(b->type.dtype) ==
-				    fz_dtype_size(o->type.dtype);
-			for (int d = 0; same && d < o->type.rank; d++)
-				same = fz_ext_eq(b->type.dims[d], o->type.dims[d]);
-			if (same)
-				list[k * R->n_in + count[k]++] = b->id;
-		}
 	}
 }
 
@@ -146,12 +149,11 @@ static fz_status prepare_values(fz_program *p)
 	p->n_donors = fz_arena_alloc(&p->arena, sizeof(int) * ((size_t)nv + 1));
 	p->donors = fz_arena_alloc(&p->arena, sizeof(int *) * ((size_t)nv + 1));
 	bool *reach = calloc((size_t)nv + 1, sizeof(bool));
-	int *cand = malloc(sizeof(int) * ((size_t)max_in + 1));
 	int *count = malloc(sizeof(int) * ((size_t)max_out + 1));
 	int *list = malloc(sizeof(int) * ((size_t)max_in * (size_t)max_out + 1));
 	fz_status st = FZ_ENOMEM;
-	if (!p->bytes || !p->n_donors || !p->donors || !reach || !cand ||
-	    !count || !list)
+	if (!p->bytes || !p->n_donors || !p->donors || !reach || !count ||
+	    !list)
 		goto done;
 	for (int v = 0; v < nv && !have_bytes; v++) {
 		const fz_value *x = t->values[v];
@@ -164,7 +166,7 @@ static fz_status prepare_values(fz_program *p)
 		const fz_region *R = p->regions[r];
 		if (R->kind != FZ_REGION_POINTWISE)
 			continue;
-		fz_region_donors(p, R, reach, cand, count, list);
+		fz_region_donors(p, R, reach, count, list);
 		for (int k = 0; k < R->n_out; k++) {
 			if (!count[k])
 				continue;
@@ -179,7 +181,6 @@ static fz_status prepare_values(fz_program *p)
 	st = FZ_OK;
 done:
 	free(reach);
-	free(cand);
 	free(count);
 	free(list);
 	return st;

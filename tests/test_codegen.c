@@ -185,6 +185,36 @@ START_TEST(pointwise_casts_and_ints)
 }
 END_TEST
 
+/* f64 -> bf16 and f64 -> f16 round once (issue 23.4): just above a
+ * half-type halfway point (1 + 2^-8 + k 2^-30 for bf16, 1 + 2^-11 +
+ * k 2^-30 for f16) rounds up, where a rounding to f32 first lands on the
+ * halfway point and ties to even, one ulp low; at k = 0, exactly halfway,
+ * to even. Also beyond f32's range, and at the half types' subnormals. */
+static const char *const CAST_F64_HALF =
+	"trace f(x: f64[B, 64]) {\n"
+	"  k = cast(iota(length=64, dtype=i64), dtype=f64)\n"
+	"  t = mul(k, 9.313225746154785e-10)\n"
+	"  v = add(t, 1.00390625)\n"
+	"  w = add(t, 1.00048828125)\n"
+	"  big = mul(add(t, 1.0), 3.4e38)\n"
+	"  tiny = mul(add(t, 1.5), 5.960464477539063e-08)\n"
+	"  r0 = cast(v, dtype=bf16)\n"
+	"  r1 = cast(neg(w), dtype=f16)\n"
+	"  r2 = cast(neg(v), dtype=bf16)\n"
+	"  r3 = cast(w, dtype=f16)\n"
+	"  r4 = cast(big, dtype=bf16)\n"
+	"  r5 = cast(tiny, dtype=f16)\n"
+	"  r6 = cast(mul(tiny, 1e-30), dtype=bf16)\n"
+	"  r7 = cast(x, dtype=bf16)\n"
+	"  r8 = cast(x, dtype=f16)\n"
+	"  return r0, r1, r2, r3, r4, r5, r6, r7, r8\n}\n";
+
+START_TEST(cast_f64_to_half_rounds_once)
+{
+	EXACT(CAST_F64_HALF, 3);
+}
+END_TEST
+
 START_TEST(pointwise_meta)
 {
 	EXACT("trace f(q: f32[2, 3, 16]) {\n"
@@ -441,20 +471,13 @@ START_TEST(ptx_targets_and_errors)
 	ck_assert_int_eq(fz_cg_options_parse("sm_9000", &o, &err), FZ_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "sm_9000"));
 	fz_free(err);
-	/* f64 transcendental on the GPU: unsupported, naming region and op */
-	fz_module *m = parse("trace f(x: f64[4]) {\n  r = exp(x)\n  return r\n}\n");
-	ck_assert_int_eq(fz_cg_options_parse("sm_90", &o, &err), FZ_OK);
-	fz_compiler *c;
-	ck_assert_int_eq(fz_compiler_new(&o, &c, &err), FZ_OK);
-	ptx_acc a = {c, NULL, 0};
-	fz_status st = fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1, keep_ptx, &a, &err);
-	ck_assert_int_eq(st, FZ_EUNSUPPORTED);
-	ck_assert_ptr_nonnull(strstr(err, "region 0"));
-	ck_assert_ptr_nonnull(strstr(err, "exp"));
-	fz_free(err);
-	free(a.all);
-	fz_compiler_free(c);
-	fz_module_free(m);
+	/* f64 transcendentals on the GPU: inline, no library call (issue
+	 * 23.8: they were refused) */
+	p = ptx_of("trace f(x: f64[4]) {\n  r = add(exp(x), erf(x))\n"
+		   "  s = pow(x, r)\n  return s\n}\n", "sm_90");
+	ck_assert_ptr_nonnull(strstr(p, ".f64"));
+	ck_assert_ptr_null(strstr(p, "call"));
+	free(p);
 }
 END_TEST
 
@@ -672,6 +695,78 @@ static fz_status check_dims(const fz_region *r, int op, fz_kernel *k, void *ud, 
 	return FZ_OK;
 }
 
+/* ---- chained reductions ------------------------------------------------------- */
+
+/* n reductions, each over exp of the last value less its reduction:
+ * x_k = exp(x_{k-1} - r_k), r_{k+1} = sum or amax of x_k (issue 23.10). */
+static char *chain_src(int n)
+{
+	size_t cap = 200 + (size_t)n * 120;
+	char *s = malloc(cap);
+	int len = snprintf(s, cap, "trace c(x0: f32[B, T]) {\n");
+	for (int k = 1; k <= n; k++)
+		len += snprintf(s + len, cap - (size_t)len,
+				"  r%d = %s(x%d, dims=[1], keepdim=true)\n"
+				"  x%d = exp(sub(x%d, r%d))\n", k, k % 2 ? "amax" : "sum",
+				k - 1, k, k - 1, k);
+	snprintf(s + len, cap - (size_t)len, "  return x%d\n}\n", n);
+	return s;
+}
+
+static fz_status count_insts(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	int *n = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb))
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i))
+				n[0]++;
+	n[1]++;
+	return FZ_OK;
+}
+
+/* Instructions of the chain's kernels for a target; ck fails unless the
+ * chain is one kernel. */
+static int chain_insts(int n, const char *target)
+{
+	char *src = chain_src(n);
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse(target, &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	int cnt[2] = {0, 0};
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
+					  count_insts, cnt, NULL), FZ_OK);
+	ck_assert_int_eq(cnt[1], 1);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	free(src);
+	return cnt[0];
+}
+
+/* Where the row is not in registers, each pass reads the last pass's value
+ * back instead of computing the whole chain again: the kernel grows
+ * linearly with the chain (it grew as the square, the compile time as the
+ * cube), and computes what the interpreter does. */
+START_TEST(rows_chain_linear)
+{
+	const char *targets[] = {"host", "emu"};
+	for (int t = 0; t < 2; t++) {
+		int a = chain_insts(6, targets[t]), b = chain_insts(12, targets[t]);
+		ck_assert_msg(b < 2.4 * a, "%s: %d instructions for 6 reductions, "
+			      "%d for 12", targets[t], a, b);
+	}
+	char *src = chain_src(7);
+	CLOSE(src, 1e-5, 3, 37);
+	free(src);
+}
+END_TEST
+
 START_TEST(launch_dims_properties)
 {
 	static const int64_t binds[][2] = {{1, 1}, {3, 17}, {17, 3}, {1, 1000},
@@ -717,6 +812,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_f32_exact);
 	tcase_add_test(pw, pointwise_odd_inner_extents);
 	tcase_add_test(pw, pointwise_casts_and_ints);
+	tcase_add_test(pw, cast_f64_to_half_rounds_once);
 	tcase_add_test(pw, pointwise_meta);
 	tcase_add_test(pw, pointwise_uniform_iota);
 	tcase_add_test(pw, pointwise_math_close);
@@ -739,6 +835,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(px, ptx_row_in_registers);
 	tcase_add_test(px, ptx_scan_select);
 	tcase_add_test(px, launch_dims_properties);
+	tcase_add_test(px, rows_chain_linear);
 	suite_add_tcase(s, px);
 	return s;
 }

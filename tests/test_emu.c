@@ -597,6 +597,88 @@ START_TEST(half_atomics)
 }
 END_TEST
 
+/* src at B, T on emu (32-bit indices, lanes): must run; the worst error
+ * relative to tol */
+static double emu_worst(const char *src, int64_t B, int64_t T, double tol)
+{
+	int64_t syms[2] = {B, T};
+	double worst;
+	char *err = NULL;
+	fz_status st = emu_compare(src, syms, emu_opts(true, true, 0), tol, &worst,
+				   &err, NULL);
+	ck_assert_msg(st == FZ_OK, "%s", err ? err : fz_status_name(st));
+	free(err);
+	return worst;
+}
+
+/* The GPU's f64 -> f16/bf16 casts round once (issue 23.4; test_codegen
+ * has the host's): values just above a halfway point round up, bit for
+ * bit as the interpreter's. */
+START_TEST(cast_f64_half_once)
+{
+	const char *src =
+		"trace f(x: f64[B, T]) {\n"
+		"  s = add(mul(x, 1e-12), 1.00048828125)\n"
+		"  a = cast(add(s, 0.00341796875), dtype=bf16)\n"
+		"  h = cast(neg(s), dtype=f16)\n"
+		"  return a, h\n}\n";
+	double worst = emu_worst(src, 3, 17, 0x1p-1000);
+	ck_assert_msg(worst == 0, "not bit for bit: worst %g", worst);
+}
+END_TEST
+
+/* take, take_along and index_add into an extent of 0 (issue 23.5): every
+ * index is out of range and is reported, and the kernels load and store
+ * nothing (they read or wrote element 0 of the empty buffer, which the
+ * emulator caught); at an extent of 5 they match the interpreter. */
+START_TEST(index_into_empty_extent)
+{
+	const char *const srcs[] = {
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, 4], ids: i64[B]) {\n"
+		"  y = take(mul(w, 2.0), ids, dim=0)\n  return y\n}\n",
+		"trace f(w: f32[V, B], ids: i64[3, B]) {\n"
+		"  y = take_along(w, ids, dim=0)\n  return y\n}\n",
+		"trace f(x: f32[V, 4], ids: i64[B], s: f32[B, 4]) {\n"
+		"  y = index_add(x, ids, s, dim=0)\n  return y\n}\n",
+	};
+	for (size_t i = 0; i < sizeof srcs / sizeof *srcs; i++)
+		for (int64_t V = 0; V <= 5; V += 5) {
+			int64_t syms[2] = {V, 3};
+			double worst;
+			char *err = NULL;
+			fz_status st = emu_compare(srcs[i], syms, emu_opts(true, true, 0),
+						   1e-6, &worst, &err, NULL);
+			ck_assert_msg(st == (V ? FZ_OK : FZ_ERANGE), "trace %zu at V=%lld: %s "
+				      "(%s)", i, (long long)V, fz_status_name(st), err ? err : "");
+			ck_assert_msg(worst <= 1, "trace %zu: worst %g", i, worst);
+			free(err);
+		}
+}
+END_TEST
+
+/* The GPU's f64 math (issue 23.8: it refused these ops): within a few
+ * ulp of the interpreter's libm over ranges that reach overflow to inf
+ * and underflow to 0 (exp at +-800, exp2 at +-1100), subnormal and huge
+ * logs, angles to 100, erf's series, continued fraction and tail. */
+START_TEST(f64_math)
+{
+	const char *src =
+		"trace f(x: f64[B, T], y: f64[B, T]) {\n"
+		"  e = exp(mul(x, 400.0))\n  e2 = exp2(mul(x, 550.0))\n"
+		"  l = log(mul(abs(x), 1e300))\n  ls = log(mul(abs(x), 1e-312))\n"
+		"  l2 = log2(abs(x))\n  lp = log1p(mul(x, 0.49))\n"
+		"  em = expm1(x)\n  s = sin(mul(x, 50.0))\n  c = cos(mul(x, 50.0))\n"
+		"  th = tanh(mul(x, 12.0))\n  sg = sigmoid(mul(x, 20.0))\n"
+		"  ef = erf(mul(x, 3.5))\n"
+		"  p = pow(abs(mul(x, 10.0)), mul(y, 8.0))\n"
+		"  return e, e2, l, ls, l2, lp, em, s, c, th, sg, ef, p\n}\n";
+	double worst = emu_worst(src, 5, 97, 1e-14);
+	ck_assert_msg(worst <= 1, "worst %g x 1e-14", worst);
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -631,6 +713,9 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, forced_64bit_indices);
 	tcase_add_test(tc, misaligned_vector_access);
 	tcase_add_test(tc, half_atomics);
+	tcase_add_test(tc, cast_f64_half_once);
+	tcase_add_test(tc, index_into_empty_extent);
+	tcase_add_test(tc, f64_math);
 	suite_add_tcase(s, tc);
 	return s;
 }

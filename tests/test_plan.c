@@ -100,6 +100,47 @@ static fz_module *load_file(const char *path)
 
 static int64_t round256(int64_t x) { return (x + 255) / 256 * 256; }
 
+/* Whether value v of region r is computed from value b (walking defs
+ * inside the region). */
+static bool computed_from(const fz_program *p, int r, const fz_value *v,
+			  const fz_value *b)
+{
+	if (v == b)
+		return true;
+	if (!v->def || p->region_of[v->def->id] != r)
+		return false;
+	for (int i = 0; i < v->def->n_in; i++)
+		if (computed_from(p, r, v->def->in[i], b))
+			return true;
+	return false;
+}
+
+/* An output that takes over an input's buffer in place is computed from
+ * that input: then the kernel stores each element after loading it, and
+ * no other read of the input in the region comes after the store (issue
+ * 23: y = m - x with m placed over x read x after m's store). */
+static void check_in_place(const fz_program *p)
+{
+	const fz_trace *t = p->trace;
+	for (int r = 0; r < p->n_regions; r++) {
+		const fz_region *R = p->regions[r];
+		for (int k = 0; k < R->n_out; k++) {
+			const fz_value *o = R->out[k];
+			int b = p->buffer[o->id];
+			if (b == o->id || p->offset[o->id] < 0 ||
+			    (p->view_of && p->view_of[o->id]))
+				continue;
+			for (int i = 0; i < R->n_in; i++)
+				if (R->in[i]->id == b)
+					ck_assert_msg(computed_from(p, r, o, t->values[b]),
+						      "%s: region %d stores %s over %s, "
+						      "which it is not computed from",
+						      t->name, r, o->name ? o->name : "?",
+						      t->values[b]->name ? t->values[b]->name : "?");
+		}
+	}
+}
+
 /* Checks p against its trace and returns the brute-force peak of p->order. */
 static int64_t check_plan(const fz_program *p)
 {
@@ -225,6 +266,7 @@ static int64_t check_plan(const fz_program *p)
 	free(last);
 	free(size);
 	free(step);
+	check_in_place(p);
 
 	ck_assert_int_eq(peak, p->peak_bytes);
 	/* communication scheduling (ir/comm.c) trades bytes for overlap under
@@ -336,6 +378,27 @@ START_TEST(library_calls_are_alone)
 	const fz_trace *t = p->trace;
 	ck_assert_int_eq(p->buffer[named(t, "c")->id], named(t, "b")->id);
 	ck_assert_int_eq(p->peak_bytes, 2 * 64 * 64 * 4);
+	check_plan(p);
+	fz_program_free(p);
+	fz_module_free(m);
+}
+END_TEST
+
+/* Issue 23: m = r * 2 must not take over x, which y = m - x reads in the
+ * same region; y, computed from x, may (and r from s). */
+START_TEST(in_place_only_over_what_it_reads)
+{
+	fz_module *m = parse(
+		"trace t(p: f32[17]) {\n"
+		"  x = cumsum(p, dim=0)\n  s = cumsum(x, dim=0)\n"
+		"  r = add(s, 1.0)\n  m = mul(r, 2.0)\n  y = sub(m, x)\n"
+		"  c = cumsum(m, dim=0)\n  return y, r, c\n}\n");
+	fz_program *p = plan(fz_module_trace(m, 0));
+	const fz_trace *t = p->trace;
+	int x = named(t, "x")->id, s = named(t, "s")->id;
+	ck_assert_int_ne(p->buffer[named(t, "m")->id], x);
+	ck_assert_int_eq(p->buffer[named(t, "y")->id], x);
+	ck_assert_int_eq(p->buffer[named(t, "r")->id], s);
 	check_plan(p);
 	fz_program_free(p);
 	fz_module_free(m);
@@ -1246,6 +1309,7 @@ Suite *plan_suite(void)
 	tcase_add_test(tc, softmax_rmsnorm_one_kernel);
 	tcase_add_test(tc, reduction_with_epilogue);
 	tcase_add_test(tc, library_calls_are_alone);
+	tcase_add_test(tc, in_place_only_over_what_it_reads);
 	tcase_add_test(tc, no_cycle_through_a_library_call);
 	tcase_add_test(tc, cross_entropy_two_kernels);
 	tcase_add_test(tc, embedding_indexing);
