@@ -42,17 +42,32 @@
 #include "cg.h"
 #include "llvm.h"
 
+/* The lane width a value of dtype d asks for. On the host a 64-bit integer
+ * counts as 4 bytes: in a float region it is an index or a target (a
+ * cross-entropy's class, an index_add's row), read once per row or compared
+ * with an iota, and sizing the lane group for it would halve the width of
+ * every float op of the region (4 lanes of f32 in a 32-byte register);
+ * LLVM splits the few 64-bit integer vectors in two instead. The GPU keeps
+ * its 16-byte loads. */
+static size_t lane_width(cg *g, fz_dtype d)
+{
+	size_t w = fz_dtype_size(d);
+	if (g->o.target == FZ_CG_HOST && w == 8 && fz_dtype_is_int(d))
+		w = 4;
+	return w;
+}
+
 int cg_lanes_for(cg *g)
 {
 	if (!g->o.vectorize)
 		return 1;
 	size_t w = 1;
 	for (int i = 0; i < g->r->n_in; i++)
-		if (fz_dtype_size(g->r->in[i]->type.dtype) > w)
-			w = fz_dtype_size(g->r->in[i]->type.dtype);
+		if (lane_width(g, g->r->in[i]->type.dtype) > w)
+			w = lane_width(g, g->r->in[i]->type.dtype);
 	for (int i = 0; i < g->r->n_out; i++)
-		if (fz_dtype_size(g->r->out[i]->type.dtype) > w)
-			w = fz_dtype_size(g->r->out[i]->type.dtype);
+		if (lane_width(g, g->r->out[i]->type.dtype) > w)
+			w = lane_width(g, g->r->out[i]->type.dtype);
 	int l = (int)((size_t)cg_vector_bytes(g) / w);
 	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
 }
