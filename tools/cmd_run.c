@@ -167,7 +167,9 @@ static double rng_normal(uint64_t *s)
 }
 
 /* The values that are p seen another way: p, and what meta ops, casts,
- * collectives and waits make of them. NULL when out of memory. */
+ * collectives and waits make of them, and a where that picks between p and
+ * something else (an ignore_index masked to 0 before a take_along, as a
+ * cross-entropy exports it). NULL when out of memory. */
 static char *same_data(const fz_trace *t, const fz_value *p)
 {
 	char *reach = calloc((size_t)t->n_values, 1);
@@ -182,6 +184,8 @@ static char *same_data(const fz_trace *t, const fz_value *p)
 		for (int k = 0; passes && k < nd->n_in; k++)
 			if (reach[nd->in[k]->id])
 				reach[nd->out[0]->id] = 1;
+		if (nd->op == FZ_OP_WHERE && (reach[nd->in[1]->id] || reach[nd->in[2]->id]))
+			reach[nd->out[0]->id] = 1;
 	}
 	return reach;
 }
