@@ -400,6 +400,10 @@ static int make_outputs(const fz_trace *t, const int64_t *syms, fz_tensor *out)
 				     fz_value_dtype(v), fz_value_rank(v), shape);
 		if (!out[k].data)
 			return -1;
+		/* touched here, in set-up: a fresh page's first touch is not the
+		 * run's (200 MB of outputs, an AdamW step's, took longer to fault
+		 * in than the kernels took to fill, all in the first iteration) */
+		memset(out[k].data, 0, bytes);
 	}
 	return 0;
 }
