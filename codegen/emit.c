@@ -17,7 +17,8 @@
  *   uniform          linear index (ir/philox.h is the definition)
  *   take,            the index tensor at the mapped index, checked against
  *   take_along       the extent (a bad one sets the error word and reads
- *                    element 0 instead), then the operand at it
+ *                    element 0 instead, or nothing where the extent may be
+ *                    0), then the operand at it
  *   a reduction      the row's reduced value, set by the row skeleton, when
  *                    the index is the current row
  *
