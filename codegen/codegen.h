@@ -105,7 +105,8 @@
                               * through a bad index, f64 math and byte
                               * index_add on the GPU, chained passes; 8:
                               * host lanes sized with i64 as 4 bytes, the
-                              * last host pass keeps an output for the tail) */
+                              * last host pass keeps an output for the tail,
+                              * host f32/f64 index_add by lanes) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

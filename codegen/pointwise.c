@@ -200,6 +200,64 @@ static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
 	at_end(g, done);
 }
 
+/* The host's scatter of f32 or f64 along a dim other than the innermost
+ * (an embedding's backward: rows of dy added into the rows of the table
+ * that idx names): L lanes along the innermost dim share one index, so a
+ * step reads the index once and adds a vector of src into a vector of y
+ * (the one-element loop read the index, checked it and added one element
+ * at a time). false: not such a scatter. */
+static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
+{
+	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
+	int dim = ia->attrs.dim, last = src->type.rank - 1;
+	fz_dtype d = y->type.dtype;
+	if (g->o.target != FZ_CG_HOST || last < 0 || dim == last ||
+	    (d != FZ_F32 && d != FZ_F64) || src->type.dtype != d)
+		return false;
+	int L = cg_lanes_fit(g, cg_lanes_for(g), src->type.dims[last]);
+	if (L < 2)
+		return false;
+	if (L > g->k->vec)
+		g->k->vec = L;
+	fz_ext work = numel;
+	work.c /= L;
+	V gid, lim = cg_ext(g, work);
+	cg_host_chunk(g, lim, &gid, &lim); /* serial: after the copy, in part 0 */
+	cg_loop Lp;
+	cg_loop_begin(g, &Lp, gid, lim, c_int(g->ity, 1));
+	cg_ix J[FZ_VW_MAX][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
+	cg_delinearize(g, &src->type, mul(g, Lp.iv, c_int(g->ity, L)), L, J[0]);
+	for (int l = 1; l < L; l++) {
+		memcpy(J[l], J[0], sizeof J[0]);
+		J[l][last].o += l;
+	}
+	K[0][0] = J[0][dim];
+	V k, v[FZ_VW_MAX];
+	cg_value(g, idx, 1, K, &k);
+	cg_value(g, src, L, J, v);
+	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
+	V bad = icmp(g, LLVMIntUGE, k, E);
+	cg_flag_error(g, ia, bad);
+	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
+	cond_br(g, bad, next, add_b);
+	at_end(g, add_b);
+	memcpy(I[0], J[0], sizeof J[0]);
+	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
+	cg_ix lin;
+	cg_linear(g, &y->type, I[0], &lin);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	T vt = t_vec(cg_stype(g, d), (unsigned)L);
+	V p = cg_access_ptr(g, g->slot[y->id], d, cg_ix_value(g, lin), L, true, es);
+	V sv = c_undef(vt);
+	for (int l = 0; l < L; l++)
+		sv = insert(g, sv, v[l], (unsigned)l);
+	store(g, fadd(g, load(g, vt, p, es), sv), p, es);
+	br(g, next);
+	at_end(g, next);
+	cg_loop_end(g, &Lp);
+	return true;
+}
+
 static void scatter_loop(cg *g, const fz_node *ia)
 {
 	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
@@ -211,6 +269,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		return;
 	}
 	add_work(g, cg_gpu(g) ? 1 : 0, numel);
+	if (scatter_lanes(g, ia, numel))
+		return;
 	if (cg_gpu(g) && d == FZ_BOOL) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
