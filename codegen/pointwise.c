@@ -200,6 +200,36 @@ static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
 	at_end(g, done);
 }
 
+/* One step of a scatter at src index J (n lanes along the innermost dim
+ * under one index): reads the index, flags a bad one and skips it (a bad
+ * index adds nothing anywhere: row 0 may not exist: x may have no rows at
+ * all), and returns y's address for the adds, in block scatter.add; the
+ * step ends in *next. What the adds add is computed before, in the step's
+ * first block. */
+static V scatter_target(cg *g, const fz_node *ia, const cg_ix *J, int n,
+			LLVMBasicBlockRef *next)
+{
+	const fz_value *x = ia->in[0], *idx = ia->in[1], *y = ia->out[0];
+	int dim = ia->attrs.dim;
+	cg_ix K[1][FZ_MAX_RANK], I[FZ_MAX_RANK];
+	K[0][0] = J[dim];
+	V k;
+	cg_value(g, idx, 1, K, &k);
+	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
+	V bad = icmp(g, LLVMIntUGE, k, E);
+	cg_flag_error(g, ia, bad);
+	LLVMBasicBlockRef add_b = block(g, "scatter.add");
+	*next = block(g, "scatter.next");
+	cond_br(g, bad, *next, add_b);
+	at_end(g, add_b);
+	memcpy(I, J, sizeof I);
+	I[dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
+	cg_ix lin;
+	cg_linear(g, &y->type, I, &lin);
+	return cg_access_ptr(g, g->slot[y->id], y->type.dtype, cg_ix_value(g, lin), n,
+			     true, (unsigned)fz_dtype_size(y->type.dtype));
+}
+
 /* The host's scatter of f32 or f64 along a dim other than the innermost
  * (an embedding's backward: rows of dy added into the rows of the table
  * that idx names): L lanes along the innermost dim share one index, so a
@@ -208,7 +238,7 @@ static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
  * at a time). false: not such a scatter. */
 static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 {
-	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
+	const fz_value *src = ia->in[2], *y = ia->out[0];
 	int dim = ia->attrs.dim, last = src->type.rank - 1;
 	fz_dtype d = y->type.dtype;
 	if (g->o.target != FZ_CG_HOST || last < 0 || dim == last ||
@@ -225,29 +255,18 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 	cg_host_chunk(g, lim, &gid, &lim); /* serial: after the copy, in part 0 */
 	cg_loop Lp;
 	cg_loop_begin(g, &Lp, gid, lim, c_int(g->ity, 1));
-	cg_ix J[FZ_VW_MAX][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
+	cg_ix J[FZ_VW_MAX][FZ_MAX_RANK];
 	cg_delinearize(g, &src->type, mul(g, Lp.iv, c_int(g->ity, L)), L, J[0]);
 	for (int l = 1; l < L; l++) {
 		memcpy(J[l], J[0], sizeof J[0]);
 		J[l][last].o += l;
 	}
-	K[0][0] = J[0][dim];
-	V k, v[FZ_VW_MAX];
-	cg_value(g, idx, 1, K, &k);
+	V v[FZ_VW_MAX];
 	cg_value(g, src, L, J, v);
-	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
-	V bad = icmp(g, LLVMIntUGE, k, E);
-	cg_flag_error(g, ia, bad);
-	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
-	cond_br(g, bad, next, add_b);
-	at_end(g, add_b);
-	memcpy(I[0], J[0], sizeof J[0]);
-	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
-	cg_ix lin;
-	cg_linear(g, &y->type, I[0], &lin);
+	LLVMBasicBlockRef next;
+	V p = scatter_target(g, ia, J[0], L, &next);
 	unsigned es = (unsigned)fz_dtype_size(d);
 	T vt = t_vec(cg_stype(g, d), (unsigned)L);
-	V p = cg_access_ptr(g, g->slot[y->id], d, cg_ix_value(g, lin), L, true, es);
 	V sv = c_undef(vt);
 	for (int l = 0; l < L; l++)
 		sv = insert(g, sv, v[l], (unsigned)l);
@@ -260,8 +279,7 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 
 static void scatter_loop(cg *g, const fz_node *ia)
 {
-	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
-	int dim = ia->attrs.dim;
+	const fz_value *src = ia->in[2], *y = ia->out[0];
 	fz_dtype d = y->type.dtype;
 	fz_ext numel;
 	if (!fz_type_numel(&src->type, &numel)) {
@@ -283,27 +301,12 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		cg_host_chunk(g, lim, &gid, &lim);
 	cg_loop L;
 	cg_loop_begin(g, &L, gid, lim, gsz);
-	cg_ix J[1][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
+	cg_ix J[1][FZ_MAX_RANK];
 	cg_delinearize(g, &src->type, L.iv, 1, J[0]);
-	K[0][0] = J[0][dim];
-	V k, v;
-	cg_value(g, idx, 1, K, &k);
+	V v;
 	cg_value(g, src, 1, J, &v);
-	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
-	V bad = icmp(g, LLVMIntUGE, k, E);
-	cg_flag_error(g, ia, bad);
-	/* a bad index adds nothing anywhere: the add is skipped (row 0 may
-	 * not exist: x may have no rows at all) */
-	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
-	cond_br(g, bad, next, add_b);
-	at_end(g, add_b);
-	memcpy(I[0], J[0], sizeof J[0]);
-	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
-	cg_ix lin;
-	cg_linear(g, &y->type, I[0], &lin);
-	int s = g->slot[y->id];
-	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true,
-			     (unsigned)fz_dtype_size(d));
+	LLVMBasicBlockRef next;
+	V p = scatter_target(g, ia, J[0], 1, &next);
 	if (g->o.target == FZ_CG_EMU && (d == FZ_BF16 || d == FZ_F16)) {
 		emu_atomic_add_half(g, p, v, d);
 	} else if (cg_gpu(g) && d == FZ_BF16) {
