@@ -42,17 +42,32 @@
 #include "cg.h"
 #include "llvm.h"
 
+/* The lane width a value of dtype d asks for. On the host a 64-bit integer
+ * counts as 4 bytes: in a float region it is an index or a target (a
+ * cross-entropy's class, an index_add's row), read once per row or compared
+ * with an iota, and sizing the lane group for it would halve the width of
+ * every float op of the region (4 lanes of f32 in a 32-byte register);
+ * LLVM splits the few 64-bit integer vectors in two instead. The GPU keeps
+ * its 16-byte loads. */
+static size_t lane_width(cg *g, fz_dtype d)
+{
+	size_t w = fz_dtype_size(d);
+	if (g->o.target == FZ_CG_HOST && w == 8 && fz_dtype_is_int(d))
+		w = 4;
+	return w;
+}
+
 int cg_lanes_for(cg *g)
 {
 	if (!g->o.vectorize)
 		return 1;
 	size_t w = 1;
 	for (int i = 0; i < g->r->n_in; i++)
-		if (fz_dtype_size(g->r->in[i]->type.dtype) > w)
-			w = fz_dtype_size(g->r->in[i]->type.dtype);
+		if (lane_width(g, g->r->in[i]->type.dtype) > w)
+			w = lane_width(g, g->r->in[i]->type.dtype);
 	for (int i = 0; i < g->r->n_out; i++)
-		if (fz_dtype_size(g->r->out[i]->type.dtype) > w)
-			w = fz_dtype_size(g->r->out[i]->type.dtype);
+		if (lane_width(g, g->r->out[i]->type.dtype) > w)
+			w = lane_width(g, g->r->out[i]->type.dtype);
 	int l = (int)((size_t)cg_vector_bytes(g) / w);
 	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
 }
@@ -185,10 +200,86 @@ static void emu_atomic_add_half(cg *g, V p, V v, fz_dtype d)
 	at_end(g, done);
 }
 
+/* One step of a scatter at src index J (n lanes along the innermost dim
+ * under one index): reads the index, flags a bad one and skips it (a bad
+ * index adds nothing anywhere: row 0 may not exist: x may have no rows at
+ * all), and returns y's address for the adds, in block scatter.add; the
+ * step ends in *next. What the adds add is computed before, in the step's
+ * first block. */
+static V scatter_target(cg *g, const fz_node *ia, const cg_ix *J, int n,
+			LLVMBasicBlockRef *next)
+{
+	const fz_value *x = ia->in[0], *idx = ia->in[1], *y = ia->out[0];
+	int dim = ia->attrs.dim;
+	cg_ix K[1][FZ_MAX_RANK], I[FZ_MAX_RANK];
+	K[0][0] = J[dim];
+	V k;
+	cg_value(g, idx, 1, K, &k);
+	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
+	V bad = icmp(g, LLVMIntUGE, k, E);
+	cg_flag_error(g, ia, bad);
+	LLVMBasicBlockRef add_b = block(g, "scatter.add");
+	*next = block(g, "scatter.next");
+	cond_br(g, bad, *next, add_b);
+	at_end(g, add_b);
+	memcpy(I, J, sizeof I);
+	I[dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
+	cg_ix lin;
+	cg_linear(g, &y->type, I, &lin);
+	return cg_access_ptr(g, g->slot[y->id], y->type.dtype, cg_ix_value(g, lin), n,
+			     true, (unsigned)fz_dtype_size(y->type.dtype));
+}
+
+/* The host's scatter of f32 or f64 along a dim other than the innermost
+ * (an embedding's backward: rows of dy added into the rows of the table
+ * that idx names): L lanes along the innermost dim share one index, so a
+ * step reads the index once and adds a vector of src into a vector of y
+ * (the one-element loop read the index, checked it and added one element
+ * at a time). false: not such a scatter. */
+static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
+{
+	const fz_value *src = ia->in[2], *y = ia->out[0];
+	int dim = ia->attrs.dim, last = src->type.rank - 1;
+	fz_dtype d = y->type.dtype;
+	if (g->o.target != FZ_CG_HOST || last < 0 || dim == last ||
+	    (d != FZ_F32 && d != FZ_F64) || src->type.dtype != d)
+		return false;
+	int L = cg_lanes_fit(g, cg_lanes_for(g), src->type.dims[last]);
+	if (L < 2)
+		return false;
+	if (L > g->k->vec)
+		g->k->vec = L;
+	fz_ext work = numel;
+	work.c /= L;
+	V gid, lim = cg_ext(g, work);
+	cg_host_chunk(g, lim, &gid, &lim); /* serial: after the copy, in part 0 */
+	cg_loop Lp;
+	cg_loop_begin(g, &Lp, gid, lim, c_int(g->ity, 1));
+	cg_ix J[FZ_VW_MAX][FZ_MAX_RANK];
+	cg_delinearize(g, &src->type, mul(g, Lp.iv, c_int(g->ity, L)), L, J[0]);
+	for (int l = 1; l < L; l++) {
+		memcpy(J[l], J[0], sizeof J[0]);
+		J[l][last].o += l;
+	}
+	V v[FZ_VW_MAX];
+	cg_value(g, src, L, J, v);
+	LLVMBasicBlockRef next;
+	V p = scatter_target(g, ia, J[0], L, &next);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	T vt = t_vec(cg_stype(g, d), (unsigned)L);
+	V sv = c_undef(vt);
+	for (int l = 0; l < L; l++)
+		sv = insert(g, sv, v[l], (unsigned)l);
+	store(g, fadd(g, load(g, vt, p, es), sv), p, es);
+	br(g, next);
+	at_end(g, next);
+	cg_loop_end(g, &Lp);
+	return true;
+}
+
 static void scatter_loop(cg *g, const fz_node *ia)
 {
-	const fz_value *x = ia->in[0], *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
-	int dim = ia->attrs.dim;
+	const fz_value *src = ia->in[2], *y = ia->out[0];
 	fz_dtype d = y->type.dtype;
 	fz_ext numel;
 	if (!fz_type_numel(&src->type, &numel)) {
@@ -196,6 +287,8 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		return;
 	}
 	add_work(g, cg_gpu(g) ? 1 : 0, numel);
+	if (scatter_lanes(g, ia, numel))
+		return;
 	if (cg_gpu(g) && d == FZ_BOOL) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "index_add of %s needs an atomic add "
 			"the GPU lacks", fz_dtype_name(d));
@@ -208,27 +301,12 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		cg_host_chunk(g, lim, &gid, &lim);
 	cg_loop L;
 	cg_loop_begin(g, &L, gid, lim, gsz);
-	cg_ix J[1][FZ_MAX_RANK], K[1][FZ_MAX_RANK], I[1][FZ_MAX_RANK];
+	cg_ix J[1][FZ_MAX_RANK];
 	cg_delinearize(g, &src->type, L.iv, 1, J[0]);
-	K[0][0] = J[0][dim];
-	V k, v;
-	cg_value(g, idx, 1, K, &k);
+	V v;
 	cg_value(g, src, 1, J, &v);
-	V E = zext_or_trunc(g, cg_ext(g, x->type.dims[dim]), t_i64(g));
-	V bad = icmp(g, LLVMIntUGE, k, E);
-	cg_flag_error(g, ia, bad);
-	/* a bad index adds nothing anywhere: the add is skipped (row 0 may
-	 * not exist: x may have no rows at all) */
-	LLVMBasicBlockRef add_b = block(g, "scatter.add"), next = block(g, "scatter.next");
-	cond_br(g, bad, next, add_b);
-	at_end(g, add_b);
-	memcpy(I[0], J[0], sizeof J[0]);
-	I[0][dim] = cg_ix_of(zext_or_trunc(g, k, g->ity), 1);
-	cg_ix lin;
-	cg_linear(g, &y->type, I[0], &lin);
-	int s = g->slot[y->id];
-	V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin), 1, true,
-			     (unsigned)fz_dtype_size(d));
+	LLVMBasicBlockRef next;
+	V p = scatter_target(g, ia, J[0], 1, &next);
 	if (g->o.target == FZ_CG_EMU && (d == FZ_BF16 || d == FZ_F16)) {
 		emu_atomic_add_half(g, p, v, d);
 	} else if (cg_gpu(g) && d == FZ_BF16) {

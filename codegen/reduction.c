@@ -90,6 +90,9 @@ typedef struct rows {
 	 * before it reduced, from chain[k] (NULL: none). */
 	bool chained;
 	const fz_value *chain[64];
+	/* The keep (host): the last pass stores output `keep_o`, which it
+	 * computes anyway, and the tail reads it back (see "the keep"). */
+	const fz_value *keep_o;
 } rows;
 
 static V identity(cg *g, fz_opcode op, T t)
@@ -496,8 +499,17 @@ static bool costly(const cg *g, const fz_value *v, int *budget)
  * and the math spilled). */
 #define FZ_HOST_ACCS 4
 
+/* The keep's store in the last pass: o at the step's lanes (what computing
+ * x computed already, from the emitter's memo). */
+static void keep_store(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	V kv[FZ_VW_MAX];
+	cg_value(g, R->keep_o, R->L, ix, kv);
+	cg_store(g, R->keep_o, R->L, ix, kv);
+}
+
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
-	      const fz_value *stash, const fz_value *reload)
+	      const fz_value *stash, const fz_value *reload, bool keep)
 {
 	accum A[FZ_HOST_ACCS];
 	T t = cg_ctype(g, x->type.dtype);
@@ -529,6 +541,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 			acc_step(g, R, &A[i], vals, NULL, mh, ml);
 			if (stash)
 				cg_store(g, stash, R->L, ix, vals);
+			if (keep)
+				keep_store(g, R, ix);
 		}
 		cg_loop_end(g, &M);
 	}
@@ -544,6 +558,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 	acc_step(g, R, &A[0], vals, NULL, mh, ml);
 	if (stash)
 		cg_store(g, stash, R->L, ix, vals);
+	if (keep)
+		keep_store(g, R, ix);
 	cg_loop_end(g, &L);
 	return acc_finish(g, R, A, n, lo);
 }
@@ -562,8 +578,9 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
 	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
-static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
+static void reduce_node(cg *g, rows *R, const fz_node *n, int k, bool last)
 {
+	bool keep = last && R->keep_o;
 	const fz_value *x = n->in[0];
 	if (n->op == FZ_OP_AMAX || n->op == FZ_OP_AMIN)
 		cg_flag_error(g, n, icmp(g, LLVMIntEQ, R->count, c_int(g->ity, 0)));
@@ -572,7 +589,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	if (n->op != FZ_OP_VAR_MEAN) {
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
 			   n == R->stash_by || R->chained ? R->stash_o : NULL,
-			   R->chained ? R->chain[k] : NULL);
+			   R->chained ? R->chain[k] : NULL, keep);
 		T rt = cg_ctype(g, x->type.dtype);
 		/* an integer sum accumulates in i64 and is a value of its
 		 * dtype: u8, i8, i32 wrap before the region uses it */
@@ -585,7 +602,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL);
+	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL, false);
 	V mh, ml;
 	if (t == t_f32(g)) {
 		V s = pair_sum(g, sh, lo, t_f64(g));
@@ -597,7 +614,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
 		ml = c_real(t, 0.0);
 	}
-	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
+	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL, keep);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
 	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
@@ -761,6 +778,72 @@ static void stash_pick(cg *g, rows *R, const fz_node *last)
 	R->stash_by = last;
 	R->stash_v = v;
 	R->stash_o = o;
+}
+
+/* ---- the keep (host) ------------------------------------------------------------
+ * An add + rms_norm with both results as outputs (h = x + r; y = norm(h))
+ * computes h in every pass, the tail included, and stores it in the tail:
+ * in bf16 that is two loads, two widenings, an add and a rounding per
+ * element again, a third of the tail's instructions. On the host the last
+ * pass stores such an output as it computes it, and the tail reads it
+ * back (one load and a widening) and does not store it again. Taken when
+ * there is neither a stash nor a chain, and
+ *   - an output o of the domain's shape reads no reduced value (it is
+ *     computed before any reduction of the row, the same in every pass),
+ *     and the last reduction's operand is made from it (the last pass
+ *     computes it anyway);
+ *   - no other output, o taken as given, reads a region input of the
+ *     domain's shape (the stash's rule: o may be written over an input,
+ *     in place; the last pass reads each index before it stores there,
+ *     and no later pass reads the row; a row's output, a take_along of
+ *     the row, would).
+ * What the tail reads back is o's value at its own index, rounded to o's
+ * dtype when the pass made it: the same as computing it again. */
+
+/* v's expression reads a reduced value (or the walk ran out) */
+static bool reads_reduced(const cg *g, const fz_value *v, int *budget)
+{
+	if (--*budget < 0 || g->is_red[v->id])
+		return true;
+	if (!v->def || region_input(g, v))
+		return false;
+	for (int i = 0; i < v->def->n_in; i++)
+		if (reads_reduced(g, v->def->in[i], budget))
+			return true;
+	return false;
+}
+
+/* v's expression, down to the region's inputs and reduced values, has o */
+static bool made_from(const cg *g, const fz_value *v, const fz_value *o, int *budget)
+{
+	if (v == o)
+		return true;
+	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
+		return false;
+	for (int i = 0; i < v->def->n_in; i++)
+		if (made_from(g, v->def->in[i], o, budget))
+			return true;
+	return false;
+}
+
+static void keep_pick(cg *g, rows *R, const fz_node *last)
+{
+	const fz_region *r = g->r;
+	const fz_value *o = NULL;
+	for (int i = 0; i < r->n_out && !o; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		const fz_value *c = r->out[i];
+		int b1 = STASH_WALK, b2 = STASH_WALK;
+		if (classify(g, R, c, tmp) == 2 && !region_input(g, c) &&
+		    !reads_reduced(g, c, &b1) && made_from(g, last->in[0], c, &b2))
+			o = c;
+	}
+	for (int i = 0; i < r->n_out && o; i++) {
+		int b = STASH_WALK;
+		if (r->out[i] != o && reads_domain_input(g, R, r->out[i], o, &b))
+			o = NULL;
+	}
+	R->keep_o = o;
 }
 
 /* ---- the chain ------------------------------------------------------------------
@@ -947,9 +1030,11 @@ void cg_rows(cg *g)
 		row_regs(g, &R);
 	else if (!chain_pick(g, &R, reds, nr) && g->o.target == FZ_CG_HOST)
 		stash_pick(g, &R, reds[nr - 1]);
+	if (!R.S && !R.chained && !R.stash_o && g->o.target == FZ_CG_HOST)
+		keep_pick(g, &R, reds[nr - 1]);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
-		reduce_node(g, &R, reds[i], i);
+		reduce_node(g, &R, reds[i], i, i == nr - 1);
 
 	/* row-shaped outputs, then the tail over the row */
 	V leader = icmp(g, LLVMIntEQ, R.tid_in_row, c_int(g->ity, 0));
@@ -963,7 +1048,7 @@ void cg_rows(cg *g)
 			break;
 		}
 		if (kind == 2) {
-			n_tail++;
+			n_tail += r->out[i] != R.keep_o;
 			continue;
 		}
 		V v;
@@ -987,9 +1072,11 @@ void cg_rows(cg *g)
 		row_lanes(g, &R, L.iv, ix);
 		if (R.stash_o)
 			cg_value_reload(g, R.stash_v, R.stash_o, R.L, ix);
+		if (R.keep_o)
+			cg_value_reload(g, R.keep_o, R.keep_o, R.L, ix);
 		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
 			cg_ix tmp[FZ_MAX_RANK];
-			if (classify(g, &R, r->out[i], tmp) != 2)
+			if (r->out[i] == R.keep_o || classify(g, &R, r->out[i], tmp) != 2)
 				continue;
 			V vals[FZ_VW_MAX];
 			cg_value(g, r->out[i], R.L, ix, vals);

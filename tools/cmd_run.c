@@ -167,7 +167,9 @@ static double rng_normal(uint64_t *s)
 }
 
 /* The values that are p seen another way: p, and what meta ops, casts,
- * collectives and waits make of them. NULL when out of memory. */
+ * collectives and waits make of them, and a where that picks between p and
+ * something else (an ignore_index masked to 0 before a take_along, as a
+ * cross-entropy exports it). NULL when out of memory. */
 static char *same_data(const fz_trace *t, const fz_value *p)
 {
 	char *reach = calloc((size_t)t->n_values, 1);
@@ -182,6 +184,8 @@ static char *same_data(const fz_trace *t, const fz_value *p)
 		for (int k = 0; passes && k < nd->n_in; k++)
 			if (reach[nd->in[k]->id])
 				reach[nd->out[0]->id] = 1;
+		if (nd->op == FZ_OP_WHERE && (reach[nd->in[1]->id] || reach[nd->in[2]->id]))
+			reach[nd->out[0]->id] = 1;
 	}
 	return reach;
 }
@@ -396,6 +400,10 @@ static int make_outputs(const fz_trace *t, const int64_t *syms, fz_tensor *out)
 				     fz_value_dtype(v), fz_value_rank(v), shape);
 		if (!out[k].data)
 			return -1;
+		/* touched here, in set-up: a fresh page's first touch is not the
+		 * run's (200 MB of outputs, an AdamW step's, took longer to fault
+		 * in than the kernels took to fill, all in the first iteration) */
+		memset(out[k].data, 0, bytes);
 	}
 	return 0;
 }

@@ -47,6 +47,13 @@ freed before: the same allocation costs 1 ms in one round and 13 ms in the
 next. That cost is in eager, compile and fusec alike but does not cancel in
 their ratios; `run` writes into buffers it keeps, so it shows the kernels.
 
+CPU time. At --threads 1 every way but `run` computes in the calling
+thread, so each case also gets <way>_cpu_us, the median of that thread's CPU
+time per call (time.thread_time): on a shared machine the wall time counts
+the turns other processes take on the core, the CPU time does not (cache
+and memory contention stay in both). Compare ways by it when the load
+average is above the CPU count.
+
 Writes tools/bench/results/cpu_bench-<host>-<utc time>.json (or --out) and
 prints a table. The JSON holds the machine (CPUs, load average before and
 after, torch version, the BLAS fusec opened), every case's medians, and the
@@ -383,6 +390,13 @@ def _timed(f, args):
     return time.perf_counter() - t0, out
 
 
+def _timed_cpu(f, args):
+    """Wall seconds and the calling thread's CPU seconds of one call."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    out = f(*args)
+    return time.perf_counter() - t0, time.thread_time() - c0, out
+
+
 def fusec_run_iters(fusec_bin, text, iters, env):
     """seconds_per_iter of `fusec run --iters`, or None with the reason."""
     with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as f:
@@ -400,7 +414,7 @@ def fusec_run_iters(fusec_bin, text, iters, env):
         os.unlink(path)
 
 
-def bench_case(name, rounds, warmup, fusec_bin, env, ways):
+def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0):
     g = torch.Generator().manual_seed(0)
     fn, args, text = CASES[name](g)
     res = {"case": name}
@@ -435,14 +449,18 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways):
         for k, f in runners.items():
             f(*(fargs if k == "fusec" else args))
     times = {k: [] for k in runners}
+    cpu = {k: [] for k in runners}
     for _ in range(rounds):
         for k, f in runners.items():
-            dt, _ = _timed(f, fargs if k == "fusec" else args)
+            dt, ct, _ = _timed_cpu(f, fargs if k == "fusec" else args)
             times[k].append(dt)
+            cpu[k].append(ct)
     for k, ts in times.items():
         med = statistics.median(ts)
         res[k + "_us"] = med * 1e6
         res[k + "_GBps"] = res["bytes"] / med / 1e9
+        if threads == 1:
+            res[k + "_cpu_us"] = statistics.median(cpu[k]) * 1e6
     if "run" in ways:
         spi, why = fusec_run_iters(fusec_bin, text, rounds, env)
         if spi is not None:
@@ -506,7 +524,7 @@ def main():
     print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
     results = []
     for c in names:
-        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways)
+        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads)
         if c in MEMORY_BOUND:
             for k in ("eager", "compile", "fusec", "run"):
                 if k + "_GBps" in r:
