@@ -423,8 +423,11 @@ fz_status fz_plan_deserialize(const fz_trace *t, const fz_plan_options *o,
 		R->out = get_ids(&r, p, &R->n_out);
 		p->regions[k] = R;
 	}
+	/* a node in no region is a dead one (ir/dce.c), and only that */
+	if (!r.bad && fz_dce(p) != FZ_OK)
+		r.bad = true;
 	for (int i = 0; p->region_of && i < n && !r.bad; i++)
-		if (p->region_of[i] < 0) /* a node in no region */
+		if ((p->region_of[i] < 0) != (p->dead && p->dead[i]))
 			r.bad = true;
 	p->canon_rank = arena_array(p, (size_t)n + 1, sizeof(int), &r);
 	if (p->canon_rank)

@@ -296,7 +296,7 @@ static int simulate(const fz_program *p, const int *order, const sim_model *m,
 	int ne = 0;
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *g = t->nodes[i];
-		if (g->op != FZ_OP_ALL_GATHER)
+		if (g->op != FZ_OP_ALL_GATHER || p->region_of[i] < 0) /* dead */
 			continue;
 		const fz_value *f = g->out[0];
 		int last = last_step[f->id];
