@@ -1,7 +1,7 @@
 /*
  * pipeline.c: a differential fuzzer of the whole pipeline, through the tool.
  *
- *     fuzz_pipeline --fusec build/tools/fusec [--seed N] [--count N]
+ *     fuzz_pipeline --fusec build/tools/fusec [--seed N] [--start N] [--count N]
  *                   [--seconds S] [--out DIR] [--devices cpu,emu]
  *
  * It writes random valid traces and runs each with `fusec run FILE --check
@@ -930,8 +930,9 @@ static void generate(uint64_t seed, char *out, size_t len, char *binds, size_t b
 
 typedef struct opts {
 	const char *fusec, *out, *devices;
+	const char *replay, *bind;  /* --minimize FILE, --bind LIST */
 	uint64_t seed;
-	long count;
+	long count, start;
 	double seconds, timeout;
 	bool verbose;
 } opts;
@@ -1365,9 +1366,54 @@ static void minimize(const opts *o, char *text, size_t len, const char *device,
 
 /* ---- the loop ---------------------------------------------------------------- */
 
+/* --minimize FILE: runs a trace file as the loop runs a generated one
+ * (--seed is the run's, --bind its list, the first of --devices its
+ * device) and minimizes it if it fails. */
+static int replay(const opts *o, const char *device)
+{
+	static char text[TEXT + 4096];
+	char binds[256], path[600];
+	FILE *f = fopen(o->replay, "r");
+	size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+	if (f)
+		fclose(f);
+	if (!f) {
+		perror(o->replay);
+		return 2;
+	}
+	text[n] = '\0';
+	/* comments go: the minimizer's lines are statements */
+	char *w = text;
+	for (char *p = text; *p;) {
+		size_t k = strcspn(p, "\n");
+		bool comment = *p == '#';
+		if (!comment) {
+			memmove(w, p, k);
+			w += k;
+			*w++ = '\n';
+		}
+		p += k + (p[k] == '\n');
+	}
+	*w = '\0';
+	snprintf(binds, sizeof binds, "%s", o->bind ? o->bind : "");
+	snprintf(path, sizeof path, "%s/case.trace", work_dir);
+	write_file(path, text);
+	result r;
+	run_tool(o, path, device, binds, o->seed, &r);
+	printf("%s on %s: %s\n", o->replay, device, r.sig);
+	if (r.kind == R_PASS)
+		return 0;
+	minimize(o, text, sizeof text, device, binds, o->seed, &r);
+	write_file(path, text);
+	run_tool(o, path, device, binds, o->seed, &r);
+	printf("--- minimized (--bind '%s'):\n%s--- fusec said:\n%s\n", binds, text,
+	       r.text);
+	return 1;
+}
+
 static int usage(void)
 {
-	fprintf(stderr, "usage: fuzz_pipeline --fusec PATH [--seed N] [--count N] "
+	fprintf(stderr, "usage: fuzz_pipeline --fusec PATH [--seed N] [--start N] [--count N] "
 		"[--seconds S] [--out DIR] [--devices cpu,emu] [--timeout S] "
 		"[--verbose]\n");
 	return 2;
@@ -1384,6 +1430,12 @@ int main(int argc, char **argv)
 			o.fusec = argv[++i];
 		else if (!strcmp(a, "--seed") && nx)
 			o.seed = strtoull(argv[++i], NULL, 10);
+		else if (!strcmp(a, "--minimize") && nx)
+			o.replay = argv[++i];
+		else if (!strcmp(a, "--bind") && nx)
+			o.bind = argv[++i];
+		else if (!strcmp(a, "--start") && nx)
+			o.start = strtol(argv[++i], NULL, 10);
 		else if (!strcmp(a, "--count") && nx)
 			o.count = strtol(argv[++i], NULL, 10);
 		else if (!strcmp(a, "--seconds") && nx)
@@ -1399,7 +1451,7 @@ int main(int argc, char **argv)
 		else
 			return usage();
 	}
-	if (!o.fusec || (o.count < 0 && o.seconds <= 0) || o.timeout <= 0)
+	if (!o.fusec || (o.count < 0 && o.seconds <= 0 && !o.replay) || o.timeout <= 0)
 		return usage();
 	snprintf(work_dir, sizeof work_dir, "%s/fuzz-pipeline-XXXXXX",
 		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -1416,6 +1468,8 @@ int main(int argc, char **argv)
 		snprintf(devs[nd++], sizeof devs[0], "%.*s", (int)n, p);
 		p += n + (p[n] == ',');
 	}
+	if (o.replay)
+		return replay(&o, devs[0]);
 	printf("fuzz_pipeline: seed %llu, %s%ld traces%s, devices %s\n",
 	       (unsigned long long)o.seed, o.count < 0 ? "up to " : "", o.count < 0 ?
 	       0L : o.count, o.seconds > 0 ? " or the time bound" : "", o.devices);
@@ -1426,7 +1480,7 @@ int main(int argc, char **argv)
 	char binds[256], path[600];
 	char seen[64][160];
 	int n_seen = 0;
-	for (long n = 0; o.count < 0 || n < o.count; n++) {
+	for (long n = o.start; o.count < 0 || n < o.start + o.count; n++) {
 		if (o.seconds > 0 && now() - t0 > o.seconds)
 			break;
 		uint64_t ts = o.seed * 1000003ull + (uint64_t)n;
