@@ -627,8 +627,9 @@ static fz_status keys_form(const fz_program *p, const fz_region *const *rs,
 	fz_key_params kp;
 	fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
 	snprintf(line, sizeof line, "kernel keys\ntarget keys\nformat %d\n"
-		 "for %s\ncodegen %d\nllvm %u.%u.%u\n", KEYS_FORMAT, tname,
-		 FZ_CODEGEN_VERSION, kp.llvm_major, kp.llvm_minor, kp.llvm_patch);
+		 "for %s\ncodegen %d\nbuild %s\nllvm %u.%u.%u\n", KEYS_FORMAT, tname,
+		 FZ_CODEGEN_VERSION, kp.build_id, kp.llvm_major, kp.llvm_minor,
+		 kp.llvm_patch);
 	put_str(&b, line);
 	for (int r = 0; r < p->n_regions; r++) {
 		const fz_region *R = rs[r];

@@ -567,10 +567,8 @@ static int cmd_sim(int argc, char **argv)
 		} else if (!strcmp(a, "--trace-order")) {
 			trace_order = true;
 		} else if (!strcmp(a, "--bind") && has_next) {
-			n_binds = tool_parse_bindings(argv[++i], binds, FZ_MAX_SYMS);
-			if (n_binds < 0)
-				return tool_usage_error(c, "--bind takes NAME=SIZE[,NAME=SIZE...],"
-						   " not '%s'", argv[i]);
+			if (tool_bind_option(c, argv[++i], binds, &n_binds))
+				return EXIT_USAGE;
 		} else if (!strcmp(a, "--world") && has_next) {
 			char *end;
 			long w = strtol(argv[++i], &end, 10);
