@@ -648,10 +648,16 @@ static val *reduction(gen *g, val *x)
 		    v->name, m->name, x->name, A, pick(2), keep ? "true" : "false");
 		return chance(50) ? v : m;
 	}
-	val *y = new_val(g, x->dt, r, d);
+	/* an integer sum straight into a cast: the accumulator must wrap to
+	 * the dtype before the cast reads it */
+	int to = k == 0 && is_int(x->dt) && chance(40) ? (pick(2) ? F32 : F64) : -1;
+	val *y = new_val(g, to >= 0 ? to : x->dt, r, d);
 	if (y)
 		y->exact = x->exact && (k != 0 || !is_float(x->dt));
-	if (y)
+	if (y && to >= 0)
+		put(g, "  %s = cast(sum(%s, dims=%s, keepdim=%s), dtype=%s)\n", y->name,
+		    x->name, A, keep ? "true" : "false", DT[to]);
+	else if (y)
 		put(g, "  %s = %s(%s, dims=%s, keepdim=%s)\n", y->name, ops[k], x->name, A,
 		    keep ? "true" : "false");
 	return y;
@@ -796,7 +802,8 @@ static val *indexing(gen *g, val *x)
 	}
 	if (x->dt == BOOL)
 		return NULL;
-	ext n = rand_ext(g, true);
+	/* many indices sometimes: repeated ones add up in one element */
+	ext n = chance(25) ? (ext){-1, 200 + pick(400)} : rand_ext(g, true);
 	for (int j = 0; j < x->rank; j++)
 		d[j] = j == i ? n : x->d[j];
 	val *ix = new_param(g, idt, 1, &n);
