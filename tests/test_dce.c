@@ -12,7 +12,9 @@
  *   - a kernel's error flag says what failed: an index out of range, an
  *     integer fmod by zero;
  *   - slice bounds past 2^31 are bounds outside the extent, not
- *     "must be an integer".
+ *     "must be an integer";
+ *   - horizontal fusion of two regions that read nothing (UBSan's
+ *     memcpy(NULL, 0) in ir/horizontal.c).
  */
 #include <check.h>
 #include <stdlib.h>
@@ -188,6 +190,26 @@ START_TEST(unused_softmax_over_empty)
 }
 END_TEST
 
+/* Two regions that read nothing (an iota's, a full's), merged by
+ * horizontal fusion: the merge copied their empty input lists from a NULL
+ * pointer, which UBSan reports (the sanitized build runs this). */
+START_TEST(merge_of_inputless_regions)
+{
+	const char *src = "trace t(x: f32[8]) {\n"
+			  "  a = add(iota(length=8, dtype=f32), 1.0)\n"
+			  "  b = mul(full(shape=[8], value=2, dtype=f32), 3.0)\n"
+			  "  return a, b, x\n}\n";
+	fz_module *m = parse(src);
+	fz_program *p = NULL;
+	ck_assert_int_eq(fz_plan(fz_module_trace(m, 0), NULL, &p, NULL), FZ_OK);
+	ck_assert_int_eq(p->horizontal_merged, 1);
+	ck_assert_int_eq(fz_program_kernels(p), 1);
+	fz_program_free(p);
+	fz_module_free(m);
+	runs_everywhere(src, 1);
+}
+END_TEST
+
 /* ---- messages ---- */
 
 START_TEST(extremum_over_empty_concrete)
@@ -276,6 +298,7 @@ int main(void)
 	tcase_add_test(tc, all_live);
 	tcase_add_test(tc, dead_reader_writes_nothing);
 	tcase_add_test(tc, unused_softmax_over_empty);
+	tcase_add_test(tc, merge_of_inputless_regions);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("messages");
 	tcase_set_timeout(tc, 120);
