@@ -65,19 +65,12 @@ static fz_status run(const char *src, const char *device, int64_t n, char **err)
 			((float *)data)[j] = 1.0f;
 		fz_tensor_contiguous(&in[i], data, fz_value_dtype(p), fz_value_rank(p), shape);
 	}
-	for (int k = 0; k < n_out; k++) {
-		const fz_value *v = fz_trace_output(t, k);
-		int64_t shape[FZ_MAX_RANK], c = 1;
-		for (int d = 0; d < fz_value_rank(v); d++)
-			c *= shape[d] = fz_value_extent(v, d, syms);
-		fz_tensor_contiguous(&out[k], NULL, fz_value_dtype(v), fz_value_rank(v), shape);
-		if (device)
-			out[k].data = aligned_alloc(64, ((size_t)c * 8 + 64) / 64 * 64);
-	}
+	/* both allocate the outputs (fz_trace_run, fz_trace_interpret) */
+	memset(out, 0, sizeof out);
 	*err = NULL;
 	fz_status st = device ? fz_trace_run(t, device, syms, in, n_in, out, n_out, err)
 			      : fz_trace_interpret(t, syms, in, n_in, out, n_out, err);
-	for (int k = 0; k < n_out && (device || st == FZ_OK); k++)
+	for (int k = 0; k < n_out && st == FZ_OK; k++)
 		fz_free(out[k].data);
 	for (int i = 0; i < n_in; i++)
 		free(in[i].data);
