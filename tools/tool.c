@@ -70,8 +70,9 @@ fz_module *tool_load(const char *path)
 	return m;
 }
 
-int tool_parse_bindings(const char *s, tool_binding *b, int max, char *why,
-			size_t wlen)
+/* "B=8,T=2048" into b[0..max); the count, or -1 with why. */
+static int parse_bindings(const char *s, tool_binding *b, int max, char *why,
+			  size_t wlen)
 {
 	int n = 0;
 	if (!*s) {
@@ -137,7 +138,7 @@ int tool_bind_option(const fz_command *c, const char *arg, tool_binding *b,
 			 "one list (--bind B=8,T=2048), not '%s' after it", arg);
 		return tool_usage_error(c, "%s", msg);
 	}
-	int k = tool_parse_bindings(arg, b, FZ_MAX_SYMS, why, sizeof why);
+	int k = parse_bindings(arg, b, FZ_MAX_SYMS, why, sizeof why);
 	if (k < 0) {
 		snprintf(msg, sizeof msg, "--bind takes NAME=SIZE[,NAME=SIZE...]; in "
 			 "'%s': %s", arg, why);
