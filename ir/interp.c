@@ -309,8 +309,9 @@ static fz_status bind_into(const fz_trace *t, const fz_tensor *inputs, int n_in,
 			"bound sizes", vname, ty, b);
 		return FZ_EBIND;
 	}
-	/* a max over a symbol bound to 0: refused before anything runs */
-	return fz_trace_empty_extremum(t, syms, err);
+	/* a max over a symbol bound to 0: refused before anything runs (the
+	 * verifier refused the concrete ones already) */
+	return t->n_syms ? fz_trace_empty_extremum(t, syms, err) : FZ_OK;
 }
 
 fz_status fz_trace_bind(const fz_trace *t, const fz_tensor *inputs, int n_in,
