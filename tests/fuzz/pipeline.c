@@ -1489,9 +1489,13 @@ int main(int argc, char **argv)
 	}
 	if (o.replay)
 		return replay(&o, devs[0]);
-	printf("fuzz_pipeline: seed %llu, %s%ld traces%s, devices %s\n",
-	       (unsigned long long)o.seed, o.count < 0 ? "up to " : "", o.count < 0 ?
-	       0L : o.count, o.seconds > 0 ? " or the time bound" : "", o.devices);
+	if (o.count < 0)
+		printf("fuzz_pipeline: seed %llu, traces for %.0f s, devices %s\n",
+		       (unsigned long long)o.seed, o.seconds, o.devices);
+	else
+		printf("fuzz_pipeline: seed %llu, %ld traces%s, devices %s\n",
+		       (unsigned long long)o.seed, o.count, o.seconds > 0 ?
+		       " or the time bound" : "", o.devices);
 	fflush(stdout);
 	double t0 = now();
 	long cases = 0, runs = 0, failed = 0, known = 0;
