@@ -1569,6 +1569,7 @@ END_TEST
 static const char *const plan_traces[] = {
 	"llama_tiny_2layer.trace", "torch_gpt2_ckpt.trace", "rotary.trace",
 	"seed004_chain_efficient.trace",
+	"torch_nanogpt_ckpt.trace", /* 4 dead permutes: in no region (ir/dce.c) */
 };
 
 static fz_module *load_corpus(const char *name)
