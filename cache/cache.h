@@ -71,6 +71,8 @@ void fz_key_set_hash(fz_key_hash_fn fn);
 typedef struct fz_key_params {
 	const char *target;       /* "sm_90", "host-x86_64", ... */
 	int codegen_version;      /* FZ_CODEGEN_VERSION */
+	const char *build_id;     /* FZ_BUILD_ID: a hash of codegen/'s
+	                           * sources at build time (fz_build_id) */
 	unsigned llvm_major, llvm_minor, llvm_patch;
 	/* Specialization bytes from the code generator: 32-bit indexing,
 	 * vectorization, per-input layout and alignment class, ... Opaque
@@ -79,10 +81,15 @@ typedef struct fz_key_params {
 	size_t n_spec;
 } fz_key_params;
 
-/* Zeroes kp, sets target and version, and the LLVM version of the library
- * fusec runs with (LLVMGetVersion). */
+/* Zeroes kp, sets target and version, the build identity, and the LLVM
+ * version of the library fusec runs with (LLVMGetVersion). */
 void fz_key_params_init(fz_key_params *kp, const char *target,
                         int codegen_version);
+/* The code generator's build identity: 16 hex digits of a hash of its
+ * sources, computed when fusec was built (cmake/build_id.cmake). Two
+ * builds that could generate different code for one region under one
+ * FZ_CODEGEN_VERSION have different ids, so they never share an entry. */
+const char *fz_build_id(void);
 
 /* ---- Canonical form ------------------------------------------------------ */
 
@@ -256,10 +263,17 @@ fz_status fz_disk_verify(fz_disk *d, bool fix,
                                         const char *why),
                          void *ctx, int *n_bad);
 /* Evicts least recently used entries until the cache holds at most
- * max_bytes. */
+ * max_bytes. An entry that cannot be removed (a read-only cache) is
+ * FZ_EIO with *err saying how many and why (freed with free); *removed
+ * and *freed count what went. */
 fz_status fz_disk_prune(fz_disk *d, int64_t max_bytes, int *removed,
-                        int64_t *freed);
-fz_status fz_disk_clear(fz_disk *d, int *removed);
+                        int64_t *freed, char **err);
+/* Removes every entry; errors as fz_disk_prune's. */
+fz_status fz_disk_clear(fz_disk *d, int *removed, char **err);
+/* Stores that did not happen in this process (storing off: read-only or
+ * full; an entry whose own name is taken by a directory; a disabled
+ * cache), with the first one's reason in *why (owned by d). */
+uint64_t fz_disk_not_stored(fz_disk *d, const char **why);
 
 /* ---- Programs (plan_cache.c) -------------------------------------------- */
 

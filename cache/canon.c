@@ -13,6 +13,7 @@
  *     fusec-canon 1
  *     target sm_90
  *     codegen 1
+ *     build 3f09c2a1d4b7e655        (a hash of codegen/'s sources)
  *     llvm 19.1.7
  *     spec 0101
  *     kind normalization
@@ -73,6 +74,16 @@
 #include <xxhash.h>
 
 #include "cache.h"
+/* FZ_BUILD_ID, written at build time by cmake/build_id.cmake; a build
+ * without it (a hand-made one) keys as "unknown", never as another's */
+#if defined(__has_include)
+#if __has_include("fz_build_id.h")
+#include "fz_build_id.h"
+#endif
+#endif
+#ifndef FZ_BUILD_ID
+#define FZ_BUILD_ID "unknown"
+#endif
 
 #define CANON_FORMAT 1
 
@@ -124,12 +135,15 @@ bool fz_key_parse(const char *hex, fz_key *out)
 	return true;
 }
 
+const char *fz_build_id(void) { return FZ_BUILD_ID; }
+
 void fz_key_params_init(fz_key_params *kp, const char *target,
 			int codegen_version)
 {
 	memset(kp, 0, sizeof *kp);
 	kp->target = target;
 	kp->codegen_version = codegen_version;
+	kp->build_id = FZ_BUILD_ID;
 	LLVMGetVersion(&kp->llvm_major, &kp->llvm_minor, &kp->llvm_patch);
 }
 
@@ -610,8 +624,9 @@ fz_status fz_canon_region(const fz_trace *t, const fz_region *r,
 	c->n_syms = s.n;
 	memcpy(c->syms, s.syms, sizeof s.syms);
 
-	fz_buf_printf(&b, "fusec-canon %d\ntarget %s\ncodegen %d\nllvm %u.%u.%u\n"
-		      "spec ", CANON_FORMAT, kp->target, kp->codegen_version,
+	fz_buf_printf(&b, "fusec-canon %d\ntarget %s\ncodegen %d\nbuild %s\n"
+		      "llvm %u.%u.%u\nspec ", CANON_FORMAT, kp->target,
+		      kp->codegen_version, kp->build_id ? kp->build_id : "-",
 		      kp->llvm_major, kp->llvm_minor, kp->llvm_patch);
 	for (size_t i = 0; i < kp->n_spec; i++)
 		fz_buf_printf(&b, "%02x", kp->spec[i]);

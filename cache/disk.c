@@ -59,7 +59,15 @@
  * Degrading. A directory that cannot be created, or is not ours, or is
  * writable by others, leaves the cache disabled: every lookup misses, with
  * one warning. A full disk or a read-only directory turns storing off
- * with one warning; lookups go on.
+ * with one warning; lookups go on. An entry whose own name is taken (a
+ * directory squatting on it) fails that entry alone, with a warning about
+ * its key; the others are stored. Every store that did not happen is
+ * counted (fz_disk_not_stored), so `fusec compile` can fail rather than
+ * say "compiled" of kernels it could not keep. Removing entries (`clear`,
+ * `prune`) that the file system refuses is an error that says how many
+ * and why. The stats file and the lock are opened without blocking and
+ * checked to be regular files of ours: a FIFO in their place costs the
+ * counts, never a hang.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -97,6 +105,8 @@ struct fz_disk {
 
 	pthread_mutex_t mu;         /* everything below */
 	bool store_off;             /* a store failed: disk full, read-only */
+	uint64_t not_stored;        /* stores that failed or were skipped */
+	char *not_stored_why;       /* the first one's reason */
 	unsigned char sub_ok[256];  /* 0 unchecked, 1 fine, 2 refused */
 	bool scanned;
 	int64_t total;              /* bytes in the cache, as this process knows */
@@ -363,7 +373,9 @@ static bool stats_read(const fz_disk *d, counters *c, const char **why)
 		*why = "out of memory";
 		return false;
 	}
-	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO in its place must not wait for a writer (the
+	 * fstat below then refuses it) */
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
 	free(p);
 	if (fd < 0) {
 		*why = errno == ENOENT ? NULL : "cannot be opened";
@@ -461,7 +473,15 @@ static void stats_flush(fz_disk *d, bool reset)
 		return;
 	char *lockp = fz_strdup_printf("%s/lock", d->path);
 	char *statp = fz_strdup_printf("%s/stats", d->path);
-	int fd = lockp ? open(lockp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+	int fd = lockp ? open(lockp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC |
+			      O_NONBLOCK, 0600) : -1;
+	struct stat lst;
+	if (fd >= 0 && (fstat(fd, &lst) || untrusted(&lst, false))) {
+		/* not a lock we can trust (a FIFO, another's file): the counts
+		 * are lost, which costs a number, never a hang */
+		close(fd);
+		fd = -1;
+	}
 	if (fd >= 0) {
 		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
 		while (fcntl(fd, F_SETLKW, &fl) == -1 && errno == EINTR)
@@ -498,6 +518,7 @@ void fz_disk_close(fz_disk *d)
 	free(d->path);
 	free(d->entries);
 	free(d->disabled);
+	free(d->not_stored_why);
 	free(d->warned);
 	free(d);
 }
@@ -765,14 +786,44 @@ static bool subdir_ready(fz_disk *d, const char *hex, const char *dir)
 
 static void maybe_evict(fz_disk *d, int64_t added);
 
+/* Does a write that failed with errno e stop storing for the whole cache
+ * (read-only, full, not ours), or only for the entry it wrote? */
+static bool whole_cache(int e)
+{
+	return e == EROFS || e == EACCES || e == EPERM || e == ENOSPC ||
+	       e == EDQUOT || e == EFBIG || e == EIO || e == ENOMEM;
+}
+
+/* Counts a store that did not happen, keeping the first reason. */
+static void not_stored(fz_disk *d, const char *why)
+{
+	pthread_mutex_lock(&d->mu);
+	d->not_stored++;
+	if (!d->not_stored_why)
+		d->not_stored_why = fz_strdup(why);
+	pthread_mutex_unlock(&d->mu);
+}
+
+uint64_t fz_disk_not_stored(fz_disk *d, const char **why)
+{
+	pthread_mutex_lock(&d->mu);
+	uint64_t n = d->not_stored;
+	if (why)
+		*why = d->not_stored_why;
+	pthread_mutex_unlock(&d->mu);
+	return n;
+}
+
 fz_status fz_disk_store(fz_disk *d, fz_key key, const char *canon, size_t len,
 			const fz_section *sections, int n_sections)
 {
 	if (n_sections < 0 || n_sections > FZ_ENTRY_MAX_SECTIONS ||
 	    (n_sections && !sections) || (len && !canon))
 		return FZ_EINVAL;
-	if (!fz_disk_writable(d))
+	if (!fz_disk_writable(d)) {
+		not_stored(d, d->disabled ? d->disabled : "storing is off");
 		return FZ_OK;
+	}
 	size_t n = HEADER_BYTES + len + CHECKSUM_BYTES;
 	for (int i = 0; i < n_sections; i++)
 		n += FZ_SECTION_TAG + 8 + sections[i].len;
@@ -811,25 +862,40 @@ fz_status fz_disk_store(fz_disk *d, fz_key key, const char *canon, size_t len,
 	st = FZ_OK;
 	errno = 0;
 	if (!subdir_ready(d, hex, dir)) {
-		if (errno) /* could not create it: read-only, full */
+		if (errno && whole_cache(errno)) /* read-only, full */
 			goto off;
+		not_stored(d, "its directory is refused");
 		goto done;   /* refused, said once */
 	}
-	if (write_atomic(d, dir, path, hex, b, n))
-		goto off;
+	if (write_atomic(d, dir, path, hex, b, n)) {
+		if (whole_cache(errno))
+			goto off;
+		/* this entry's own trouble (a directory squatting on its
+		 * name): it alone is not stored */
+		int e = errno;
+		warn_key(d, key, "cannot be stored", strerror(e));
+		char *why = fz_strdup_printf("%s: %s", path, strerror(e));
+		not_stored(d, why ? why : strerror(e));
+		free(why);
+		goto done;
+	}
 	pthread_mutex_lock(&d->mu);
 	d->stores++;
 	pthread_mutex_unlock(&d->mu);
 	maybe_evict(d, (int64_t)n);
 	goto done;
-off:
+off:;
+	int e = errno;
 	pthread_mutex_lock(&d->mu);
 	bool first = !d->store_off;
 	d->store_off = true;
 	pthread_mutex_unlock(&d->mu);
+	char *why = fz_strdup_printf("cannot write to %s: %s", d->path, strerror(e));
+	not_stored(d, why ? why : strerror(e));
+	free(why);
 	if (first)
 		warn(d, "fusec: cannot write to the cache in %s (%s); compiling "
-		     "without caching", d->path, strerror(errno));
+		     "without caching", d->path, strerror(e));
 done:
 	free(b);
 	free(dir);
@@ -965,9 +1031,30 @@ static bool stale_tmp(const walk_file *f)
 	return f->kind == F_TMP && time(NULL) - f->st.st_mtime > STALE_TMP_SECONDS;
 }
 
+/* What removing entries could not do: how many, and the first errno. */
+typedef struct unremoved {
+	int n, err;
+} unremoved;
+
+static void unremoved_add(unremoved *u, int e)
+{
+	if (u && !u->n++)
+		u->err = e;
+}
+
+/* "cannot remove 3 entries from DIR (Read-only file system)", or NULL. */
+static char *unremoved_msg(const fz_disk *d, const unremoved *u)
+{
+	if (!u->n)
+		return NULL;
+	return fz_strdup_printf("cannot remove %d entr%s from %s (%s)", u->n,
+				u->n == 1 ? "y" : "ies", d->entries, strerror(u->err));
+}
+
 /* Removes the least recently used entries until at most max bytes remain;
- * returns the bytes left. */
-static int64_t prune_to(fz_disk *d, int64_t max, int *removed, int64_t *freed)
+ * returns the bytes left. What could not be removed is counted in u. */
+static int64_t prune_to(fz_disk *d, int64_t max, int *removed, int64_t *freed,
+			unremoved *u)
 {
 	walk w;
 	int64_t total = 0;
@@ -993,8 +1080,10 @@ static int64_t prune_to(fz_disk *d, int64_t max, int *removed, int64_t *freed)
 		total += w.f[i].st.st_size;
 	qsort(w.f, (size_t)n, sizeof *w.f, by_mtime_asc);
 	for (int i = 0; i < n && total > max; i++) {
-		if (unlink(w.f[i].path) && errno != ENOENT)
+		if (unlink(w.f[i].path) && errno != ENOENT) {
+			unremoved_add(u, errno);
 			continue;
+		}
 		total -= w.f[i].st.st_size;
 		if (removed)
 			(*removed)++;
@@ -1021,9 +1110,9 @@ static void maybe_evict(fz_disk *d, int64_t added)
 	pthread_mutex_unlock(&d->mu);
 	if (!scan && !over)
 		return;
-	int64_t total = prune_to(d, scan ? INT64_MAX : d->max_bytes, NULL, NULL);
+	int64_t total = prune_to(d, scan ? INT64_MAX : d->max_bytes, NULL, NULL, NULL);
 	if (scan && total > d->max_bytes)
-		total = prune_to(d, d->max_bytes, NULL, NULL);
+		total = prune_to(d, d->max_bytes, NULL, NULL, NULL);
 	pthread_mutex_lock(&d->mu);
 	if (total >= 0)
 		d->total = total;
@@ -1165,26 +1254,53 @@ fz_status fz_disk_verify(fz_disk *d, bool fix,
 	return st;
 }
 
-fz_status fz_disk_prune(fz_disk *d, int64_t max_bytes, int *removed,
-			int64_t *freed)
+/* The error of a maintenance command: why the cache is off, a walk that
+ * failed, or what could not be removed. */
+static fz_status maint_error(const fz_disk *d, fz_status st, const unremoved *u,
+			     char **err)
 {
-	if (d->disabled)
-		return FZ_EIO;
-	int64_t left = prune_to(d, max_bytes, removed, freed);
-	return left < 0 ? FZ_EIO : FZ_OK;
+	char *msg = d->disabled ? fz_strdup(d->disabled) :
+		    st != FZ_OK ? fz_strdup_printf("cannot read %s", d->entries) :
+		    unremoved_msg(d, u);
+	if (err)
+		*err = msg;
+	else
+		free(msg);
+	return d->disabled || u->n ? FZ_EIO : st;
 }
 
-fz_status fz_disk_clear(fz_disk *d, int *removed)
+fz_status fz_disk_prune(fz_disk *d, int64_t max_bytes, int *removed,
+			int64_t *freed, char **err)
 {
+	unremoved u = {0, 0};
+	if (err)
+		*err = NULL;
+	*removed = 0;
+	*freed = 0;
+	if (d->disabled)
+		return maint_error(d, FZ_EIO, &u, err);
+	int64_t left = prune_to(d, max_bytes, removed, freed, &u);
+	return maint_error(d, left < 0 ? FZ_EIO : FZ_OK, &u, err);
+}
+
+fz_status fz_disk_clear(fz_disk *d, int *removed, char **err)
+{
+	unremoved u = {0, 0};
+	if (err)
+		*err = NULL;
 	*removed = 0;
 	if (d->disabled)
-		return FZ_EIO;
+		return maint_error(d, FZ_EIO, &u, err);
 	walk w;
 	fz_status st = walk_entries(d, &w);
-	for (int i = 0; i < w.n; i++)
-		if ((w.f[i].kind == F_ENTRY || w.f[i].kind == F_TMP) &&
-		    !unlink(w.f[i].path) && w.f[i].kind == F_ENTRY)
-			(*removed)++;
+	for (int i = 0; i < w.n; i++) {
+		if (w.f[i].kind != F_ENTRY && w.f[i].kind != F_TMP)
+			continue;
+		if (!unlink(w.f[i].path))
+			*removed += w.f[i].kind == F_ENTRY;
+		else if (errno != ENOENT)
+			unremoved_add(&u, errno);
+	}
 	walk_release(&w);
-	return st;
+	return maint_error(d, st, &u, err);
 }

@@ -428,8 +428,11 @@ fz_status fz_plan_deserialize(const fz_trace *t, const fz_plan_options *o,
 		R->out = get_ids(&r, p, &R->n_out);
 		p->regions[k] = R;
 	}
+	/* a node in no region is a dead one (ir/dce.c), and only that */
+	if (!r.bad && fz_dce(p) != FZ_OK)
+		r.bad = true;
 	for (int i = 0; p->region_of && i < n && !r.bad; i++)
-		if (p->region_of[i] < 0) /* a node in no region */
+		if ((p->region_of[i] < 0) != (p->dead && p->dead[i]))
 			r.bad = true;
 	p->canon_rank = arena_array(p, (size_t)n + 1, sizeof(int), &r);
 	if (p->canon_rank)
@@ -629,8 +632,9 @@ static fz_status keys_form(const fz_program *p, const fz_region *const *rs,
 	fz_key_params kp;
 	fz_key_params_init(&kp, tname, FZ_CODEGEN_VERSION);
 	snprintf(line, sizeof line, "kernel keys\ntarget keys\nformat %d\n"
-		 "for %s\ncodegen %d\nllvm %u.%u.%u\n", KEYS_FORMAT, tname,
-		 FZ_CODEGEN_VERSION, kp.llvm_major, kp.llvm_minor, kp.llvm_patch);
+		 "for %s\ncodegen %d\nbuild %s\nllvm %u.%u.%u\n", KEYS_FORMAT, tname,
+		 FZ_CODEGEN_VERSION, kp.build_id, kp.llvm_major, kp.llvm_minor,
+		 kp.llvm_patch);
 	put_str(&b, line);
 	for (int r = 0; r < p->n_regions; r++) {
 		const fz_region *R = rs[r];

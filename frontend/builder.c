@@ -120,11 +120,16 @@ static int convert_attr(fz_trace *t, const char *op, fz_attr_id id,
 		int64_t *l = fz_arena_alloc(&t->arena, sizeof *l * (size_t)(n + 1));
 		if (!l)
 			return fz_fail(t, "out of memory");
-		for (int i = 0; i < n; i++)
-			if (!value_as_int(&v->items[i], &l[i]) || l[i] < INT32_MIN ||
-			    l[i] > INT32_MAX)
+		for (int i = 0; i < n; i++) {
+			if (!value_as_int(&v->items[i], &l[i]))
 				return fz_fail(t, "%s: entry %d of '%s' must be an integer",
 					       op, i, key);
+			/* dims are ints; slice bounds and steps are int64, and
+			 * the op's inference checks them against the extent */
+			if (id == FZ_ATTR_DIMS && (l[i] < INT32_MIN || l[i] > INT32_MAX))
+				return fz_fail(t, "%s: entry %d of '%s' is %lld, out of "
+					       "range for a dim", op, i, key, (long long)l[i]);
+		}
 		if (id == FZ_ATTR_DIMS) {
 			a->dims = fz_arena_alloc(&t->arena, sizeof(int) * (size_t)(n + 1));
 			if (!a->dims)

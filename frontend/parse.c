@@ -1467,9 +1467,18 @@ out:
 static void verify_error(parser *P, const token *name_tk, const char *err)
 {
 	const token *at = name_tk;
-	int line = 0, skip = 0;
+	int line = 0, col = 0, skip = 0;
 	if (!err)
 		err = "trace fails to verify";
+	/* "line L:C: " names the token; "line L: " its line's first */
+	if (sscanf(err, "line %d:%d: %n", &line, &col, &skip) == 2 && skip > 0) {
+		for (size_t i = 0; i < P->ntoks && tok_at(P, i)->kind != TK_EOF; i++)
+			if (tok_at(P, i)->line == line && tok_at(P, i)->col == col) {
+				sem_error(P, tok_at(P, i), "%s", err + skip);
+				return;
+			}
+		skip = 0;
+	}
 	if (sscanf(err, "line %d: %n", &line, &skip) == 1 && skip > 0) {
 		size_t lo = 0, hi = P->ntoks - 1; /* first token on that line */
 		while (lo < hi) {

@@ -197,9 +197,13 @@ static bool share_input(hz *h, int x, int y)
 
 /* ---- the candidate region ---- */
 
+/* *a holds at least need items of size bytes (and is never NULL after
+ * this, even for need 0: the merge copies from it, and memcpy's source
+ * must not be NULL even for 0 bytes, say two merged regions that read
+ * nothing, an iota's and a full's). */
 static bool grow(void **a, int *cap, int need, size_t size)
 {
-	if (need <= *cap)
+	if (*a && need <= *cap)
 		return true;
 	int nc = *cap ? *cap : 16;
 	while (nc < need)

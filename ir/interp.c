@@ -317,7 +317,9 @@ static fz_status bind_into(const fz_trace *t, const fz_tensor *inputs, int n_in,
 			"bound sizes", vname, ty, b);
 		return FZ_EBIND;
 	}
-	return FZ_OK;
+	/* a max over a symbol bound to 0: refused before anything runs (the
+	 * verifier refused the concrete ones already) */
+	return t->n_syms ? fz_trace_empty_extremum(t, syms, err) : FZ_OK;
 }
 
 fz_status fz_trace_bind(const fz_trace *t, const fz_tensor *inputs, int n_in,
@@ -359,6 +361,7 @@ typedef struct slot {
 
 typedef struct interp {
 	const fz_trace *t;
+	const bool *live;    /* per node: run it (dce.c); NULL: all */
 	const int64_t *syms;
 	slot *slots;         /* by value id */
 	char **err;
@@ -1652,7 +1655,7 @@ static fz_status rank_setup(interp *I, const fz_trace *t, const int64_t *syms,
 		s->numel = type_numel(&val->type, syms); /* >= 0: bind checked */
 	}
 	for (int k = 0; k < t->n_nodes; k++)
-		for (int i = 0; i < t->nodes[k]->n_in; i++)
+		for (int i = 0; (!I->live || I->live[k]) && i < t->nodes[k]->n_in; i++)
 			I->slots[t->nodes[k]->in[i]->id].uses++;
 	for (int k = 0; k < t->n_outputs; k++)
 		I->slots[t->outputs[k]->id].output = true;
@@ -1816,12 +1819,23 @@ fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
 		set_err(err, "out of memory");
 		return FZ_ENOMEM;
 	}
-	for (int r = 0; r < world; r++)
+	/* what nothing needs is not run (dce.c), as in generated code: a
+	 * dead max over an empty extent fails neither */
+	bool *live = malloc(sizeof *live * ((size_t)t->n_nodes + 1));
+	if (!live || fz_trace_live(t, live) < 0) {
+		set_err(err, "out of memory");
+		st = FZ_ENOMEM;
+	}
+	for (int r = 0; r < world; r++) {
 		R[r].t = t;
+		R[r].live = live;
+	}
 	for (int r = 0; r < world && st == FZ_OK; r++)
 		st = rank_setup(&R[r], t, syms, inputs + (size_t)r * (size_t)n_in, err);
 	for (int k = 0; k < t->n_nodes && st == FZ_OK; k++) {
 		const fz_node *n = t->nodes[k];
+		if (!live[k])
+			continue;
 		for (int r = 0; r < world && st == FZ_OK; r++)
 			st = alloc_outputs(&R[r], n);
 		if (st != FZ_OK)
@@ -1859,6 +1873,7 @@ fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_sizes,
 	for (int r = 0; r < world; r++)
 		rank_free(&R[r]);
 	free(R);
+	free(live);
 	return st;
 }
 

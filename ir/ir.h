@@ -402,6 +402,18 @@ void fz_trace_rollback(fz_trace *t, int n_nodes, int n_values);
  * as fz_infer's (true of a trace fresh from the builder: verify.c). */
 fz_status fz_trace_verify_typed(const fz_trace *t, bool retype, char **err);
 
+/* The live max, min, argmax or argmin that reduces an extent of 0 into a
+ * result with elements, where the extents are concrete (syms NULL) or at
+ * the bound sizes syms: FZ_EVERIFY (FZ_ERANGE with syms) and a message
+ * naming it; FZ_OK when there is none (verify.c). */
+fz_status fz_trace_empty_extremum(const fz_trace *t, const int64_t *syms,
+				  char **err);
+
+/* Which nodes are live (ir/dce.c): live[i] is true when a result of node
+ * i is returned or read by a live node. Returns the number of dead nodes,
+ * -1 when out of memory. */
+int fz_trace_live(const fz_trace *t, bool *live);
+
 /* Structural equality of two traces: same params, same nodes in the same
  * order with the same ops, attributes, operands and types, same outputs.
  * Names of unnamed values do not matter. On a difference, says where. */

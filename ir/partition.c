@@ -468,9 +468,12 @@ static int cmp_canon(const void *x, const void *y)
 static void *zalloc(size_t n, size_t size) { return calloc(n + 1, size); }
 
 /* in[k] is the first of the operands in[0..k] with its value: a node
- * that reads a value twice is one consumer of it */
-static bool first_operand(const int *in, int k)
+ * that reads a value twice is one consumer of it. A dead node (dce.c)
+ * consumes nothing. */
+static bool first_operand(const fz_program *p, int node, const int *in, int k)
 {
+	if (p->dead && p->dead[node])
+		return false;
 	for (int j = 0; j < k; j++)
 		if (in[j] == in[k])
 			return false;
@@ -534,7 +537,7 @@ fz_status fz_partition(fz_program *p)
 	for (int i = 0; i < n; i++) {
 		const int *in = &s.in_val[s.nodes[i].in_start];
 		for (int k = 0; k < s.nodes[i].n_in; k++)
-			if (first_operand(in, k))
+			if (first_operand(p, i, in, k))
 				s.vals[in[k]].cons++;
 	}
 	for (int v = 0, sum = 0; v <= nv; v++) {
@@ -550,7 +553,7 @@ fz_status fz_partition(fz_program *p)
 	for (int i = 0; i < n; i++) {
 		const int *in = &s.in_val[s.nodes[i].in_start];
 		for (int k = 0; k < s.nodes[i].n_in; k++)
-			if (first_operand(in, k))
+			if (first_operand(p, i, in, k))
 				s.cons[s.vals[in[k] + 1].cons++] = i;
 	}
 	for (int i = 0; i < t->n_outputs; i++)
@@ -655,6 +658,8 @@ fz_status fz_partition(fz_program *p)
 		s.work += n + n_edges;
 		for (int j = 0; j < n; j++) {
 			int i = order[j];
+			if (p->dead && p->dead[i]) /* stays alone, in no region */
+				continue;
 			const int *in = &s.in_val[s.nodes[i].in_start];
 			for (int k = 0; k < s.nodes[i].n_in; k++) {
 				int def = s.vals[in[k]].def;
@@ -677,11 +682,13 @@ fz_status fz_partition(fz_program *p)
 		rid[i] = -1;
 	for (int j = n - 1; j >= 0; j--) {
 		int r = find(&s, order[j]);
+		if (p->dead && p->dead[order[j]])
+			continue;
 		if (rid[r] < 0)
 			rid[r] = n_regions++;
 	}
 	for (int i = 0; i < n; i++)
-		if (find(&s, i) == i)
+		if (find(&s, i) == i && rid[i] >= 0)
 			rid[i] = n_regions - 1 - rid[i];
 	p->n_regions = n_regions;
 	p->regions = fz_arena_alloc(&p->arena, sizeof(fz_region *) *
@@ -690,6 +697,9 @@ fz_status fz_partition(fz_program *p)
 		goto done;
 	for (int i = 0; i < n; i++) {
 		int r = find(&s, i);
+		p->region_of[i] = -1;
+		if (p->dead && p->dead[i])
+			continue;
 		if (rid[r] >= 0 && !p->regions[rid[r]]) {
 			fz_region *R = fz_arena_alloc(&p->arena, sizeof *R);
 			if (!R)

@@ -2,6 +2,8 @@
  * plan.c: the pass pipeline that turns a verified trace into a program.
  *
  *     fz_plan(trace)
+ *       dce         mark the ops whose results nothing needs: no region
+ *                   holds them, nothing plans, compiles or launches them
  *       partition   group primitive ops into regions a kernel skeleton runs
  *       bookend     meta ops at region edges become host-side views
  *       schedule    an order of regions that keeps peak live bytes low
@@ -42,7 +44,7 @@ const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
 };
 
 const char *const fz_pass_names[FZ_PASS_COUNT] = {
-	"partition", "bookend", "schedule", "horizontal", "waits", "prefetch",
+	"dce", "partition", "bookend", "schedule", "horizontal", "waits", "prefetch",
 	"scatter", "bucket", "memplan",
 };
 
@@ -132,6 +134,8 @@ fz_status fz_regions_link(fz_program *p)
 	 * arrays, not the nodes and values */
 	const int *ins = p->node_in, *start = p->node_in_start;
 	for (int i = 0; i < t->n_nodes; i++) {
+		if (p->region_of[i] < 0) /* dead (dce.c): reads nothing */
+			continue;
 		const fz_node *n = ins ? NULL : t->nodes[i];
 		int n_in = ins ? start[i + 1] - start[i] : n->n_in;
 		for (int k = 0; k < n_in; k++) {
@@ -404,6 +408,26 @@ void fz_program_dump(const fz_program *p, fz_pass pass, fz_buf *b)
 	fz_buf_printf(b, "# after %s: trace %s, %d regions (%d kernels)\n",
 		      fz_pass_names[pass], p->trace->name, p->n_regions,
 		      fz_program_kernels(p));
+	if (pass == FZ_PASS_DCE) { /* no regions yet: the ops, dead or not */
+		fz_buf_puts(b, "ops:");
+		for (int i = 0; i < p->trace->n_nodes; i++)
+			fz_buf_printf(b, " %s%s", fz_ops[p->trace->nodes[i]->op].name,
+				      p->dead && p->dead[i] ? "(dead)" : "");
+		fz_buf_puts(b, "\n");
+	}
+	if (p->dead) {
+		fz_buf_printf(b, "dead: %d op%s, in no region:", p->n_dead,
+			      p->n_dead == 1 ? "" : "s");
+		for (int i = 0; i < p->trace->n_nodes; i++) {
+			const fz_node *n = p->trace->nodes[i];
+			if (!p->dead[i])
+				continue;
+			fz_buf_printf(b, " %s", fz_ops[n->op].name);
+			if (n->line > 0)
+				fz_buf_printf(b, "@%d:%d", n->line, n->col);
+		}
+		fz_buf_puts(b, "\n");
+	}
 	if (pass >= FZ_PASS_SCHEDULE) {
 		for (int s = 0; s < p->n_regions; s++)
 			dump_region(p, p->regions[p->order[s]], pass, b);
@@ -447,7 +471,7 @@ fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
 		  fz_program **out, char **err)
 {
 	static fz_status (*const passes[FZ_PASS_COUNT])(fz_program *) = {
-		fz_partition, fz_bookend, fz_schedule, fz_horizontal,
+		fz_dce, fz_partition, fz_bookend, fz_schedule, fz_horizontal,
 		fz_comm_waits, fz_comm_prefetch, fz_comm_scatter, fz_comm_bucket,
 		fz_memplan,
 	};

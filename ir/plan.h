@@ -97,7 +97,7 @@ static inline int fz_out_id(const fz_region *R, int k)
 /* ---- The program: what fz_plan makes of a trace ------------------------- */
 
 typedef enum fz_pass {
-	FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_HORIZONTAL,
+	FZ_PASS_DCE, FZ_PASS_PARTITION, FZ_PASS_BOOKEND, FZ_PASS_SCHEDULE, FZ_PASS_HORIZONTAL,
 	FZ_PASS_WAITS, FZ_PASS_PREFETCH, FZ_PASS_SCATTER, FZ_PASS_BUCKET,
 	FZ_PASS_MEMPLAN, FZ_PASS_COUNT
 } fz_pass;
@@ -191,7 +191,10 @@ typedef struct fz_program {
 
 	int n_regions;
 	fz_region **regions;         /* regions[i]->id == i */
-	int *region_of;              /* per node id */
+	int *region_of;              /* per node id; -1 for a dead node */
+	bool *dead;                  /* per node id: nothing needs its results
+	                              * (dce.c); NULL when every node is live */
+	int n_dead;
 	int *def_of;                 /* per value id: its node's id, -1 for a
 	                              * parameter (partition.c), so a pass asks
 	                              * an array for a value's region, not
@@ -275,13 +278,14 @@ static inline int64_t fz_nlogn(int64_t n)
  * key << 32 | id, all keys distinct, so the order is one. */
 void fz_sort_u64(uint64_t *a, int n);
 
-/* Plans trace t (verified): partition, bookend, schedule, horizontal,
+/* Plans trace t (verified): dce, partition, bookend, schedule, horizontal,
  * waits, prefetch, scatter, bucket, memplan. */
 fz_status fz_plan(const fz_trace *t, const fz_plan_options *o,
                   fz_program **out, char **err);
 void fz_program_free(fz_program *p);
 
 /* The passes, in the order fz_plan calls them. */
+fz_status fz_dce(fz_program *p);
 fz_status fz_partition(fz_program *p);
 fz_status fz_bookend(fz_program *p);
 fz_status fz_schedule(fz_program *p);

@@ -12,7 +12,13 @@
  *   - every future is waited on, and nothing returned is a future;
  *   - there is a return;
  *   - a derived symbol (an extent like T+1) is defined over free symbols
- *     only, with at least two terms, as fz_trace_ext_of_poly makes it.
+ *     only, with at least two terms, as fz_trace_ext_of_poly makes it;
+ *   - no op that is run (dce.c: dead ones are not) takes the max, the min,
+ *     or the index of either, over an extent of 0 into a result with
+ *     elements: there is no such number, and PyTorch refuses it too. Here
+ *     where the extent is concrete; fz_trace_bind asks again at the bound
+ *     sizes (fz_trace_empty_extremum), so a symbol bound to 0 is refused
+ *     at run time with the same message, before anything runs.
  *
  * fz_trace_verify_typed(t, false, ...) leaves out the second half of the
  * second check, for a trace the builder has just made and nothing has
@@ -34,6 +40,93 @@ static void where_(const fz_node *nd, char *buf, size_t n)
 		snprintf(buf, n, "line %d: ", nd->line);
 	else
 		buf[0] = '\0';
+}
+
+/* What node n reduces: its dims as a mask (amax, amin) or its one dim. */
+static uint32_t extremum_dims(const fz_node *n)
+{
+	switch (n->op) {
+	case FZ_OP_AMAX:
+	case FZ_OP_AMIN: {
+		uint32_t m = 0;
+		for (int i = 0; i < n->attrs.n_dims; i++)
+			if (n->attrs.dims[i] >= 0 && n->attrs.dims[i] < FZ_MAX_RANK)
+				m |= 1u << n->attrs.dims[i];
+		return m;
+	}
+	case FZ_OP_ARGMAX:
+	case FZ_OP_ARGMIN:
+		return n->attrs.dim >= 0 && n->attrs.dim < FZ_MAX_RANK ?
+		       1u << n->attrs.dim : 0;
+	default:
+		return 0;
+	}
+}
+
+/* Does n reduce an extent of 0 (at syms; NULL: the concrete ones) into a
+ * result that has elements (or may have: a symbolic extent unknown)? */
+static bool empty_extremum(const fz_node *n, const int64_t *syms, int *dim)
+{
+	uint32_t m = extremum_dims(n);
+	if (!m || n->n_in < 1 || n->n_out < 1)
+		return false;
+	const fz_type *x = &n->in[0]->type, *y = &n->out[0]->type;
+	*dim = -1;
+	for (int d = 0; d < x->rank && *dim < 0; d++)
+		if ((m >> d & 1) && fz_ext_eval(x->dims[d], syms) == 0)
+			*dim = d;
+	if (*dim < 0)
+		return false;
+	for (int d = 0; d < y->rank; d++)
+		if (fz_ext_eval(y->dims[d], syms) == 0)
+			return false;
+	return true;
+}
+
+fz_status fz_trace_empty_extremum(const fz_trace *t, const int64_t *syms,
+				  char **err)
+{
+	int dim = -1, first = -1;
+	for (int i = 0; i < t->n_nodes && first < 0; i++)
+		if (empty_extremum(t->nodes[i], syms, &dim))
+			first = i;
+	if (first < 0)
+		return FZ_OK;
+	/* rare: only now is it worth knowing which nodes run */
+	bool *live = malloc(sizeof *live * ((size_t)t->n_nodes + 1));
+	if (!live || fz_trace_live(t, live) < 0) {
+		free(live);
+		if (err)
+			*err = fz_strdup("out of memory");
+		return FZ_ENOMEM;
+	}
+	const fz_node *n = NULL;
+	for (int i = first; i < t->n_nodes && !n; i++)
+		if (live[i] && empty_extremum(t->nodes[i], syms, &dim))
+			n = t->nodes[i];
+	free(live);
+	if (!n)
+		return FZ_OK;
+	/* the verifier's messages start "line N: " (the parser puts its caret
+	 * there); at run time the op says where it was written */
+	char at[32] = "", op[64], e[128];
+	const fz_ext ext = n->in[0]->type.dims[dim];
+	if (!syms && n->line > 0) /* the parser puts its caret on the op */
+		snprintf(at, sizeof at, "line %d:%d: ", n->line, n->col);
+	if (syms && n->line > 0)
+		snprintf(op, sizeof op, "%s at %d:%d", fz_ops[n->op].name, n->line, n->col);
+	else
+		snprintf(op, sizeof op, "%s", fz_ops[n->op].name);
+	bool arg = n->op == FZ_OP_ARGMAX || n->op == FZ_OP_ARGMIN;
+	bool max = n->op == FZ_OP_AMAX || n->op == FZ_OP_ARGMAX;
+	if (err)
+		*err = fz_strdup_printf(
+			"%s%s: dim %d is empty (extent %s%s): the %s%s of no elements "
+			"is undefined (PyTorch refuses it too; softmax, log_softmax and "
+			"cross_entropy take the maximum over their dim)", at, op, dim, fz_ext_str(t, ext, e, sizeof e),
+			fz_ext_is_const(ext) ? "" : " = 0", arg ? "index of the " : "",
+			max ? "maximum" : "minimum");
+	return syms ? FZ_ERANGE : FZ_EVERIFY;
 }
 
 fz_status fz_trace_verify(const fz_trace *t, char **err)
@@ -159,5 +252,7 @@ done:
 	free(waited);
 	if (st != FZ_OK && err)
 		*err = fz_strdup(msg);
+	if (st == FZ_OK)
+		st = fz_trace_empty_extremum(t, NULL, err);
 	return st;
 }

@@ -1029,8 +1029,18 @@ static fz_status bad_index(fz_exec *x, int region, int32_t flag, char **err)
 	char reg[32] = "";
 	if (region >= 0)
 		snprintf(reg, sizeof reg, "region %d: ", region);
-	fz_set_err(err, fz_strdup_printf("%s%s%s: an index is out of range (or an "
-				      "integer fmod divides by zero)", reg, op, where));
+	/* the flag names the node; its op says which check it failed */
+	const char *what = "an index is out of range (or an integer fmod divides "
+			   "by zero)";
+	if (flag > 0 && flag <= t->n_nodes) {
+		fz_opcode o = t->nodes[flag - 1]->op;
+		what = fz_ops[o].cls == FZ_CLASS_INDEXING ? "an index is out of range" :
+		       o == FZ_OP_FMOD ? "an integer fmod divides by zero" :
+		       o == FZ_OP_AMAX || o == FZ_OP_AMIN || o == FZ_OP_ARGMAX ||
+		       o == FZ_OP_ARGMIN ? "it reduces an extent of 0: there is no "
+		       "maximum or minimum of no elements" : what;
+	}
+	fz_set_err(err, fz_strdup_printf("%s%s%s: %s", reg, op, where, what));
 	return FZ_ERANGE;
 }
 

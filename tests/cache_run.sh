@@ -18,7 +18,11 @@
 #   - a second `fusec compile` loads the program from the cache
 #     (plan_cache_hits 1), its phases are reported; a damaged program
 #     entry is a miss, removed with a warning, planned and stored again;
-#     --no-plan-cache plans afresh.
+#     --no-plan-cache plans afresh;
+#   - a FIFO as the stats file hangs neither run nor stat; verify reports it;
+#   - on a read-only cache, clear and prune fail saying why, and compile
+#     fails (stored false) when it cannot store what it compiled;
+#   - fusec run's usage errors: --iters past the cap, malformed --bind.
 # Timings are not asserted here; tools/bench and the README report them.
 set -eu
 fusec=$1
@@ -160,6 +164,88 @@ j=$("$fusec" compile --target host "$work/l32.trace" --json)
 expect plan_cache_hits "$(field plan_cache_hits "$j")" 1 "compile after the repair"
 j=$("$fusec" compile --target host "$work/l32.trace" --no-plan-cache --json)
 expect plan_cache_hits "$(field plan_cache_hits "$j")" 0 "--no-plan-cache"
+
+# a FIFO as the stats file: run and stat finish (they hung, holding the
+# lock), and verify reports it
+fresh fifo
+"$fusec" run "$work/l2.trace" --device cpu $bind >/dev/null 2>&1
+rm -f "$FUSEC_CACHE_DIR/v1/stats"
+mkfifo "$FUSEC_CACHE_DIR/v1/stats"
+if timeout 60 "$fcache" stat >/dev/null 2>&1; then
+	echo "ok: stat with a FIFO as the stats file"
+else
+	echo "FAIL: stat with a FIFO as the stats file (status $?)"; fails=$((fails + 1))
+fi
+out=$(timeout 60 "$fcache" verify 2>&1) && rc=0 || rc=$?
+case "$rc $out" in
+	"1 "*"stats: not a regular file"*) echo "ok: verify reports the FIFO" ;;
+	*) echo "FAIL: verify with a FIFO: $rc $out"; fails=$((fails + 1)) ;;
+esac
+if timeout 60 "$fusec" run "$work/l2.trace" --device cpu --bind B=3,T=5 >/dev/null 2>&1; then
+	echo "ok: run with a FIFO as the stats file"
+else
+	echo "FAIL: run with a FIFO as the stats file (status $?)"; fails=$((fails + 1))
+fi
+
+# a read-only cache: clear and prune fail and say why; compile fails when
+# what it compiled cannot be stored, not when everything was a hit. Root
+# writes through permission bits, so as root the tools run as nobody
+# (setpriv), on a cache that nobody owns.
+ro=$work/ro
+mkdir -p "$ro"
+as=""
+if [ "$(id -u)" = 0 ]; then
+	if command -v setpriv >/dev/null 2>&1; then
+		chown 65534:65534 "$ro"
+		as="setpriv --reuid=65534 --regid=65534 --clear-groups"
+	else
+		as=skip
+	fi
+fi
+if [ "$as" = skip ]; then
+	echo "skipped: the read-only cache cases (root without setpriv)"
+else
+	FUSEC_CACHE_DIR=$ro/c
+	$as "$fusec" compile --target host "$work/l2.trace" >/dev/null
+	chmod -R a-w "$FUSEC_CACHE_DIR"
+	for c in clear "prune --max-size 0"; do
+		out=$($as "$fcache" $c 2>&1) && rc=0 || rc=$?
+		case "$rc $out" in
+			"1 "*"cannot remove"*"entries from"*) echo "ok: $c on a read-only cache" ;;
+			*) echo "FAIL: $c on a read-only cache: $rc $out"; fails=$((fails + 1)) ;;
+		esac
+	done
+	out=$($as "$fusec" compile --target host "$work/l2.trace" 2>&1) && rc=0 || rc=$?
+	expect "status of compile, all hits, read-only" "$rc" 0 "read-only cache"
+	out=$($as "$fusec" compile --target host "$src/tests/traces/rotary.trace" --json \
+		2>"$work/ro.err") && rc=0 || rc=$?
+	expect "status of compile, new keys, read-only" "$rc" 1 "read-only cache"
+	case "$out" in *'"stored": false'*) echo "ok: --json says stored false" ;;
+		*) echo "FAIL: compile --json on a read-only cache: $out"; fails=$((fails + 1));; esac
+	if grep -q "could not be stored" "$work/ro.err"; then
+		echo "ok: compile says what could not be stored"
+	else
+		echo "FAIL: compile on a read-only cache:"; cat "$work/ro.err"; fails=$((fails + 1))
+	fi
+	chmod -R u+w "$FUSEC_CACHE_DIR"
+fi
+
+# fusec run's usage errors (exit 2, each with its own message)
+usage() { # expected-message args...
+	want=$1
+	shift
+	out=$("$fusec" run "$work/l2.trace" "$@" 2>&1 >/dev/null) && rc=0 || rc=$?
+	case "$rc $out" in
+		"2 fusec run: "*"$want"*) echo "ok: run $* is refused" ;;
+		*) echo "FAIL: run $*: status $rc: $out"; fails=$((fails + 1)) ;;
+	esac
+}
+usage "at most 10000000 runs" --iters 9223372036854775807
+usage "an empty entry" --bind B=3,,T=2
+usage "is given twice" --bind B=3 --bind T=2
+usage "'B' is bound twice" --bind B=3,B=4
+usage "must be a decimal number" --bind B=+3
+usage "is not a symbol name" --bind "T-1=2"
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all cache_run cases passed"

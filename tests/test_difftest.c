@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "splitmix.h"
 #include "fusec.h"
 #include "ir.h"
 #include "numeric.h"
@@ -32,13 +33,7 @@
 enum { CASES = 4 };
 
 static uint64_t S;
-static uint64_t next(void)
-{
-	uint64_t z = (S += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
+static uint64_t next(void) { return splitmix_next(&S); }
 static int pick(int n) { return (int)(next() % (uint64_t)n); }
 
 typedef struct buf {

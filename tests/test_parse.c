@@ -625,7 +625,8 @@ static const diag_case diag_cases[] = {
 	 "argmax: operand 1 ('x', bool[2]) is bool; expected a numeric dtype",
 	 FZ_EVERIFY},
 	{"trace f(x: f32[0]) {\n  y = argmin(x, dim=0)\n  return y\n}\n", 2, 7,
-	 "argmin: dim 0 has extent 0; there is no extremum", FZ_EVERIFY},
+	 "argmin: dim 0 is empty (extent 0): the index of the minimum of no "
+	 "elements is undefined", FZ_EVERIFY},
 	/* unknown dtype */
 	{"trace f(x: f31[2]) {\n  return x\n}\n", 1, 12, "unknown dtype 'f31'",
 	 FZ_EVERIFY},

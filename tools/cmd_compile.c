@@ -52,7 +52,11 @@
  * compile threads, llvm (IR and optimization), ptx (or the host object),
  * cubin and store.
  * Regions the code generator does not take (FZ_EUNSUPPORTED) are counted
- * and do not fail the command; any other failure does (exit 1).
+ * and do not fail the command; any other failure does (exit 1), and so
+ * does a compiled kernel that could not be stored (a read-only or full
+ * cache, one entry's name taken by a directory, a cache directory that is
+ * not ours): the report then says "NOT all stored", --json "stored":
+ * false, and stderr why, since filling the cache is what compile is for.
  */
 #include <errno.h>
 #ifdef __GLIBC__
@@ -102,7 +106,9 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "                   planned before at these sizes is loaded from the\n"
 	 "                   cache, and a new one stored there)\n"
 	 "  --json           one JSON object: regions, unique, compiled,\n"
-	 "                   cache_hits, unsupported, failed, seconds, target,\n"
+	 "                   cache_hits, unsupported, failed, seconds, stored\n"
+	 "                   (false: something compiled could not be stored),\n"
+	 "                   target,\n"
 	 "                   cubins, jobs, cache_dir, plan_cache_hits, and\n"
 	 "                   phases: seconds of parse, plan, kernels (wall, on\n"
 	 "                   a thread that runs while the next trace is\n"
@@ -112,7 +118,8 @@ const fz_command fz_cmd_compile = {"compile", "compile a model's kernels into th
 	 "                   host object), cubin, store\n"
 	 "\n"
 	 "The size cap is $FUSEC_CACHE_MAX_SIZE (default 2G). Exit status: 0 when\n"
-	 "every region compiled or was found, 1 when one failed, 2 usage.\n"};
+	 "every region compiled or was found and is stored, 1 when one failed or\n"
+	 "could not be stored, 2 usage.\n"};
 
 static void on_warn(void *ctx, const char *msg)
 {
@@ -335,11 +342,9 @@ static int cmd_compile(int argc, char **argv)
 			} else if (!strcmp(a, "--cache-dir")) {
 				cache_dir = v;
 			} else if (!strcmp(a, "--bind")) {
-				n_binds = tool_parse_bindings(v, binds, FZ_MAX_SYMS);
-				if (n_binds < 0) {
+				if (tool_bind_option(cmd, v, binds, &n_binds)) {
 					free(files);
-					return tool_usage_error(cmd, "--bind takes NAME=SIZE"
-						"[,NAME=SIZE...], not '%s'", v);
+					return EXIT_USAGE;
 				}
 			} else {
 				char *end;
@@ -484,6 +489,23 @@ static int cmd_compile(int argc, char **argv)
 	 * whole warm run */
 	const char *cubins = !want_cubins || !ks->compiled ? "null"
 			     : ks->cubins ? "true" : "false";
+	/* the command's purpose is the cache: what it compiled and could
+	 * not store (a read-only or full cache, one entry's name taken by a
+	 * directory, a cache that is not ours) fails it */
+	const char *why = NULL;
+	uint64_t lost = fz_disk_not_stored(disk, &why);
+	bool unstored = ks->compiled > 0 && (lost > 0 || !fz_disk_writable(disk));
+	if (unstored) {
+		if (!why)
+			why = fz_disk_disabled(disk) ? fz_disk_disabled(disk) :
+			      "storing is off";
+		fprintf(stderr, "fusec compile: error: %s of the %d kernel key%s "
+			"compiled could not be stored in the cache (%s); a run will "
+			"compile %s again\n", fz_disk_writable(disk) ? "some" : "all or "
+			"some", ks->compiled, ks->compiled == 1 ? "" : "s", why,
+			ks->compiled == 1 ? "it" : "them");
+		rc = EXIT_BAD;
+	}
 	if (ks->unsupported && !json)
 		fprintf(stderr, "fusec compile: %d region key%s not taken whole by the "
 			"code generator (they run per op, compiled too): %s\n",
@@ -492,9 +514,10 @@ static int cmd_compile(int argc, char **argv)
 	if (json) {
 		printf("{\"regions\": %d, \"unique\": %d, \"compiled\": %d, "
 		       "\"cache_hits\": %d, \"unsupported\": %d, \"failed\": %d, "
-		       "\"kernels\": %d, \"seconds\": %.4f, \"target\": ", ks->regions,
-		       ks->unique, ks->compiled, ks->cache_hits, ks->unsupported, failed,
-		       ks->instances, secs);
+		       "\"kernels\": %d, \"seconds\": %.4f, \"stored\": %s, "
+		       "\"target\": ", ks->regions, ks->unique, ks->compiled,
+		       ks->cache_hits, ks->unsupported, failed, ks->instances, secs,
+		       unstored ? "false" : "true");
 		tool_json_str(tname);
 		printf(", \"cubins\": %s, \"jobs\": %ld, \"cache_dir\": ",
 		       cubins, jobs);
@@ -516,6 +539,10 @@ static int cmd_compile(int argc, char **argv)
 		printf(" (%s%s) in %.3f s\n", tname,
 		       cubins[0] == 't' ? ", cubins" : cubins[0] == 'f' ? ", PTX only"
 		       : "", secs);
+	} else if (unstored) {
+		printf("%d kernel regions, %d unique keys: %d compiled, NOT all stored, "
+		       "%d cache hits (%s) in %.3f s\n", ks->regions, ks->unique,
+		       ks->compiled, ks->cache_hits, tname, secs);
 	}
 done:
 	free(err);

@@ -113,10 +113,8 @@ static int cmd_emit(int argc, char **argv)
 			if (*end || region < 0)
 				return tool_usage_error(cmd, "bad region '%s'", argv[i]);
 		} else if (!strcmp(a, "--bind") && has_next) {
-			n_binds = tool_parse_bindings(argv[++i], binds, FZ_MAX_SYMS);
-			if (n_binds < 0)
-				return tool_usage_error(cmd, "--bind takes NAME=SIZE[,NAME=SIZE"
-							"...], not '%s'", argv[i]);
+			if (tool_bind_option(cmd, argv[++i], binds, &n_binds))
+				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1]) {
 			return tool_usage_error(cmd, "unknown option or missing value: '%s'", a);
 		} else if (file) {

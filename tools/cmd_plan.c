@@ -297,10 +297,8 @@ static int cmd_plan(int argc, char **argv)
 		} else if (!strcmp(a, "--no-horizontal")) {
 			o.no_horizontal = true;
 		} else if (!strcmp(a, "--bind") && has_next) {
-			o.n_binds = tool_parse_bindings(argv[++i], o.binds, FZ_MAX_SYMS);
-			if (o.n_binds < 0)
-				return tool_usage_error(c, "--bind takes NAME=SIZE[,NAME=SIZE...],"
-						   " not '%s'", argv[i]);
+			if (tool_bind_option(c, argv[++i], o.binds, &o.n_binds))
+				return EXIT_USAGE;
 		} else if (!strcmp(a, "--world") && has_next) {
 			char *end;
 			long w = strtol(argv[++i], &end, 10);

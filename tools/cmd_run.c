@@ -53,6 +53,7 @@
  * once). The worst element (largest error relative to its tolerance) is
  * printed with its output and flat index.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -73,6 +74,11 @@
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
 #endif
+
+/* --iters: a benchmark's loop, not a way to run for centuries */
+#define MAX_ITERS 10000000
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 static int cmd_check(int argc, char **argv);
 static int cmd_run(int argc, char **argv);
@@ -103,7 +109,8 @@ const fz_command fz_cmd_run = {"run", "run a trace on random inputs", cmd_run,
 	 "               FUSEC_EMU_* in runtime/emu.c)\n"
 	 "  --bind LIST  sizes of symbolic extents, NAME=SIZE[,NAME=SIZE...]\n"
 	 "  --seed N     seed of the random inputs (default 0)\n"
-	 "  --iters N    run N times and report the time per iteration (1)\n"
+	 "  --iters N    run N times and report the time per iteration (1; at\n"
+	 "               most 10000000)\n"
 	 "  --check      compare every output with the reference interpreter;\n"
 	 "               print the worst error and exit 1 on a mismatch\n"
 	 "  --json       print one JSON object: device, ok, max_abs_err,\n"
@@ -909,16 +916,18 @@ static int cmd_run(int argc, char **argv)
 				return tool_usage_error(c, msg, o.device);
 			}
 		} else if (!strcmp(a, "--bind") && has_next) {
-			o.n_binds = tool_parse_bindings(argv[++i], o.binds, FZ_MAX_SYMS);
-			if (o.n_binds < 0)
-				return tool_usage_error(c, "--bind takes NAME=SIZE[,NAME=SIZE...],"
-						   " not '%s'", argv[i]);
+			if (tool_bind_option(c, argv[++i], o.binds, &o.n_binds))
+				return EXIT_USAGE;
 		} else if ((!strcmp(a, "--seed") || !strcmp(a, "--iters")) && has_next) {
 			char *end;
 			errno = 0;
 			long long v = strtoll(argv[++i], &end, 10);
-			if (*end || errno || v < 0 || (a[2] == 'i' && v < 1))
+			if (!isdigit((unsigned char)argv[i][0]) || *end || errno ||
+			    (a[2] == 'i' && v < 1))
 				return tool_usage_error(c, "bad number '%s'", argv[i]);
+			if (a[2] == 'i' && v > MAX_ITERS)
+				return tool_usage_error(c, "--iters %s: at most "
+							STR(MAX_ITERS) " runs", argv[i]);
 			if (a[2] == 's')
 				o.seed = (uint64_t)v;
 			else

@@ -309,7 +309,7 @@ static int simulate(const fz_program *p, const int *order, const sim_model *m,
 	int ne = 0;
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *g = t->nodes[i];
-		if (g->op != FZ_OP_ALL_GATHER)
+		if (g->op != FZ_OP_ALL_GATHER || p->region_of[i] < 0) /* dead */
 			continue;
 		const fz_value *f = g->out[0];
 		int last = last_step[f->id];
@@ -580,10 +580,8 @@ static int cmd_sim(int argc, char **argv)
 		} else if (!strcmp(a, "--trace-order")) {
 			trace_order = true;
 		} else if (!strcmp(a, "--bind") && has_next) {
-			n_binds = tool_parse_bindings(argv[++i], binds, FZ_MAX_SYMS);
-			if (n_binds < 0)
-				return tool_usage_error(c, "--bind takes NAME=SIZE[,NAME=SIZE...],"
-						   " not '%s'", argv[i]);
+			if (tool_bind_option(c, argv[++i], binds, &n_binds))
+				return EXIT_USAGE;
 		} else if (!strcmp(a, "--world") && has_next) {
 			char *end;
 			long w = strtol(argv[++i], &end, 10);

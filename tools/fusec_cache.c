@@ -216,24 +216,30 @@ static int cmd_prune(fz_disk *d, int64_t max)
 {
 	int removed;
 	int64_t freed;
-	if (fz_disk_prune(d, max, &removed, &freed) != FZ_OK) {
-		fprintf(stderr, "fusec-cache: cannot prune %s\n", fz_disk_path(d));
-		return EXIT_BAD;
-	}
-	char a[32];
-	printf("removed %d entries, %s bytes\n", removed, human(freed, a, sizeof a));
-	return 0;
+	char *err = NULL, a[32];
+	fz_status st = fz_disk_prune(d, max, &removed, &freed, &err);
+	if (removed || st == FZ_OK)
+		printf("removed %d entries, %s bytes\n", removed,
+		       human(freed, a, sizeof a));
+	if (st != FZ_OK)
+		fprintf(stderr, "fusec-cache: cannot prune %s: %s\n", fz_disk_path(d),
+			err ? err : fz_status_name(st));
+	free(err);
+	return st == FZ_OK ? 0 : EXIT_BAD;
 }
 
 static int cmd_clear(fz_disk *d)
 {
 	int removed;
-	if (fz_disk_clear(d, &removed) != FZ_OK) {
-		fprintf(stderr, "fusec-cache: cannot clear %s\n", fz_disk_path(d));
-		return EXIT_BAD;
-	}
-	printf("removed %d entries\n", removed);
-	return 0;
+	char *err = NULL;
+	fz_status st = fz_disk_clear(d, &removed, &err);
+	if (removed || st == FZ_OK)
+		printf("removed %d entries\n", removed);
+	if (st != FZ_OK)
+		fprintf(stderr, "fusec-cache: cannot clear %s: %s\n", fz_disk_path(d),
+			err ? err : fz_status_name(st));
+	free(err);
+	return st == FZ_OK ? 0 : EXIT_BAD;
 }
 
 int main(int argc, char **argv)

@@ -1,6 +1,7 @@
 /*
  * tool.c: the helpers the commands share (see tool.h).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,27 +70,82 @@ fz_module *tool_load(const char *path)
 	return m;
 }
 
-int tool_parse_bindings(const char *s, tool_binding *b, int max)
+/* "B=8,T=2048" into b[0..max); the count, or -1 with why. */
+static int parse_bindings(const char *s, tool_binding *b, int max, char *why,
+			  size_t wlen)
 {
 	int n = 0;
-	while (*s) {
-		const char *eq = strchr(s, '=');
-		size_t len = eq ? (size_t)(eq - s) : 0;
-		if (!eq || len == 0 || len >= sizeof b->name || n == max)
+	if (!*s) {
+		snprintf(why, wlen, "an empty list");
+		return -1;
+	}
+	for (;;) {
+		size_t item = strcspn(s, ","), len = strcspn(s, "=,");
+		if (item == 0) {
+			snprintf(why, wlen, "an empty entry");
 			return -1;
+		}
+		bool ident = len > 0 && len < sizeof b->name &&
+			     (isalpha((unsigned char)s[0]) || s[0] == '_');
+		for (size_t i = 1; ident && i < len; i++)
+			ident = isalnum((unsigned char)s[i]) || s[i] == '_';
+		if (!ident) {
+			snprintf(why, wlen, "'%.*s' is not a symbol name", (int)len, s);
+			return -1;
+		}
+		if (s[len] != '=') {
+			snprintf(why, wlen, "'%.*s' has no size (NAME=SIZE)", (int)len, s);
+			return -1;
+		}
+		if (n == max) {
+			snprintf(why, wlen, "more than %d symbols", max);
+			return -1;
+		}
 		memcpy(b[n].name, s, len);
 		b[n].name[len] = '\0';
-		char *end;
-		errno = 0;
-		long long v = strtoll(eq + 1, &end, 10);
-		if (end == eq + 1 || (*end && *end != ',') || v < 0 || errno)
+		for (int k = 0; k < n; k++)
+			if (!strcmp(b[k].name, b[n].name)) {
+				snprintf(why, wlen, "'%s' is bound twice", b[n].name);
+				return -1;
+			}
+		/* decimal digits only: no sign, no space, no 0x */
+		const char *v = s + len + 1, *end = v;
+		long long size = 0;
+		bool ok = isdigit((unsigned char)*v);
+		for (; ok && isdigit((unsigned char)*end); end++)
+			ok = !__builtin_mul_overflow(size, 10, &size) &&
+			     !__builtin_add_overflow(size, *end - '0', &size);
+		if (!ok || (*end && *end != ',')) {
+			snprintf(why, wlen, "the size of '%s' must be a decimal number "
+				 "below 2^63, not '%.*s'", b[n].name, (int)strcspn(v, ","), v);
 			return -1;
-		b[n].size = v;
+		}
+		b[n].size = size;
 		b[n].used = false;
 		n++;
-		s = *end ? end + 1 : end;
+		if (!*end)
+			return n;
+		s = end + 1;
 	}
-	return n;
+}
+
+int tool_bind_option(const fz_command *c, const char *arg, tool_binding *b,
+		     int *n)
+{
+	char why[160], msg[512];
+	if (*n > 0) {
+		snprintf(msg, sizeof msg, "--bind is given twice; give every size in "
+			 "one list (--bind B=8,T=2048), not '%s' after it", arg);
+		return tool_usage_error(c, "%s", msg);
+	}
+	int k = parse_bindings(arg, b, FZ_MAX_SYMS, why, sizeof why);
+	if (k < 0) {
+		snprintf(msg, sizeof msg, "--bind takes NAME=SIZE[,NAME=SIZE...]; in "
+			 "'%s': %s", arg, why);
+		return tool_usage_error(c, "%s", msg);
+	}
+	*n = k;
+	return 0;
 }
 
 void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,

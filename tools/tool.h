@@ -42,8 +42,13 @@ typedef struct tool_binding {
 	bool used;
 } tool_binding;
 
-/* "B=8,T=2048" into b[0..max); the count, or -1 if malformed. */
-int tool_parse_bindings(const char *s, tool_binding *b, int max);
+/* --bind's value ("B=8,T=2048": an empty entry, a name that is not a
+ * symbol's, a name twice, a size that is not plain decimal digits are
+ * refused) for command c: parsed into b (FZ_MAX_SYMS of them) and
+ * *n; 0, or the usage error's status (2, printed) when arg is malformed or
+ * a --bind came before (*n > 0). */
+int tool_bind_option(const fz_command *c, const char *arg, tool_binding *b,
+                     int *n);
 
 /* Symbol sizes for t from the bindings (marking those used); -1 elsewhere. */
 void tool_bind_symbols(const fz_trace *t, tool_binding *b, int n,
