@@ -3,7 +3,7 @@
 
     python3 tools/gen/fsdp_llama.py --world N --layers L [--hidden 4096]
         [--heads 32] [--intermediate 11008] [--vocab 32000] [--dtype bf16]
-        [--eps 1e-5] [--name NAME] [-o FILE]
+        [--eps 1e-5] [--attention primitive|decomposed] [--name NAME] [-o FILE]
 
 Defaults are Llama-2-7B's shapes. Batch B and sequence T are symbolic.
 
@@ -25,6 +25,13 @@ The written order is the naive one users report: each layer issues its
 gathers at its top and waits on them at once, and each gradient's
 reduce-scatter is waited on at the end of its layer's backward. `fusec plan`
 and `fusec sim` show what communication scheduling makes of it.
+
+Attention is the primitive by default (attention, attention_dq,
+attention_dkv: FlashAttention-2, the output and the log-sum-exp kept for
+the backward); --attention decomposed writes it as matmul/softmax/matmul
+with the probabilities kept for a hand-written backward, which takes any
+head dim and runs on every target (the attention kernels want head dims
+that are multiples of 16, and the GPU's backward bf16 or f16).
 
 Outputs: loss, then one gradient shard per parameter shard, in parameter
 order. Standard library only; deterministic.
@@ -60,7 +67,8 @@ class Writer:
         return "".join(self.lines)
 
 
-def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name):
+def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name,
+             attention="primitive"):
     N = world
     D = hidden // heads
     half = D // 2
@@ -177,9 +185,15 @@ def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name):
             w("%s_%s = %s" % (s, t, heads_of("linear(%s_n1, %sw%s_a)" % (s, p, t))))
         for t in ("q", "k"):
             w("%s_%sr = add(mul(%s_%s, cos), mul(%s, sin))" % (s, t, s, t, rot(s + "_" + t)))
-        # attention as the primitive (FlashAttention: o and the log-sum-exp
-        # are kept for the backward, not the probabilities)
-        w("%s_o, %s_lse = attention(%s_qr, %s_kr, %s_v, mask, scale=%s)" % (s, s, s, s, s, scale))
+        if attention == "primitive":
+            # FlashAttention: o and the log-sum-exp are kept for the
+            # backward, not the probabilities
+            w("%s_o, %s_lse = attention(%s_qr, %s_kr, %s_v, mask, scale=%s)"
+              % (s, s, s, s, s, scale))
+        else:
+            w("%s_sc = mul(matmul(%s_qr, transpose(%s_kr, 2, 3)), %s)" % (s, s, s, scale))
+            w("%s_pr = softmax(where(mask, %s_sc, -1e9), dim=-1)" % (s, s))
+            w("%s_o = matmul(%s_pr, %s_v)" % (s, s, s))
         w("%s_ctx = %s" % (s, unheads(s + "_o")))
         w("%s_h = add(%s, linear(%s_ctx, %swo_a))" % (s, x, s, p))
         rms(s + "_h", p + "mlp_norm_a", s + "_n2")
@@ -232,9 +246,18 @@ def generate(world, layers, hidden, heads, inter, vocab, dt, eps, name):
         # attention: h = x + wo(ctx)
         w("%s_dctx = %s" % (s, heads_of("linear(%s_dh, transpose(%swo_b, 0, 1))" % (s, p))))
         scatter(p + "wo", wgrad(s + "_dh", H, s + "_ctx", H))
-        args = "%s_qr, %s_kr, %s_v, %s_o, %s_lse, %s_dctx, mask, scale=%s" % (s, s, s, s, s, s, scale)
-        w("%s_dqr = attention_dq(%s)" % (s, args))
-        w("%s_dkr, %s_dv = attention_dkv(%s)" % (s, s, args))
+        if attention == "primitive":
+            args = "%s_qr, %s_kr, %s_v, %s_o, %s_lse, %s_dctx, mask, scale=%s" % (
+                s, s, s, s, s, s, scale)
+            w("%s_dqr = attention_dq(%s)" % (s, args))
+            w("%s_dkr, %s_dv = attention_dkv(%s)" % (s, s, args))
+        else:
+            w("%s_dp = matmul(%s_dctx, transpose(%s_v, 2, 3))" % (s, s, s))
+            w("%s_dv = matmul(transpose(%s_pr, 2, 3), %s_dctx)" % (s, s, s))
+            w("%s_ds = mul(mul(%s_pr, sub(%s_dp, sum(mul(%s_dp, %s_pr), dims=[3], keepdim=true))), %s)"
+              % (s, s, s, s, s, scale))
+            w("%s_dqr = matmul(%s_ds, %s_kr)" % (s, s, s))
+            w("%s_dkr = matmul(transpose(%s_ds, 2, 3), %s_qr)" % (s, s, s))
         for t in ("q", "k"):
             w("%s_d%sh = add(mul(%s_d%sr, cos), %s)" % (s, t, s, t, rot_t("mul(%s_d%sr, sin)" % (s, t))))
             w("%s_d%s = %s" % (s, t, unheads("%s_d%sh" % (s, t))))
@@ -274,6 +297,9 @@ def main(argv=None):
     ap.add_argument("--vocab", type=positive, default=32000, help="vocabulary size (default 32000)")
     ap.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype (default bf16)")
     ap.add_argument("--eps", type=float, default=1e-5, help="rms_norm epsilon (default 1e-5)")
+    ap.add_argument("--attention", choices=("primitive", "decomposed"), default="primitive",
+                    help="attention as the fused primitive (default) or as "
+                         "matmul/softmax/matmul with the probabilities saved")
     ap.add_argument("--name", default="fsdp_llama", help="trace name (default fsdp_llama)")
     ap.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     a = ap.parse_args(argv)
@@ -290,7 +316,7 @@ def main(argv=None):
             not all(c.isalnum() or c == "_" for c in a.name):
         ap.error("--name must be an identifier")
     text = generate(a.world, a.layers, a.hidden, a.heads, a.intermediate, a.vocab,
-                    a.dtype, a.eps, a.name)
+                    a.dtype, a.eps, a.name, a.attention)
     if a.output and a.output != "-":
         with open(a.output, "w") as f:
             f.write(text)
