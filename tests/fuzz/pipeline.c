@@ -925,7 +925,7 @@ static void generate(uint64_t seed, char *out, size_t len, char *binds, size_t b
 typedef struct opts {
 	const char *fusec, *out, *devices;
 	const char *replay, *bind;  /* --minimize FILE, --bind LIST */
-	char known[32][128];        /* --known FILE: messages of open bugs */
+	char known[32][256];        /* --known FILE: messages of open bugs */
 	int n_known;
 	uint64_t seed;
 	long count, start;
@@ -1294,7 +1294,7 @@ static void minimize(const opts *o, char *text, size_t len, const char *device,
 						nn++;
 				}
 				for (int drop = 0; drop < nn && !dropped; drop++) {
-					char nr[1024] = "  return ";
+					char nr[1280] = "  return ";
 					for (int j = 0, first = 1; j < nn; j++) {
 						if (j == drop)
 							continue;
