@@ -545,22 +545,20 @@ static int op_inner(fz_trace *t, fz_opcode op, const fz_arg *args, int nargs,
 
 	fz_value *res[2] = {NULL, NULL};
 	int n_out = 1;
-	if (oi->cls == FZ_CLASS_COMPOSITE) {
-		if (op != FZ_OP_TRANSPOSE && op != FZ_OP_CROSS_ENTROPY &&
-		    op != FZ_OP_LAYER_NORM && op != FZ_OP_RMS_NORM &&
-		    broadcast_operands(t, op, in, nargs) < 0)
+	/* a composite, and an index_add of f16/bf16 (index_add_in_f32), are
+	 * written as primitives, each node marked with what it came from */
+	bool half_index_add = op == FZ_OP_INDEX_ADD && nargs == 3 &&
+			      (in[0]->type.dtype == FZ_F16 ||
+			       in[0]->type.dtype == FZ_BF16) &&
+			      in[2]->type.dtype == in[0]->type.dtype;
+	if (oi->cls == FZ_CLASS_COMPOSITE || half_index_add) {
+		if (!half_index_add && op != FZ_OP_TRANSPOSE &&
+		    op != FZ_OP_CROSS_ENTROPY && op != FZ_OP_LAYER_NORM &&
+		    op != FZ_OP_RMS_NORM && broadcast_operands(t, op, in, nargs) < 0)
 			return -1;
 		int before = t->n_nodes;
-		res[0] = fz_lower(t, op, in, nargs, nums, &a);
-		if (!res[0])
-			return -1;
-		for (int i = before; i < t->n_nodes; i++)
-			t->nodes[i]->origin = op;
-	} else if (op == FZ_OP_INDEX_ADD && nargs == 3 &&
-		   (in[0]->type.dtype == FZ_F16 || in[0]->type.dtype == FZ_BF16) &&
-		   in[2]->type.dtype == in[0]->type.dtype) {
-		int before = t->n_nodes;
-		res[0] = index_add_in_f32(t, in, &a);
+		res[0] = half_index_add ? index_add_in_f32(t, in, &a)
+					: fz_lower(t, op, in, nargs, nums, &a);
 		if (!res[0])
 			return -1;
 		for (int i = before; i < t->n_nodes; i++)
