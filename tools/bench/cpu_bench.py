@@ -170,9 +170,7 @@ def case_add_rms_norm(g):
 
     def fn(x, r, w):
         h = x + r
-        hf = h.float()
-        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)
-        return h, (y * w.float()).bfloat16()
+        return h, _rms(h.float(), w.float()).bfloat16()
     text = """trace add_rms_norm(x: bf16[2048, 4096], r: bf16[2048, 4096], w: bf16[4096]) {
   h = add(x, r)
   y = rms_norm(h, w, dims=[1], eps=1e-5)
