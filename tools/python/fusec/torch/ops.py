@@ -376,12 +376,6 @@ def _fill(w, node, args, kwargs):
     return w.full(shape, v, dt)
 
 
-@_h("zero")
-def _zero(w, node, args, kwargs):
-    dt, shape = w.out_meta()
-    return w.full(shape, 0, dt)
-
-
 # ---- creation
 
 
@@ -403,7 +397,7 @@ def _scalar_tensor(w, node, args, kwargs):
     return w.full(shape, args[0], dt)
 
 
-@_h("zeros", "zeros_like", "new_zeros", "empty", "empty_like", "new_empty",
+@_h("zero", "zeros", "zeros_like", "new_zeros", "empty", "empty_like", "new_empty",
     "empty_strided", "new_empty_strided", "empty_permuted")
 def _zeros(w, node, args, kwargs):
     # empty: the values are unspecified; zeros are one choice of them.
