@@ -43,6 +43,7 @@ plumbing without a GPU: tools/gpu/run.sh's dry run.
 Exit status: 0, or 1 when a configuration failed or disagreed with eager.
 """
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -255,6 +256,7 @@ def main():
                     help="256x512, f32, no torch.compile: the plumbing")
     ap.add_argument("--json", help="write the results here (after each row)")
     a = ap.parse_args()
+    faulthandler.enable()  # a crash names its Python line in the log
     t_start = time.time()
     import torch
     import fusec

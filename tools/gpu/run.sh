@@ -30,7 +30,10 @@
 #        are); --graph (the Llama block and a 2-layer bf16 Llama at 1,1
 #        and 8,512: the run replayed from a CUDA graph must give exactly
 #        the plain run's outputs, compared through both runs' --check
-#        figures); then compute-sanitizer memcheck of the corpus at 3,17
+#        figures); the fused attention kernels against the interpreter
+#        (part attn_check: tools/gen/attn_cases.py at lengths 1 to 1000,
+#        head dims 64, 80, 128, bf16 and f32, forward and backward); then
+#        compute-sanitizer memcheck of the corpus at 3,17
 #      Phase A ends by 55% of the budget: what has not started by then is
 #      recorded as skipped for time.
 #   B. one after another, the GPU otherwise idle (timings):
@@ -39,8 +42,8 @@
 #      - launch overhead: bench_cuda launch (fz_exec_run against raw
 #        cuLaunchKernel, medians of 10k)
 #      - warm start: a 32-layer Llama-2-7B forward after `fusec compile`
-#      - tools/bench/attn_bench.py --device cuda (attention against SDPA),
-#        once it exists
+#      - tools/bench/attn_gpu_bench.py: the fused attention kernels against
+#        SDPA, TFLOP/s forward and backward
 #      - tools/bench/gpu_bench.py in the time left: memory-bound fusions,
 #        fusec beside eager PyTorch and torch.compile, as TB/s and as a
 #        fraction of the measured device-to-device copy bandwidth
@@ -53,13 +56,14 @@
 #   bench.jsonl      one JSON object per measurement, likewise
 #   torch_cuda.json  torch_cuda_check.py's cases
 #   gpu_bench.json   gpu_bench.py's table
+#   attn_gpu.json    attn_gpu_bench.py's table
 #
 # Environment: DEVICE (cuda; emu or cpu dry-run the plumbing without a
 # GPU), QUICK=1 (sizes 1,1 only, one torch case, the smallest benchmark),
 # TRACES and EXPORTED (space-separated name filters for the corpus and the
 # exported traces), PARTS (the parts to run, space-separated, default all:
-# probe test_cuda torch backend check nccl graph memcheck graph_time launch
-# warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
+# probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
+# launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
 # JOBS (default nproc), PYTHON (default python3), PACK, BUILD, LDCONFIG
 # (LDCONFIG=true: as if the machine had none of the packed libraries).
 #
@@ -100,7 +104,7 @@ if [ "${1:-}" = --job ]; then
 	IFS='|' read -r kind file bind label world <<<"$2"
 	limit=$JOB_TIMEOUT
 	case "$kind $bind $label" in
-	check*T=512*|check*T512*|graph*T=512*|memcheck*) limit=$BIG_TIMEOUT ;;
+	check*T=512*|check*T512*|graph*T=512*|memcheck*|attn_check*t1000*) limit=$BIG_TIMEOUT ;;
 	esac
 	limit=$(timeout_for "$limit" "$PHASE_END")
 	if [ $((PHASE_END - $(date +%s))) -lt 5 ]; then
@@ -111,7 +115,7 @@ if [ "${1:-}" = --job ]; then
 	[ -n "$bind" ] && bindarg=(--bind "$bind")
 	t0=$(date +%s.%N)
 	case "$kind" in
-	check) out=$(timeout -k 5 "$limit" "$FUSEC" run "$file" --device "$DEVICE" \
+	check|attn_check) out=$(timeout -k 5 "$limit" "$FUSEC" run "$file" --device "$DEVICE" \
 		"${bindarg[@]}" --check --json 2>&1) ;;
 	nccl) out=$(timeout -k 5 "$limit" "$FUSEC" run "$file" --device "$DEVICE" \
 		--world "$world" "${bindarg[@]}" --iters 5 --check --json 2>&1) ;;
@@ -138,6 +142,25 @@ the replay's --check figures differ from the plain run's"
 		elif printf '%s' "$p" | grep -q '"ok": false'; then
 			out="$out
 (the same as the plain run's, which is outside the --check tolerance)"
+		fi
+		if [ $rc -ne 0 ]; then
+			# which condition it takes: a graph captured in a process
+			# that compiled its kernels (a fresh cache), or any graph;
+			# and whether a plain run that compiles fails alike
+			d=$(mktemp -d "$WORK/diag.XXXXXX")
+			# (cache c is fresh for the plain run, then warm for the graph)
+			for v in "graph-a-fresh a --graph --iters 3" "graph-1-iter-fresh b --graph --iters 1" \
+				"plain-fresh c --iters 3" "graph-warm c --graph --iters 3"; do
+				set -- $v
+				name=$1 cache=$d/$2
+				shift 2
+				r=$(timeout -k 5 "$limit" "$FUSEC" run "$file" --device "$DEVICE" \
+					"${bindarg[@]}" --cache-dir "$cache" "$@" --check --json 2>&1 | tail -1)
+				out="$out
+diagnosis, $name ($*): $(figures "$r") compiled $(printf '%s' "$r" |
+					grep -o '"compiled": [0-9]*')"
+			done
+			rm -rf "$d"
 		fi
 		(exit $rc) ;;
 	memcheck) out=$(timeout -k 5 "$limit" "$SANITIZER" --tool memcheck \
@@ -385,9 +408,11 @@ wanted() { # NAME FILTER: whether NAME passes the space-separated FILTER
 	for w in $2; do [ "$1" = "$w" ] && return 0; done
 	return 1
 }
-symbols() { # the symbolic extents of a trace file's parameters
-	grep -h '^trace ' "$1" | grep -o '\[[^]]*\]' | tr -d '[] ' | tr ',*' '\n\n' |
-		grep -E '^[A-Za-z_]' | sort -u | tr '\n' ' '
+symbols() { # the symbols in a trace file's parameter extents
+	# the header may span lines (`trace f(` ... `) {`); an extent may be a
+	# sum or product of symbols (T+1, B*T), which binds only its symbols
+	awk '/^trace /{h=1} h{print} h && /\{/{h=0}' "$1" | grep -o '\[[^]]*\]' |
+		tr -d '[] ' | tr ',*+-' '\n\n\n\n' | grep -E '^[A-Za-z_]' | sort -u | tr '\n' ' '
 }
 bind_for() { # SYMBOLS B T: the binding of the symbols the trace has
 	local s out=
@@ -458,6 +483,28 @@ elif "$PYTHON" "$REPO/tools/gen/llama.py" --layers 2 --hidden 512 --heads 8 \
 else
 	record graph "tools/gen/llama.py" "" fail 1 0 "$(cat "$WORK/gen.err")"
 fi
+# the fused attention kernels against the interpreter: issue 22's sweep
+# (tools/gen/attn_cases.py: plain, causal, GQA 4:1, a bool padding mask, a
+# sliding window, softcap with a float mask, the decomposed eager form;
+# forward and backward), one file per length, head dim and dtype
+attn_lengths="1 17 64 127 128 129 1000" attn_dims="64 80 128" attn_dts="bf16 f32"
+[ "$QUICK" = 1 ] && attn_lengths=17 attn_dims=64 attn_dts=bf16
+if part attn_check; then
+	mkdir -p "$WORK/attn"
+	for t in $attn_lengths; do
+		for dd in $attn_dims; do
+			for dt in $attn_dts; do
+				f="$WORK/attn/t${t}_d${dd}_$dt.trace"
+				if "$PYTHON" "$REPO/tools/gen/attn_cases.py" --lengths "$t" --dims "$dd" \
+					--dtypes "$dt" -o "$f" 2>"$WORK/gen.err"; then
+					echo "attn_check|$f||attention t$t d$dd $dt" >>"$jobs"
+				else
+					record attn_check "attention t$t d$dd $dt" "" fail 1 0 "$(cat "$WORK/gen.err")"
+				fi
+			done
+		done
+	done
+fi
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if ! part memcheck; then
 	:
@@ -477,6 +524,7 @@ part_done torch
 part_done backend
 part_done check "$(grep -c '^check|' "$jobs") runs at $sizes"
 part_done nccl
+part_done attn_check "$(grep -c '^attn_check|' "$jobs") files: lengths $attn_lengths, dims $attn_dims, $attn_dts"
 part_done graph
 part_done memcheck
 
@@ -551,22 +599,27 @@ else
 fi
 part_done warm_start
 
-# hook: attention kernels against SDPA, once the benchmark exists
-f="$REPO/tools/bench/attn_bench.py"
+# the fused attention kernels against PyTorch's SDPA (FlashAttention or
+# cuDNN) on the same card: TFLOP/s forward and backward
+f="$REPO/tools/bench/attn_gpu_bench.py"
 if ! part attention; then
 	:
-elif [ ! -f "$f" ] || [ $have_torch = 0 ] || [ "$DEVICE" != cuda ]; then
-	record attention attn_bench.py "" skip 0 0 "tools/bench/attn_bench.py, torch or a GPU absent"
+elif [ $have_torch = 0 ] || [ "$DEVICE" != cuda ]; then
+	record attention attn_gpu_bench.py "" skip 0 0 "torch or a GPU absent"
 elif [ "$(left)" -lt 45 ]; then
-	record attention attn_bench.py "" skip 0 0 "not started: out of time"
+	record attention attn_gpu_bench.py "" skip 0 0 "not started: out of time"
 else
 	t0=$(date +%s.%N)
-	out=$(timeout -k 5 "$(timeout_for 120 "$END")" "${pyenv[@]}" "$PYTHON" "$f" --device cuda 2>&1)
+	q=()
+	[ "$QUICK" = 1 ] && q=(--T 1024 --D 64)
+	out=$(timeout -k 5 "$(timeout_for 150 "$END")" "${pyenv[@]}" "$PYTHON" "$f" \
+		--budget "$(( $(left) > 150 ? 120 : $(left) - 30 ))" "${q[@]}" \
+		--json "$RUN_DIR/attn_gpu.json" 2>&1)
 	rc=$?
 	st=pass
 	[ $rc -eq 0 ] || st=fail
 	printf '%s\n' "$out" | tail -15
-	record attention attn_bench.py "" $st $rc "$(secs_since "$t0")" "$out"
+	record attention attn_gpu_bench.py "" $st $rc "$(secs_since "$t0")" "$out"
 fi
 part_done attention
 

@@ -58,11 +58,13 @@ run of tools/gpu/run.sh uses it.
 Exit status: 0 when every case passes, 1 otherwise, 77 without a GPU.
 """
 import argparse
+import faulthandler
 import json
 import math
 import os
 import sys
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -91,9 +93,9 @@ def errors(outs, refs):
     """fzcheck.worst of outs against refs of any dtypes (compared in f64)."""
     import fzcheck
 
-    def f64(x):
+    def f64(x):  # on the CPU: a reference may come from either device
         x = x if isinstance(x, (tuple, list)) else (x,)
-        return tuple(t.detach().double() for t in x)
+        return tuple(t.detach().double().cpu() for t in x)
     return fzcheck.worst(f64(outs), f64(refs))
 
 
@@ -127,6 +129,8 @@ def check_case(model, kind, dtype, device, tdev):
     if tdev.type == "cuda":
         torch.cuda.synchronize()
     case["fusec_seconds"] = round(time.time() - t0, 4)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    case["out_devices"] = sorted({str(t.device) for t in outs})
     ref = step(params, data)
     refs = [ref]
     if tdev.type != "cpu":
@@ -144,7 +148,8 @@ def check_case(model, kind, dtype, device, tdev):
     case.update(fusec_vs_f64=[f_n, f_m], torch_vs_f64=[t_n, t_m],
                 reduction=k, slack=slack,
                 ok=bool(f_n <= t_n + slack and f_m <= t_m + slack and
-                        prog.device == device))
+                        prog.device == device and
+                        case["out_devices"] == [str(tdev)]))
     return case
 
 
@@ -157,6 +162,7 @@ def main():
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    faulthandler.enable()  # a crash names its Python line in the log
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         print("torch_cuda_check: skipped: torch sees no CUDA device")
@@ -176,8 +182,11 @@ def main():
                 try:
                     case = check_case(model, kind, dtype, a.device, tdev)
                 except Exception as e:  # reported per case, the sweep goes on
+                    tb = traceback.extract_tb(e.__traceback__)[-3:]
                     case = {"model": model, "kind": kind, "dtype": dname,
-                            "ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+                            "ok": False, "error": "%s: %s" % (type(e).__name__, e),
+                            "where": ["%s:%d %s" % (os.path.basename(f.filename),
+                                                    f.lineno, f.line) for f in tb]}
                 failed += not case["ok"]
                 results.append(case)
                 print("%-4s %s %s %s %s" % (
