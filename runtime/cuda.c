@@ -12,7 +12,7 @@
  *              primary context is retained (cuDevicePrimaryCtxRetain), the
  *              one the CUDA runtime and so PyTorch use: pointers, streams
  *              and events pass between fusec and torch as they are.
- *     alloc    cuMemAlloc, once per plan (the arena), zeroed
+ *     alloc    cuMemAlloc, once per plan (the arena), not zeroed
  *     load     the cubin for this device when the cache has it, else the
  *              PTX through the driver's JIT; one module per kernel key per
  *              process (kernels.c calls load once per key), every entry
@@ -379,12 +379,14 @@ static fz_status cu_alloc(fz_device *dev, size_t bytes, void **p, char **err)
 	ENTER(d, err, what);
 	CUdeviceptr q = 0;
 	size_t n = bytes ? (bytes + 255) / 256 * 256 : 256;
+	/* Not zeroed, as PyTorch's allocator hands out memory too: nothing
+	 * a plan computes reads what it did not write (the emulator checks
+	 * that). A cuMemsetD8 here was queued on the legacy stream, which
+	 * a non-blocking stream (fz_cuda_stream_new's, a caller's) does not
+	 * wait for: on the first GPU run it cleared inputs that had been
+	 * uploaded on such a stream after it was queued (--graph of a
+	 * 2-layer bf16 Llama: logits of 0, different ones run to run). */
 	CUresult r = d->cu->MemAlloc(&q, n);
-	if (r == FZ_CUDA_SUCCESS && (r = d->cu->MemsetD8(q, 0, n)) != FZ_CUDA_SUCCESS) {
-		d->cu->MemFree(q);
-		LEAVE(d);
-		return fz_cu_fail(d->cu, err, r, "cuMemsetD8", what);
-	}
 	LEAVE(d);
 	if (r != FZ_CUDA_SUCCESS)
 		return fz_cu_fail(d->cu, err, r, "cuMemAlloc", what);

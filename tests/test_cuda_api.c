@@ -219,8 +219,9 @@ START_TEST(alloc_upload_download)
 	void *p = NULL;
 	ck_assert_int_eq(fz_target_cuda.alloc(d, 1000, &p, &err), FZ_OK);
 	ck_assert_uint_eq((uintptr_t)p % 256, 0);
-	for (int i = 0; i < 1000; i++)
-		ck_assert_int_eq(((unsigned char *)p)[i], 0);
+	/* not zeroed: a memset on the legacy stream would race with work
+	 * on non-blocking streams (cu_alloc) */
+	ck_assert_int_eq(F->legacy_memsets, 0);
 	int src[100], dst[100];
 	for (int i = 0; i < 100; i++)
 		src[i] = i * 7 - 3;

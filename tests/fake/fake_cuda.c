@@ -444,6 +444,7 @@ API CUresult cuMemFree_v2(unsigned long long p) { free((void *)(uintptr_t)p); fa
 API CUresult cuMemsetD8_v2(unsigned long long p, unsigned char c, size_t n)
 {
 	memset((void *)(uintptr_t)p, c, n);
+	fake_cuda.legacy_memsets++;
 	return 0;
 }
 

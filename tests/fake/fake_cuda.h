@@ -76,6 +76,8 @@ typedef struct fake_state {
 	int retains, releases, pushes, pops;
 	int cubin_loads, ptx_loads, links, unloads;
 	int allocs, frees, syncs, events, records, waits, uploads, memsets;
+	int legacy_memsets; /* cuMemsetD8: on the legacy stream, unordered
+	                     * with non-blocking streams */
 	int streams;            /* created and not destroyed */
 	int captures;           /* cuStreamBeginCapture calls */
 	int graphs, execs;      /* graphs and instances alive */
