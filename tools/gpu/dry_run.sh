@@ -35,7 +35,7 @@ expect() { # RC NAME [VAR=VALUE...]: run.sh into OUT/NAME must exit RC
 }
 
 expect 0 ok TRACES="casts llama_rmsnorm rotary cross_entropy" \
-	EXPORTED="nanogpt_tiny_fwd_f32 llama_tiny_bwd_bf16" BUDGET=150
+	EXPORTED="nanogpt_tiny_fwd_f32 llama_tiny_bwd_bf16" BUDGET=300 # a cap: phase A ends at 55%
 "$PY" - "$OUT/ok" <<'EOF' || exit 1
 import json, os, sys
 d = sys.argv[1]
