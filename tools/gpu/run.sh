@@ -61,7 +61,8 @@
 # Environment: DEVICE (cuda; emu or cpu dry-run the plumbing without a
 # GPU), QUICK=1 (sizes 1,1 only, one torch case, the smallest benchmark),
 # TRACES and EXPORTED (space-separated name filters for the corpus and the
-# exported traces), PARTS (the parts to run, space-separated, default all:
+# exported traces), ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's
+# sweep, space-separated), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
 # launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
 # JOBS (default nproc), PYTHON (default python3), PACK, BUILD, LDCONFIG
@@ -492,6 +493,8 @@ fi
 # forward and backward), one file per length, head dim and dtype
 attn_lengths="1 17 64 127 128 129 1000" attn_dims="64 80 128" attn_dts="bf16 f32"
 [ "$QUICK" = 1 ] && attn_lengths=17 attn_dims=64 attn_dts=bf16
+attn_lengths=${ATTN_LENGTHS:-$attn_lengths} attn_dims=${ATTN_DIMS:-$attn_dims}
+attn_dts=${ATTN_DTYPES:-$attn_dts}
 if part attn_check; then
 	mkdir -p "$WORK/attn"
 	for t in $attn_lengths; do
