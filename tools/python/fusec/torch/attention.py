@@ -58,21 +58,35 @@ class _MathAttention:
     (or, with primitive=False, always by its math). A patch of the module
     attribute rather than a TorchFunctionMode, because checkpoint's
     recomputation runs in the autograd engine, where Python modes are not
-    active."""
+    active.
+
+    transformers' mask code asks is_tracing(mask) before it reads a
+    mask's values (to pass SDPA is_causal=True instead of an all-ones
+    padding mask); make_fx's real-tensor tracing is tracing, but its
+    tensors are neither fake nor proxies, so while exporting
+    transformers.masking_utils.is_tracing answers True and the mask is
+    built, never read."""
 
     def __init__(self, primitive=True):
         self.primitive = primitive
 
     def __enter__(self):
+        import sys
         import torch.nn.functional as F
         self.saved = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = _sdpa_export if self.primitive \
             else _sdpa_math
+        self.mu = sys.modules.get("transformers.masking_utils")
+        if self.mu is not None and hasattr(self.mu, "is_tracing"):
+            self.saved_tracing = self.mu.is_tracing
+            self.mu.is_tracing = lambda *a, **k: True
         return self
 
     def __exit__(self, *exc):
         import torch.nn.functional as F
         F.scaled_dot_product_attention = self.saved
+        if self.mu is not None and hasattr(self, "saved_tracing"):
+            self.mu.is_tracing = self.saved_tracing
         return False
 
 
