@@ -26,6 +26,10 @@ Tolerances:
   Whole models in bf16 (where every other op rounds as PyTorch's does):
   the gradients' error against the model in f64 at most 1.25x PyTorch's
   bf16 gradients' own.
+  On the GPU's kernels (emu) the tensor-core products take the
+  probabilities and the score gradient rounded to bf16, as PyTorch's
+  kernel does: two more terms of at most 2^-9 each, so the bound there is
+  4 * 2^-9 = 2^-7 (and still no less accurate than PyTorch).
 
 FUSEC_TEST_DEVICE: the device the exported traces run on (default
 "reference", the interpreter; ctest also runs "cpu" and "emu"). On emu
@@ -60,7 +64,7 @@ except ImportError:
 DEVICE = os.environ.get("FUSEC_TEST_DEVICE", "reference")
 VERBOSE = os.environ.get("FUSEC_TEST_VERBOSE")
 GPU_KERNELS = DEVICE in ("emu", "cuda")
-BF16_TOL = 2.0 ** -8
+BF16_TOL = 2.0 ** -7 if GPU_KERNELS else 2.0 ** -8
 
 
 def say(fmt, *a):
