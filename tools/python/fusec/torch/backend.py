@@ -22,7 +22,10 @@ options:
   cache_dir  the kernel cache's folder (default: FUSEC_CACHE_DIR, ...)
   threads    cpu: threads a kernel may use (default: all)
 
-explain() says per graph what ran in fusec and what fell back, and why;
+scaled_dot_product_attention becomes the attention primitive, forward and
+backward, where the call maps to it on the target (fusec.torch.attention).
+explain() says per graph what ran in fusec and what fell back, and why
+(and which attention calls stayed math);
 stats() counts graphs, parts, programs, kernel compiles and fallbacks. The
 same summary is logged at INFO on the "fusec.torch" logger.
 
