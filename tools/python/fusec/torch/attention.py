@@ -156,10 +156,17 @@ def why_not(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
     return None
 
 
+_SINKS = []  # lists that an export in progress collects its notes in
+
+
 def _note(why, q):
+    n = ("scaled_dot_product_attention %s%s" % (
+        str(q.dtype).split(".")[-1], list(q.shape)), why)
     if len(NOTES) < _NOTES_MAX:
-        NOTES.append(("scaled_dot_product_attention %s%s" % (
-            str(q.dtype).split(".")[-1], list(q.shape)), why))
+        NOTES.append(n)
+    for s in _SINKS:
+        if n not in s:
+            s.append(n)
 
 
 def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,

@@ -498,7 +498,8 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     stats      a dict to fill with facts about the trace: "ops" ({op:
                count}), "op_count", "params", "param_bytes",
                "peak_bytes_trace_order" and "peak_bytes_views" (see
-               _peak_bytes)
+               _peak_bytes), "attention_math" ([(call, why)]: the
+               scaled_dot_product_attention calls written as math)
     cpu_threads  f16/bf16 only: the thread count whose summation order
                to reproduce where a PyTorch CPU kernel accumulates
                per-thread partial sums in f16/bf16 (layer_norm's backward,
@@ -522,9 +523,18 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
         raise ValueError("closure must be 'error' or 'inputs'")
     if attention not in ("primitive", "math"):
         raise ValueError("attention must be 'primitive' or 'math'")
-    with _BatchedExperts(fn, example_args):
-        return _export(fn, example_args, symbolic, fake, name, stats,
-                       cpu_threads, closure, attention)
+    from .attention import _SINKS
+    notes = []
+    _SINKS.append(notes)
+    try:
+        with _BatchedExperts(fn, example_args):
+            text = _export(fn, example_args, symbolic, fake, name, stats,
+                           cpu_threads, closure, attention)
+    finally:
+        _SINKS.remove(notes)
+    if stats is not None:
+        stats["attention_math"] = notes
+    return text
 
 
 def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
