@@ -357,6 +357,10 @@ class TestTorchNumerics(unittest.TestCase):
         go = torch.randn(2, 4, 8, 16).to(bf)
         f = _grads(lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True), 3)
+        # The math form (export(attention="math"), and the forms the
+        # attention primitive does not take) rounds where PyTorch's CPU
+        # flash kernel rounds; the primitive, the default, rounds once and
+        # is tested against f64 with an argued tolerance in test_sdpa.py.
         # PyTorch 2.15's CPU flash kernel sums p @ v (and the backward's
         # products) in another order than the one-block f32 sums the trace
         # writes, so its f32 results differ in the last bit and 1% to 3% of
@@ -365,8 +369,8 @@ class TestTorchNumerics(unittest.TestCase):
         # the trace's value is the correctly rounded one and the kernel's
         # is one bf16 step off. What holds across versions: few elements
         # differ, and those by one rounding step.
-        self.assertLess(differing(f, q, k, v, go), 0.06)
-        p = fusec.Program(ft.export(f, q, k, v, go))
+        self.assertLess(differing(f, q, k, v, go, attention="math"), 0.06)
+        p = fusec.Program(ft.export(f, q, k, v, go, attention="math"))
         out = p(q.detach(), k.detach(), v.detach(), go)
         for o, r in zip(out, f(q, k, v, go)):
             r = r.detach().float()

@@ -131,7 +131,7 @@ _SIZES = {
 }
 
 
-def _hf_model(name, sz, layers, dtype):
+def _hf_model(name, sz, layers, dtype, attn="eager"):
     if name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(vocab_size=sz["vocab"], hidden_size=sz["hidden"],
@@ -141,19 +141,21 @@ def _hf_model(name, sz, layers, dtype):
                           num_key_value_heads=sz["kv_heads"],
                           max_position_embeddings=4096, rms_norm_eps=1e-5,
                           attention_dropout=0.0, tie_word_embeddings=False)
-        cfg._attn_implementation = "eager"
+        cfg._attn_implementation = attn
         return LlamaForCausalLM(cfg).to(dtype)
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(vocab_size=sz["vocab"], n_embd=sz["hidden"],
                      n_layer=layers, n_head=sz["heads"], n_positions=4096,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = attn
     return GPT2LMHeadModel(cfg).to(dtype)
 
 
 def build(model="llama", kind="fwd", size="tiny", layers=None, batch=2,
-          seq=8, dtype=torch.float32, meta=False, seed=0):
-    """(step, args) for one model and kind; see the module docstring."""
+          seq=8, dtype=torch.float32, meta=False, seed=0, attn="eager"):
+    """(step, args) for one model and kind; see the module docstring.
+    attn: the transformers models' attention ("eager", or "sdpa":
+    scaled_dot_product_attention)."""
     if model not in MODELS:
         raise ValueError("model must be one of %s" % ", ".join(MODELS))
     if kind not in KINDS:
@@ -166,7 +168,7 @@ def build(model="llama", kind="fwd", size="tiny", layers=None, batch=2,
         if model == "nanogpt":
             m = Block(sz["hidden"], sz["heads"]).to(dtype)
         else:
-            m = _hf_model(model, sz, layers, dtype)
+            m = _hf_model(model, sz, layers, dtype, attn)
     if not meta and model == "nanogpt":
         # LayerNorm starts at weight 1, bias 0; perturb so its gradients and
         # its affine part are exercised

@@ -14,7 +14,8 @@ The package, one module per thing it holds:
   writer     the walk over the FX graph that writes statements
   ops        the ATen -> fusec op mapping table and its handlers
   symbolic   symbolic extents (export(symbolic=))
-  attention  scaled_dot_product_attention as traceable math
+  attention  scaled_dot_product_attention to the attention primitive,
+             or as traceable math
   values     dtypes, trace values, literals, ExportError
   dist       nccl_unique_id for torch.distributed process groups
 

@@ -22,7 +22,10 @@ options:
   cache_dir  the kernel cache's folder (default: FUSEC_CACHE_DIR, ...)
   threads    cpu: threads a kernel may use (default: all)
 
-explain() says per graph what ran in fusec and what fell back, and why;
+scaled_dot_product_attention becomes the attention primitive, forward and
+backward, where the call maps to it on the target (fusec.torch.attention).
+explain() says per graph what ran in fusec and what fell back, and why
+(and which attention calls stayed math);
 stats() counts graphs, parts, programs, kernel compiles and fallbacks. The
 same summary is logged at INFO on the "fusec.torch" logger.
 
@@ -62,7 +65,7 @@ def backend(gm, example_inputs, options=None, **_):
         min_cut_rematerialization_partition
 
     options = _check_options(options)
-    _attention_as_math(gm)
+    _attention_as_math(gm, options)
 
     def compiler(kind):
         return functools.partial(_compile, kind=kind, options=options)
@@ -88,22 +91,31 @@ def _backend_decompositions():
     return table
 
 
-def _attention_as_math(gm):
-    """Dynamo's calls of scaled_dot_product_attention become its math
-    (fusec.torch.attention), as the exporter's do: PyTorch lowers it to a
-    fused CPU kernel whose backward has no decomposition, and which would
-    not agree with the decomposed forward's saved values."""
+def _attention_as_math(gm, options=None):
+    """Dynamo's calls of scaled_dot_product_attention become
+    fusec.torch.attention.sdpa, as the exporter's do: the attention
+    primitive (forward and backward) where the call maps to it on the
+    target, else its math, with the reason in explain(). (PyTorch's own
+    lowering goes to a fused CPU kernel whose backward has no
+    decomposition.)"""
     import torch
-    from .attention import sdpa_math
-    sdpa = (torch._C._nn.scaled_dot_product_attention,
-            torch.nn.functional.scaled_dot_product_attention)
+    want = (options or {}).get("device", "auto")
+    sdpa_fns = (torch._C._nn.scaled_dot_product_attention,
+                torch.nn.functional.scaled_dot_product_attention)
     hit = False
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in sdpa:
-            n.target = sdpa_math
+        if n.op == "call_function" and n.target in sdpa_fns:
+            n.target = functools.partial(_sdpa_on, want)
             hit = True
     if hit:
         gm.recompile()
+
+
+def _sdpa_on(want, q, *args, **kwargs):
+    from .attention import sdpa
+    target = want if want in ("cpu", "emu") else (
+        "cuda" if q.device.type == "cuda" else "cpu")
+    return sdpa(q, *args, target=target, **kwargs)
 
 
 def _compile(gm, example_inputs, kind, options):
@@ -136,6 +148,8 @@ def stats(reset=False):
         for k in COUNTERS:
             COUNTERS[k] = 0
         del REPORTS[:]
+        from .attention import NOTES
+        del NOTES[:]
         _BUILDS_AT_RESET[0] = builds
     return out
 
@@ -144,8 +158,10 @@ class Explanation:
     """What the backend did with each graph: str() prints it; .graphs has
     one dict per graph (kind, target, claims, parts)."""
 
-    def __init__(self, graphs):
+    def __init__(self, graphs, attention=()):
         self.graphs = graphs
+        self.attention = list(attention)  # [(call, why)]: calls of
+        # scaled_dot_product_attention written as math, not the primitive
 
     @property
     def fallbacks(self):
@@ -168,6 +184,10 @@ class Explanation:
             if fell:
                 out.append("  in PyTorch:")
                 out += ["    %r" % c for c in fell]
+        if self.attention:
+            out.append("scaled_dot_product_attention as its math, not the "
+                       "attention primitive:")
+            out += ["  %s: %s" % a for a in self.attention]
         return "\n".join(out) if out else "(no graph compiled)"
 
     __repr__ = __str__
@@ -178,10 +198,11 @@ def explain(fn=None, *args, options=None, **kwargs):
     compiles fn with the backend, calls it once on args and returns the
     graphs that call compiled (the forward; call .backward() on its result
     and explain() again for the backward)."""
+    from .attention import NOTES
     if fn is None:
-        return Explanation(list(REPORTS))
+        return Explanation(list(REPORTS), NOTES)
     import torch
-    start = len(REPORTS)
+    start, nstart = len(REPORTS), len(NOTES)
     compiled = torch.compile(fn, backend=backend, options=options)
     compiled(*args, **kwargs)
-    return Explanation(REPORTS[start:])
+    return Explanation(REPORTS[start:], NOTES[nstart:])

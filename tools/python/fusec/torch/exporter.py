@@ -53,7 +53,13 @@ rounds once, the trace casts to f32 around the decomposed body and back:
     and more accurate), and export(cpu_threads=N) reproduces the kernel's
     order for N threads, for bit-for-bit comparisons with eager PyTorch.
   - log_softmax: f32, but the row sum and its log rounded to the dtype.
-  - scaled_dot_product_attention: as the CPU flash kernel (_FlashCPU).
+  - scaled_dot_product_attention: the attention primitive where it maps
+    (fusec.torch.attention says which forms do), forward and backward,
+    which computes in f32 with an online softmax and rounds o, dq, dk, dv
+    once: bf16 results differ from PyTorch's CPU flash kernel by a few
+    roundings (tests/python/test_sdpa.py argues the tolerance); other
+    forms, and export(attention="math"), as the CPU flash kernel
+    (_FlashCPU).
   - x * c and x / c for a Python number c that the dtype cannot hold: in
     f32 (add and sub round c to the dtype first, as the trace literal does).
   - x ** 3 is x * x * x, rounding each product.
@@ -215,7 +221,7 @@ def _arg_names(fn, n):
         return []
 
 
-def _trace(fn, example_args, fake):
+def _trace(fn, example_args, fake, attention="primitive"):
     flat, spec = pytree.tree_flatten(example_args)
     tpos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
     tensors = [flat[i] for i in tpos]
@@ -248,7 +254,7 @@ def _trace(fn, example_args, fake):
             opts["record_stack_traces"] = True
     except (TypeError, ValueError):
         pass
-    with torch.enable_grad(), _MathAttention():
+    with torch.enable_grad(), _MathAttention(attention == "primitive"):
         try:
             gm = make_fx(wrapper, decomposition_table=_decompositions(),
                          tracing_mode=mode, _allow_non_fake_inputs=fake,
@@ -478,7 +484,8 @@ class ExportedTrace(str):
 
 
 def export(fn, *example_args, symbolic=None, fake=False, name=None,
-           stats=None, cpu_threads=None, closure="error"):
+           stats=None, cpu_threads=None, closure="error",
+           attention="primitive"):
     """Traces fn(*example_args) and returns it as fusec trace text.
 
     fn         a function of tensors (or of lists/tuples/dicts of them)
@@ -491,7 +498,8 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     stats      a dict to fill with facts about the trace: "ops" ({op:
                count}), "op_count", "params", "param_bytes",
                "peak_bytes_trace_order" and "peak_bytes_views" (see
-               _peak_bytes)
+               _peak_bytes), "attention_math" ([(call, why)]: the
+               scaled_dot_product_attention calls written as math)
     cpu_threads  f16/bf16 only: the thread count whose summation order
                to reproduce where a PyTorch CPU kernel accumulates
                per-thread partial sums in f16/bf16 (layer_norm's backward,
@@ -513,14 +521,25 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     """
     if closure not in ("error", "inputs"):
         raise ValueError("closure must be 'error' or 'inputs'")
-    with _BatchedExperts(fn, example_args):
-        return _export(fn, example_args, symbolic, fake, name, stats,
-                       cpu_threads, closure)
+    if attention not in ("primitive", "math"):
+        raise ValueError("attention must be 'primitive' or 'math'")
+    from .attention import _SINKS
+    notes = []
+    _SINKS.append(notes)
+    try:
+        with _BatchedExperts(fn, example_args):
+            text = _export(fn, example_args, symbolic, fake, name, stats,
+                           cpu_threads, closure, attention)
+    finally:
+        _SINKS.remove(notes)
+    if stats is not None:
+        stats["attention_math"] = notes
+    return text
 
 
 def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
-            closure):
-    gm, flat, tpos = _trace(fn, example_args, fake)
+            closure, attention="primitive"):
+    gm, flat, tpos = _trace(fn, example_args, fake, attention)
     tensors = [flat[i] for i in tpos]
     names = _param_names(fn, example_args, tpos)
     state = _state_nodes(gm, fn)
@@ -564,7 +583,7 @@ def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
     n_own = len(tensors) - len(extra)
 
     def trace_at(args_x, tensors_x):
-        gm_x, _, _ = _trace(fn, args_x, True)
+        gm_x, _, _ = _trace(fn, args_x, True, attention)
         st = _state_nodes(gm_x, fn)
         if st:
             _lift_state(gm_x, st)

@@ -36,6 +36,7 @@ iota uniform broadcast_in_dim reshape permute slice squeeze unsqueeze cat sum
 amax amin var_mean take take_along index_add matmul linear all_gather
 reduce_scatter all_reduce wait relu silu gelu softmax log_softmax mean
 layer_norm rms_norm transpose cross_entropy cumsum topk argmax argmin
+attention attention_dq attention_dkv
 """.split())  # elements of a tensor constant written inline
 
 
