@@ -352,9 +352,13 @@ static void put_attrs(fz_buf *b, const symnum *s, const fz_node *n)
 		fz_buf_puts(b, " length=");
 		put_ext(b, s, a->length);
 	}
-	if (at & AT(SEED))
+	/* a seed written in is part of the kernel; a seed operand is a
+	 * run-time input like any other, and its value is no part of the key */
+	if ((at & AT(SEED)) && n->n_in == 0)
 		fz_buf_printf(b, " seed=%lld offset=%lld", (long long)a->seed,
 			      (long long)a->offset);
+	else if (at & AT(SEED))
+		fz_buf_printf(b, " seed=operand offset=%lld", (long long)a->offset);
 	if (at & AT(START)) {
 		put_i64s(b, "start", a->start, a->n_slice);
 		put_exts(b, s, "end", a->end, a->n_slice);

@@ -811,24 +811,26 @@ static V op_binary(cg *g, const fz_node *n, V a, V b)
 
 /* ---- Philox ------------------------------------------------------------------------ */
 
-/* Four words of Philox4x32-10 for counter n (i64) and a constant key. */
-static void philox(cg *g, V n, uint64_t seed, V w[4])
+/* Four words of Philox4x32-10 for counter n (i64) and the key's two i32
+ * words. A constant key (seed=S) stays constant: the builder folds the
+ * Weyl bumps, so the code is the same as with the key written in; a key
+ * read at run time (the seed operand) costs two adds a round. */
+static void philox(cg *g, V n, V k0, V k1, V w[4])
 {
 	T i32 = t_i32(g), i64 = t_i64(g);
 	V c[4] = {trunc_(g, n, i32), trunc_(g, lshr(g, n, c_i64(g, 32)), i32),
 		  c_i32(g, 0), c_i32(g, 0)};
-	uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
 	for (int r = 0; r < 10; r++) {
 		if (r > 0) {
-			k0 += 0x9E3779B9u;
-			k1 += 0xBB67AE85u;
+			k0 = add(g, k0, c_int(i32, (int64_t)0x9E3779B9u));
+			k1 = add(g, k1, c_int(i32, (int64_t)0xBB67AE85u));
 		}
 		V p0 = mul(g, zext(g, c[0], i64), c_i64(g, 0xD2511F53));
 		V p1 = mul(g, zext(g, c[2], i64), c_i64(g, 0xCD9E8D57));
 		V hi0 = trunc_(g, lshr(g, p0, c_i64(g, 32)), i32), lo0 = trunc_(g, p0, i32);
 		V hi1 = trunc_(g, lshr(g, p1, c_i64(g, 32)), i32), lo1 = trunc_(g, p1, i32);
-		V n0 = xor_(g, xor_(g, hi1, c[1]), c_int(i32, (int64_t)k0));
-		V n2 = xor_(g, xor_(g, hi0, c[3]), c_int(i32, (int64_t)k1));
+		V n0 = xor_(g, xor_(g, hi1, c[1]), k0);
+		V n2 = xor_(g, xor_(g, hi0, c[3]), k1);
 		c[0] = n0;
 		c[1] = lo1;
 		c[2] = n2;
@@ -851,7 +853,19 @@ static V philox_unit(cg *g, V w, fz_dtype d)
 static void uniform_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
 {
 	const fz_value *v = n->out[0];
-	uint64_t seed = (uint64_t)n->attrs.seed, off = (uint64_t)n->attrs.offset;
+	uint64_t off = (uint64_t)n->attrs.offset;
+	/* the key: seed=S written in, or the seed operand's value (rank 0:
+	 * one scalar load, shared by the lanes) */
+	T i32 = t_i32(g);
+	V seed;
+	if (n->n_in == 1) {
+		cg_ix at[1][FZ_MAX_RANK] = {{{NULL, 0, 1}}};
+		cg_value(g, n->in[0], 1, at, &seed);
+		seed = zext_or_trunc(g, seed, t_i64(g));
+	} else {
+		seed = c_i64(g, n->attrs.seed);
+	}
+	V k0 = trunc_(g, seed, i32), k1 = trunc_(g, lshr(g, seed, c_i64(g, 32)), i32);
 	cg_ix lin[FZ_VW_MAX];
 	for (int l = 0; l < nl; l++)
 		cg_linear(g, &v->type, ix[l], &lin[l]);
@@ -881,7 +895,7 @@ static void uniform_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RA
 		if (hit < 0) {
 			hit = nc++;
 			cache_n[hit] = cnt;
-			philox(g, cnt, seed, cache_w[hit]);
+			philox(g, cnt, k0, k1, cache_w[hit]);
 		}
 		V w;
 		if (wconst >= 0) {

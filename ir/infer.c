@@ -177,7 +177,7 @@ static int infer_elementwise(const ctx *c, int n_in, const fz_attrs *a,
 	return 1;
 }
 
-static int infer_creation(const ctx *c, const fz_attrs *a, fz_type *out)
+static int infer_creation(const ctx *c, int n_in, const fz_attrs *a, fz_type *out)
 {
 	const char *name = fz_ops[c->op].name;
 	out[0].dtype = a->dtype;
@@ -199,6 +199,20 @@ static int infer_creation(const ctx *c, const fz_attrs *a, fz_type *out)
 		out[0].dims[0] = a->length;
 		return 1;
 	case FZ_OP_UNIFORM:
+		/* uniform(s, shape=..., offset=O, dtype=D): the seed is the
+		 * value of s, read at run time */
+		if (n_in == 1) {
+			char b[400];
+			const fz_type *st = &c->in[0]->type;
+			if (a->present & AT(SEED))
+				return FAIL(c, "uniform: the seed is given twice, as %s "
+					    "and as the attribute seed=; give one",
+					    opnd(c, 0, b, sizeof b));
+			if (st->rank != 0 ||
+			    (st->dtype != FZ_I64 && st->dtype != FZ_I32))
+				return FAIL(c, "uniform: the seed, %s, must be a rank-0 "
+					    "i64 or i32", opnd(c, 0, b, sizeof b));
+		}
 		if (!fz_dtype_is_float(a->dtype))
 			return FAIL(c, "uniform: dtype %s; expected a floating dtype",
 				    fz_dtype_name(a->dtype));
@@ -770,9 +784,15 @@ int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 	if (oi->cls == FZ_CLASS_COMPOSITE)
 		return FAIL(&c, "%s: composite op in the IR", oi->name);
 	if (n_in < oi->min_args || (oi->max_args >= 0 && n_in > oi->max_args))
+	{
+		char most[32] = "";
+		if (oi->max_args < 0)
+			snprintf(most, sizeof most, " or more");
+		else if (oi->max_args != oi->min_args)
+			snprintf(most, sizeof most, " to %d", oi->max_args);
 		return FAIL(&c, "%s: %d operands; expected %d%s", oi->name, n_in,
-			    oi->min_args, oi->max_args == oi->min_args ? "" :
-			    oi->max_args < 0 ? " or more" : " to 3");
+			    oi->min_args, most);
+	}
 	for (int i = 0; i < n_in; i++) {
 		bool fut = in[i]->type.future;
 		if (op == FZ_OP_WAIT && !fut)
@@ -789,7 +809,7 @@ int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 	case FZ_CLASS_TERNARY:
 		return infer_elementwise(&c, n_in, a, out);
 	case FZ_CLASS_CREATION:
-		return infer_creation(&c, a, out);
+		return infer_creation(&c, n_in, a, out);
 	case FZ_CLASS_META:
 		switch (op) {
 		case FZ_OP_BROADCAST_IN_DIM: return infer_broadcast(&c, a, out);

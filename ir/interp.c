@@ -693,12 +693,20 @@ static fz_status run_creation(interp *I, const fz_node *n)
 		if (!fz_dtype_is_float(y->dtype))
 			return fail(I, FZ_EVERIFY, n, "dtype %s; expected a floating dtype",
 				    fz_dtype_name(y->dtype));
+	{
+		/* the seed: the operand's value when there is one */
+		uint64_t seed = (uint64_t)a->seed;
+		if (n->n_in == 1) {
+			slot *s = S(I, n->in[0]);
+			seed = (uint64_t)fz_load_i64(s->data, s->dtype, 0);
+		}
 		for (int64_t i = 0; i < y->numel; i++) {
-			uint32_t w = fz_philox_word((uint64_t)a->seed, (uint64_t)a->offset,
+			uint32_t w = fz_philox_word(seed, (uint64_t)a->offset,
 						    (uint64_t)i);
 			fz_store_f64(y->data, y->dtype, i, fz_philox_unit(w, y->dtype));
 		}
 		return FZ_OK;
+	}
 	default:
 		return fail(I, FZ_EUNSUPPORTED, n, "not a creation op");
 	}

@@ -19,7 +19,11 @@
  * known-answer vectors (tests/test_interp.c checks three of them).
  *
  * fusec's `uniform(shape, seed, offset, dtype)` uses it as follows:
- *   key      k0 = low 32 bits of seed, k1 = high 32 bits;
+ *   key      k0 = low 32 bits of seed, k1 = high 32 bits, where the seed
+ *            is the attribute seed=S (0 when absent), or the value of the
+ *            rank-0 operand of `uniform(s, shape, offset, dtype)` (an i32
+ *            sign-extended), read at run time so that a new seed compiles
+ *            nothing;
  *   element  i (row-major linear index) uses counter n = offset + i / 4,
  *            c0 = low 32 bits of n, c1 = high 32 bits, c2 = c3 = 0,
  *            and takes output word i % 4;

@@ -240,6 +240,285 @@ START_TEST(pointwise_uniform_iota)
 }
 END_TEST
 
+/* ---- uniform's seed operand ---------------------------------------------- */
+
+/* Draws of every dtype from one seed operand, fused with dropout's compare
+ * and scale; the f64 draw sits 2^40 counters on (a second stream). */
+#define SEEDED(sdt) \
+	"trace f(x: f32[B, 13], s: " sdt "[]) {\n" \
+	"  u = uniform(s, shape=[B, 13], offset=3, dtype=f32)\n" \
+	"  h = uniform(s, shape=[B, 13], dtype=bf16)\n" \
+	"  g = uniform(s, shape=[3, B], offset=7, dtype=f16)\n" \
+	"  d = uniform(s, shape=[5], offset=1099511627776, dtype=f64)\n" \
+	"  k = cast(gt(u, 0.1), dtype=f32)\n" \
+	"  r0 = mul(mul(x, k), 1.1111111111111112)\n" \
+	"  return r0, h, g, d, u\n}\n"
+
+typedef struct drawn {
+	int n;
+	fz_tensor out[8];
+} drawn;
+
+/* A trace prepared on a device (x NULL: the interpreter). */
+typedef struct seeded {
+	fz_module *m;
+	fz_trace *t;
+	fz_exec *x;
+} seeded;
+
+static seeded seeded_new(const char *src, const char *device)
+{
+	seeded s = {parse(src), NULL, NULL};
+	s.t = fz_module_trace(s.m, 0);
+	if (device) {
+		fz_exec_options o;
+		fz_exec_options_init(&o);
+		o.disk_cache = 0;
+		char *err = NULL;
+		ck_assert_msg(fz_exec_new(s.t, device, &o, &s.x, &err) == FZ_OK,
+			      "%s", err ? err : "?");
+	}
+	return s;
+}
+
+static void seeded_free(seeded *s)
+{
+	fz_exec_free(s->x);
+	fz_module_free(s->m);
+}
+
+/* Runs s at B = b: float parameters get a fixed pattern, the rank-0
+ * integer one the seed. */
+static drawn run_seeded(const seeded *s, int64_t seed, int64_t b)
+{
+	const fz_trace *t = s->t;
+	int n_in = fz_trace_param_count(t);
+	drawn r = {.n = fz_trace_output_count(t)};
+	ck_assert_int_le(r.n, 8);
+	ck_assert_int_le(n_in, 4);
+	int64_t syms[] = {b, -1}, s64 = seed;
+	int32_t s32 = (int32_t)seed;
+	float *x = malloc(sizeof *x * (size_t)(b * 13 + 1));
+	for (int64_t i = 0; i < b * 13; i++)
+		x[i] = (float)(i % 17) - 8.25f;
+	fz_tensor in[4];
+	int64_t shape[FZ_MAX_RANK];
+	for (int i = 0; i < n_in; i++) {
+		const fz_value *p = fz_trace_param(t, i);
+		fz_dtype d = fz_value_dtype(p);
+		for (int k = 0; k < fz_value_rank(p); k++)
+			shape[k] = fz_value_extent(p, k, syms);
+		if (d == FZ_F32)
+			fz_tensor_contiguous(&in[i], x, d, fz_value_rank(p), shape);
+		else
+			fz_tensor_contiguous(&in[i], d == FZ_I32 ? (void *)&s32 :
+					     (void *)&s64, d, 0, NULL);
+	}
+	char *err = NULL;
+	fz_status st;
+	if (s->x) {
+		for (int k = 0; k < r.n; k++) {
+			const fz_value *o = fz_trace_output(t, k);
+			int64_t n = 1;
+			for (int d = 0; d < fz_value_rank(o); d++)
+				n *= shape[d] = fz_value_extent(o, d, syms);
+			fz_tensor_contiguous(&r.out[k], calloc((size_t)n + 1, 8),
+					     fz_value_dtype(o), fz_value_rank(o), shape);
+		}
+		st = fz_exec_run(s->x, syms, in, n_in, r.out, r.n, NULL, &err);
+		if (st == FZ_OK)
+			st = fz_exec_sync(s->x, NULL, &err);
+	} else {
+		st = fz_trace_interpret(t, syms, in, n_in, r.out, r.n, &err);
+	}
+	ck_assert_msg(st == FZ_OK, "%s: %s", s->x ? fz_exec_device(s->x) :
+		      "interpreter", err ? err : "?");
+	free(x);
+	return r;
+}
+
+static int64_t numel_of(const fz_tensor *t)
+{
+	int64_t n = 1;
+	for (int d = 0; d < t->rank; d++)
+		n *= t->shape[d];
+	return n;
+}
+
+/* Elements of output k that are equal, bit for bit, in a and b. */
+static int64_t same_bits(const drawn *a, const drawn *b, int k)
+{
+	const fz_tensor *x = &a->out[k], *y = &b->out[k];
+	ck_assert_int_eq(x->dtype, y->dtype);
+	ck_assert_int_eq(numel_of(x), numel_of(y));
+	size_t sz = fz_dtype_size(x->dtype);
+	int64_t same = 0;
+	for (int64_t i = 0; i < numel_of(x); i++)
+		same += memcmp((char *)x->data + i * (int64_t)sz,
+			       (char *)y->data + i * (int64_t)sz, sz) == 0;
+	return same;
+}
+
+static void drawn_free(drawn *r)
+{
+	for (int k = 0; k < r->n; k++)
+		free(r->out[k].data); /* fz_free is free (the interpreter's) */
+}
+
+/* The interpreter, the host code and the GPU's kernels (emulated) draw the
+ * same bits from one seed operand, of either integer dtype, at any size:
+ * seeds with both key words set, a negative one, zero. */
+START_TEST(seed_operand_bitwise)
+{
+	const int64_t seeds[] = {0, 7, INT64_C(0x0123456789abcdef), -3};
+	const int64_t sizes[] = {1, 37};
+	const char *srcs[] = {SEEDED("i64"), SEEDED("i32")};
+	const char *devs[] = {"cpu", "emu"};
+	for (int si = 0; si < 2; si++) {
+		seeded ref = seeded_new(srcs[si], NULL);
+		seeded dev[2] = {seeded_new(srcs[si], devs[0]),
+				 seeded_new(srcs[si], devs[1])};
+		for (int k = 0; k < 4; k++)
+			for (int b = 0; b < 2; b++) {
+				drawn want = run_seeded(&ref, seeds[k], sizes[b]);
+				for (int d = 0; d < 2; d++) {
+					drawn got = run_seeded(&dev[d], seeds[k], sizes[b]);
+					for (int o = 0; o < want.n; o++)
+						ck_assert_msg(same_bits(&got, &want, o) ==
+							      numel_of(&want.out[o]),
+							      "%s, seed %lld, B=%lld: output %d "
+							      "differs from the interpreter",
+							      devs[d], (long long)seeds[k],
+							      (long long)sizes[b], o);
+					drawn_free(&got);
+				}
+				drawn_free(&want);
+			}
+		seeded_free(&ref);
+		seeded_free(&dev[0]);
+		seeded_free(&dev[1]);
+	}
+}
+END_TEST
+
+/* One seed, one stream: the same seed draws the same numbers, and the same
+ * as seed=S written in; another seed draws others (equal f32 draws at a
+ * rate of about 2^-24, so none among 13 * 64). */
+START_TEST(seed_operand_streams)
+{
+	seeded s = seeded_new(SEEDED("i64"), "cpu");
+	drawn a = run_seeded(&s, 11, 64), b = run_seeded(&s, 11, 64);
+	drawn c = run_seeded(&s, 12, 64);
+	drawn e = run_seeded(&s, INT64_C(11) + (INT64_C(1) << 32), 64);
+	for (int o = 0; o < a.n; o++)
+		ck_assert_int_eq(same_bits(&a, &b, o), numel_of(&a.out[o]));
+	ck_assert_int_eq(same_bits(&a, &c, 4), 0);
+	ck_assert_int_eq(same_bits(&a, &e, 4), 0);  /* the key's high word */
+	ck_assert_int_eq(same_bits(&a, &c, 3), 0);
+	seeded at = seeded_new("trace f(x: f32[B, 13]) {\n"
+			       "  u = uniform(shape=[B, 13], seed=11, offset=3, dtype=f32)\n"
+			       "  return u\n}\n", "cpu");
+	drawn w = run_seeded(&at, 0, 64);
+	ck_assert_int_eq(memcmp(w.out[0].data, a.out[4].data, 64 * 13 * 4), 0);
+	drawn_free(&a);
+	drawn_free(&b);
+	drawn_free(&c);
+	drawn_free(&e);
+	drawn_free(&w);
+	seeded_free(&s);
+	seeded_free(&at);
+}
+END_TEST
+
+/* A large draw is uniform on [0, 1): its mean, its variance and the
+ * correlation of neighbours lie within 5 standard errors of 1/2, 1/12 and
+ * 0, for several seeds. */
+START_TEST(seed_operand_statistics)
+{
+	const int64_t seeds[] = {1, 2, INT64_C(-6148914691236517206)};
+	const int64_t N = INT64_C(1) << 20;
+	seeded s = seeded_new("trace f(s: i64[]) {\n"
+			      "  u = uniform(s, shape=[1048576], dtype=f32)\n"
+			      "  return u\n}\n", "cpu");
+	for (int k = 0; k < 3; k++) {
+		drawn r = run_seeded(&s, seeds[k], 1);
+		const float *u = r.out[0].data;
+		double sum = 0, sq = 0, lag = 0, lo = 1, hi = 0;
+		for (int64_t i = 0; i < N; i++) {
+			double v = u[i];
+			sum += v;
+			lo = fmin(lo, v);
+			hi = fmax(hi, v);
+		}
+		double mean = sum / (double)N;
+		for (int64_t i = 0; i < N; i++) {
+			double v = u[i] - mean;
+			sq += v * v;
+			if (i)
+				lag += v * (u[i - 1] - mean);
+		}
+		double var = sq / (double)N, corr = lag / sq;
+		/* standard errors: of the mean sqrt(1/12 / N); of the variance
+		 * sqrt((1/80 - 1/144) / N); of a correlation 1 / sqrt(N) */
+		double se_mean = sqrt(1.0 / 12 / (double)N);
+		double se_var = sqrt((1.0 / 80 - 1.0 / 144) / (double)N);
+		ck_assert_msg(fabs(mean - 0.5) < 5 * se_mean, "seed %lld: mean %.6f",
+			      (long long)seeds[k], mean);
+		ck_assert_msg(fabs(var - 1.0 / 12) < 5 * se_var, "seed %lld: "
+			      "variance %.6f", (long long)seeds[k], var);
+		ck_assert_msg(fabs(corr) < 5 / sqrt((double)N), "seed %lld: "
+			      "neighbours correlate: %.5f", (long long)seeds[k], corr);
+		ck_assert(lo >= 0 && hi < 1);
+		drawn_free(&r);
+	}
+	seeded_free(&s);
+}
+END_TEST
+
+/* The seed operand is an input, not part of the kernel: a prepared program
+ * draws with new seeds, and a second program of the same text is prepared,
+ * and nothing compiles; a new seed=S written in compiles a new kernel. On
+ * the host and on the GPU's kernels (emulated). */
+START_TEST(seed_operand_compiles_once)
+{
+	const char *op = "trace f(x: f32[B, 13], s: i64[]) {\n"
+			 "  u = uniform(s, shape=[B, 13], offset=9, dtype=f32)\n"
+			 "  y = mul(cast(gt(u, 0.25), dtype=f32), x)\n"
+			 "  return y\n}\n";
+	const char *devs[] = {"cpu", "emu"};
+	for (int d = 0; d < 2; d++) {
+		seeded s = seeded_new(op, devs[d]);
+		drawn a = run_seeded(&s, 5, 16);
+		int64_t built = fz_kernel_builds();
+		drawn b = run_seeded(&s, 6, 16), c = run_seeded(&s, 5, 16);
+		seeded s2 = seeded_new(op, devs[d]);
+		drawn e = run_seeded(&s2, 7, 16);
+		ck_assert_int_eq(fz_kernel_builds(), built);
+		ck_assert_int_lt(same_bits(&a, &b, 0), 16 * 13);
+		ck_assert_int_eq(same_bits(&a, &c, 0), 16 * 13);
+		for (int k = 1; k <= 2; k++) {
+			char at[256];
+			snprintf(at, sizeof at, "trace f(x: f32[B, 13]) {\n"
+				 "  u = uniform(shape=[B, 13], seed=%d, offset=9, dtype=f32)\n"
+				 "  y = mul(cast(gt(u, 0.25), dtype=f32), x)\n"
+				 "  return y\n}\n", k);
+			built = fz_kernel_builds();
+			seeded sa = seeded_new(at, devs[d]);
+			drawn w = run_seeded(&sa, 0, 16);
+			ck_assert_int_gt(fz_kernel_builds(), built);
+			drawn_free(&w);
+			seeded_free(&sa);
+		}
+		drawn_free(&a);
+		drawn_free(&b);
+		drawn_free(&c);
+		drawn_free(&e);
+		seeded_free(&s2);
+		seeded_free(&s);
+	}
+}
+END_TEST
+
 START_TEST(pointwise_math_close)
 {
 	CLOSE("trace f(x: f32[3, 64]) {\n"
@@ -815,6 +1094,10 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, cast_f64_to_half_rounds_once);
 	tcase_add_test(pw, pointwise_meta);
 	tcase_add_test(pw, pointwise_uniform_iota);
+	tcase_add_test(pw, seed_operand_bitwise);
+	tcase_add_test(pw, seed_operand_streams);
+	tcase_add_test(pw, seed_operand_statistics);
+	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	suite_add_tcase(s, pw);

@@ -289,6 +289,39 @@ START_TEST(test_attrs_every_kind)
 }
 END_TEST
 
+/* uniform's seed as an operand (read at run time) beside the attribute
+ * form: both parse, print back as written (no seed= for the operand) and
+ * round-trip; the operand is the node's one input. */
+START_TEST(test_uniform_seed_operand)
+{
+	fz_module *m = parse_ok(
+		"trace r(x: f32[B, 4], s: i64[], t: i32[]) {\n"
+		"  u = uniform(s, shape=[B, 4], offset=5, dtype=f32)\n"
+		"  v = uniform(t, shape=[3], dtype=bf16)\n"
+		"  w = uniform(shape=[2], seed=-7, offset=1, dtype=f64)\n"
+		"  y = mul(x, u)\n"
+		"  return y, v, w\n"
+		"}\n");
+	fz_trace *t = fz_module_trace(m, 0);
+	const fz_node *nd = find_node(t, "uniform");
+	ck_assert_int_eq(nd->n_in, 1);
+	ck_assert_str_eq(nd->in[0]->name, "s");
+	ck_assert(!(nd->attrs.present & AT(SEED)));
+	ck_assert_int_eq(nd->attrs.offset, 5);
+	char *text = NULL;
+	ck_assert_int_eq(fz_module_print(m, &text), FZ_OK);
+	ck_assert_msg(strstr(text, "u = uniform(s, dtype=f32, shape=[B, 4], "
+			     "offset=5)"), "%s", text);
+	ck_assert_msg(strstr(text, "v = uniform(t, dtype=bf16, shape=[3])"), "%s",
+		      text);
+	ck_assert_msg(strstr(text, "w = uniform(dtype=f64, shape=[2], seed=-7, "
+			     "offset=1)"), "%s", text);
+	free(text);
+	check_round_trip(m);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(test_numbers)
 {
 	fz_module *m = parse_ok(
@@ -610,6 +643,21 @@ static const diag_case diag_cases[] = {
 	 "expected the name of a value to return, found '}'", FZ_EPARSE},
 	{HDR "  y = neg(x) @\n  return y\n}\n", 2, 14, "unexpected character '@'",
 	 FZ_EPARSE},
+	/* uniform's seed operand */
+	{"trace f(s: i64[]) {\n  y = uniform(s, shape=[2], seed=1, dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "uniform: the seed is given twice, as operand 1 "
+	 "('s', i64[]) and as the attribute seed=", FZ_EVERIFY},
+	{"trace f(s: i64[2]) {\n  y = uniform(s, shape=[2], dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "uniform: the seed, operand 1 ('s', i64[2]), "
+	 "must be a rank-0 i64 or i32", FZ_EVERIFY},
+	{"trace f(s: f32[]) {\n  y = uniform(s, shape=[2], dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "must be a rank-0 i64 or i32", FZ_EVERIFY},
+	{"trace f(s: i64[]) {\n  y = uniform(7, shape=[2], dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "uniform: operand 1 is a number; expected a "
+	 "tensor", FZ_EVERIFY},
+	{"trace f(s: i64[]) {\n  y = uniform(s, s, shape=[2], dtype=f32)\n"
+	 "  return y\n}\n", 2, 7, "uniform: 2 operands; expected 0 to 1",
+	 FZ_EVERIFY},
 	/* scans and selection */
 	{HDR "  y, i = topk(x, k=3, dim=0)\n  return y\n}\n", 2, 10,
 	 "topk: k=3 exceeds extent 2 of dim 0", FZ_EVERIFY},
@@ -1120,6 +1168,7 @@ Suite *parse_suite(void)
 	tcase_add_test(tc, test_no_params_and_world);
 	tcase_add_test(tc, test_nested_exprs);
 	tcase_add_test(tc, test_attrs_every_kind);
+	tcase_add_test(tc, test_uniform_seed_operand);
 	tcase_add_test(tc, test_numbers);
 	tcase_add_test(tc, test_product_extents);
 	tcase_add_test(tc, test_sum_extents);
