@@ -29,7 +29,9 @@ which the GPU kernels have no f32 form) runs as its math (sdpa_math:
 matmul, mask, softmax, matmul; for f16/bf16 _FlashCPU, which rounds where
 PyTorch's CPU flash kernel rounds), and the reason is kept in NOTES, which
 fusec.torch.explain() prints. export(attention="math") writes every call
-as its math.
+as its math. Dropout inside attention is refused while exporting unless
+random ops are (export(random=True)): then it is the math's dropout, as in
+the backend.
 
 The custom ops also run in PyTorch (their reference bodies below, in f32 or
 f64 with the T x T scores): a part of a graph that fusec does not take
@@ -40,6 +42,7 @@ decomposed form's recognition (ir/attention.c), which is what eager
 attention's matmul/softmax/matmul becomes.
 """
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -65,17 +68,20 @@ class _MathAttention:
     padding mask); make_fx's real-tensor tracing is tracing, but its
     tensors are neither fake nor proxies, so while exporting
     transformers.masking_utils.is_tracing answers True and the mask is
-    built, never read."""
+    built, never read. random: dropout_p is honoured (export(random=True)),
+    not refused."""
 
-    def __init__(self, primitive=True):
+    def __init__(self, primitive=True, random=False):
         self.primitive = primitive
+        self.random = random
 
     def __enter__(self):
         import sys
         import torch.nn.functional as F
         self.saved = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = _sdpa_export if self.primitive \
-            else _sdpa_math
+        f = _sdpa_export if self.primitive else _sdpa_math
+        F.scaled_dot_product_attention = functools.partial(f, random=True) \
+            if self.random else f
         self.mu = sys.modules.get("transformers.masking_utils")
         if self.mu is not None and hasattr(self.mu, "is_tracing"):
             self.saved_tracing = self.mu.is_tracing
@@ -91,18 +97,20 @@ class _MathAttention:
 
 
 def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-               scale=None, enable_gqa=False):
-    if dropout_p:
+               scale=None, enable_gqa=False, random=False):
+    if dropout_p and not random:
         raise ExportError("scaled_dot_product_attention with dropout_p=%g: "
-                          "random ops cannot be exported; use 0" % dropout_p)
-    return sdpa_math(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
+                          "random ops are exported only with "
+                          "export(..., random=True); or use 0" % dropout_p)
+    return sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                     enable_gqa)
 
 
 def _sdpa_export(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-                 scale=None, enable_gqa=False):
+                 scale=None, enable_gqa=False, random=False):
     if dropout_p:
         return _sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale,
-                          enable_gqa)
+                          enable_gqa, random)
     return sdpa(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
 
 

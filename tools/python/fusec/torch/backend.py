@@ -80,10 +80,10 @@ def backend(gm, example_inputs, options=None, **_):
 
 
 def _backend_decompositions():
-    """The exporter's table, and dropout as rand_like, compare and scale:
-    the random numbers come from PyTorch's generator (rand_like runs in
-    PyTorch: fusec's uniform takes its seed at compile time), the rest
-    runs in fusec."""
+    """The exporter's table, and dropout as rand_like, compare and scale,
+    as PyTorch's own compilers see it: rand_like is fusec's Philox uniform
+    on a seed each call draws from PyTorch's generator (program.Part), and
+    the mask is a forward output the backward reads, never drawn again."""
     from torch._decomp import get_decompositions
     from .values import aten
     table = dict(_decompositions())

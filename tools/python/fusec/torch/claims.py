@@ -20,7 +20,7 @@ import torch
 
 from .values import (ExportError, V, _DTYPES, _Refused, _Unmapped,
                      _concrete, _is_size, _val)
-from .writer import _Writer
+from .writer import Draws, _Writer
 
 _MAX_RANK = 8  # FZ_MAX_RANK
 
@@ -63,6 +63,8 @@ class _Prober(_Writer):
         self.sizes = sizes
         self.claims = []
         self.left = set()  # names of the nodes left to PyTorch
+        self.random = Draws()  # random ops run on fusec's Philox, seeded
+        # per call from PyTorch's generator (program.Part)
 
     def opaque(self, node):
         v = _val(node)
@@ -127,10 +129,6 @@ class _Prober(_Writer):
                 reason = "no fusec mapping for %s" % e.args[0]
             except (_Refused, ExportError) as e:
                 reason = str(e.args[0])
-                if reason.startswith("random op"):
-                    reason = ("random numbers come from PyTorch's "
-                              "generator (fusec's uniform is seeded when "
-                              "compiled)")
             except Exception as e:  # noqa: BLE001: a handler's failure is
                 # a fallback, never the model's failure
                 reason = "%s: %s" % (type(e).__name__, e)

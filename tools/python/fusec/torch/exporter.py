@@ -111,7 +111,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .values import (ExportError, V, _BYTES, _DTYPES, _Unlocated, _concrete,
                      _fmt_list, _ident, _is_size, _numel, _unique, aten)
 from .attention import _MathAttention
-from .writer import _Writer
+from .writer import Draws, _Writer
 from .symbolic import _merge_symbolic, _other_sizes, _resolve_symbolic
 
 
@@ -221,7 +221,7 @@ def _arg_names(fn, n):
         return []
 
 
-def _trace(fn, example_args, fake, attention="primitive"):
+def _trace(fn, example_args, fake, attention="primitive", random=False):
     flat, spec = pytree.tree_flatten(example_args)
     tpos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
     tensors = [flat[i] for i in tpos]
@@ -254,7 +254,8 @@ def _trace(fn, example_args, fake, attention="primitive"):
             opts["record_stack_traces"] = True
     except (TypeError, ValueError):
         pass
-    with torch.enable_grad(), _MathAttention(attention == "primitive"):
+    with torch.enable_grad(), _MathAttention(attention == "primitive",
+                                             random):
         try:
             gm = make_fx(wrapper, decomposition_table=_decompositions(),
                          tracing_mode=mode, _allow_non_fake_inputs=fake,
@@ -478,14 +479,17 @@ class _BatchedExperts:
 class ExportedTrace(str):
     """The trace text; with export(closure="inputs"), closure_inputs are
     the module state tensors (live: the current values) to pass after fn's
-    own arguments, named closure_names in the trace."""
+    own arguments, named closure_names in the trace. With
+    export(random=True), seed names the trace's seed parameter, its last
+    (None when fn draws nothing)."""
     closure_inputs = ()
     closure_names = ()
+    seed = None
 
 
 def export(fn, *example_args, symbolic=None, fake=False, name=None,
            stats=None, cpu_threads=None, closure="error",
-           attention="primitive"):
+           attention="primitive", random=False):
     """Traces fn(*example_args) and returns it as fusec trace text.
 
     fn         a function of tensors (or of lists/tuples/dicts of them)
@@ -515,6 +519,13 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
                parameter of the trace after fn's own, and the returned
                text's .closure_inputs are the tensors to pass there (never
                frozen into the trace as literals)
+    random     False (the default): random ops (dropout in training, rand,
+               randn, bernoulli) are refused, since a trace cannot hold
+               PyTorch's generator. True: they are written on fusec's
+               Philox `uniform` of a seed parameter, a rank-0 i64 after
+               every other (named in the text's .seed), which the caller
+               draws anew for each run: the numbers are distributed as
+               PyTorch's, not equal to them
 
     Raises ExportError naming every op that has no mapping, with the model
     line it came from, and every mapping that was refused, with the reason.
@@ -529,7 +540,7 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
     try:
         with _BatchedExperts(fn, example_args):
             text = _export(fn, example_args, symbolic, fake, name, stats,
-                           cpu_threads, closure, attention)
+                           cpu_threads, closure, attention, random)
     finally:
         _SINKS.remove(notes)
     if stats is not None:
@@ -538,8 +549,8 @@ def export(fn, *example_args, symbolic=None, fake=False, name=None,
 
 
 def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
-            closure, attention="primitive"):
-    gm, flat, tpos = _trace(fn, example_args, fake, attention)
+            closure, attention="primitive", random=False):
+    gm, flat, tpos = _trace(fn, example_args, fake, attention, random)
     tensors = [flat[i] for i in tpos]
     names = _param_names(fn, example_args, tpos)
     state = _state_nodes(gm, fn)
@@ -567,9 +578,10 @@ def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
         cpu_threads = 0
     if sym:  # the summation order depends on the row count: not symbolic
         cpu_threads = 0
+    draws = Draws() if random else None
     try:
         text = _write(gm, tname, names, tensors, lit_dtypes, stats,
-                      cpu_threads)
+                      cpu_threads, draws=draws)
     except _Unlocated as e:
         raise ExportError(_locate(fn, example_args, e.args[0])) from None
 
@@ -577,18 +589,20 @@ def _export(fn, example_args, symbolic, fake, name, stats, cpu_threads,
         r = ExportedTrace(text)
         r.closure_inputs = tuple(extra)
         r.closure_names = tuple(names[len(names) - len(extra):])
+        r.seed = draws.seed if draws else None
         return r
     if not sym:
         return result(text)
     n_own = len(tensors) - len(extra)
 
     def trace_at(args_x, tensors_x):
-        gm_x, _, _ = _trace(fn, args_x, True, attention)
+        gm_x, _, _ = _trace(fn, args_x, True, attention, random)
         st = _state_nodes(gm_x, fn)
         if st:
             _lift_state(gm_x, st)
         return _write(gm_x, tname, names, list(tensors_x[:n_own]) +
-                      [t for _, t, _ in st], cpu_threads=cpu_threads)
+                      [t for _, t, _ in st], cpu_threads=cpu_threads,
+                      draws=Draws() if random else None)
     sizes_a, sizes_b, args_b, tensors_b = _other_sizes(
         example_args, flat, tpos, tensors[:n_own], sym)
     try:
@@ -663,14 +677,17 @@ def _peak_bytes(stmts, outputs, views=False):
 
 
 def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
-           cpu_threads=0, sizes=None):
+           cpu_threads=0, sizes=None, draws=None):
     """gm as trace text; its placeholders are the parameters, named names,
     of tensors' dtypes and shapes. A placeholder that is a size (Dynamo's
     graphs) is no parameter: its value is looked up in sizes ({symbol:
-    int}), as are symbolic extents."""
+    int}), as are symbolic extents. With draws (a writer.Draws), random
+    ops are written on a seed parameter, the last, named in draws.seed
+    when one was needed; without, they are refused."""
     w = _Writer(gm, names)
     w.cpu_threads = cpu_threads
     w.sizes = sizes or {}
+    w.random = draws
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = []
     for j, (node, nm) in enumerate(zip(placeholders, names)):
@@ -715,6 +732,8 @@ def _write(gm, tname, names, tensors, lit_dtypes=None, stats=None,
             raise ExportError("output %s cannot be written (%s)" %
                               (o, "empty tensor" if v else "not a tensor"))
         rets.append(v.name)
+    if draws is not None and draws.seed is not None:
+        params.append("%s: i64[]" % draws.seed)
     head = "trace %s(%s) {" % (tname, ", ".join(params))
     text = "\n".join([head] + w.lines + ["  return " + ", ".join(rets), "}",
                                          ""])

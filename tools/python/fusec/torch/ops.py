@@ -433,17 +433,68 @@ def _arange(w, node, args, kwargs):
 
 
 @_h("rand", "rand_like", "randn", "randn_like", "bernoulli", "uniform",
-    "normal", "native_dropout", "randint", "randint_like", "randperm",
-    "multinomial", "exponential", "geometric", "cauchy", "log_normal")
+    "native_dropout")
 def _random(w, node, args, kwargs):
-    name = node.target.overloadpacket.__name__
+    """Random ops on the writer's draws (Philox uniform from the trace's
+    seed parameter; w.uniform refuses them where the writer takes none):
+    rand as drawn; randn by Box-Muller from two draws; bernoulli as a draw
+    below p; uniform(from, to) scaled; native_dropout as PyTorch's own
+    decomposition writes it (keep where a draw exceeds p, scale by
+    1/(1-p)). The numbers are not PyTorch's (its generator is not Philox
+    at these offsets), only distributed as they are, as with Inductor."""
+    name = node.target.overloadpacket.__name__.rstrip("_")
     if name == "native_dropout":
-        p, train = args[1], args[2]
+        x, p, train = args[0], args[1], args[2]
         if not train or p == 0:
-            x = args[0]
             return [x, w.full(x.shape, 1, "bool")]
-    raise _Refused("random op %s: PyTorch's generator cannot be reproduced; "
-                   "trace with dropout p=0 or in eval mode" % name)
+        if p == 1:
+            return [w.full(x.shape, 0, x.dtype), w.full(x.shape, 0, "bool")]
+        keep = w.ew("gt", [w.uniform(x.shape, _draw_dtype(x.dtype), name),
+                           p])
+        y = w.ew("mul", [w.ew("mul", [keep, x], x.dtype), 1.0 / (1.0 - p)],
+                 x.dtype)
+        return [y, keep]
+    dt, shape = w.out_meta()
+    if dt not in _FLOATS:
+        raise _Refused("%s of dtype %s (fusec draws floats)" % (name, dt))
+    if name in ("rand", "rand_like"):
+        return w.uniform(shape, dt, name)
+    if name in ("randn", "randn_like"):
+        return _normal(w, shape, dt, name)
+    if name == "uniform":
+        lo = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+        hi = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
+        if kwargs.get("generator") is not None:
+            raise _Refused("uniform with a generator of its own")
+        u = w.uniform(shape, _draw_dtype(dt), name)
+        return w.cast(w.ew("add", [w.ew("mul", [u, hi - lo]), lo]), dt)
+    # bernoulli(x): 1 where a draw is below x's element; bernoulli(x, p)
+    # below the number p
+    if kwargs.get("generator") is not None:
+        raise _Refused("bernoulli with a generator of its own")
+    p = args[1] if len(args) > 1 else kwargs.get("p", args[0])
+    if isinstance(p, V) and p.dtype not in _FLOATS:
+        raise _Refused("bernoulli with probabilities of dtype %s" % p.dtype)
+    cd = p.dtype if isinstance(p, V) else _draw_dtype(dt)
+    u = w.uniform(shape, cd, name)
+    return w.cast(w.ew("lt", [u, p], cd), dt)
+
+
+def _draw_dtype(dt):
+    """The dtype to draw in for a result of dtype dt: f32 but for f64 (a
+    half draw holds 8 to 11 bits, too coarse to compare with p)."""
+    return "f64" if dt == "f64" else "f32"
+
+
+def _normal(w, shape, dt, name):
+    """Standard normal numbers by Box-Muller from two uniform draws u1, u2
+    in [0, 1): sqrt(-2 log(1 - u1)) cos(2 pi u2), in f32 (f64 for f64)."""
+    cd = _draw_dtype(dt)
+    u1, u2 = w.uniform(shape, cd, name), w.uniform(shape, cd, name)
+    r = w.ew("sqrt", [w.ew("mul", [w.ew("log", [w.ew("sub", [1.0, u1])]),
+                                   -2.0])])
+    c = w.ew("cos", [w.ew("mul", [u2, 2 * math.pi])])
+    return w.cast(w.ew("mul", [r, c]), dt)
 
 
 # ---- meta ops

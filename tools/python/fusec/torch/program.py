@@ -27,6 +27,7 @@ import torch
 from .claims import claim
 from .exporter import _write
 from .symbolic import _merge_symbolic
+from .writer import Draws
 from .values import _ident, _is_size
 
 log = logging.getLogger("fusec.torch")
@@ -130,6 +131,8 @@ class Part(torch.nn.Module):
         self.programs = {}     # binding of sizes -> Program, or None
         self.status = "not run"
         self.given_up = False  # fusec failed on it once: PyTorch from then
+        self.seeded = False    # its trace draws random numbers: a seed is
+        # its last input, drawn each call (_draw_seed)
         self.text = None
 
     def forward(self, *args):
@@ -143,8 +146,11 @@ class Part(torch.nn.Module):
         if prog is None:
             return self.sub(*args)
         COUNTERS["runs"] += 1
+        ins = [args[i] for i in self.tensor_args]
+        if self.seeded:
+            ins.append(_draw_seed(ins, self.target))
         try:
-            out = prog(*[args[i] for i in self.tensor_args])
+            out = prog(*ins)
         except Exception as e:  # noqa: BLE001: never fail where eager runs
             self.fall_back("run failed: %s" % e)
             return self.sub(*args)
@@ -161,8 +167,11 @@ class Part(torch.nn.Module):
         self.given_up = True
 
     def write(self, sizes, lit_dtypes=None):
-        return _write(self.sub, self.name, self.names, self.vals,
-                      lit_dtypes=lit_dtypes, sizes=sizes)
+        draws = Draws()
+        text = _write(self.sub, self.name, self.names, self.vals,
+                      lit_dtypes=lit_dtypes, sizes=sizes, draws=draws)
+        self.seeded = draws.seed is not None
+        return text
 
     def prepare(self, key):
         """The Program for the sizes read off a call's arguments (key, in
@@ -223,6 +232,17 @@ class Part(torch.nn.Module):
             log.info("fusec: part %s: one program per size (%s)",
                      self.name, str(e).splitlines()[0] if str(e) else e)
             return text, False
+
+
+def _draw_seed(ins, target):
+    """A seed for a part's random numbers, drawn from PyTorch's default
+    generator of the tensors' device (so torch.manual_seed makes runs
+    repeat, and each call draws anew): a rank-0 i64 over the whole
+    range."""
+    dev = ins[0].device if ins else \
+        torch.device("cuda" if target == "cuda" else "cpu")
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64,
+                         device=dev)
 
 
 def _target(gm, options):

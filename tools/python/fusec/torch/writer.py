@@ -40,6 +40,23 @@ attention attention_dq attention_dkv
 """.split())  # elements of a tensor constant written inline
 
 
+# ---- Random numbers ---------------------------------------------------------
+
+class Draws:
+    """The random numbers of one trace (export(random=True), the backend):
+    every draw is a `uniform` of the trace's seed parameter, a rank-0 i64
+    named when first needed and appended to the parameters (so the caller
+    passes a fresh seed each call and nothing compiles again), each draw
+    STRIDE counters past the one before, so the draws of one trace never
+    overlap (a draw of up to 2^42 elements)."""
+
+    STRIDE = 1 << 40
+
+    def __init__(self):
+        self.seed = None   # the seed parameter's name, once a draw needs it
+        self.count = 0     # draws written
+
+
 # ---- The writer -------------------------------------------------------------
 
 class _Writer:
@@ -61,6 +78,7 @@ class _Writer:
         self.cpu_threads = 0  # see export(cpu_threads=)
         self.fulls = {}       # name of a full -> (value, dtype)
         self.sizes = {}       # symbol -> int, for Dynamo's symbolic sizes
+        self.random = None    # Draws, where random ops may be written
 
     # names and statements
     def fresh(self, hint):
@@ -271,6 +289,26 @@ class _Writer:
         shape[dim] = sum(v.shape[dim] for v in vs)
         return self.emit("cat", vs, [("dim", str(dim))], vs[0].dtype,
                          tuple(shape))
+
+    def uniform(self, shape, dtype, what):
+        """Numbers uniform on [0, 1) of shape and (float) dtype, drawn from
+        the trace's seed parameter; refused where the writer takes no
+        random ops (export without random=True)."""
+        d = self.random
+        if d is None:
+            raise _Refused("random op %s: the numbers depend on a generator "
+                           "a trace cannot hold; export(..., random=True) "
+                           "makes the seed a parameter of the trace "
+                           "(fusec's Philox uniform), or trace with dropout "
+                           "p=0 or in eval mode" % what)
+        if d.seed is None:
+            d.seed = self.fresh("seed")
+        off = d.count * Draws.STRIDE
+        d.count += 1
+        return self.emit("uniform", [V(d.seed, "i64", ())],
+                         [("shape", self.shape_attr(shape)),
+                          ("offset", str(off)), ("dtype", dtype)],
+                         dtype, tuple(shape))
 
     def iota(self, n, dtype, hint=None):
         return self.emit("iota", [], [("length", str(n)),
