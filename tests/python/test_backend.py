@@ -193,21 +193,130 @@ class TestTrain(TestCase):
                 self.assertIn("symbolic", p.status)
 
     def test_dropout_runs_and_loss_falls(self):
-        """Dropout 0.1 in training: the masks differ from call to call
-        (PyTorch's generator), eval mode drops nothing, and the loss on a
-        fixed batch falls."""
+        """Dropout 0.1 in training runs in fusec (no node left to PyTorch):
+        the masks differ from call to call, torch.manual_seed repeats
+        them, eval mode drops nothing, and the loss on a fixed batch
+        falls."""
         torch.manual_seed(5)
         model = MLP(p=0.1)
         cm = compiled(model)
         x, y = torch.randn(16, 8), torch.randn(16, 4)
+        ft.stats(reset=True)
         a, b = cm(x), cm(x)
         self.assertFalse(torch.equal(a, b))
+        torch.manual_seed(9)
+        c = cm(x)
+        torch.manual_seed(9)
+        self.assertTrue(torch.equal(c, cm(x)))
+        self.assert_all_in_fusec("rand_like")
         losses = train(cm, lambda s, k: mlp_batch(x, y), 30, lr=3e-2)
         self.assertLess(sum(losses[-5:]) / 5, 0.7 * sum(losses[:5]) / 5,
                         losses)
         model.eval()
         with torch.no_grad():
             self.assertLessEqual(fzcheck.rel_err(cm(x), model(x))[1], 1e-5)
+
+    def test_dropout_backward_uses_forward_mask(self):
+        """The backward reads the mask the forward drew (AOTAutograd saves
+        it; nothing is drawn again): the gradient equals eager's through
+        the same mask, read off the output (exp makes every kept value
+        nonzero), and no backward graph holds a random op."""
+        torch.manual_seed(7)
+        w = torch.nn.Parameter(torch.randn(8, 64) * 0.1)
+        x, t = torch.randn(32, 8), torch.randn(32, 64)
+
+        def f(x, w):
+            return torch.nn.functional.dropout(torch.exp(x @ w), 0.3, True)
+        torch._dynamo.reset()
+        ft.stats(reset=True)
+        cf = torch.compile(f, backend=ft.backend, options=OPTIONS)
+        out = cf(x, w)
+        (out * t).sum().backward()
+        keep = (out != 0).float()
+        self.assertGreater(keep.mean().item(), 0.6)
+        self.assertLess(keep.mean().item(), 0.8)
+        w2 = w.detach().clone().requires_grad_()
+        want = torch.exp(x @ w2) * keep / 0.7
+        (want * t).sum().backward()
+        self.assertLessEqual(fzcheck.rel_err(out, want.detach())[1], 1e-5)
+        self.assertLessEqual(fzcheck.rel_err(w.grad, w2.grad)[1], 1e-5)
+        self.assert_all_in_fusec("rand_like")
+        for g in ft.explain().graphs:
+            if g["kind"] == "backward":
+                self.assertFalse([c for c in g["claims"] if "rand" in c.op])
+
+    def assert_all_in_fusec(self, *ops):
+        """Every node of the graphs so far ran in fusec, among them the
+        aten ops named (explain() lists them as fusec's)."""
+        ex = ft.explain()
+        self.assertEqual(ex.fallbacks, [], str(ex))
+        self.assertEqual(ft.stats()["fallback_nodes"], 0, str(ex))
+        ran = [c.op for g in ex.graphs for c in g["claims"] if c.claimed]
+        for op in ops:
+            self.assertTrue(any(r.split(".")[:2] == ["aten", op]
+                                for r in ran),
+                            "%s not in fusec:\n%s" % (op, ex))
+
+    def test_rand_family(self):
+        """rand_like, randn_like, bernoulli(p) and x.uniform_(a, b) in
+        fusec, from PyTorch's generator at each call: distributed as
+        they should be (means and spreads within 5 standard errors of
+        2^16 draws), and not the same numbers twice."""
+        def f(x):
+            return (torch.rand_like(x), torch.randn_like(x),
+                    torch.bernoulli(torch.full_like(x, 0.3)),
+                    torch.empty_like(x).uniform_(-2.0, 6.0))
+        torch._dynamo.reset()
+        ft.stats(reset=True)
+        cf = torch.compile(f, backend=ft.backend, options=OPTIONS)
+        x = torch.empty(256, 256)
+        u, z, b, v = cf(x)
+        self.assert_all_in_fusec("rand_like", "uniform")
+        se = 5 / 256.0  # 5 standard errors of a mean of 2^16, per sigma
+        for got, mean, sd in ((u, 0.5, 12 ** -0.5), (z, 0.0, 1.0),
+                              (b, 0.3, 0.21 ** 0.5), (v, 2.0, 8 * 12 ** -0.5)):
+            self.assertLess(abs(got.mean().item() - mean), se * sd)
+            self.assertLess(abs(got.std().item() / sd - 1), 0.02)
+        self.assertTrue(((b == 0) | (b == 1)).all())
+        self.assertTrue(((v >= -2) & (v < 6)).all())
+        self.assertFalse(torch.equal(u, cf(x)[0]))
+
+    def test_gpt2_dropout_trains(self):
+        """A tiny GPT-2 with every dropout 0.1 (embeddings, attention
+        probabilities, residuals) trains AdamW steps on a fixed batch
+        through the backend: every node in fusec, the loss falls, a new
+        step's seed compiles no kernel, two calls draw different masks
+        and torch.manual_seed repeats one."""
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(6)
+        cfg = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+                         n_positions=64, resid_pdrop=0.1, embd_pdrop=0.1,
+                         attn_pdrop=0.1, attn_implementation="sdpa",
+                         bos_token_id=0, eos_token_id=0)
+        model = GPT2LMHeadModel(cfg).train()
+        cm = compiled(model)
+        ids = torch.randint(0, 96, (2, 8))
+        mask = torch.ones(2, 8, dtype=torch.long)
+        mask[1, :3] = 0
+        compiles = []
+
+        def batch(s, k):
+            compiles.append(ft.stats()["kernel_compiles"])
+            return lambda m: m(input_ids=ids, attention_mask=mask,
+                               labels=ids, use_cache=False).loss
+        ft.stats(reset=True)
+        losses = train(cm, batch, 5)
+        self.assertLess(losses[-1], 0.8 * losses[0], losses)
+        self.assertEqual(compiles[1], compiles[-1], compiles)
+        self.assert_all_in_fusec("rand_like")
+        with torch.no_grad():
+            def logits():
+                return cm(input_ids=ids, attention_mask=mask).logits
+            self.assertFalse(torch.equal(logits(), logits()))
+            torch.manual_seed(3)
+            a = logits()
+            torch.manual_seed(3)
+            self.assertTrue(torch.equal(a, logits()))
 
     def test_options_are_checked(self):
         with self.assertRaises(Exception):

@@ -409,7 +409,34 @@ class TestErrors(unittest.TestCase):
         with self.assertRaises(ft.ExportError) as cm:
             ft.export(lambda x: F.dropout(x, 0.5, training=True),
                       torch.randn(4))
-        self.assertIn("random", str(cm.exception))
+        self.assertIn("random=True", str(cm.exception))
+
+    def test_random_exported_when_asked(self):
+        """export(random=True) writes dropout on Philox uniform of a seed
+        parameter, the trace's last: one seed, one mask (on the
+        interpreter and on generated code alike); another seed, another;
+        a quarter of 2^16 elements dropped within 5 standard errors, the
+        rest scaled by 4/3, symbolic extents and all."""
+        def f(x):
+            return F.dropout(x, 0.25, training=True)
+        x = torch.randn(256, 256)
+        t = ft.export(f, x, random=True, symbolic={0: {0: "B"}})
+        self.assertEqual(t.seed, "seed")
+        self.assertIn("seed: i64[])", t.splitlines()[0])
+        self.assertIn("uniform(seed, ", t)
+        ref = fusec.Program(t)
+        cpu = fusec.Program(t, device="cpu")
+        s1, s2 = torch.tensor(11), torch.tensor(-12)
+        a, b = cpu(x, s1), cpu(x, s2)
+        self.assertTrue(torch.equal(a, ref(x, s1)))
+        self.assertFalse(torch.equal(a == 0, b == 0))
+        drop = (a == 0).double().mean().item()
+        self.assertLess(abs(drop - 0.25), 5 * (0.25 * 0.75 / 2 ** 16) ** 0.5)
+        kept = a != 0
+        self.assertLessEqual(fzcheck.rel_err(a[kept], x[kept] / 0.75)[1],
+                             1e-6)
+        self.assertEqual(tuple(cpu(x[:100], s1).shape), (100, 256))
+        self.assertIsNone(ft.export(lambda x: x + 1, x, random=True).seed)
 
     def test_non_tensor_output(self):
         with self.assertRaises(ft.ExportError):

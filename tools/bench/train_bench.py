@@ -20,7 +20,11 @@ prepared after Dynamo marks the length dynamic (at the second length)
 against those after the last (the bar: no new program), and the nodes
 left to PyTorch with their ops.
 dropout: the same models with every dropout at 0.1, on a fixed batch:
-the mean loss of the last 5 steps against the first 5.
+the mean loss of the last 5 steps against the first 5 (the bar: it falls),
+the random nodes (dropout's rand_like, ...) fusec ran and those left to
+PyTorch (the bar: none), the kernels compiled after the first step (each
+step draws a new seed; the bar: none), and eager's losses from the same
+weights for the scale (other masks: not equal).
 first: the first training step (Dynamo, AOTAutograd, compiling, running
 forward and backward) in a fresh process, with a cold and then a warm
 cache, for fusec and Inductor, on a tiny Llama and a Llama of hidden 1024
@@ -177,24 +181,65 @@ def run_train(family, steps, options):
     return row
 
 
+_RANDOM = ("rand", "rand_like", "randn", "randn_like", "bernoulli",
+           "uniform", "native_dropout")
+
+
 def run_dropout(family, steps, options):
+    """Every dropout of the config at 0.1, AdamW on a fixed batch under the
+    backend (and eagerly from the same weights, for the scale: the masks
+    differ, so the losses do too). Reports the losses, the random nodes
+    fusec ran and those left to PyTorch, and the kernels compiled after
+    the first step (each step draws a new seed: the bar is none)."""
     row = {"family": family}
     try:
         model, task = make(family, dropout=0.1)
     except Exception as e:  # noqa: BLE001
         row["error"] = "build: %s" % str(e).splitlines()[0][:160]
         return row
+    ref = copy.deepcopy(model)
+    row["dropouts"] = {k: getattr(model.config, k) for k in _DROPOUTS
+                       if isinstance(getattr(model.config, k, None), float)}
     torch._dynamo.reset()
+    ft.stats(reset=True)
     cm = torch.compile(model, backend=ft.backend, options=options)
     fixed = batch(task, 8)
+    compiles = []
+
+    def fixed_of(s):
+        compiles.append(ft.stats()["kernel_compiles"])
+        return fixed
+    t0 = time.time()
     try:
-        losses = train(cm, lambda s: fixed, steps, lr=3e-3)
+        torch.manual_seed(1)
+        losses = train(cm, fixed_of, steps, lr=3e-3)
     except Exception as e:  # noqa: BLE001
         row["error"] = "%s: %s" % (type(e).__name__,
                                    str(e).splitlines()[0][:200])
         return row
+    row["seconds"] = round(time.time() - t0, 1)
+    torch.manual_seed(1)
+    eager = train(ref, lambda s: fixed, steps, lr=3e-3)
+    ex = ft.explain()
+    claims = [c for g in ex.graphs for c in g["claims"]]
+
+    def random(c):
+        return c.op.split(".")[:2] in (["aten", r] for r in _RANDOM)
+    row["random_nodes_fusec"] = sum(1 for c in claims
+                                    if c.claimed and random(c))
+    row["random_nodes_pytorch"] = sum(1 for c in claims
+                                      if not c.claimed and random(c))
+    row["fallback_nodes"] = len(ex.fallbacks)
+    row["fallback_ops"] = sorted(set(c.op for _, c in ex.fallbacks))
+    row["compiles_after_step1"] = ft.stats()["kernel_compiles"] - compiles[1]
+    row["losses"] = [round(x, 5) for x in losses]
+    row["eager_losses"] = [round(x, 5) for x in eager]
     first, last = statistics.mean(losses[:5]), statistics.mean(losses[-5:])
-    row.update(first5=first, last5=last, falls=last < first)
+    row.update(first5=first, last5=last, falls=last < first,
+               eager_first5=statistics.mean(eager[:5]),
+               eager_last5=statistics.mean(eager[-5:]))
+    row["ok"] = (row["falls"] and row["random_nodes_pytorch"] == 0 and
+                 row["compiles_after_step1"] == 0)
     return row
 
 

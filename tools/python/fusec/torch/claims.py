@@ -6,7 +6,8 @@ returns one Claim per node that computes something: claimed, or left to
 PyTorch with the reason (no mapping, a refused use, a dtype fusec lacks, a
 tensor on another device). A node that is not claimed becomes, for the
 nodes after it, an opaque value of its dtype and shape, so each node is
-judged on its own and one fallback does not drag its users along. The
+judged on its own and one fallback does not drag its users along. Random
+ops are claimed: they are written on a seed input (writer.Draws). The
 claims are plain data: the backend partitions by them and explain()
 prints them.
 

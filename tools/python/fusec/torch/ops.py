@@ -475,7 +475,7 @@ def _random(w, node, args, kwargs):
     p = args[1] if len(args) > 1 else kwargs.get("p", args[0])
     if isinstance(p, V) and p.dtype not in _FLOATS:
         raise _Refused("bernoulli with probabilities of dtype %s" % p.dtype)
-    cd = p.dtype if isinstance(p, V) else _draw_dtype(dt)
+    cd = _draw_dtype(p.dtype if isinstance(p, V) else dt)
     u = w.uniform(shape, cd, name)
     return w.cast(w.ew("lt", [u, p], cd), dt)
 

@@ -14,6 +14,10 @@ is a sum), and the texts merged (fusec.torch.symbolic): one program with
 symbolic extents serves every size. Where the merge cannot express a size (an affine T+1, until the
 trace format can), the part gets one program per binding of its sizes.
 
+A part whose trace draws random numbers (dropout's rand_like, ...) has one
+more input, its seed: a rank-0 i64 each call draws from PyTorch's
+generator (_draw_seed), so every call draws anew and none compiles.
+
 A part fusec cannot prepare or run (a verifier error, a run-time error)
 runs in PyTorch from then on, with the reason in the report: the model
 never fails where eager runs. Nothing here talks to Dynamo or AOTAutograd
