@@ -283,13 +283,13 @@ class TestTrain(TestCase):
 
     def test_gpt2_dropout_trains(self):
         """A tiny GPT-2 with every dropout 0.1 (embeddings, attention
-        probabilities, residuals) trains AdamW steps on a fixed batch
+        probabilities, residuals) trains 4 AdamW steps on a fixed batch
         through the backend: every node in fusec, the loss falls, a new
         step's seed compiles no kernel, two calls draw different masks
         and torch.manual_seed repeats one."""
         from transformers import GPT2Config, GPT2LMHeadModel
         torch.manual_seed(6)
-        cfg = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+        cfg = GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=4,
                          n_positions=64, resid_pdrop=0.1, embd_pdrop=0.1,
                          attn_pdrop=0.1, attn_implementation="sdpa",
                          bos_token_id=0, eos_token_id=0)
@@ -305,8 +305,8 @@ class TestTrain(TestCase):
             return lambda m: m(input_ids=ids, attention_mask=mask,
                                labels=ids, use_cache=False).loss
         ft.stats(reset=True)
-        losses = train(cm, batch, 5)
-        self.assertLess(losses[-1], 0.8 * losses[0], losses)
+        losses = train(cm, batch, 4)
+        self.assertLess(losses[-1], 0.85 * losses[0], losses)
         self.assertEqual(compiles[1], compiles[-1], compiles)
         self.assert_all_in_fusec("rand_like")
         with torch.no_grad():
