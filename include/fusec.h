@@ -152,7 +152,15 @@ FZ_API fz_value *fz_param(fz_trace *t, const char *name, fz_dtype dtype, int ran
                    const fz_dim *dims);
 /* Applies op (primitive or composite) to args with attrs. Returns the number
  * of results written to outs (at most max_outs), or -1 on error. Composite
- * ops are lowered to primitives here; numpy broadcasting is made explicit. */
+ * ops are lowered to primitives here; numpy broadcasting is made explicit.
+ *
+ * uniform's seed is an attribute (seed=S, compiled into the kernel) or its
+ * one operand, a rank-0 i64 or i32 read at run time, so a framework that
+ * draws a new seed every step compiles nothing:
+ *
+ *     fz_value *s = fz_param(t, "seed", FZ_I64, 0, NULL);
+ *     fz_arg a = fz_arg_value(s);
+ *     fz_value *u = fz_op1(t, "uniform", &a, 1, shape_offset_dtype, 3); */
 FZ_API int fz_op(fz_trace *t, const char *op, const fz_arg *args, int nargs,
           const fz_attr *attrs, int nattrs, fz_value **outs, int max_outs);
 /* fz_op for ops with one result. */

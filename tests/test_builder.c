@@ -258,6 +258,52 @@ START_TEST(attributes_checked_against_schema)
 }
 END_TEST
 
+/* uniform's seed as a rank-0 operand through the C API: the node reads it,
+ * the verifier passes, and the interpreter's numbers follow the seed's
+ * value (the same as seed=S written in); a seed given both ways, or not a
+ * rank-0 integer, fails and leaves the trace as it was. */
+START_TEST(uniform_seed_operand)
+{
+	fz_value *s = fz_param(t, "seed", FZ_I64, 0, NULL);
+	fz_value *x = param("x", FZ_F32, "3");
+	fz_attr_value shape_items[1] = {{.kind = FZ_AV_INT, .i = 5}};
+	fz_attr at[3] = {{"shape", {.kind = FZ_AV_LIST, .n = 1, .items = shape_items}},
+			 {"dtype", {.kind = FZ_AV_DTYPE, .i = FZ_F32}},
+			 {"seed", {.kind = FZ_AV_INT, .i = 77}}};
+	fz_arg a = fz_arg_value(s), bad = fz_arg_value(x);
+	int before = t->n_nodes;
+	ck_assert_ptr_null(fz_op1(t, "uniform", &a, 1, at, 3));
+	ck_assert_ptr_nonnull(strstr(fz_trace_error(t), "seed is given twice"));
+	ck_assert_ptr_null(fz_op1(t, "uniform", &bad, 1, at, 2));
+	ck_assert_ptr_nonnull(strstr(fz_trace_error(t), "must be a rank-0 i64"));
+	ck_assert_int_eq(t->n_nodes, before);
+	fz_value *u = fz_op1(t, "uniform", &a, 1, at, 2);
+	fz_value *w = fz_op1(t, "uniform", NULL, 0, at, 3);
+	ck_assert_ptr_nonnull(u);
+	ck_assert_ptr_nonnull(w);
+	ck_assert_ptr_eq(u->def->in[0], s);
+	fz_value *outs[2] = {u, w};
+	ck_assert_int_eq(fz_return(t, outs, 2), FZ_OK);
+	char *err = NULL;
+	ck_assert_int_eq(fz_trace_verify(t, &err), FZ_OK);
+	int64_t seed = 77;
+	float xs[3] = {0};
+	int64_t xshape[] = {3};
+	fz_tensor in[2], out[2];
+	fz_tensor_contiguous(&in[0], &seed, FZ_I64, 0, NULL);
+	fz_tensor_contiguous(&in[1], xs, FZ_F32, 1, xshape);
+	ck_assert_int_eq(fz_trace_interpret(t, NULL, in, 2, out, 2, &err), FZ_OK);
+	ck_assert_int_eq(memcmp(out[0].data, out[1].data, 5 * sizeof(float)), 0);
+	fz_free(out[0].data);
+	fz_free(out[1].data);
+	seed = 78;
+	ck_assert_int_eq(fz_trace_interpret(t, NULL, in, 2, out, 2, &err), FZ_OK);
+	ck_assert_int_ne(memcmp(out[0].data, out[1].data, 5 * sizeof(float)), 0);
+	fz_free(out[0].data);
+	fz_free(out[1].data);
+}
+END_TEST
+
 START_TEST(arity_checked)
 {
 	fz_value *x = param("x", FZ_F32, "4");
@@ -437,6 +483,7 @@ static Suite *builder_suite(void)
 	TCase *tc = tcase_create("types");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, infers_elementwise_types);
+	tcase_add_test(tc, uniform_seed_operand);
 	tcase_add_test(tc, literal_takes_neighbour_dtype);
 	tcase_add_test(tc, literal_needs_a_tensor);
 	tcase_add_test(tc, fractional_literal_for_int_is_error);
