@@ -783,8 +783,7 @@ int fz_infer(const fz_trace *t, fz_opcode op, fz_value *const *in, int n_in,
 	char b[400];
 	if (oi->cls == FZ_CLASS_COMPOSITE)
 		return FAIL(&c, "%s: composite op in the IR", oi->name);
-	if (n_in < oi->min_args || (oi->max_args >= 0 && n_in > oi->max_args))
-	{
+	if (n_in < oi->min_args || (oi->max_args >= 0 && n_in > oi->max_args)) {
 		char most[32] = "";
 		if (oi->max_args < 0)
 			snprintf(most, sizeof most, " or more");
