@@ -550,6 +550,24 @@ static void assign_slots(builder *B)
 		    fz_view_root(p, (fz_value *)v) == v)
 			pp->vslot[v->id] = add_slot(B, B_OUT, k, 0);
 	}
+	/* an output that is a view of all of its root's bytes in order (a
+	 * reshape, a squeeze: AOTAutograd's weight gradients are views of a
+	 * product's result) has the root written into the caller's buffer,
+	 * where it would have been copied there at the end (11 MB each,
+	 * four per layer, in the Llama step at hidden 1024) */
+	for (int k = 0; k < t->n_outputs; k++) {
+		const fz_value *v = t->outputs[k];
+		fz_value *root = fz_view_root(p, (fz_value *)v);
+		fz_layout lay;
+		if (root == v || v->param_index >= 0 || pp->vslot[v->id] >= 0 ||
+		    root->param_index >= 0 || pp->vslot[root->id] >= 0 ||
+		    p->offset[root->id] < 0 || fz_view_eval(p, v, B->syms, &lay) != FZ_OK ||
+		    lay.offset != 0 || !fz_layout_is_contiguous(&lay) ||
+		    value_bytes(B, v) != value_bytes(B, root))
+			continue;
+		pp->vslot[root->id] = add_slot(B, B_OUT, k, 0);
+		pp->vslot[v->id] = add_slot(B, B_OUT, k, 0);
+	}
 	for (int v = 0; v < t->n_values; v++) {
 		const fz_value *val = t->values[v];
 		if (pp->vslot[v] >= 0 || val->param_index >= 0 ||
