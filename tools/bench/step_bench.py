@@ -376,7 +376,14 @@ def main():
     load0 = os.getloadavg()
     rows = run_steady(a) if a.what == "steady" else run_first(a)
     import torch
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short",
+                                 "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = ""
     rec = {"what": a.what, "argv": sys.argv[1:], "torch": torch.__version__,
+           "commit": commit,
            "cpus": os.cpu_count(), "default_threads": torch.get_num_threads(),
            "machine": platform.processor() or platform.machine(),
            "loadavg_before": load0, "loadavg_after": os.getloadavg(),
