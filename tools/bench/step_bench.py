@@ -276,7 +276,7 @@ def child(args, env=None):
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
 
 
-def run_steady(a):
+def run_steady(a, save):
     rows = []
     for hidden in a.hidden:
         for layers in a.layers:
@@ -293,6 +293,7 @@ def run_steady(a):
                     row["loadavg_1m_before"] = load
                     rows.append(row)
                     show_steady(row)
+                    save(rows)
     return rows
 
 
@@ -327,7 +328,7 @@ def show_steady(r):
                 t["what"]), flush=True)
 
 
-def run_first(a):
+def run_first(a, save):
     rows = []
     for size in a.sizes:
         for backend in a.backends:
@@ -340,6 +341,7 @@ def run_first(a):
                          loadavg_1m_before=load)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
+                save(rows)
     return rows
 
 
@@ -374,7 +376,6 @@ def main():
     a.sizes = [s for s in a.sizes.split(",") if s]
     a.backends = [b for b in a.backends.split(",") if b]
     load0 = os.getloadavg()
-    rows = run_steady(a) if a.what == "steady" else run_first(a)
     import torch
     try:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short",
@@ -386,9 +387,9 @@ def main():
            "commit": commit,
            "cpus": os.cpu_count(), "default_threads": torch.get_num_threads(),
            "machine": platform.processor() or platform.machine(),
-           "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+           "loadavg_before": load0, "loadavg_after": None,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "rows": rows}
+           "rows": []}
     out = a.json or os.path.join(
         HERE, "results", "step_bench-%s-%s.json" % (
             platform.node().split(".")[0] or "host",
@@ -397,10 +398,17 @@ def main():
     if os.path.exists(out):
         with open(out) as f:
             old = json.load(f)
-    old.append(rec)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(old, f, indent=1)
+
+    def save(rows):
+        """the record so far (written after every row: a long run cut
+        short keeps what it measured)"""
+        rec.update(rows=rows, loadavg_after=os.getloadavg())
+        with open(out + ".tmp", "w") as f:
+            json.dump(old + [rec], f, indent=1)
+        os.replace(out + ".tmp", out)
+    rows = run_steady(a, save) if a.what == "steady" else run_first(a, save)
+    save(rows)
     print("load average before %s, after %s; written to %s" % (
         "/".join("%.1f" % x for x in load0),
         "/".join("%.1f" % x for x in rec["loadavg_after"]), out))
