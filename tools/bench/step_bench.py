@@ -377,7 +377,7 @@ def main():
     a.backends = [b for b in a.backends.split(",") if b]
     load0 = os.getloadavg()
     import torch
-    try:
+    try:  # at the start: what the run measures
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short",
                                  "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
