@@ -303,6 +303,14 @@ FZ_API fz_status fz_exec_sync(fz_exec *x, void *stream, char **err);
 FZ_API void fz_exec_free(fz_exec *x);
 /* The target that runs: "cpu", "cuda" or "emu". */
 FZ_API const char *fz_exec_device(const fz_exec *x);
+/* Where the runs' time went, when FUSEC_PROFILE=1 was in the environment
+ * as x was made (else the table has only its header): a tab-separated
+ * table with a header line, one row per step of each prepared binding:
+ * region, kind (kernel, matmul, copy, collective, wait), runs, seconds
+ * summed over them, flop per run (products), what the step is. out
+ * (NULL: only the reset) is released with fz_free; reset != 0 zeroes the
+ * sums after. */
+FZ_API fz_status fz_exec_profile(fz_exec *x, int reset, char **out);
 /* Kernels this process has compiled (found in neither cache, so built
  * with LLVM), on every thread: a framework reads it before and after a
  * step to count what the step compiled. */

@@ -16,6 +16,20 @@
  * fz_blas_name reports as "none". Only the Fortran symbols sgemm_ and
  * dgemm_ are used: every BLAS exports them, CBLAS not always.
  *
+ * The kernels. Debian's OpenBLAS (0.3.21) picks its kernels from the
+ * CPU's family and model numbers and falls back to its oldest, Prescott's
+ * SSE3 loops, on a model it does not know: on this project's machine (a
+ * VM whose Xeon reports AVX-512 and bf16 under a model number the library
+ * predates) every product ran at 3.4 GFLOP/s where the SkylakeX kernels
+ * run at 50-150 and PyTorch's MKL at 50-160, and the Llama step at hidden
+ * 1024 took twice eager's time. On an Intel CPU the right kernels follow
+ * from the features alone (AVX-512 with bf16: Cooperlake, AVX-512:
+ * SkylakeX, AVX2 with FMA: Haswell; OpenBLAS's own table maps the newer
+ * models onto these), so the library is opened with OPENBLAS_CORETYPE
+ * naming them, unless the user set it; the variable is read once, while
+ * the library loads, and taken out of the environment again right after.
+ * fz_blas_name says which kernels run ("openblas (SkylakeX)").
+ *
  * Threads. The BLAS is told to use one thread (openblas_set_num_threads,
  * bli_thread_set_num_threads) and the product is split across the CPU
  * target's own pool: a second pool of spinning BLAS threads would fight
@@ -34,7 +48,8 @@
  * (attention's B*H products), else slices of at least 64 rows of one
  * product (a linear layer over B*T tokens), else slices of columns;
  * about four units per thread, which the pool hands to whichever thread
- * is free, so a core taken by another process does not hold up the rest.
+ * is free, so a core taken by another process does not hold up the rest
+ * (on one thread, the product whole).
  * Each sgemm call packs its own copy of the b panel; at 64 rows a slice,
  * that is under 2% of its flops.
  *
@@ -51,6 +66,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +85,7 @@ typedef void (*dgemm_fn)(const char *ta, const char *tb, const int *m, const int
 struct fz_blas {
 	void *dl;
 	const char *name;
+	char namebuf[64];      /* "openblas (SkylakeX)" */
 	sgemm_fn sgemm;
 	dgemm_fn dgemm;
 	pthread_mutex_t mu;    /* guards scratch: one widened product at a time */
@@ -86,9 +103,34 @@ static const struct {
 	{"libblas.so.3", "blas", NULL},
 };
 
+/* The OpenBLAS core an Intel CPU's features call for, or NULL: leave it to
+ * the library (another vendor, another architecture, or the user's own
+ * OPENBLAS_CORETYPE). */
+static const char *openblas_core(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (getenv("OPENBLAS_CORETYPE"))
+		return NULL;
+	__builtin_cpu_init();
+	if (!__builtin_cpu_is("intel"))
+		return NULL;
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+		return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return "Haswell";
+#endif
+	return NULL;
+}
+
 static bool try_open(fz_blas *b, const char *file, const char *name, const char *threads)
 {
+	const char *core = openblas_core(); /* a BLAS that is not OpenBLAS ignores it */
+	if (core)
+		setenv("OPENBLAS_CORETYPE", core, 0);
 	void *dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	if (core)
+		unsetenv("OPENBLAS_CORETYPE");
 	if (!dl)
 		return false;
 	sgemm_fn s = (sgemm_fn)dlsym(dl, "sgemm_");
@@ -106,6 +148,11 @@ static bool try_open(fz_blas *b, const char *file, const char *name, const char 
 	b->sequential = parallel && parallel() == 0;
 	b->dl = dl;
 	b->name = b->sequential ? "openblas (sequential build: one product at a time)" : name;
+	char *(*corename)(void) = (char *(*)(void))dlsym(dl, "openblas_get_corename");
+	if (corename && !b->sequential) {
+		snprintf(b->namebuf, sizeof b->namebuf, "openblas (%s)", corename());
+		b->name = b->namebuf;
+	}
 	b->sgemm = s;
 	b->dgemm = d;
 	return true;
@@ -420,9 +467,10 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * per slice: where both ways give enough slices, the product is cut
 	 * so that the smaller one is packed again (a linear layer over 512
 	 * tokens with N = 2816 packed its weight eight times, 20% of the
-	 * Llama forward) */
+	 * Llama forward). One thread takes the product whole: its slices
+	 * would run one after another, each packing again. */
 	int64_t want = 4 * (int64_t)T;
-	if (nb < want) {
+	if (nb < want && T > 1) {
 		int64_t per = (want + nb - 1) / nb;
 		int64_t rows = M / 64 > 0 ? M / 64 : 1, cols = N / 64 > 0 ? N / 64 : 1;
 		if (rows >= per && cols >= per)

@@ -50,6 +50,15 @@
  * which also clears it (so a run on a GPU queues nothing for the flag:
  * it is cleared once when its arena is new, then only after an error, by
  * the target's zero where it has one, else an upload).
+ *
+ * Profiling. With FUSEC_PROFILE=1 in the environment when the program is
+ * made, every step of a run is timed on the host's clock (two clock
+ * reads a step, nothing when off) and summed per step of each kept plan;
+ * fz_exec_profile returns the table: region, kind (kernel, matmul, copy,
+ * collective, wait), runs, seconds, the product's flops, and what the step
+ * is (the region's kind and op count, the product's extents). On the CPU
+ * the steps are synchronous, so the seconds are the step's; on a GPU they
+ * are only the host's time to queue it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +132,8 @@ typedef struct pplan {
 	fz_tensor *g_in;     /* the inputs it was captured with */
 	void **g_out;        /* and the outputs' pointers */
 	int g_n_in, g_n_out;
+	double *prof_s;      /* FUSEC_PROFILE: seconds per step, summed */
+	int64_t prof_runs;
 } pplan;
 
 struct fz_exec {
@@ -140,6 +151,7 @@ struct fz_exec {
 	int rank;
 	long host_syncs;      /* the device's host syncs inside runs */
 	int32_t lost_flag;    /* the flag of a plan that left the LRU unsynced */
+	bool profile;         /* FUSEC_PROFILE: time every step */
 };
 
 static void pplan_free(fz_exec *x, pplan *pp)
@@ -168,6 +180,7 @@ static void pplan_free(fz_exec *x, pplan *pp)
 	free(pp->ptr);
 	free(pp->vslot);
 	free(pp->steps);
+	free(pp->prof_s);
 	fz_kset_free(pp->ks);
 	fz_program_free(pp->p);
 	fz_arena_release(&pp->mem);
@@ -537,6 +550,24 @@ static void assign_slots(builder *B)
 		    fz_view_root(p, (fz_value *)v) == v)
 			pp->vslot[v->id] = add_slot(B, B_OUT, k, 0);
 	}
+	/* an output that is a view of all of its root's bytes in order (a
+	 * reshape, a squeeze: AOTAutograd's weight gradients are views of a
+	 * product's result) has the root written into the caller's buffer,
+	 * where it would have been copied there at the end (11 MB each,
+	 * four per layer, in the Llama step at hidden 1024) */
+	for (int k = 0; k < t->n_outputs; k++) {
+		const fz_value *v = t->outputs[k];
+		fz_value *root = fz_view_root(p, (fz_value *)v);
+		fz_layout lay;
+		if (root == v || v->param_index >= 0 || pp->vslot[v->id] >= 0 ||
+		    root->param_index >= 0 || pp->vslot[root->id] >= 0 ||
+		    p->offset[root->id] < 0 || fz_view_eval(p, v, B->syms, &lay) != FZ_OK ||
+		    lay.offset != 0 || !fz_layout_is_contiguous(&lay) ||
+		    value_bytes(B, v) != value_bytes(B, root))
+			continue;
+		pp->vslot[root->id] = add_slot(B, B_OUT, k, 0);
+		pp->vslot[v->id] = add_slot(B, B_OUT, k, 0);
+	}
 	for (int v = 0; v < t->n_values; v++) {
 		const fz_value *val = t->values[v];
 		if (pp->vslot[v] >= 0 || val->param_index >= 0 ||
@@ -757,6 +788,8 @@ fz_status fz_exec_new(const fz_trace *t, const char *device,
 		return FZ_ENOMEM;
 	}
 	x->magic = EXEC_MAGIC;
+	const char *prof = getenv("FUSEC_PROFILE");
+	x->profile = prof && prof[0] && strcmp(prof, "0");
 	x->t = t;
 	x->o = *o;
 	if (!x->o.warn)
@@ -1132,8 +1165,14 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	}
 	void **ptr = pp->ptr;
 	int launches = 0;
+	if (x->profile && !pp->prof_s)
+		pp->prof_s = calloc((size_t)pp->n_steps + 1, sizeof *pp->prof_s);
+	double *prof = x->profile ? pp->prof_s : NULL; /* NULL: out of memory */
+	if (prof)
+		pp->prof_runs++;
 	for (int i = 0; i < pp->n_steps && st == FZ_OK; i++) {
 		step *s = &pp->steps[i];
+		double t0 = prof ? fz_now() : 0;
 		switch (s->kind) {
 		case S_KERNEL: {
 			for (int a = 0; a < s->n_args; a++)
@@ -1171,6 +1210,8 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 				      err);
 			break;
 		}
+		if (prof)
+			prof[i] += fz_now() - t0;
 	}
 	if (ib != ibase)
 		free(ib);
@@ -1181,6 +1222,70 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 	if (st != FZ_OK && err && !*err)
 		fz_set_err(err, fz_strdup_printf("the run failed: %s", fz_status_name(st)));
 	return st;
+}
+
+/* ---- the profile ---------------------------------------------------------------- */
+
+static const char *const step_kinds[] = {"kernel", "matmul", "collective", "copy", "wait"};
+
+fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
+{
+	if (out)
+		*out = NULL;
+	if (!live(x, NULL))
+		return FZ_EINVAL;
+	fz_buf b = {0};
+	fz_buf_puts(&b, "region\tkind\truns\tseconds\tflop\twhat\n");
+	for (int p = 0; p < x->n_plans; p++) {
+		pplan *pp = x->plans[p];
+		for (int i = 0; out && pp->prof_s && i < pp->n_steps; i++) {
+			const step *s = &pp->steps[i];
+			fz_buf_printf(&b, "%d\t%s\t%lld\t%.9f\t", s->region, step_kinds[s->kind],
+				      (long long)pp->prof_runs, pp->prof_s[i]);
+			if (s->kind == S_MATMUL) {
+				int64_t nb = 1;
+				for (int d = 0; d < s->mm.nbd; d++)
+					nb *= s->mm.bshape[d];
+				double flop = 2.0 * (double)nb * (double)s->mm.M *
+					      (double)s->mm.N * (double)s->mm.K;
+				fz_buf_printf(&b, "%.0f\t%s %lldx%lldx%lld%s x%lld\n", flop,
+					      fz_dtype_name(s->mm.dtype), (long long)s->mm.M,
+					      (long long)s->mm.K, (long long)s->mm.N,
+					      s->mm.b_trans ? " (b transposed)" : "",
+					      (long long)nb);
+			} else if (s->kind == S_KERNEL) {
+				fz_buf_printf(&b, "0\t%s of %d ops\n",
+					      fz_region_kind_names[s->ki->src.kind],
+					      s->ki->src.n_nodes);
+			} else if (s->kind == S_COPY) {
+				int64_t n = 1;
+				fz_buf_printf(&b, "0\t%s[", pp->slots[s->sy].base == B_OUT ?
+					      "into an output " : "staging ");
+				for (int d = 0; d < s->lay.rank; d++) {
+					n *= s->lay.shape[d];
+					fz_buf_printf(&b, "%s%lld", d ? "," : "",
+						      (long long)s->lay.shape[d]);
+				}
+				fz_buf_puts(&b, "] strides [");
+				for (int d = 0; d < s->lay.rank; d++)
+					fz_buf_printf(&b, "%s%lld", d ? "," : "",
+						      (long long)s->lay.strides[d]);
+				fz_buf_printf(&b, "], %lld bytes\n", (long long)(n * (int64_t)s->es));
+			} else {
+				fz_buf_puts(&b, "0\t-\n");
+			}
+		}
+		if (reset && pp->prof_s) {
+			memset(pp->prof_s, 0, sizeof *pp->prof_s * (size_t)pp->n_steps);
+			pp->prof_runs = 0;
+		}
+	}
+	if (!out) {
+		free(b.data);
+		return FZ_OK;
+	}
+	*out = fz_buf_take(&b);
+	return *out ? FZ_OK : FZ_ENOMEM;
 }
 
 /* ---- graphs -------------------------------------------------------------------- */

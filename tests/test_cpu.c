@@ -10,10 +10,13 @@
  * bytes. Products: fz_cpu_matmul against an f64 loop over the same
  * operands for every float dtype and i64, linear with bias, batch
  * broadcast, degenerate extents, on a pool of three threads, through the
- * BLAS that is installed and through the loop (FUSEC_BLAS=none). Row
+ * BLAS that is installed and through the loop (FUSEC_BLAS=none); on an
+ * Intel CPU with AVX2, OpenBLAS runs AVX2 or AVX-512 kernels. The
+ * target's strided copy by tiles gives the plain gather's bytes. Row
  * kernels run in place, where a pass stashes values for the tail.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,7 +30,9 @@
 #include "fusec.h"
 #include "ir.h"
 #include "numeric.h"
+#include "plan.h"
 #include "pool.h"
+#include "target.h"
 
 /* ---- the pool --------------------------------------------------------------------- */
 
@@ -609,6 +614,99 @@ START_TEST(matmul_bad_library)
 }
 END_TEST
 
+/* OpenBLAS runs the kernels the CPU can run: on an Intel CPU with AVX2
+ * and FMA, never the SSE-era ones its model table falls back to on a
+ * model it does not know (Prescott, at 3.4 GFLOP/s where SkylakeX's run
+ * at 50-150 on this project's machine); the OPENBLAS_CORETYPE that blas.c
+ * sets while the library loads is gone from the environment after. */
+START_TEST(matmul_blas_kernels)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	unsetenv("FUSEC_BLAS");
+	unsetenv("OPENBLAS_CORETYPE");
+	fz_blas *b = NULL;
+	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
+	ck_assert_ptr_null(getenv("OPENBLAS_CORETYPE"));
+	/* the core the loaded library runs, asked of it (not of the name) */
+	void *dl = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD);
+	char *(*corename)(void) = dl ? (char *(*)(void))dlsym(dl, "openblas_get_corename") : NULL;
+	const char *name = corename ? corename() : fz_blas_name(b);
+	__builtin_cpu_init();
+	if (!corename || !strstr(fz_blas_name(b), "openblas") || !__builtin_cpu_is("intel") ||
+	    !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+		fprintf(stderr, "matmul_blas_kernels: %s on this CPU: nothing to check\n", name);
+		fz_blas_close(b);
+		return;
+	}
+	static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
+				    "Sandybridge", "Atom", "Katmai", "Coppermine", "Northwood"};
+	for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
+		ck_assert_msg(!strstr(name, old[i]), "an AVX2 CPU runs OpenBLAS's %s kernels", name);
+	ck_assert_msg(strstr(fz_blas_name(b), name), "%s does not name %s", fz_blas_name(b), name);
+	dlclose(dl);
+	fz_blas_close(b);
+#endif
+}
+END_TEST
+
+/* ---- strided copies ---------------------------------------------------------------- */
+
+/* The CPU target's copy of a view whose innermost dim is strided goes by
+ * tiles across the pool (cpu.c); it must give the bytes of the plain
+ * gather for transposes of every element size, extents that are not
+ * multiples of the tile, an offset, outer dims on either side, small
+ * copies on the calling thread and large ones on the pool. */
+START_TEST(copy_transposes)
+{
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.threads = 3;
+	const fz_target *tg = fz_target_find("cpu");
+	fz_device *dev = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(tg->open(&o, &dev, &err), FZ_OK);
+	static const struct {
+		int rank;
+		int64_t shape[4], strides[4], offset;
+	} cases[] = {
+		{2, {45, 70}, {1, 45}, 0},               /* a transpose */
+		{2, {300, 300}, {1, 301}, 7},            /* on the pool, padded rows */
+		{3, {3, 50, 40}, {2000, 1, 50}, 0},      /* batched: last two swapped */
+		{3, {40, 3, 33}, {1, 40 * 33, 40}, 5},   /* the contiguous dim outermost */
+		{4, {2, 64, 5, 37}, {64 * 5 * 37, 1, 64 * 37, 64}, 0},
+		{2, {1, 500}, {1, 1}, 0},                /* contiguous: the plain path */
+		{2, {33, 31}, {31, 1}, 0},
+		{2, {600, 1}, {1, 600}, 0},
+	};
+	static const size_t sizes[] = {1, 2, 4, 8, 3};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+		for (size_t e = 0; e < sizeof sizes / sizeof sizes[0]; e++) {
+			size_t es = sizes[e];
+			fz_layout lay = {.rank = cases[c].rank, .offset = cases[c].offset};
+			int64_t n = 1, span = cases[c].offset + 1;
+			for (int d = 0; d < lay.rank; d++) {
+				lay.shape[d] = cases[c].shape[d];
+				lay.strides[d] = cases[c].strides[d];
+				n *= lay.shape[d];
+				span += (lay.shape[d] - 1) * lay.strides[d];
+			}
+			unsigned char *src = malloc((size_t)span * es);
+			unsigned char *want = malloc((size_t)n * es), *got = malloc((size_t)n * es);
+			for (int64_t i = 0; i < span * (int64_t)es; i++)
+				src[i] = (unsigned char)(i * 131 + i / 251);
+			fz_layout_gather(want, src, es, &lay);
+			memset(got, 0xa5, (size_t)n * es);
+			ck_assert_int_eq(tg->copy(dev, got, src, es, &lay, NULL, &err), FZ_OK);
+			ck_assert_msg(!memcmp(got, want, (size_t)n * es),
+				      "case %zu, %zu-byte elements: not the gather's bytes", c, es);
+			free(src);
+			free(want);
+			free(got);
+		}
+	tg->close(dev);
+}
+END_TEST
+
 /* ---- the stash of a row pass ------------------------------------------------------ */
 
 /* A caller may run a kernel in place, its output over its input. Softmax's
@@ -686,6 +784,9 @@ static Suite *cpu_suite(void)
 	tcase_add_loop_test(tc, kernels_in_parts, 0,
 			    (int)(sizeof part_traces / sizeof part_traces[0]));
 	suite_add_tcase(s, tc);
+	tc = tcase_create("copy");
+	tcase_add_test(tc, copy_transposes);
+	suite_add_tcase(s, tc);
 	tc = tcase_create("stash");
 	tcase_add_loop_test(tc, rows_stash_in_place, 0,
 			    (int)(sizeof stash_traces / sizeof stash_traces[0]));
@@ -696,6 +797,7 @@ static Suite *cpu_suite(void)
 	tcase_add_test(tc, matmul_strided_operands);
 	tcase_add_test(tc, matmul_loop);
 	tcase_add_test(tc, matmul_bad_library);
+	tcase_add_test(tc, matmul_blas_kernels);
 	suite_add_tcase(s, tc);
 	return s;
 }

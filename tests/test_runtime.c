@@ -75,6 +75,83 @@ START_TEST(outputs_in_place)
 }
 END_TEST
 
+/* An output that is a reshape of a product's result has the product
+ * written into the caller's buffer (no copy step at the end); a second
+ * view of the same result is copied from there, a transposed one is
+ * gathered; all three right. With FUSEC_PROFILE=1 every step is timed:
+ * fz_exec_profile lists them with the runs and the product's flops, and
+ * its reset zeroes the sums. */
+static const char *view_out_src =
+	"trace t(a: f32[8, 16], b: f32[16, 12]) {\n"
+	"  y = matmul(a, b)\n"
+	"  r = reshape(y, shape=[96])\n"
+	"  s = reshape(y, shape=[4, 24])\n"
+	"  z = mul(y, 2.0)\n"
+	"  u = permute(z, dims=[1, 0])\n"
+	"  return r, s, u\n"
+	"}\n";
+
+START_TEST(outputs_views_in_place)
+{
+	fz_module *m = parse(view_out_src);
+	setenv("FUSEC_PROFILE", "1", 1);
+	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
+	unsetenv("FUSEC_PROFILE");
+	float a[8 * 16], b[16 * 12], r[96], sv[96], u[96], want[96];
+	for (int i = 0; i < 8 * 16; i++)
+		a[i] = (float)(i % 7) - 3.0f;
+	for (int i = 0; i < 16 * 12; i++)
+		b[i] = (float)(i % 5) * 0.5f;
+	for (int i = 0; i < 8; i++)
+		for (int j = 0; j < 12; j++) {
+			float acc = 0;
+			for (int k = 0; k < 16; k++)
+				acc += a[i * 16 + k] * b[k * 12 + j];
+			want[i * 12 + j] = acc;
+		}
+	fz_tensor in[2] = {{.data = a, .dtype = FZ_F32, .rank = 2, .shape = {8, 16},
+			    .strides = {16, 1}},
+			   {.data = b, .dtype = FZ_F32, .rank = 2, .shape = {16, 12},
+			    .strides = {12, 1}}};
+	fz_tensor out[3] = {vec(r, 96, 1),
+			    {.data = sv, .dtype = FZ_F32, .rank = 2, .shape = {4, 24},
+			     .strides = {24, 1}},
+			    {.data = u, .dtype = FZ_F32, .rank = 2, .shape = {12, 8},
+			     .strides = {8, 1}}};
+	char *err = NULL;
+	for (int run = 0; run < 2; run++) {
+		memset(r, 0, sizeof r);
+		ck_assert_msg(fz_exec_run(x, NULL, in, 2, out, 3, NULL, &err) == FZ_OK,
+			      "run: %s", err ? err : "?");
+		for (int i = 0; i < 96; i++) {
+			ck_assert_float_eq(r[i], want[i]);
+			ck_assert_float_eq(sv[i], want[i]);
+			ck_assert_float_eq(u[(i % 12) * 8 + i / 12], 2.0f * want[i]);
+		}
+	}
+	/* the product, the kernel, s's copy and u's gather: no copy for r */
+	ck_assert_int_eq(fz_exec_stats_of(x)->steps, 4);
+	char *prof = NULL;
+	ck_assert_int_eq(fz_exec_profile(x, 1, &prof), FZ_OK);
+	ck_assert_msg(strstr(prof, "\tmatmul\t2\t") && strstr(prof, "\t3072\tf32 8x16x12"),
+		      "%s", prof);
+	ck_assert_msg(strstr(prof, "\tcopy\t2\t"), "%s", prof);
+	fz_free(prof);
+	ck_assert_int_eq(fz_exec_profile(x, 0, &prof), FZ_OK);
+	ck_assert_msg(strstr(prof, "\tmatmul\t0\t0.000000000\t"), "%s", prof);
+	fz_free(prof);
+	fz_exec_free(x);
+	/* without FUSEC_PROFILE: the header alone */
+	x = prepare(fz_module_trace(m, 0), 8);
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, out, 3, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_profile(x, 0, &prof), FZ_OK);
+	ck_assert_str_eq(prof, "region\tkind\truns\tseconds\tflop\twhat\n");
+	fz_free(prof);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 /* A strided input and a misaligned one are read right (copied to
  * staging), and the plan is the same one. */
 START_TEST(strided_and_misaligned_inputs)
@@ -334,6 +411,7 @@ static Suite *runtime_suite(void)
 	Suite *s = suite_create("runtime");
 	TCase *c = tcase_create("prepared");
 	tcase_add_test(c, outputs_in_place);
+	tcase_add_test(c, outputs_views_in_place);
 	tcase_add_test(c, strided_and_misaligned_inputs);
 	tcase_add_test(c, plan_lru);
 	tcase_add_test(c, outputs_that_alias);

@@ -325,6 +325,65 @@ class TestTrain(TestCase):
                           options={"devcie": "cpu"})(torch.randn(2, 8))
 
 
+class TestExportCache(TestCase):
+    def test_warm_start_reads_the_texts(self):
+        """A second compile of the same model (Dynamo reset, the counters
+        reset: what a new process sees) reads each part's trace text from
+        <cache dir>/torch-export/ instead of writing it, and trains the
+        same; another batch size is another key, written anew."""
+        cache = tempfile.mkdtemp(prefix="fusec-export-")
+        opts = dict(OPTIONS, cache_dir=cache)
+        torch.manual_seed(3)
+        ref = MLP()
+        x, y = torch.randn(6, 8), torch.randn(6, 4)
+
+        def run(batch_x, batch_y):
+            model = copy.deepcopy(ref)
+            torch._dynamo.reset()
+            ft.stats(reset=True)
+            m = torch.compile(model, backend=ft.backend, options=opts)
+            losses = train(m, lambda s, k: mlp_batch(batch_x, batch_y), 2)
+            return losses, ft.stats()
+        cold, st = run(x, y)
+        self.assertEqual(st["export_hits"], 0)
+        self.assertGreaterEqual(st["parts"], 2)
+        kept = os.listdir(os.path.join(cache, "torch-export"))
+        self.assertEqual(len(kept), st["parts"])
+        warm, st2 = run(x, y)
+        self.assertEqual(st2["export_hits"], st2["parts"])
+        self.assertEqual(warm, cold)
+        other, st3 = run(torch.randn(5, 8), torch.randn(5, 4))
+        self.assertEqual(st3["export_hits"], 0)
+        self.assertEqual(len(os.listdir(os.path.join(cache, "torch-export"))),
+                         len(kept) + st3["parts"])
+
+    def test_warm_start_keeps_the_seed_input(self):
+        """A text read back that draws random numbers still gets its seed
+        input each call (the kept file says the part is seeded): dropout
+        from a warm export cache runs in fusec, no part falls back, and
+        torch.manual_seed repeats the cold run's losses."""
+        cache = tempfile.mkdtemp(prefix="fusec-export-")
+        opts = dict(OPTIONS, cache_dir=cache)
+        torch.manual_seed(3)
+        ref = MLP(p=0.5)
+        x, y = torch.randn(6, 8), torch.randn(6, 4)
+
+        def run():
+            model = copy.deepcopy(ref)
+            torch._dynamo.reset()
+            ft.stats(reset=True)
+            m = torch.compile(model, backend=ft.backend, options=opts)
+            torch.manual_seed(11)
+            losses = train(m, lambda s, k: mlp_batch(x, y), 2)
+            return losses, ft.stats()
+        cold, st = run()
+        self.assertEqual((st["export_hits"], st["fallback_parts"]), (0, 0))
+        warm, st2 = run()
+        self.assertEqual(st2["export_hits"], st2["parts"])
+        self.assertEqual(st2["fallback_parts"], 0, str(ft.explain()))
+        self.assertEqual(warm, cold)
+
+
 class TestEntryPoint(unittest.TestCase):
     def test_registered_as_fusec(self):
         """`pip install .` registers backend="fusec" (torch_dynamo_backends

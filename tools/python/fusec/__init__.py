@@ -298,6 +298,26 @@ class Program:
             self._lib.fz_module_free(mod)
             self._mod = None
 
+    def profile(self, reset=False):
+        """Where this program's runs spent their time, when FUSEC_PROFILE=1
+        was in the environment as it was made (else no steps): {"runs": n,
+        "steps": [{"region", "kind" (kernel, matmul, copy, collective,
+        wait), "s" (seconds over the runs), "flop" (per run), "what"}]};
+        reset=True zeroes the sums after reading them."""
+        if self._x is None:
+            return {"runs": 0, "steps": []}
+        out = ctypes.c_void_p()
+        _check(self._lib, self._lib.fz_exec_profile(
+            self._x, int(bool(reset)), ctypes.byref(out)), None, "profile")
+        rows = _lib.take_string(self._lib, out.value).splitlines()[1:]
+        steps, runs = [], 0
+        for line in rows:
+            region, kind, n, sec, flop, what = line.split("\t", 5)
+            runs = max(runs, int(n))
+            steps.append({"region": int(region), "kind": kind, "s": float(sec),
+                          "flop": float(flop) * int(n), "what": what})
+        return {"runs": runs, "steps": steps}
+
     @property
     def op_count(self):
         """Primitive ops of the trace, after lowering of composites."""

@@ -124,6 +124,7 @@ def _declare(lib):
         "fz_exec_sync": (S, [P, P, P]),
         "fz_exec_free": (None, [P]),
         "fz_exec_device": (ctypes.c_char_p, [P]),
+        "fz_exec_profile": (S, [P, ctypes.c_int, P]),
         "fz_nccl_unique_id": (S, [ctypes.c_char_p, P]),
     }
     missing = []

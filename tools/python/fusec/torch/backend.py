@@ -140,7 +140,8 @@ def stats(reset=False):
     programs (fusec programs prepared), kernel_compiles (kernels this
     process compiled, found in neither cache), fallback_nodes (nodes left
     to PyTorch), fallback_parts (parts fusec could not prepare or run),
-    runs (program runs)."""
+    runs (program runs), export_hits (parts whose trace text was read
+    from the export cache rather than written)."""
     out = dict(COUNTERS)
     builds = kernel_builds()
     out["kernel_compiles"] = builds - _BUILDS_AT_RESET[0]
