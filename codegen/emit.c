@@ -1538,6 +1538,13 @@ void cg_function_begin(cg *g, const char *name)
 		fty = LLVMFunctionType(t_void(g), ps, g->o.target == FZ_CG_EMU ? 4 : 5, 0);
 	}
 	g->fn = LLVMAddFunction(g->mod, name, fty);
+	/* zmm for the skeletons' lanes (target_host.c); attention's host
+	 * kernels pick their own widths */
+	if (g->o.target == FZ_CG_HOST && g->c->vector_bytes == 64 &&
+	    g->r->kind != FZ_REGION_ATTENTION)
+		LLVMAddAttributeAtIndex(g->fn, LLVMAttributeFunctionIndex,
+					LLVMCreateStringAttribute(g->ctx, "prefer-vector-width", 19,
+								  "512", 3));
 	g->entry = block(g, "entry");
 	LLVMBasicBlockRef body = block(g, "start");
 	at_end(g, g->entry);

@@ -19,8 +19,9 @@
  * along the innermost dim. A buffer that is not 16-byte aligned gets the
  * variant compiled with vectorization off (the launcher checks; see
  * runtime/cpu.c). On the host, L is the machine's vector register over the
- * widest element (32 bytes with AVX: 8 f32 lanes), halved until it divides
- * the innermost extent, and the grid is the parts of a launch (fz_host_fn):
+ * widest element (64 bytes with AVX-512: 16 f32 lanes, 32 with AVX2: 8),
+ * at most FZ_VW_MAX (16: a bf16 kernel computes one register of f32),
+ * halved until it divides the innermost extent, and the grid is the parts of a launch (fz_host_fn):
  * each part runs a contiguous chunk of the lane groups as a plain loop,
  * which the SLP vectorizer turns into vector instructions. The index type is i32 when the launcher knows every extent and
  * offset fits (fz_cg_options.idx32, a separate specialization).
@@ -69,7 +70,8 @@ int cg_lanes_for(cg *g)
 		if (lane_width(g, g->r->out[i]->type.dtype) > w)
 			w = lane_width(g, g->r->out[i]->type.dtype);
 	int l = (int)((size_t)cg_vector_bytes(g) / w);
-	return l > FZ_VW_MAX ? FZ_VW_MAX : l < 1 ? 1 : l;
+	int max = g->o.target == FZ_CG_HOST ? FZ_VW_MAX : FZ_VW_GPU;
+	return l > max ? max : l < 1 ? 1 : l;
 }
 
 int cg_lanes_fit(cg *g, int L, fz_ext inner)

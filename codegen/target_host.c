@@ -69,10 +69,19 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 		return FZ_EUNSUPPORTED;
 	}
 	char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
-	/* 256-bit integer and float vectors (AVX2): lane groups of 32 bytes,
-	 * so bf16 data widens to a full register of f32 (the host CPU name is
-	 * in the cache key, so an object never meets another machine) */
-	c->vector_bytes = feat && strstr(feat, "+avx2") ? 32 : 16;
+	/* 512-bit vectors (AVX-512 F, BW, VL, DQ): lane groups of 64 bytes,
+	 * 16 f32 lanes, and the skeletons' functions say
+	 * prefer-vector-width=512 (emit.c), since LLVM's tuning for these CPUs
+	 * would split every vector in two 256-bit halves: a bf16 pointwise
+	 * kernel is bound by its vector instructions on two cores, not by
+	 * memory (swiglu bf16 4096^2: 58 instructions per 8 elements in ymm,
+	 * 59 per 16 in zmm; llvm-mca for Sapphire Rapids 3.7 and 2.4 cycles
+	 * an element; 1.5x the speed at one thread, measured). Else 256-bit (AVX2): 32 bytes, so bf16
+	 * data widens to a full register of f32. The host CPU name is in the
+	 * cache key, so an object never meets another machine. */
+	c->vector_bytes = feat && strstr(feat, "+avx512f") && strstr(feat, "+avx512bw") &&
+			  strstr(feat, "+avx512vl") && strstr(feat, "+avx512dq") ? 64 :
+			  feat && strstr(feat, "+avx2") ? 32 : 16;
 	c->tm = LLVMCreateTargetMachine(target, c->triple, cpu, feat,
 					LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 					LLVMCodeModelJITDefault);

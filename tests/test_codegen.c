@@ -1046,6 +1046,60 @@ START_TEST(rows_chain_linear)
 }
 END_TEST
 
+static fz_status max_vec(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	int *v = ud;
+	if (k->vec > *v)
+		*v = k->vec;
+	return FZ_OK;
+}
+
+/* Lanes per thread of a pointwise kernel over [B, 64] elements. */
+static int lanes_of(const char *dtype, const char *target)
+{
+	char src[200];
+	snprintf(src, sizeof src, "trace f(x: %s[B, 64], y: %s[B, 64]) {\n"
+		 "  r = add(x, y)\n  return r\n}\n", dtype, dtype);
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse(target, &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	int vec = 0;
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
+					  max_vec, &vec, NULL), FZ_OK);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	return vec;
+}
+
+/* A GPU thread's lanes are 16 bytes and at most FZ_VW_GPU (a u8 kernel
+ * keeps 8); the host's fill its widest register: with AVX-512, 16 f32
+ * (and 16 bf16 lanes, one register of f32 when they compute). */
+START_TEST(lanes_by_target)
+{
+	const char *gpu[] = {"sm_90", "emu"};
+	for (int t = 0; t < 2; t++) {
+		ck_assert_int_eq(lanes_of("f32", gpu[t]), 4);
+		ck_assert_int_eq(lanes_of("bf16", gpu[t]), 8);
+		ck_assert_int_eq(lanes_of("u8", gpu[t]), FZ_VW_GPU);
+	}
+	int f = lanes_of("f32", "host"), h = lanes_of("bf16", "host");
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+		ck_assert_int_eq(f, 16);
+		ck_assert_int_eq(h, 16);
+	} else {
+		ck_assert_int_le(f * 4, 32);
+		ck_assert_int_ge(f, 4);
+	}
+}
+END_TEST
+
 START_TEST(launch_dims_properties)
 {
 	static const int64_t binds[][2] = {{1, 1}, {3, 17}, {17, 3}, {1, 1000},
@@ -1113,6 +1167,7 @@ static Suite *codegen_suite(void)
 	suite_add_tcase(s, ix);
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
+	tcase_add_test(px, lanes_by_target);
 	tcase_add_test(px, ptx_targets_and_errors);
 	tcase_add_test(px, ptx_pow_square);
 	tcase_add_test(px, ptx_row_in_registers);

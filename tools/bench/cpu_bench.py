@@ -47,6 +47,15 @@ freed before: the same allocation costs 1 ms in one round and 13 ms in the
 next. That cost is in eager, compile and fusec alike but does not cancel in
 their ratios; `run` writes into buffers it keeps, so it shows the kernels.
 
+Page faults. Each way's median minor page faults per call (<way>_faults)
+and, per case, how the kernel's counters of huge-page faults and direct
+compaction moved over the timed rounds (vmstat_delta): fusec advises the
+outputs it is handed to use transparent huge pages (runtime/cpu.c), 512
+times fewer faults, but where the system's THP defrag setting is
+"madvise" and free memory is fragmented, such a fault may wait for the
+kernel to compact memory (compact_stall counts those waits), which can
+cost more than the faults it saves. <way>_min_us is the fastest round.
+
 CPU time. At --threads 1 every way but `run` computes in the calling
 thread, so each case also gets <way>_cpu_us, the median of that thread's CPU
 time per call (time.thread_time): on a shared machine the wall time counts
@@ -68,6 +77,7 @@ import json
 import math
 import os
 import platform
+import resource
 import socket
 import statistics
 import subprocess
@@ -389,10 +399,23 @@ def _timed(f, args):
 
 
 def _timed_cpu(f, args):
-    """Wall seconds and the calling thread's CPU seconds of one call."""
+    """Wall seconds, the calling thread's CPU seconds and the process's
+    minor page faults of one call."""
+    m0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c0, t0 = time.thread_time(), time.perf_counter()
     out = f(*args)
-    return time.perf_counter() - t0, time.thread_time() - c0, out
+    dt, ct = time.perf_counter() - t0, time.thread_time() - c0
+    return dt, ct, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - m0, out
+
+
+def _vmstat(keys=("compact_stall", "thp_fault_alloc", "thp_fault_fallback")):
+    """The kernel's counters of huge-page faults and of direct compaction
+    (a fault that waits for the kernel to make a huge page), or {}."""
+    try:
+        with open("/proc/vmstat") as f:
+            return {k: int(v) for k, v in (line.split() for line in f) if k in keys}
+    except (OSError, ValueError):
+        return {}
 
 
 def fusec_run_iters(fusec_bin, text, iters, env):
@@ -448,17 +471,25 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0):
             f(*(fargs if k == "fusec" else args))
     times = {k: [] for k in runners}
     cpu = {k: [] for k in runners}
+    faults = {k: [] for k in runners}
+    vm0 = _vmstat()
     for _ in range(rounds):
         for k, f in runners.items():
-            dt, ct, _ = _timed_cpu(f, fargs if k == "fusec" else args)
+            dt, ct, fl, _ = _timed_cpu(f, fargs if k == "fusec" else args)
             times[k].append(dt)
             cpu[k].append(ct)
+            faults[k].append(fl)
+    vm1 = _vmstat()
     for k, ts in times.items():
         med = statistics.median(ts)
         res[k + "_us"] = med * 1e6
         res[k + "_GBps"] = res["bytes"] / med / 1e9
+        res[k + "_min_us"] = min(ts) * 1e6
+        res[k + "_faults"] = statistics.median(faults[k])
         if threads == 1:
             res[k + "_cpu_us"] = statistics.median(cpu[k]) * 1e6
+    # during the timed rounds, all ways together
+    res["vmstat_delta"] = {k: vm1[k] - vm0[k] for k in vm1 if k in vm0}
     if "run" in ways:
         spi, why = fusec_run_iters(fusec_bin, text, rounds, env)
         if spi is not None:
