@@ -810,6 +810,8 @@ static void quad_axpy(gk *G, V acc, V f, const cg_tile *t, V st, V r, int n)
 	}
 }
 
+#define DQ_KEYS 2 /* keys per cg_attn_scores in the dq pass (4: 255 registers at D = 128) */
+
 static void kernel_dq_f32(gk *G)
 {
 	cg *g = G->g;
@@ -837,19 +839,21 @@ static void kernel_dq_f32(gk *G)
 	V st = walk_begin(G, &Wk, &K);
 	walk_ready(G, &Wk);
 	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
-	for (int j = 0; j < BC; j += 8) {
-		V s[8], dp[8], lg[8], dl[8];
-		for (int e = 0; e < 8; e++) {
-			s[e] = quad_dot(G, Q, &tk, st, c_i32(g, j + e), D);
-			dp[e] = quad_dot(G, dO, &tv, st, c_i32(g, j + e), DV);
-		}
-		cg_attn_scores(g, A, b, h, ic, cg_ix_of(add(g, j0, ci(g, j)), 8), 8, s, lg, dl);
-		for (int e = 0; e < 8; e++) {
-			V p, ds;
-			grad_elem(g, lg[e], dl[e], lse, dp[e], di, NULL, &p, &ds);
-			quad_axpy(G, dQ, ds, &tk, st, c_i32(g, j + e), D);
-		}
+	cg_loop J; /* a loop, not unrolled: registers for DQ_KEYS keys at a time */
+	cg_loop_begin(g, &J, ci(g, 0), ci(g, BC), ci(g, DQ_KEYS));
+	V j = i32(g, J.iv);
+	V s[DQ_KEYS], dp[DQ_KEYS], lg[DQ_KEYS], dl[DQ_KEYS];
+	for (int e = 0; e < DQ_KEYS; e++) {
+		s[e] = quad_dot(G, Q, &tk, st, add(g, j, c_i32(g, e)), D);
+		dp[e] = quad_dot(G, dO, &tv, st, add(g, j, c_i32(g, e)), DV);
 	}
+	cg_attn_scores(g, A, b, h, ic, cg_ix_of(add(g, j0, J.iv), DQ_KEYS), DQ_KEYS, s, lg, dl);
+	for (int e = 0; e < DQ_KEYS; e++) {
+		V p, ds;
+		grad_elem(g, lg[e], dl[e], lse, dp[e], di, NULL, &p, &ds);
+		quad_axpy(G, dQ, ds, &tk, st, add(g, j, c_i32(g, e)), D);
+	}
+	cg_loop_end(g, &J);
 	walk_end(G, &K);
 	LLVMBasicBlockRef jr = when(g, icmp(g, LLVMIntULT, i, Tq));
 	store_chunks(G, g->r->n_in + A->out_dq, add(g, mul(g, bh, Tq), i), D, dQ);
@@ -911,20 +915,24 @@ static void kernel_dkv_f32(gk *G)
 		end_when(g, jw);
 	}
 	walk_ready(G, &Wq);
-	for (int q = 0; q < BQ; q++) {
-		V s = quad_dot(G, Kr, &tq, st, c_i32(g, q), D);
-		V dp = quad_dot(G, Vr, &tdo, st, c_i32(g, q), DV);
-		V i = add(g, i0, ci(g, q));
+	cg_loop R; /* the block's query rows, a loop (registers for one row) */
+	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
+	{
+		V q = i32(g, R.iv), qo = shl(g, q, c_i32(g, 2));
+		V s = quad_dot(G, Kr, &tq, st, q, D);
+		V dp = quad_dot(G, Vr, &tdo, st, q, DV);
+		V i = add(g, i0, R.iv);
 		V past = icmp(g, LLVMIntUGE, i, Tq);
 		V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
 		V lg, dl, p, ds;
 		cg_attn_scores(g, A, b, h, ic, cg_ix_of(jc, 1), 1, &s, &lg, &dl);
-		V lse = load(g, t_f32(g), cg_tile_ptr(g, c_i32(g, o_lse + 4 * q), 4, false), 4);
-		V di = load(g, t_f32(g), cg_tile_ptr(g, c_i32(g, o_di + 4 * q), 4, false), 4);
+		V lse = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, false), 4);
+		V di = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, false), 4);
 		grad_elem(g, lg, dl, lse, dp, di, past, &p, &ds);
-		quad_axpy(G, dV, p, &tdo, st, c_i32(g, q), DV);
-		quad_axpy(G, dK, ds, &tq, st, c_i32(g, q), D);
+		quad_axpy(G, dV, p, &tdo, st, q, DV);
+		quad_axpy(G, dK, ds, &tq, st, q, D);
 	}
+	cg_loop_end(g, &R);
 	walk_end(G, &N);
 	LLVMBasicBlockRef jr = when(g, icmp(g, LLVMIntULT, j, Tk));
 	V orow = add(g, mul(g, bk, Tk), j);
