@@ -7,8 +7,10 @@
  * block's 64: query rows in the forward and the dq pass, key rows in the
  * dk/dv pass. Operands are bf16 or f16; the products run on mma.sync
  * m16n8k16 with f32 accumulators (mma.c); tiles come from global memory by
- * cp.async into tile memory (48 KiB of static shared memory), two stages
- * where they fit, and into the warps' registers by ldmatrix.
+ * cp.async into tile memory (48 KiB of static shared memory, or where the
+ * blocks need more, up to 99 KiB of dynamic shared memory: the backward
+ * at head dims over 128), two stages where they fit, and into the warps'
+ * registers by ldmatrix.
  *
  * Forward, for one block of 64 query rows i0 .. and each block of BC keys
  * j0 .. its rows may see (cg_attn_key_range: causal and window blocks are
@@ -26,7 +28,7 @@
  *
  * then o = O / l (l summed over the quad at the end) and lse = m + log l,
  * a row that saw no key giving o = 0 and lse = -inf. The block sizes come
- * from the head dims and the 48 KiB: BC = 64 keys with two stages where Q
+ * from the head dims and the 48 KiB (else 99 KiB): BC = 64 keys with two stages where Q
  * (64 x D) and two stages of K and V fit, else 32, else 16, else one stage
  * (plan_fwd).
  *
@@ -39,10 +41,11 @@
  * rowsum(dO o) is computed where it is needed (per row by the quad in the
  * dq pass, into tile memory per block of queries in the dk/dv pass).
  *
- * f32 and f64 regions are not taken here (FZ_EUNSUPPORTED; the tensor
- * cores' f32 path would be tf32, which the f64 oracle's tolerance does not
- * allow), nor head dims that are not multiples of 16 or whose tiles do not
- * fit the 48 KiB.
+ * f32 runs on plain FMA instead (the tensor cores' f32 path would be
+ * tf32, 10 bits of mantissa, which the f64 oracle's f32 tolerance does not
+ * allow): the forward, dq and dk/dv passes below, 32 rows a block and a
+ * quad of lanes per row. f64 regions are not taken here (FZ_EUNSUPPORTED),
+ * nor head dims that are not multiples of 16 or over 256.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,7 +56,6 @@
 #include "llvm.h"
 
 #define BR 64          /* rows of a block: 4 warps x 16 */
-#define SMEM (48 * 1024)
 
 typedef struct gk {
 	cg *g;
@@ -82,16 +84,20 @@ static V get(cg *g, V a, int i) { return load(g, t_f32(g), gep(g, t_f32(g), a, c
 static void put(cg *g, V a, int i, V x) { store(g, x, gep(g, t_f32(g), a, c_i32(g, i)), 4); }
 
 /* The tile plan: BC and stages for tiles of `fixed` bytes plus `per_row`
- * bytes per row of the walked block (per stage); 0 when nothing fits. */
+ * bytes per row of the walked block (per stage), in static shared memory
+ * where some plan fits it, else in dynamic shared memory (mma.c); 0 when
+ * nothing fits. */
 static int plan(int fixed, int per_row, int *bc, int *stages)
 {
 	static const int opts[][2] = {{64, 2}, {32, 2}, {64, 1}, {32, 1}, {16, 2}, {16, 1}};
-	for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
-		if (fixed + opts[i][0] * per_row * opts[i][1] <= SMEM) {
-			*bc = opts[i][0];
-			*stages = opts[i][1];
-			return 1;
-		}
+	static const int limits[2] = {FZ_TILE_STATIC_MAX, FZ_TILE_DYN_MAX};
+	for (int l = 0; l < 2; l++)
+		for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+			if (fixed + opts[i][0] * per_row * opts[i][1] <= limits[l]) {
+				*bc = opts[i][0];
+				*stages = opts[i][1];
+				return 1;
+			}
 	return 0;
 }
 
@@ -1011,7 +1017,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	if (!ok) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "attention's tiles at head dims %lld "
 			"and %lld do not fit %d bytes of shared memory", (long long)A->d,
-			(long long)A->dv, SMEM);
+			(long long)A->dv, FZ_TILE_DYN_MAX);
 		return;
 	}
 	k->work[0][1] = w;
