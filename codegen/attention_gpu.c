@@ -611,6 +611,62 @@ static V row_di(gk *G, V row, V part, int parts)
 	return acc;
 }
 
+/* The loop over the blocks of br keys of every (batch, kv head): the
+ * block's kv head bk (flattened), b and hk, its keys [j0, j1). */
+static void key_blocks(gk *G, cg_loop *W, int br, V *bk, V *b, V *hk, V *j0, V *j1)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	V hkv = cg_ext(g, A->hkv), Tk = cg_ext(g, A->tk);
+	V nkb = udiv(g, add(g, Tk, ci(g, br - 1)), ci(g, br));
+	tile_loop(g, W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
+	*bk = udiv(g, W->iv, nkb);
+	*j0 = mul(g, urem(g, W->iv, nkb), ci(g, br));
+	*b = udiv(g, *bk, hkv);
+	*hk = urem(g, *bk, hkv);
+	*j1 = umin(g, add(g, *j0, ci(g, br)), Tk);
+}
+
+/* The dk/dv passes' walk: the query blocks of bq rows of the group's
+ * heads (of kv head hk of batch b) that see keys [j0, j1). */
+static walk query_walk(gk *G, const cg_tile *tq, const cg_tile *tdo, fz_dtype dt, V b, V hk,
+		       V j0, V j1)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	walk Wq = {{tq, tdo}, {G->sq, G->sdo}, {G->D, G->DV}, dt, NULL, NULL, cg_ext(g, A->tq),
+		   G->bc, G->stages, NULL,
+		   add(g, mul(g, b, cg_ext(g, A->hq)), mul(g, hk, ci(g, A->group))), NULL};
+	V qlo, qhi, nqb;
+	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
+	blocks_of(g, qlo, qhi, G->bc, &Wq.first, &nqb);
+	Wq.per = nqb;
+	Wq.n = mul(g, nqb, ci(g, A->group));
+	return Wq;
+}
+
+/* lse and di of the bq query rows i0 .. of flattened head bh into tile
+ * memory at o_lse and o_di (4 bytes a row), FZ_TILE_BLOCK / bq threads a
+ * row. */
+static void stage_lse_di(gk *G, V i0, V bh, int bq, int o_lse, int o_di)
+{
+	cg *g = G->g;
+	V Tq = cg_ext(g, G->A->tq);
+	int parts = FZ_TILE_BLOCK / bq;
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
+	V part = and_(g, tid, c_i32(g, parts - 1));
+	V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
+	V row = add(g, mul(g, bh, Tq), i);
+	V di = row_di(G, row, part, parts);
+	LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
+	V qo = shl(g, q, c_i32(g, 2));
+	store(g, get_global(g, G->slse, FZ_F32, row),
+	      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
+	store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
+	end_when(g, j);
+}
+
 static void kernel_dq(gk *G)
 {
 	cg *g = G->g;
@@ -689,50 +745,24 @@ static void kernel_dkv(gk *G)
 	cg_tile tq = cg_tile_make(&next, BQ, D, ST), tdo = cg_tile_make(&next, BQ, DV, ST);
 	int o_lse = next, o_di = next + BQ * 4;
 	cg_tile_alloc(g, next + BQ * 8);
-	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv);
-	V Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nkb = udiv(g, add(g, Tk, ci(g, BR - 1)), ci(g, BR));
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
 	V S = slots(g, BQ / 2), dP = slots(g, BQ / 2), dK = slots(g, D / 2), dV = slots(g, DV / 2);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
-	V bk = udiv(g, W.iv, nkb), j0 = mul(g, urem(g, W.iv, nkb), ci(g, BR));
-	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
-	V j1 = umin(g, add(g, j0, ci(g, BR)), Tk);
+	V bk, b, hk, j0, j1;
+	key_blocks(G, &W, BR, &bk, &b, &hk, &j0, &j1);
 	V kbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, D));
 	V vbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, DV));
 	cg_tile_fetch(g, &tk, NULL, G->sk, G->dt, kbase, ci(g, D), sub(g, Tk, j0), ci(g, D));
 	cg_tile_fetch(g, &tv, NULL, G->sv, G->dt, vbase, ci(g, DV), sub(g, Tk, j0), ci(g, DV));
-	/* the query blocks of the group's heads that see these keys */
-	walk Wq = {{&tq, &tdo}, {G->sq, G->sdo}, {D, DV}, G->dt, NULL, NULL, Tq, BQ, ST, NULL,
-		   add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), NULL};
-	V qlo, qhi, nqb;
-	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
-	blocks_of(g, qlo, qhi, BQ, &Wq.first, &nqb);
-	Wq.per = nqb;
-	Wq.n = mul(g, nqb, ci(g, A->group));
+	walk Wq = query_walk(G, &tq, &tdo, G->dt, b, hk, j0, j1);
 	fill(g, dK, D / 2, 0.0);
 	fill(g, dV, DV / 2, 0.0);
 	V r0 = mul(g, G->warp, c_i32(g, 16));
-	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
-	int parts = FZ_TILE_BLOCK / BQ;
 	cg_loop N;
 	V st = walk_begin(G, &Wq, &N), i0, grow;
 	walk_rows(G, &Wq, N.iv, &i0, &grow);
 	V bh = udiv(g, sub(g, grow, i0), Tq), h = urem(g, bh, hq);
-	/* lse and di of the block's query rows into tile memory */
-	{
-		V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
-		V part = and_(g, tid, c_i32(g, parts - 1));
-		V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
-		V row = add(g, mul(g, bh, Tq), i);
-		V di = row_di(G, row, part, parts);
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
-		V qo = shl(g, q, c_i32(g, 2));
-		store(g, get_global(g, G->slse, FZ_F32, row),
-		      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
-		store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
-		end_when(g, j);
-	}
+	stage_lse_di(G, i0, bh, BQ, o_lse, o_di);
 	walk_ready(G, &Wq);
 	fill(g, S, BQ / 2, 0.0);
 	fill(g, dP, BQ / 2, 0.0);
@@ -877,49 +907,25 @@ static void kernel_dkv_f32(gk *G)
 	cg_tile tq = cg_tile_make(&next, BQ, 2 * D, ST), tdo = cg_tile_make(&next, BQ, 2 * DV, ST);
 	int o_lse = next, o_di = next + BQ * 4;
 	cg_tile_alloc(g, next + BQ * 8);
-	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv);
-	V Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nkb = udiv(g, add(g, Tk, ci(g, BR32 - 1)), ci(g, BR32));
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
 	V Kr = slots(g, D / 4), Vr = slots(g, DV / 4), dK = slots(g, D / 4), dV = slots(g, DV / 4);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
-	V bk = udiv(g, W.iv, nkb), j0 = mul(g, urem(g, W.iv, nkb), ci(g, BR32));
-	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
-	V j1 = umin(g, add(g, j0, ci(g, BR32)), Tk);
+	V bk, b, hk, j0, j1;
+	key_blocks(G, &W, BR32, &bk, &b, &hk, &j0, &j1);
 	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
 	V j = add(g, j0, ix(g, lshr(g, tid, c_i32(g, 2))));
 	V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
 	V krow = add(g, mul(g, bk, Tk), jc);
 	row_chunks(G, G->sk, krow, D, Kr);
 	row_chunks(G, G->sv, krow, DV, Vr);
-	walk Wq = {{&tq, &tdo}, {G->sq, G->sdo}, {D, DV}, FZ_F32, NULL, NULL, Tq, BQ, ST, NULL,
-		   add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), NULL};
-	V qlo, qhi, nqb;
-	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
-	blocks_of(g, qlo, qhi, BQ, &Wq.first, &nqb);
-	Wq.per = nqb;
-	Wq.n = mul(g, nqb, ci(g, A->group));
+	walk Wq = query_walk(G, &tq, &tdo, FZ_F32, b, hk, j0, j1);
 	fill(g, dK, D / 4, 0.0);
 	fill(g, dV, DV / 4, 0.0);
-	int parts = FZ_TILE_BLOCK / BQ;
 	cg_loop N;
 	V st = walk_begin(G, &Wq, &N), i0, grow;
 	walk_rows(G, &Wq, N.iv, &i0, &grow);
 	V bh = udiv(g, sub(g, grow, i0), Tq), h = urem(g, bh, hq);
-	/* lse and di of the block's query rows into tile memory */
-	{
-		V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
-		V part = and_(g, tid, c_i32(g, parts - 1));
-		V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
-		V row = add(g, mul(g, bh, Tq), i);
-		V di = row_di(G, row, part, parts);
-		LLVMBasicBlockRef jw = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
-		V qo = shl(g, q, c_i32(g, 2));
-		store(g, get_global(g, G->slse, FZ_F32, row),
-		      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
-		store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
-		end_when(g, jw);
-	}
+	stage_lse_di(G, i0, bh, BQ, o_lse, o_di);
 	walk_ready(G, &Wq);
 	cg_loop R; /* the block's query rows, a loop (registers for one row) */
 	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
