@@ -113,6 +113,8 @@ static void meta_text(const fz_kernel *k, fz_buf *b)
 	for (int s = 0; s < k->n_syms; s++)
 		fz_buf_printf(b, " %d", k->syms[s]);
 	fz_buf_puts(b, "\n");
+	if (k->smem) /* a line only where a launch needs it */
+		fz_buf_printf(b, "smem %d\n", k->smem);
 	for (int e = 0; e < k->n_entries && e < 2; e++) {
 		fz_buf_printf(b, "work %d %d", e, k->n_work[e]);
 		for (int w = 0; w < k->n_work[e] && w < 8; w++)
@@ -151,6 +153,9 @@ fz_status fz_cache_meta_read(const fz_entry *e, fz_kernel *k)
 		} else if (sscanf(p, "par %d", &n) == 1) {
 			k->par = (fz_rowpar)n;
 		} else if (sscanf(p, "vec %d", &k->vec) == 1) {
+		} else if (sscanf(p, "smem %d", &k->smem) == 1) {
+			if (k->smem < 0 || k->smem > FZ_TILE_DYN_MAX)
+				return FZ_EINVAL;
 		} else if (sscanf(p, "in %d", &k->n_in) == 1) {
 			ok |= 4;
 		} else if (sscanf(p, "out %d", &k->n_out) == 1) {

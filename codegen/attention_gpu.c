@@ -7,8 +7,10 @@
  * block's 64: query rows in the forward and the dq pass, key rows in the
  * dk/dv pass. Operands are bf16 or f16; the products run on mma.sync
  * m16n8k16 with f32 accumulators (mma.c); tiles come from global memory by
- * cp.async into tile memory (48 KiB of static shared memory), two stages
- * where they fit, and into the warps' registers by ldmatrix.
+ * cp.async into tile memory (48 KiB of static shared memory, or where the
+ * blocks need more, up to 99 KiB of dynamic shared memory: the backward
+ * at head dims over 128), two stages where they fit, and into the warps'
+ * registers by ldmatrix.
  *
  * Forward, for one block of 64 query rows i0 .. and each block of BC keys
  * j0 .. its rows may see (cg_attn_key_range: causal and window blocks are
@@ -26,7 +28,7 @@
  *
  * then o = O / l (l summed over the quad at the end) and lse = m + log l,
  * a row that saw no key giving o = 0 and lse = -inf. The block sizes come
- * from the head dims and the 48 KiB: BC = 64 keys with two stages where Q
+ * from the head dims and the 48 KiB (else 99 KiB): BC = 64 keys with two stages where Q
  * (64 x D) and two stages of K and V fit, else 32, else 16, else one stage
  * (plan_fwd).
  *
@@ -39,10 +41,11 @@
  * rowsum(dO o) is computed where it is needed (per row by the quad in the
  * dq pass, into tile memory per block of queries in the dk/dv pass).
  *
- * f32 and f64 regions are not taken here (FZ_EUNSUPPORTED; the tensor
- * cores' f32 path would be tf32, which the f64 oracle's tolerance does not
- * allow), nor head dims that are not multiples of 16 or whose tiles do not
- * fit the 48 KiB.
+ * f32 runs on plain FMA instead (the tensor cores' f32 path would be
+ * tf32, 10 bits of mantissa, which the f64 oracle's f32 tolerance does not
+ * allow): the forward, dq and dk/dv passes below, 32 rows a block and a
+ * quad of lanes per row. f64 regions are not taken here (FZ_EUNSUPPORTED),
+ * nor head dims that are not multiples of 16 or over 256.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,7 +56,6 @@
 #include "llvm.h"
 
 #define BR 64          /* rows of a block: 4 warps x 16 */
-#define SMEM (48 * 1024)
 
 typedef struct gk {
 	cg *g;
@@ -82,16 +84,20 @@ static V get(cg *g, V a, int i) { return load(g, t_f32(g), gep(g, t_f32(g), a, c
 static void put(cg *g, V a, int i, V x) { store(g, x, gep(g, t_f32(g), a, c_i32(g, i)), 4); }
 
 /* The tile plan: BC and stages for tiles of `fixed` bytes plus `per_row`
- * bytes per row of the walked block (per stage); 0 when nothing fits. */
+ * bytes per row of the walked block (per stage), in static shared memory
+ * where some plan fits it, else in dynamic shared memory (mma.c); 0 when
+ * nothing fits. */
 static int plan(int fixed, int per_row, int *bc, int *stages)
 {
 	static const int opts[][2] = {{64, 2}, {32, 2}, {64, 1}, {32, 1}, {16, 2}, {16, 1}};
-	for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
-		if (fixed + opts[i][0] * per_row * opts[i][1] <= SMEM) {
-			*bc = opts[i][0];
-			*stages = opts[i][1];
-			return 1;
-		}
+	static const int limits[2] = {FZ_TILE_STATIC_MAX, FZ_TILE_DYN_MAX};
+	for (int l = 0; l < 2; l++)
+		for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+			if (fixed + opts[i][0] * per_row * opts[i][1] <= limits[l]) {
+				*bc = opts[i][0];
+				*stages = opts[i][1];
+				return 1;
+			}
 	return 0;
 }
 
@@ -100,6 +106,17 @@ static int row_bytes(int n)
 {
 	int ch = n / 8;
 	return (ch % 8 == 0 ? ch : ch | 1) * 16;
+}
+
+/* The f32 kernels' plan: tiles of f32 rows (D and DV wide, plus `extra`
+ * bytes per walked row), at most 32 rows a step (the scores, or the
+ * walked rows, are unrolled in registers). */
+static int plan_f32(int D, int DV, int extra, int *bc, int *stages)
+{
+	int ok = plan(0, row_bytes(2 * D) + row_bytes(2 * DV) + extra, bc, stages);
+	if (*bc > 32)
+		*bc = 32;
+	return ok;
 }
 
 /* acc[N/8][4] += A (this warp's 16 rows x K) B (K x N). A from tile ta
@@ -448,6 +465,28 @@ static void chunk4(cg *g, const cg_tile *t, V st, V r, V ch, V *x)
 		x[e] = extract(g, v, (unsigned)e);
 }
 
+/* x[m][e] (m < n/16): element 16 m + 4 qt + e of row `row` of slot s. */
+static void row_chunks(gk *G, int s, V row, int n, V x)
+{
+	cg *g = G->g;
+	for (int m = 0; m < n / 16; m++)
+		for (int e = 0; e < 4; e++) {
+			V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
+			put(g, x, 4 * m + e, get_global(g, s, FZ_F32, add(g, mul(g, row, ci(g, n)), col)));
+		}
+}
+
+/* Stores x (as row_chunks lays it out) as row `row` of slot s. */
+static void store_chunks(gk *G, int s, V row, int n, V x)
+{
+	cg *g = G->g;
+	for (int m = 0; m < n / 16; m++)
+		for (int e = 0; e < 4; e++) {
+			V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
+			put_global(g, s, FZ_F32, add(g, mul(g, row, ci(g, n)), col), get(g, x, 4 * m + e));
+		}
+}
+
 static void kernel_fwd_f32(gk *G)
 {
 	cg *g = G->g;
@@ -466,11 +505,7 @@ static void kernel_fwd_f32(gk *G)
 	V i = add(g, i0, ix(g, lshr(g, tid, c_i32(g, 2))));
 	V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
 	V row = add(g, mul(g, bh, Tq), ic);
-	for (int m = 0; m < nq; m++)
-		for (int e = 0; e < 4; e++) {
-			V col = ix(g, add(g, c_i32(g, 16 * m + e), shl(g, G->qt, c_i32(g, 2))));
-			put(g, Q, 4 * m + e, get_global(g, G->sq, FZ_F32, add(g, mul(g, row, ci(g, D)), col)));
-		}
+	row_chunks(G, G->sq, row, D, Q);
 	walk Wk = key_walk(G, &QB, &tk, &tv, FZ_F32);
 	fill(g, O, DV / 4, 0.0);
 	put(g, ML, 0, c_f32(g, -INFINITY));
@@ -576,6 +611,62 @@ static V row_di(gk *G, V row, V part, int parts)
 	return acc;
 }
 
+/* The loop over the blocks of br keys of every (batch, kv head): the
+ * block's kv head bk (flattened), b and hk, its keys [j0, j1). */
+static void key_blocks(gk *G, cg_loop *W, int br, V *bk, V *b, V *hk, V *j0, V *j1)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	V hkv = cg_ext(g, A->hkv), Tk = cg_ext(g, A->tk);
+	V nkb = udiv(g, add(g, Tk, ci(g, br - 1)), ci(g, br));
+	tile_loop(g, W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
+	*bk = udiv(g, W->iv, nkb);
+	*j0 = mul(g, urem(g, W->iv, nkb), ci(g, br));
+	*b = udiv(g, *bk, hkv);
+	*hk = urem(g, *bk, hkv);
+	*j1 = umin(g, add(g, *j0, ci(g, br)), Tk);
+}
+
+/* The dk/dv passes' walk: the query blocks of bq rows of the group's
+ * heads (of kv head hk of batch b) that see keys [j0, j1). */
+static walk query_walk(gk *G, const cg_tile *tq, const cg_tile *tdo, fz_dtype dt, V b, V hk,
+		       V j0, V j1)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	walk Wq = {{tq, tdo}, {G->sq, G->sdo}, {G->D, G->DV}, dt, NULL, NULL, cg_ext(g, A->tq),
+		   G->bc, G->stages, NULL,
+		   add(g, mul(g, b, cg_ext(g, A->hq)), mul(g, hk, ci(g, A->group))), NULL};
+	V qlo, qhi, nqb;
+	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
+	blocks_of(g, qlo, qhi, G->bc, &Wq.first, &nqb);
+	Wq.per = nqb;
+	Wq.n = mul(g, nqb, ci(g, A->group));
+	return Wq;
+}
+
+/* lse and di of the bq query rows i0 .. of flattened head bh into tile
+ * memory at o_lse and o_di (4 bytes a row), FZ_TILE_BLOCK / bq threads a
+ * row. */
+static void stage_lse_di(gk *G, V i0, V bh, int bq, int o_lse, int o_di)
+{
+	cg *g = G->g;
+	V Tq = cg_ext(g, G->A->tq);
+	int parts = FZ_TILE_BLOCK / bq;
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
+	V part = and_(g, tid, c_i32(g, parts - 1));
+	V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
+	V row = add(g, mul(g, bh, Tq), i);
+	V di = row_di(G, row, part, parts);
+	LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
+	V qo = shl(g, q, c_i32(g, 2));
+	store(g, get_global(g, G->slse, FZ_F32, row),
+	      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
+	store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
+	end_when(g, j);
+}
+
 static void kernel_dq(gk *G)
 {
 	cg *g = G->g;
@@ -654,50 +745,24 @@ static void kernel_dkv(gk *G)
 	cg_tile tq = cg_tile_make(&next, BQ, D, ST), tdo = cg_tile_make(&next, BQ, DV, ST);
 	int o_lse = next, o_di = next + BQ * 4;
 	cg_tile_alloc(g, next + BQ * 8);
-	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv);
-	V Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
-	V nkb = udiv(g, add(g, Tk, ci(g, BR - 1)), ci(g, BR));
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
 	V S = slots(g, BQ / 2), dP = slots(g, BQ / 2), dK = slots(g, D / 2), dV = slots(g, DV / 2);
 	cg_loop W;
-	tile_loop(g, &W, mul(g, mul(g, cg_ext(g, A->batch), hkv), nkb));
-	V bk = udiv(g, W.iv, nkb), j0 = mul(g, urem(g, W.iv, nkb), ci(g, BR));
-	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
-	V j1 = umin(g, add(g, j0, ci(g, BR)), Tk);
+	V bk, b, hk, j0, j1;
+	key_blocks(G, &W, BR, &bk, &b, &hk, &j0, &j1);
 	V kbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, D));
 	V vbase = mul(g, add(g, mul(g, bk, Tk), j0), ci(g, DV));
 	cg_tile_fetch(g, &tk, NULL, G->sk, G->dt, kbase, ci(g, D), sub(g, Tk, j0), ci(g, D));
 	cg_tile_fetch(g, &tv, NULL, G->sv, G->dt, vbase, ci(g, DV), sub(g, Tk, j0), ci(g, DV));
-	/* the query blocks of the group's heads that see these keys */
-	walk Wq = {{&tq, &tdo}, {G->sq, G->sdo}, {D, DV}, G->dt, NULL, NULL, Tq, BQ, ST, NULL,
-		   add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), NULL};
-	V qlo, qhi, nqb;
-	cg_attn_query_range(g, A, j0, j1, &qlo, &qhi);
-	blocks_of(g, qlo, qhi, BQ, &Wq.first, &nqb);
-	Wq.per = nqb;
-	Wq.n = mul(g, nqb, ci(g, A->group));
+	walk Wq = query_walk(G, &tq, &tdo, G->dt, b, hk, j0, j1);
 	fill(g, dK, D / 2, 0.0);
 	fill(g, dV, DV / 2, 0.0);
 	V r0 = mul(g, G->warp, c_i32(g, 16));
-	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
-	int parts = FZ_TILE_BLOCK / BQ;
 	cg_loop N;
 	V st = walk_begin(G, &Wq, &N), i0, grow;
 	walk_rows(G, &Wq, N.iv, &i0, &grow);
 	V bh = udiv(g, sub(g, grow, i0), Tq), h = urem(g, bh, hq);
-	/* lse and di of the block's query rows into tile memory */
-	{
-		V q = lshr(g, tid, c_i32(g, __builtin_ctz((unsigned)parts)));
-		V part = and_(g, tid, c_i32(g, parts - 1));
-		V i = umin(g, add(g, i0, ix(g, q)), sub(g, Tq, ci(g, 1)));
-		V row = add(g, mul(g, bh, Tq), i);
-		V di = row_di(G, row, part, parts);
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntEQ, part, c_i32(g, 0)));
-		V qo = shl(g, q, c_i32(g, 2));
-		store(g, get_global(g, G->slse, FZ_F32, row),
-		      cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, true), 4);
-		store(g, di, cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, true), 4);
-		end_when(g, j);
-	}
+	stage_lse_di(G, i0, bh, BQ, o_lse, o_di);
 	walk_ready(G, &Wq);
 	fill(g, S, BQ / 2, 0.0);
 	fill(g, dP, BQ / 2, 0.0);
@@ -746,15 +811,160 @@ static void kernel_dkv(gk *G)
 	cg_loop_end(g, &W);
 }
 
+/* ---- backward, f32: plain FMA ----------------------------------------------------
+ * As the f32 forward: 32 rows per block, a quad of lanes per row, lane t
+ * holding the row's 16-byte chunks t, t + 4, ... in registers and the
+ * walked side's tiles in tile memory. The dq pass owns 32 query rows (q,
+ * do and the dq sums in registers) and walks the keys, 8 at a time
+ * through cg_attn_scores; the dk/dv pass owns 32 keys (k, v, dk and dv)
+ * and walks the query rows of the group's heads, their lse and di in tile
+ * memory as in the tensor cores' pass. */
+
+/* The quad's dot of registers x (n wide) with row r of f32 tile t. */
+static V quad_dot(gk *G, V x, const cg_tile *t, V st, V r, int n)
+{
+	cg *g = G->g;
+	V part = c_f32(g, 0.0);
+	for (int m = 0; m < n / 16; m++) {
+		V y[4];
+		chunk4(g, t, st, r, add(g, c_i32(g, 4 * m), G->qt), y);
+		for (int e = 0; e < 4; e++)
+			part = fadd(g, part, fmul(g, get(g, x, 4 * m + e), y[e]));
+	}
+	return quad_sum(g, part);
+}
+
+/* acc += f times row r of f32 tile t (n wide). */
+static void quad_axpy(gk *G, V acc, V f, const cg_tile *t, V st, V r, int n)
+{
+	cg *g = G->g;
+	for (int m = 0; m < n / 16; m++) {
+		V y[4];
+		chunk4(g, t, st, r, add(g, c_i32(g, 4 * m), G->qt), y);
+		for (int e = 0; e < 4; e++)
+			put(g, acc, 4 * m + e, fadd(g, get(g, acc, 4 * m + e), fmul(g, f, y[e])));
+	}
+}
+
+#define DQ_KEYS 2 /* keys per cg_attn_scores in the dq pass (4: 255 registers at D = 128) */
+
+static void kernel_dq_f32(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages;
+	int next = 0;
+	cg_tile tk = cg_tile_make(&next, BC, 2 * D, ST), tv = cg_tile_make(&next, BC, 2 * DV, ST);
+	cg_tile_alloc(g, next);
+	V Tq = cg_ext(g, A->tq);
+	V Q = slots(g, D / 4), dO = slots(g, DV / 4), dQ = slots(g, D / 4);
+	cg_loop W;
+	qblock QB;
+	query_blocks(G, &W, BR32, &QB);
+	V bh = QB.bh, b = QB.b, h = QB.h, i0 = QB.i0;
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	V i = add(g, i0, ix(g, lshr(g, tid, c_i32(g, 2))));
+	V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
+	V row = add(g, mul(g, bh, Tq), ic);
+	row_chunks(G, G->sq, row, D, Q);
+	row_chunks(G, G->sdo, row, DV, dO);
+	V lse = get_global(g, G->slse, FZ_F32, row), di = row_di(G, row, G->qt, 4);
+	walk Wk = key_walk(G, &QB, &tk, &tv, FZ_F32);
+	fill(g, dQ, D / 4, 0.0);
+	cg_loop K;
+	V st = walk_begin(G, &Wk, &K);
+	walk_ready(G, &Wk);
+	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
+	cg_loop J; /* a loop, not unrolled: registers for DQ_KEYS keys at a time */
+	cg_loop_begin(g, &J, ci(g, 0), ci(g, BC), ci(g, DQ_KEYS));
+	V j = i32(g, J.iv);
+	V s[DQ_KEYS], dp[DQ_KEYS], lg[DQ_KEYS], dl[DQ_KEYS];
+	for (int e = 0; e < DQ_KEYS; e++) {
+		s[e] = quad_dot(G, Q, &tk, st, add(g, j, c_i32(g, e)), D);
+		dp[e] = quad_dot(G, dO, &tv, st, add(g, j, c_i32(g, e)), DV);
+	}
+	cg_attn_scores(g, A, b, h, ic, cg_ix_of(add(g, j0, J.iv), DQ_KEYS), DQ_KEYS, s, lg, dl);
+	for (int e = 0; e < DQ_KEYS; e++) {
+		V p, ds;
+		grad_elem(g, lg[e], dl[e], lse, dp[e], di, NULL, &p, &ds);
+		quad_axpy(G, dQ, ds, &tk, st, add(g, j, c_i32(g, e)), D);
+	}
+	cg_loop_end(g, &J);
+	walk_end(G, &K);
+	LLVMBasicBlockRef jr = when(g, icmp(g, LLVMIntULT, i, Tq));
+	store_chunks(G, g->r->n_in + A->out_dq, add(g, mul(g, bh, Tq), i), D, dQ);
+	end_when(g, jr);
+	cg_barrier(g);
+	cg_loop_end(g, &W);
+}
+
+static void kernel_dkv_f32(gk *G)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int D = G->D, DV = G->DV, BQ = G->bc, ST = G->stages;
+	int next = 0;
+	cg_tile tq = cg_tile_make(&next, BQ, 2 * D, ST), tdo = cg_tile_make(&next, BQ, 2 * DV, ST);
+	int o_lse = next, o_di = next + BQ * 4;
+	cg_tile_alloc(g, next + BQ * 8);
+	V hq = cg_ext(g, A->hq), Tq = cg_ext(g, A->tq), Tk = cg_ext(g, A->tk);
+	V Kr = slots(g, D / 4), Vr = slots(g, DV / 4), dK = slots(g, D / 4), dV = slots(g, DV / 4);
+	cg_loop W;
+	V bk, b, hk, j0, j1;
+	key_blocks(G, &W, BR32, &bk, &b, &hk, &j0, &j1);
+	V tid = zext_or_trunc(g, cg_tid(g), t_i32(g));
+	V j = add(g, j0, ix(g, lshr(g, tid, c_i32(g, 2))));
+	V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
+	V krow = add(g, mul(g, bk, Tk), jc);
+	row_chunks(G, G->sk, krow, D, Kr);
+	row_chunks(G, G->sv, krow, DV, Vr);
+	walk Wq = query_walk(G, &tq, &tdo, FZ_F32, b, hk, j0, j1);
+	fill(g, dK, D / 4, 0.0);
+	fill(g, dV, DV / 4, 0.0);
+	cg_loop N;
+	V st = walk_begin(G, &Wq, &N), i0, grow;
+	walk_rows(G, &Wq, N.iv, &i0, &grow);
+	V bh = udiv(g, sub(g, grow, i0), Tq), h = urem(g, bh, hq);
+	stage_lse_di(G, i0, bh, BQ, o_lse, o_di);
+	walk_ready(G, &Wq);
+	cg_loop R; /* the block's query rows, a loop (registers for one row) */
+	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
+	{
+		V q = i32(g, R.iv), qo = shl(g, q, c_i32(g, 2));
+		V s = quad_dot(G, Kr, &tq, st, q, D);
+		V dp = quad_dot(G, Vr, &tdo, st, q, DV);
+		V i = add(g, i0, R.iv);
+		V past = icmp(g, LLVMIntUGE, i, Tq);
+		V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
+		V lg, dl, p, ds;
+		cg_attn_scores(g, A, b, h, ic, cg_ix_of(jc, 1), 1, &s, &lg, &dl);
+		V lse = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4, false), 4);
+		V di = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4, false), 4);
+		grad_elem(g, lg, dl, lse, dp, di, past, &p, &ds);
+		quad_axpy(G, dV, p, &tdo, st, q, DV);
+		quad_axpy(G, dK, ds, &tq, st, q, D);
+	}
+	cg_loop_end(g, &R);
+	walk_end(G, &N);
+	LLVMBasicBlockRef jr = when(g, icmp(g, LLVMIntULT, j, Tk));
+	V orow = add(g, mul(g, bk, Tk), j);
+	if (A->out_dk >= 0)
+		store_chunks(G, g->r->n_in + A->out_dk, orow, D, dK);
+	if (A->out_dv >= 0)
+		store_chunks(G, g->r->n_in + A->out_dv, orow, DV, dV);
+	end_when(g, jr);
+	cg_barrier(g);
+	cg_loop_end(g, &W);
+}
+
 /* ---- entry ---------------------------------------------------------------------- */
 
 void cg_attention_gpu(cg *g, const fz_attn *A)
 {
 	bool f32 = A->dtype == FZ_F32;
-	if (A->dtype != FZ_BF16 && A->dtype != FZ_F16 && !(f32 && A->pass == FZ_ATTN_FWD)) {
+	if (A->dtype != FZ_BF16 && A->dtype != FZ_F16 && !f32) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "the GPU attention kernels take bf16 "
-			"and f16 (tensor cores), and f32 for the forward; here %s%s",
-			fz_dtype_name(A->dtype), A->pass != FZ_ATTN_FWD ? " (backward)" : "");
+			"and f16 (tensor cores) and f32 (FMA); here %s", fz_dtype_name(A->dtype));
 		return;
 	}
 	if (A->d % 16 || A->dv % 16 || A->d > 256 || A->dv > 256) {
@@ -768,7 +978,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	int n_in = g->r->n_in, ok = 0;
 	fz_kernel *k = g->k;
 	k->sk = FZ_SK_TILE;
-	k->vec = BR;
+	k->vec = f32 ? BR32 : BR;
 	k->n_work[0] = 2;
 	fz_ext w;
 	switch (A->pass) {
@@ -776,10 +986,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		G.so = A->out_o >= 0 ? n_in + A->out_o : -1;
 		G.slse = A->out_lse >= 0 ? n_in + A->out_lse : -1;
 		if (f32) {
-			k->vec = BR32;
-			ok = plan(0, row_bytes(2 * G.D) + row_bytes(2 * G.DV), &G.bc, &G.stages);
-			if (G.bc > 32) /* the scores live in registers */
-				G.bc = 32;
+			ok = plan_f32(G.D, G.DV, 0, &G.bc, &G.stages);
 		} else {
 			ok = plan(BR * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV), &G.bc,
 				  &G.stages);
@@ -791,8 +998,11 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		G.so = A->in_o;
 		G.slse = A->in_lse;
 		G.sdo = A->in_do;
-		ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
-			  row_bytes(G.DV), &G.bc, &G.stages);
+		if (f32)
+			ok = plan_f32(G.D, G.DV, 0, &G.bc, &G.stages);
+		else
+			ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
+				  row_bytes(G.DV), &G.bc, &G.stages);
 		k->work[0][0] = A->tq;
 		ok = ok && fz_ext_mul(A->batch, A->hq, &w);
 		break;
@@ -801,8 +1011,11 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		G.slse = A->in_lse;
 		G.sdo = A->in_do;
 		/* and 8 bytes of lse and di per query row */
-		ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
-			  row_bytes(G.DV) + 8, &G.bc, &G.stages);
+		if (f32)
+			ok = plan_f32(G.D, G.DV, 8, &G.bc, &G.stages);
+		else
+			ok = plan(BR * (row_bytes(G.D) + row_bytes(G.DV)), row_bytes(G.D) +
+				  row_bytes(G.DV) + 8, &G.bc, &G.stages);
 		k->work[0][0] = A->tk;
 		ok = ok && fz_ext_mul(A->batch, A->hkv, &w);
 		break;
@@ -810,7 +1023,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	if (!ok) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "attention's tiles at head dims %lld "
 			"and %lld do not fit %d bytes of shared memory", (long long)A->d,
-			(long long)A->dv, SMEM);
+			(long long)A->dv, FZ_TILE_DYN_MAX);
 		return;
 	}
 	k->work[0][1] = w;
@@ -823,8 +1036,8 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	G.qt = and_(g, G.lane, c_i32(g, 3));
 	switch (A->pass) {
 	case FZ_ATTN_FWD: f32 ? kernel_fwd_f32(&G) : kernel_fwd(&G); break;
-	case FZ_ATTN_DQ: kernel_dq(&G); break;
-	case FZ_ATTN_DKV: kernel_dkv(&G); break;
+	case FZ_ATTN_DQ: f32 ? kernel_dq_f32(&G) : kernel_dq(&G); break;
+	case FZ_ATTN_DKV: f32 ? kernel_dkv_f32(&G) : kernel_dkv(&G); break;
 	}
 	cg_function_end(g);
 }

@@ -261,9 +261,10 @@ enum { CG_EMU_TILE = 8, CG_EMU_LDMATRIX, CG_EMU_MMA, CG_EMU_CP_ASYNC, CG_EMU_CP_
 LLVMValueRef cg_emu_call(cg *g, int field, LLVMTypeRef ret, LLVMTypeRef *ps,
                          LLVMValueRef *args, unsigned n);
 
-/* The block's tile memory: one shared array of `bytes` (at most 48 KiB, the
- * static limit), declared once per kernel before any use. Offsets are i32
- * byte offsets into it. */
+/* The block's tile memory: one shared array of `bytes`, declared once per
+ * kernel before any use: static up to FZ_TILE_STATIC_MAX, else dynamic
+ * (g->k->smem = bytes, at most FZ_TILE_DYN_MAX). Offsets are i32 byte
+ * offsets into it. */
 void cg_tile_alloc(cg *g, int bytes);
 /* The address of bytes [off, off + bytes) for a load or a store (EMU:
  * checked for bounds and races). */

@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 10 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 11 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -111,7 +111,8 @@
                               * bytes, the last host pass keeps an output
                               * for the tail, host f32/f64 index_add by
                               * lanes; 10: host lanes fill a 64-byte
-                              * register with AVX-512, zmm code) */
+                              * register with AVX-512, zmm code; 11: f32
+                              * attention backward on the GPU and emu) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -186,6 +187,10 @@ typedef struct fz_kernel {
 	char names[2][64];
 	int n_work[2];
 	fz_ext work[2][8];     /* iterations per entry: the max of these */
+	int smem;              /* bytes of dynamic shared memory a launch of an
+	                        * entry gives it (0: none; over
+	                        * FZ_TILE_STATIC_MAX, the function's limit is
+	                        * raised to it when it is loaded) */
 	struct LLVMOpaqueModule *mod; /* owned until emitted or given to the JIT;
 	                               * opaque here: only codegen/ looks inside */
 	fz_host_fn host;       /* after fz_kernel_jit (entry 0 does all) */
@@ -280,6 +285,14 @@ struct fz_emu_thread {
 	void (*cp_group)(fz_emu_thread *t, int32_t n, int32_t site);
 };
 #define FZ_EMU_TILE_MAX (227 * 1024) /* an sm_90 block's shared memory */
+/* Tile memory up to FZ_TILE_STATIC_MAX is a static shared array; above,
+ * up to FZ_TILE_DYN_MAX (the opt-in limit of sm_86 and sm_89, under sm_80's
+ * 163 KiB and sm_90's 227 KiB), the kernel's dynamic shared memory: k->smem
+ * bytes at every launch, after cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
+ * at load (runtime/cuda.c); the emulator checks that a launch gives a
+ * kernel the dynamic shared memory its tiles use. */
+#define FZ_TILE_STATIC_MAX (48 * 1024)
+#define FZ_TILE_DYN_MAX (99 * 1024)
 typedef void (*fz_emu_fn)(void **bufs, const int64_t *syms, int32_t *err,
                           fz_emu_thread *t);
 

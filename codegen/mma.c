@@ -36,8 +36,11 @@
  * 16 bits in pairs, are the A fragments of the next product (the
  * probabilities of attention never leave the registers).
  *
- * Tile memory is one shared array per kernel (48 KiB at most: static shared
- * memory, so a launch needs no dynamic size). Tiles in it are laid out by
+ * Tile memory is one shared array per kernel: static shared memory up to
+ * 48 KiB (FZ_TILE_STATIC_MAX), so that a launch needs no dynamic size; a
+ * kernel whose tiles need more (attention's backward at head dims over
+ * 128) declares it extern, dynamic shared memory of k->smem bytes, up to
+ * FZ_TILE_DYN_MAX (codegen.h). Tiles in it are laid out by
  * cg_tile_make: rows of 16-byte chunks, swizzled (chunk ^ row % 8) where a
  * row has a multiple of 8 chunks, else padded to an odd number of chunks,
  * so that the 8 rows of an ldmatrix hit 8 distinct groups of banks.
@@ -59,32 +62,37 @@
 #include "cg.h"
 #include "llvm.h"
 
-#define TILE_STATIC_MAX (48 * 1024)
-
 static bool emu(const cg *g) { return g->o.target == FZ_CG_EMU; }
 
 /* ---- tile memory ------------------------------------------------------------------- */
 
 void cg_tile_alloc(cg *g, int bytes)
 {
-	if (bytes <= 0 || bytes > TILE_STATIC_MAX) {
+	if (bytes <= 0 || bytes > FZ_TILE_DYN_MAX) {
 		cg_fail(g, FZ_EUNSUPPORTED, NULL, "%d bytes of tile memory (at most %d)", bytes,
-			TILE_STATIC_MAX);
+			FZ_TILE_DYN_MAX);
 		bytes = 16;
 	}
+	bool dyn = bytes > FZ_TILE_STATIC_MAX;
 	g->tile_bytes = bytes;
+	g->k->smem = dyn ? bytes : 0;
 	if (g->o.target != FZ_CG_NVPTX)
 		return;
-	T at = t_arr(t_i8(g), (unsigned)bytes);
+	/* dynamic: .extern .shared .b8 fz_tile[], sized by the launch */
+	T at = t_arr(t_i8(g), dyn ? 0 : (unsigned)bytes);
 	g->tile = LLVMAddGlobalInAddressSpace(g->mod, at, "fz_tile", 3);
-	LLVMSetInitializer(g->tile, c_undef(at));
-	LLVMSetLinkage(g->tile, LLVMInternalLinkage);
-	LLVMSetAlignment(g->tile, 128);
+	if (!dyn) {
+		LLVMSetInitializer(g->tile, c_undef(at));
+		LLVMSetLinkage(g->tile, LLVMInternalLinkage);
+	}
+	LLVMSetAlignment(g->tile, dyn ? 16 : 128);
 }
 
 /* NVPTX: the shared address of byte off. */
 static V tile_addr(cg *g, V off)
 {
+	if (g->tile_bytes > FZ_TILE_STATIC_MAX)
+		return LLVMBuildInBoundsGEP2(g->b, t_i8(g), g->tile, &off, 1, "");
 	V idx[2] = {c_i32(g, 0), off};
 	return LLVMBuildInBoundsGEP2(g->b, t_arr(t_i8(g), (unsigned)g->tile_bytes), g->tile,
 				     idx, 2, "");

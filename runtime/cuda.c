@@ -24,7 +24,11 @@
  *              pointers (pointed at in the runner's array, which a run
  *              refills), the flag word, then the kernel's symbols' sizes
  *     launch   cuLaunchKernel per entry over the packed block: a run
- *              builds, allocates and computes nothing per launch
+ *              builds, allocates and computes nothing per launch. A
+ *              kernel with k->smem bytes of dynamic shared memory (tile
+ *              memory over 48 KiB, codegen.h) gets them at every launch,
+ *              its function's limit raised at load (cuFuncSetAttribute
+ *              MAX_DYNAMIC_SHARED_SIZE_BYTES)
  *     zero     cuMemsetD32Async (the flag word's reset)
  *     matmul   cuBLASLt (cublaslt.c), heuristics cached per shape
  *     collective  through the rank's NCCL communicator (comm.h) on the
@@ -702,6 +706,14 @@ static fz_status cu_load(fz_device *dev, const fz_kernel *k, const fz_kcode *cod
 			st = FZ_EUNSUPPORTED;
 			break;
 		}
+		/* tile memory over the static 48 KiB (codegen.h): the function's
+		 * dynamic shared memory limit raised to what its launches give */
+		if (k->smem > 0 &&
+		    (r = d->cu->FuncSetAttribute(f, FZ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+		                                 k->smem)) != FZ_CUDA_SUCCESS) {
+			st = fz_cu_fail(d->cu, err, r, "cuFuncSetAttribute", what);
+			break;
+		}
 		fn[e] = f;
 	}
 	if (st == FZ_OK)
@@ -724,7 +736,7 @@ typedef struct cu_packed {
 	int region, n_entries;
 	char names[2][sizeof ((fz_kernel *)0)->names[0]];
 	CUfunction fn[2];
-	unsigned grid[2], block[2];
+	unsigned grid[2], block[2], smem; /* smem: dynamic shared memory, bytes */
 	int32_t *flag;
 	int64_t sym[FZ_MAX_SYMS];
 	void *args[MAX_PARAMS];
@@ -742,6 +754,7 @@ static fz_status pack_into(cu_dev *d, const fz_kernel *k, void *const *fn,
 	}
 	p->region = k->region;
 	p->n_entries = k->n_entries;
+	p->smem = (unsigned)k->smem;
 	p->flag = flag;
 	for (int e = 0; e < k->n_entries; e++) {
 		int64_t grid;
@@ -767,7 +780,7 @@ static fz_status launch_packed(cu_dev *d, cu_packed *p, void *stream, char **err
 	ENTER(d, err, "a launch");
 	for (int e = 0; e < p->n_entries; e++) {
 		CUresult r = d->cu->LaunchKernel(p->fn[e], p->grid[e], 1, 1, p->block[e],
-		                                 1, 1, 0, (CUstream)stream, p->args, NULL);
+		                                 1, 1, p->smem, (CUstream)stream, p->args, NULL);
 		if (r != FZ_CUDA_SUCCESS) {
 			LEAVE(d);
 			char what[160];

@@ -85,6 +85,7 @@ typedef struct {
 #define FZ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR  75
 #define FZ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR  76
 #define FZ_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK       0
+#define FZ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define FZ_CU_JIT_ERROR_LOG_BUFFER                       5
 #define FZ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES            6
 #define FZ_CU_JIT_INPUT_PTX                              1
@@ -150,6 +151,8 @@ typedef struct {
 	X(ModuleUnload, "cuModuleUnload", NULL, cuModuleUnload, (CUmodule))      \
 	X(FuncGetAttribute, "cuFuncGetAttribute", NULL, cuFuncGetAttribute,      \
 	  (int *, CUfunction_attribute, CUfunction))                             \
+	X(FuncSetAttribute, "cuFuncSetAttribute", NULL, cuFuncSetAttribute,      \
+	  (CUfunction, CUfunction_attribute, int))                               \
 	X(LinkCreate, "cuLinkCreate_v2", NULL, cuLinkCreate,                     \
 	  (unsigned int, CUjit_option *, void **, CUlinkState *))                \
 	X(LinkAddData, "cuLinkAddData_v2", NULL, cuLinkAddData,                  \

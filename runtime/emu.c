@@ -319,6 +319,7 @@ static fz_status emu_launch(fz_device *d, const fz_kernel *k, void *const *fn,
 			.fibers = (k->sk == FZ_SK_ROW && k->par != FZ_PAR_THREAD) ||
 				  k->sk == FZ_SK_TILE,
 			.n_in = k->n_in,
+			.smem = k->smem,
 		};
 		st = fz_emu_run(e->s, &L, err);
 	}

@@ -35,6 +35,7 @@ typedef struct fz_emu_launch {
 	int block;
 	bool fibers;            /* the kernel has barriers or shuffles */
 	int n_in;               /* to name a buffer slot "input i" / "output j" */
+	int smem;               /* dynamic shared memory the launch gives (bytes) */
 } fz_emu_launch;
 
 /* What a scheduler ran (summed over its launches). */

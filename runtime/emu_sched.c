@@ -543,6 +543,12 @@ static unsigned char *tile_access(fz_emu_sched *s, int32_t me, int64_t off, int6
 			FZ_EMU_TILE_MAX);
 		return NULL;
 	}
+	if (size > FZ_TILE_STATIC_MAX && size > s->L->smem) {
+		violate(s, me, "a kernel with %d bytes of tile memory launched with %d bytes of "
+			"dynamic shared memory (static shared memory ends at %d bytes)", size,
+			s->L->smem, FZ_TILE_STATIC_MAX);
+		return NULL;
+	}
 	if (size > s->tile_hi)
 		s->tile_hi = size;
 	if (off < 0 || n <= 0 || off + n > size) {

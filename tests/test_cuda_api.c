@@ -558,6 +558,32 @@ START_TEST(launch_packs_parameters)
 }
 END_TEST
 
+/* A kernel with tile memory over the static 48 KiB (codegen.h: k->smem):
+ * its functions' dynamic shared memory limit raised at load, and every
+ * launch of every entry given k->smem bytes. */
+START_TEST(launch_gives_dynamic_shared_memory)
+{
+	use_fake();
+	fz_device *d = open_dev(NULL);
+	fz_kernel k = two_entry_kernel();
+	k.smem = 98560;
+	fz_kcode code = {NULL, 0, PTX, sizeof PTX - 1, NULL, 0};
+	void *fn[2];
+	char *err = NULL;
+	ck_assert_int_eq(F->dyn_smem, 0);
+	ck_assert_int_eq(fz_target_cuda.load(d, &k, &code, fn, &err), FZ_OK);
+	ck_assert_int_eq(F->dyn_smem, 98560);
+	void *bufs[3] = {(void *)0x1000, (void *)0x2000, (void *)0x3000};
+	int64_t syms[4] = {-1, 17, -1, 5};
+	ck_assert_int_eq(fz_target_cuda.launch(d, &k, fn, bufs, syms, (int32_t *)0x4000, NULL,
+	                                       &err), FZ_OK);
+	ck_assert_int_eq(F->n_launches, 2);
+	for (int e = 0; e < 2; e++)
+		ck_assert_uint_eq(F->launch[e].shmem, 98560);
+	fz_device_release(d);
+}
+END_TEST
+
 START_TEST(launch_failure_names_call_and_region)
 {
 	use_fake()->launch_result = 701;
@@ -1929,6 +1955,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(k, load_checks_block_size);
 	tcase_add_test(k, cubin_from_ptx);
 	tcase_add_test(k, launch_packs_parameters);
+	tcase_add_test(k, launch_gives_dynamic_shared_memory);
 	tcase_add_test(k, launch_failure_names_call_and_region);
 	tcase_add_test(k, events_made_once);
 	tcase_add_test(k, collective_world_one_copies);

@@ -40,7 +40,7 @@ static fz_status launch_c(fz_emu_fn fn, void **bufs, int64_t grid, int block,
 	int32_t flag = 0;
 	int64_t syms[1] = {0};
 	fz_emu_launch L = {"test_kernel", 7, fn, bufs, syms, &flag, grid, block,
-			   fibers, 1};
+			   fibers, 1, 0};
 	fz_status st = fz_emu_run(s, &L, err);
 	fz_emu_sched_free(s);
 	return st;
@@ -300,7 +300,7 @@ static fz_status on_kernel(const fz_region *r, int op, fz_kernel *k, void *ud,
 		bool fibers = (kk.sk == FZ_SK_ROW && kk.par != FZ_PAR_THREAD) ||
 			      kk.sk == FZ_SK_TILE;
 		fz_emu_launch L = {kk.names[e], r->id, (fz_emu_fn)(void (*)(void))fn, bufs,
-				   R->syms, &R->flag, grid, block, fibers, r->n_in};
+				   R->syms, &R->flag, grid, block, fibers, r->n_in, kk.smem};
 		st = fz_emu_run(R->s, &L, err);
 		R->launches++;
 		R->fibers += fibers;
@@ -739,7 +739,7 @@ static fz_status gemm_emu(fz_cg_options o, cg_gemm_spec sp, double *worst, char 
 		for (int64_t i = 0; i < M * N; i++)
 			y[i] = NAN;
 		fz_emu_launch L = {kk.names[0], 0, (fz_emu_fn)(void (*)(void))fn, bufs, syms,
-				   &flag, pass ? 1 : grid, block, true, 2};
+				   &flag, pass ? 1 : grid, block, true, 2, kk.smem};
 		st = fz_emu_run(s, &L, err);
 		*worst = 0;
 		for (int64_t i = 0; st == FZ_OK && i < M; i++)

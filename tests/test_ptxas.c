@@ -10,9 +10,10 @@
  * at 16x128x1600 bf16 (gpt2_layernorm.trace) reads with 16-byte vector
  * loads, each of x, w and b once (the row held in registers). The
  * warp-level matrix operations (a GEMM tile, codegen/mma.c) and the
- * attention kernels (forward, dq, dk/dv at head dims 64 and 128) assemble
- * for sm_80 and sm_90 with `ptxas -v` reporting no spills and no stack
- * frame. Exits 77 (skipped) where ptxas is absent.
+ * attention kernels (forward, dq, dk/dv at head dims 64 and 128, bf16 and
+ * f32) assemble for sm_80 and sm_90 with `ptxas -v` reporting no spills
+ * and no stack frame; at head dim 256 (bf16) they assemble, the backward's
+ * in dynamic shared memory. Exits 77 (skipped) where ptxas is absent.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -123,12 +124,13 @@ static int check_file(const char *path, const char *dir, int *kernels, int *v4_o
 
 /* ptxas -v of ptx for arch into dir: 0 when it assembles with no spills
  * and no stack frame; *regs the registers it reports. */
-static int ptxas_clean(const char *ptx, const char *arch, const char *dir, const char *what,
-		       int *regs)
+/* ptxas -v on ptx, its report in log[1100]: 0 where it assembles. */
+static int ptxas_run(const char *ptx, const char *arch, const char *dir, const char *what,
+		     char *log)
 {
-	char path[1024], log[1100], cmd[3400];
+	char path[1024], cmd[3400];
 	snprintf(path, sizeof path, "%s/%s-%s.ptx", dir, what, arch);
-	snprintf(log, sizeof log, "%s/%s-%s.log", dir, what, arch);
+	snprintf(log, 1100, "%s/%s-%s.log", dir, what, arch);
 	FILE *f = fopen(path, "w");
 	if (!f)
 		return 1;
@@ -140,7 +142,16 @@ static int ptxas_clean(const char *ptx, const char *arch, const char *dir, const
 		printf("FAIL %s for %s: ptxas rejects it (%s)\n", what, arch, log);
 		return 1;
 	}
-	f = fopen(log, "r");
+	return 0;
+}
+
+static int ptxas_clean(const char *ptx, const char *arch, const char *dir, const char *what,
+		       int *regs)
+{
+	char log[1100];
+	if (ptxas_run(ptx, arch, dir, what, log))
+		return 1;
+	FILE *f = fopen(log, "r");
 	if (!f)
 		return 1;
 	char line[512];
@@ -218,27 +229,45 @@ static int check_gemm_tile(const char *dir)
 }
 
 /* The attention kernels (codegen/attention_gpu.c): forward, dq and dk/dv
- * at head dims 64 and 128, causal GQA with a padding mask, bf16, assemble
- * for sm_80 and sm_90 with no local memory (no spills, no stack frame). */
+ * at head dims 64 and 128, causal GQA with a padding mask, bf16 (tensor
+ * cores) and f32 (FMA), assemble for sm_80 and sm_90 with no local memory
+ * (no spills, no stack frame); at head dim 256 in bf16 they assemble, the
+ * backward's tiles (over 48 KiB) in dynamic shared memory: an .extern
+ * .shared array, k->smem its bytes. */
 typedef struct attn_acc {
 	fz_compiler *c;
-	const char *dir, *arch;
-	int d, kernels, bad;
+	const char *dir, *arch, *dt;
+	int d, kernels, dyn, bad;
 } attn_acc;
 
 static fz_status attn_one(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
 	attn_acc *a = ud;
-	char *ptx = NULL, what[64];
+	bool f32 = !strcmp(a->dt, "f32");
+	int smem = k->smem;
+	char *ptx = NULL, what[64], log[1100];
 	fz_status st = fz_kernel_ptx(a->c, k, &ptx, err);
 	if (st != FZ_OK)
 		return st;
-	snprintf(what, sizeof what, "attention-d%d-region%d", a->d, r->id);
+	snprintf(what, sizeof what, "attention-%s-d%d-region%d", a->dt, a->d, r->id);
 	int regs;
+	bool ext = strstr(ptx, ".extern .shared") != NULL;
 	a->kernels++;
-	if (op >= 0 || !strstr(ptx, "mma.sync.aligned.m16n8k16") || !strstr(ptx, "cp.async")) {
-		printf("FAIL %s: not the tensor-core kernel\n", what);
+	a->dyn += ext;
+	if (op >= 0 || !strstr(ptx, "cp.async") ||
+	    !strstr(ptx, "mma.sync.aligned.m16n8k16") != f32) {
+		printf("FAIL %s: not the %s kernel\n", what, f32 ? "FMA" : "tensor-core");
 		a->bad++;
+	} else if (ext != (smem > FZ_TILE_STATIC_MAX)) {
+		printf("FAIL %s: %d bytes of dynamic shared memory, %s\n", what, smem,
+		       ext ? "an .extern .shared array" : "no .extern .shared array");
+		a->bad++;
+	} else if (a->d > 128) {
+		if (ptxas_run(ptx, a->arch, a->dir, what, log) == 0)
+			printf("ok   %s for %s: assembles (%d bytes of dynamic shared memory)\n",
+			       what, a->arch, smem);
+		else
+			a->bad++;
 	} else if (ptxas_clean(ptx, a->arch, a->dir, what, &regs) == 0) {
 		printf("ok   %s for %s: %d registers, no local memory\n", what, a->arch, regs);
 	} else {
@@ -252,28 +281,37 @@ static int check_attention(const char *dir)
 {
 	int bad = 0;
 	const char *archs[2] = {"sm_80", "sm_90"};
+	static const struct { const char *dt; int d, dyn; } cases[] = {
+		{"bf16", 64, 0}, {"bf16", 128, 0}, {"f32", 64, 0}, {"f32", 128, 0},
+		{"bf16", 256, 2}, /* dq and dk/dv */
+	};
 	for (int a = 0; a < 2; a++)
-		for (int d = 64; d <= 128; d += 64) {
+		for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+			const char *dt = cases[ci].dt;
+			int d = cases[ci].d;
 			char *src = fz_strdup_printf(
-				"trace a(q: bf16[B, 8, T, %d], k: bf16[B, 2, T, %d], v: bf16[B, 2, T, %d], "
-				"do: bf16[B, 8, T, %d], m: bool[B, 1, 1, T]) {\n"
+				"trace a(q: %s[B, 8, T, %d], k: %s[B, 2, T, %d], v: %s[B, 2, T, %d], "
+				"do: %s[B, 8, T, %d], m: bool[B, 1, 1, T]) {\n"
 				"  o, lse = attention(q, k, v, m, causal=true)\n"
 				"  dq = attention_dq(q, k, v, o, lse, do, m, causal=true)\n"
 				"  dk, dv = attention_dkv(q, k, v, o, lse, do, m, causal=true)\n"
-				"  return o, lse, dq, dk, dv\n}\n", d, d, d, d);
+				"  return o, lse, dq, dk, dv\n}\n", dt, d, dt, d, dt, d, dt, d);
 			fz_module *m = NULL;
 			char *err = NULL;
 			fz_cg_options o;
 			fz_cg_options_parse(archs[a], &o, NULL);
-			attn_acc acc = {NULL, dir, archs[a], d, 0, 0};
+			attn_acc acc = {NULL, dir, archs[a], dt, d, 0, 0, 0};
 			if (fz_module_parse(src, strlen(src), "attn.trace", &m, &err) != FZ_OK ||
 			    fz_compiler_new(&o, &acc.c, &err) != FZ_OK ||
 			    fz_compile_trace(acc.c, fz_module_trace(m, 0), NULL, -1, attn_one, &acc,
 					     &err) != FZ_OK) {
-				printf("FAIL attention d %d for %s: %s\n", d, archs[a], err ? err : "?");
+				printf("FAIL attention %s d %d for %s: %s\n", dt, d, archs[a],
+				       err ? err : "?");
 				bad++;
-			} else if (acc.kernels != 3) {
-				printf("FAIL attention d %d: %d kernels, not 3\n", d, acc.kernels);
+			} else if (acc.kernels != 3 || acc.dyn != cases[ci].dyn) {
+				printf("FAIL attention %s d %d: %d kernels (not 3), %d with dynamic "
+				       "shared memory (not %d)\n", dt, d, acc.kernels, acc.dyn,
+				       cases[ci].dyn);
 				bad++;
 			}
 			bad += acc.bad;

@@ -216,6 +216,15 @@ API CUresult cuFuncGetAttribute(int *v, int attr, void *f)
 	return 0;
 }
 
+API CUresult cuFuncSetAttribute(void *f, int attr, int v)
+{
+	(void)f;
+	if (attr != 8) /* MAX_DYNAMIC_SHARED_SIZE_BYTES, the one fusec sets */
+		return 1;
+	fake_cuda.dyn_smem = v;
+	return 0;
+}
+
 typedef struct { char *data; size_t n; } link_state;
 
 API CUresult cuLinkCreate_v2(unsigned n, int *o, void **v, void **ls)

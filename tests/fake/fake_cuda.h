@@ -82,6 +82,7 @@ typedef struct fake_state {
 	int captures;           /* cuStreamBeginCapture calls */
 	int graphs, execs;      /* graphs and instances alive */
 	int graph_launches;
+	int dyn_smem;           /* the last cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) */
 	int n_launches;
 	fake_launch launch[FAKE_MAX_LAUNCHES];
 	int lt_creates, lt_destroys, lt_heuristics, n_matmuls;
