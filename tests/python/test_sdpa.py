@@ -32,9 +32,8 @@ Tolerances:
   4 * 2^-9 = 2^-7 (and still no less accurate than PyTorch).
 
 FUSEC_TEST_DEVICE: the device the exported traces run on (default
-"reference", the interpreter; ctest also runs "cpu" and "emu"). On emu
-(the GPU's kernels) the f32 cases run forward only: the GPU's attention
-backward is bf16/f16. FUSEC_TEST_VERBOSE=1 prints the errors.
+"reference", the interpreter; ctest also runs "cpu" and "emu").
+FUSEC_TEST_VERBOSE=1 prints the errors.
 """
 
 import copy
@@ -134,7 +133,7 @@ class TestVariants(unittest.TestCase):
         return text, out if isinstance(out, tuple) else (out,)
 
     def check_f32(self, name, ikw, skw):
-        backward = not GPU_KERNELS  # the GPU's backward is bf16/f16
+        backward = True
         args = inputs(torch.float32, **ikw)
         f = attention_fn(backward, **skw)
         text, out = self.export_run(f, args)
@@ -214,12 +213,11 @@ class TestFallbacks(unittest.TestCase):
         self.assertNotIn("attention(", text)
 
     def test_gpu_target_f32_backward(self):
+        """The GPU's kernels have an f32 backward: every target takes an
+        f32 attention with gradients."""
         q, k, v, _ = inputs(torch.float32, d=16, tq=8, tk=8)
-        why = fattn.why_not(q, k, v, target="emu")
-        self.assertIn("bf16/f16", why)
-        self.assertIsNone(fattn.why_not(q, k, v, target="cpu"))
-        with torch.no_grad():  # the forward alone: f32 on the GPU too
-            self.assertIsNone(fattn.why_not(q, k, v, target="emu"))
+        for target in ("cpu", "emu", "cuda"):
+            self.assertIsNone(fattn.why_not(q, k, v, target=target))
 
 
 class TestModels(unittest.TestCase):
@@ -230,8 +228,6 @@ class TestModels(unittest.TestCase):
     def check(self, model, attn, dtype):
         if not HAVE_HF:
             self.skipTest("transformers is not installed")
-        if GPU_KERNELS and dtype == torch.float32 and attn == "sdpa":
-            self.skipTest("the GPU's attention backward is bf16/f16")
         step, args = examples.build(model, "bwd", dtype=dtype, attn=attn,
                                     seq=24)
         params, data = args
@@ -280,7 +276,7 @@ class TestBackend(unittest.TestCase):
             self.skipTest("transformers is not installed")
         from transformers import LlamaConfig, LlamaForCausalLM
         dev = DEVICE if DEVICE in ("cpu", "emu") else "cpu"
-        # the GPU's kernels (emu) run the attention backward in bf16 only
+        # on the GPU's kernels (emu), the tensor-core backward (bf16)
         dtype = torch.bfloat16 if dev == "emu" else torch.float32
         torch.manual_seed(0)
         cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64,
@@ -330,17 +326,23 @@ class TestBackend(unittest.TestCase):
         self.assertLessEqual(worst, 1e-5 if dtype == torch.float32 else
                              2e-2)
 
-    def test_f32_backward_on_gpu_kernels_is_math(self):
-        """On emu an f32 SDPA with a backward stays math, and explain()
-        says why."""
+    def test_f32_backward_on_gpu_kernels(self):
+        """On emu an f32 SDPA with a backward runs the primitive (the GPU's
+        f32 backward kernels), nothing stays math, and the gradients are
+        PyTorch's within f32's 1e-5."""
         q, k, v, go = inputs(torch.float32, d=16, tq=8, tk=8)
         ft.stats(reset=True)
         torch._dynamo.reset()
         f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True), backend=ft.backend,
             options={"device": "emu"})
-        f(q, k, v).backward(go)
-        self.assertIn("bf16/f16", str(ft.explain()))
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        f(qq, kk, vv).backward(go)
+        self.assertEqual(ft.explain().attention, [], str(ft.explain()))
+        rq, rk, rv = (t.detach().requires_grad_() for t in (q, k, v))
+        F.scaled_dot_product_attention(rq, rk, rv, is_causal=True).backward(go)
+        for got, want in ((qq, rq), (kk, rk), (vv, rv)):
+            self.assertLessEqual(nerr(got.grad, want.grad), 1e-5)
 
 
 if __name__ == "__main__":

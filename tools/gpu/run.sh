@@ -447,8 +447,7 @@ for w in 1 2; do
 	for dt in f32 bf16; do
 		[ "$QUICK" = 1 ] && [ $dt = bf16 ] && continue
 		f="$WORK/fsdp_w${w}_$dt.trace"
-		att=primitive # the GPU's attention backward is bf16/f16 only
-		[ $dt = f32 ] && att=decomposed
+		att=primitive
 		if "$PYTHON" "$REPO/tools/gen/fsdp_llama.py" --world $w --layers 2 "${nccl_size[@]}" \
 			--dtype $dt --attention $att -o "$f" 2>"$WORK/gen.err"; then
 			echo "nccl|$f|$nccl_bind|fsdp_llama world $w $dt|$w" >>"$jobs"

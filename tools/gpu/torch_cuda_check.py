@@ -120,11 +120,7 @@ def check_case(model, kind, dtype, device, tdev):
     dname = str(dtype).split(".")[1]
     case = {"model": model, "kind": kind, "dtype": dname}
     step, args = examples.build(model, kind, dtype=dtype)
-    # the GPU's attention backward is bf16/f16: an f32 backward writes
-    # scaled_dot_product_attention as its math (else the primitive)
-    math_attn = device in ("cuda", "emu") and dtype == torch.float32 and \
-        kind != "fwd"
-    case["attention"] = "math" if math_attn else "primitive"
+    case["attention"] = "primitive"
     text = ft.export(step, *args, attention=case["attention"])
     prog = fusec.Program(text, device=device)
     case["ran_on"] = prog.device

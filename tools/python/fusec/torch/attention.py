@@ -24,8 +24,7 @@ is given) reach the primitive repeated: correct, and the copies are
 B*H*T*D, not T x T.
 
 Any other form (dropout, a mask that needs a gradient or has another
-dtype, another head dim, f64, rank < 3, a GPU target's f32 backward, for
-which the GPU kernels have no f32 form) runs as its math (sdpa_math:
+dtype, another head dim, f64, rank < 3) runs as its math (sdpa_math:
 matmul, mask, softmax, matmul; for f16/bf16 _FlashCPU, which rounds where
 PyTorch's CPU flash kernel rounds), and the reason is kept in NOTES, which
 fusec.torch.explain() prints. export(attention="math") writes every call
@@ -156,11 +155,6 @@ def why_not(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
                 zip(tuple(m.shape)[::-1], want[::-1])):
             return "a mask %s that does not broadcast to the scores %s" % (
                 tuple(m.shape), want)
-    if target in ("emu", "cuda") and dt == torch.float32 and \
-            torch.is_grad_enabled() and any(
-                t.requires_grad for t in (q, k, v)):
-        return "f32 with a backward on %s (the GPU's attention backward " \
-            "is bf16/f16)" % target
     return None
 
 
