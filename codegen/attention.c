@@ -24,8 +24,10 @@
  * (a block of keys walks the `group` query heads sharing its kv head and
  * their rows) adds dv_j += p do_i and dk_j += ds q_i. di = do_i . o_i.
  *
- * Vectors are 8 floats (one AVX register; two SSE ones, which LLVM splits):
- * D and Dv must be multiples of 8. exp on the probabilities is a vector
+ * Vectors are 8 floats (one AVX register; two SSE ones, which LLVM splits),
+ * but in the block products (gemm_s), which hold nearly all the flops:
+ * there 16 (one AVX-512 register) where the host has them. D and Dv must
+ * be multiples of 16. exp on the probabilities is a vector
  * polynomial (vexp, math.c's expf in lanes). The scores' modification is
  * per lane through cg_value, which the SLP vectorizer packs where it can.
  */
@@ -33,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <llvm-c/TargetMachine.h>
 
 #include "cg.h"
 #include "llvm.h"
@@ -440,46 +444,80 @@ static void zero(cg *g, V X, int64_t n)
 	cg_loop_end(g, &L);
 }
 
-#define MR 4          /* rows of a product's register tile */
-#define NR (2 * VW)   /* columns: two vectors */
+#define MR 4 /* rows of a product's register tile */
+#define NR 16 /* head dims are a multiple of this */
+
+/* Floats per vector of the block products: 16 (a zmm register) where the
+ * host has AVX-512, else VW. The products hold nearly all the flops, and
+ * nothing else in a pass depends on their width. */
+static int gemm_lanes(cg *g)
+{
+	if (g->o.target != FZ_CG_HOST || !g->c->tm)
+		return VW;
+	char *f = LLVMGetTargetMachineFeatureString((LLVMTargetMachineRef)g->c->tm);
+	bool wide = f && strstr(f, "+avx512f");
+	LLVMDisposeMessage(f);
+	return wide ? 16 : VW;
+}
+
+/* The MR x nv vector tile of C at rows m0, columns n0 (see gemm_s). */
+static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, int64_t ldb,
+		      V C, int64_t ldc, V m0, V n0, int64_t kn, bool acc)
+{
+	T vt = t_vec(t_f32(g), (unsigned)gw);
+	cg_loop LK;
+	V init[MR * 8], ph[MR * 8], next[MR * 8], cp[MR * 8], b[8];
+	int na = MR * nv;
+	for (int r = 0; r < MR; r++)
+		for (int h = 0; h < nv; h++) {
+			cp[r * nv + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
+						      add(g, n0, ci(g, h * gw))));
+			init[r * nv + h] = acc ? load(g, vt, cp[r * nv + h], 4) :
+						 LLVMConstNull(vt);
+		}
+	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	loop_phis(g, &LK, na, init, ph);
+	V k = LK.iv;
+	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
+	for (int h = 0; h < nv; h++)
+		b[h] = load(g, vt, at(g, B, add(g, bp, ci(g, h * gw))), 4);
+	V ka = mul(g, k, ci(g, ak));
+	for (int r = 0; r < MR; r++) {
+		V x = load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, am)), ka)), 4);
+		V a = LLVMBuildShuffleVector(g->b, insert(g, c_undef(vt), x, 0), c_undef(vt),
+					     LLVMConstNull(t_vec(t_i32(g), (unsigned)gw)), "");
+		for (int h = 0; h < nv; h++)
+			next[r * nv + h] = vfma(g, a, b[h], ph[r * nv + h]);
+	}
+	loop_next(g, na, ph, next);
+	cg_loop_end(g, &LK);
+	for (int i = 0; i < na; i++)
+		store(g, ph[i], cp[i], 4);
+}
 
 /* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
  * (M a multiple of MR, N of NR), f32 scratch all: the block products of
  * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
- * dK += dSt Q). A tile of MR x NR sums in 8 registers over k: two vector
- * loads of B and MR broadcasts of A feed 8 fmas. */
+ * dK += dSt Q). A tile of MR rows by nv vectors sums in registers over k:
+ * nv vector loads of B and MR broadcasts of A feed MR nv fmas. With
+ * AVX-512 (32 registers of 16 floats) the tiles are 4 x 4 vectors (16
+ * accumulators, 8 loads per 16 fmas) and a narrower one for what is left
+ * of N; with AVX2 (16 registers of 8) 4 x 2. */
 static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
 		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc)
 {
-	cg_loop LM, LN, LK;
+	int gw = gemm_lanes(g), nvm = gw == 16 ? 4 : 2;
+	int64_t nmain = N / (nvm * gw) * (nvm * gw);
+	int tail = (int)((N - nmain) / gw);
+	cg_loop LM, LN;
 	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
-	cg_loop_begin(g, &LN, ci(g, 0), ci(g, N), ci(g, NR));
-	V m0 = LM.iv, n0 = LN.iv;
-	V init[MR * 2], ph[MR * 2], next[MR * 2], cp[MR * 2];
-	for (int r = 0; r < MR; r++)
-		for (int h = 0; h < 2; h++) {
-			cp[r * 2 + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
-						     add(g, n0, ci(g, h * VW))));
-			init[r * 2 + h] = acc ? load(g, vf(g), cp[r * 2 + h], 4) : vconst(g, 0.0);
-		}
-	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
-	loop_phis(g, &LK, MR * 2, init, ph);
-	V k = LK.iv;
-	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
-	V b0 = load(g, vf(g), at(g, B, bp), 4);
-	V b1 = load(g, vf(g), at(g, B, add(g, bp, ci(g, VW))), 4);
-	for (int r = 0; r < MR; r++) {
-		V a = splat(g, load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)),
-									 ci(g, am)),
-								  mul(g, k, ci(g, ak)))), 4));
-		next[r * 2] = vfma(g, a, b0, ph[r * 2]);
-		next[r * 2 + 1] = vfma(g, a, b1, ph[r * 2 + 1]);
+	if (nmain > 0) {
+		cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
+		gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, kn, acc);
+		cg_loop_end(g, &LN);
 	}
-	loop_next(g, MR * 2, ph, next);
-	cg_loop_end(g, &LK);
-	for (int i = 0; i < MR * 2; i++)
-		store(g, ph[i], cp[i], 4);
-	cg_loop_end(g, &LN);
+	if (tail > 0)
+		gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain), kn, acc);
 	cg_loop_end(g, &LM);
 }
 

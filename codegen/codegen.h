@@ -93,7 +93,7 @@
 #include "plan.h"
 
 #define FZ_VW_MAX 8          /* lanes per thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 9 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 10 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -108,7 +108,8 @@
                               * emu; 9: host lanes sized with i64 as 4
                               * bytes, the last host pass keeps an output
                               * for the tail, host f32/f64 index_add by
-                              * lanes) */
+                              * lanes; 10: host attention products in
+                              * AVX-512 registers) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
