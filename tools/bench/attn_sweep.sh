@@ -1,17 +1,21 @@
 #!/bin/sh
-# attn_sweep.sh [FUSEC]: the whole attention sweep against the interpreter
-# on the CPU: query/key lengths 1, 17, 64, 127, 128, 129, 1000, 4097, head
-# dims 64, 80, 128, f32 and bf16, each with every variant of
-# tools/gen/attn_cases.py (plain, causal, GQA 4:1, bool padding mask,
-# sliding window, softcap with a float mask, the decomposed eager form).
-# The interpreter is f64 and not fast: the 4097 cases take minutes.
+# attn_sweep.sh [FUSEC [LENGTHS]]: the whole attention sweep against the
+# interpreter on the CPU: query/key lengths 1, 17, 64, 127, 128, 129, 1000,
+# 4097 (or the comma-separated LENGTHS), head dims 64, 80, 128, f32 and
+# bf16, each with every variant of tools/gen/attn_cases.py (plain, causal,
+# GQA 4:1, bool padding mask, sliding window, softcap with a float mask,
+# the decomposed eager form). Each line ends with the seconds it took.
+# The interpreter is f64 and not fast: the 4097 cases take minutes each.
 here=$(cd "$(dirname "$0")/../.." && pwd)
 fusec=${1:-$here/build/tools/fusec}
-for T in 1 17 64 127 128 129 1000 4097; do
+lengths=$(echo "${2:-1,17,64,127,128,129,1000,4097}" | tr ',' ' ')
+for T in $lengths; do
 	for D in 64 80 128; do
 		for dt in f32 bf16; do
 			printf 'T=%s D=%s %s: ' "$T" "$D" "$dt"
+			t0=$(date +%s)
 			sh "$here/tests/attention_run.sh" "$fusec" "$here" "$T" "$D" "$dt" | grep '^check' || echo FAILED
+			echo "  ($(($(date +%s) - t0)) s)"
 		done
 	done
 done
