@@ -11,11 +11,11 @@
  * window ranges skip the others): K transposed into Kt [D][BK] and V into
  * Vs [BK][Dv], both f32; then per query row i
  *
- *     s[j]  = q_i . k_j                 BK/8 vector accumulators over D
+ *     s[j]  = q_i . k_j                 S = Q Kt, one block product
  *     l[j]  = cg_attn_scores(s)         the trace's modification, -inf where
  *                                       hidden (the shared emitter)
  *     m'    = max(m, max_j l[j]);  a = exp(m - m');  p[j] = exp(l[j] - m')
- *     sum'  = a sum + sum_j p[j];  o_i = a o_i + sum_j p[j] v_j
+ *     sum'  = a sum + sum_j p[j];  o_i = a o_i + sum_j p[j] v_j  (O = a O + P V)
  *
  * and at the end o_i / sum and lse_i = m + log(sum) (a row that saw no
  * key: o = 0, lse = -inf). The backward recomputes p = exp(l - lse) per
@@ -24,12 +24,27 @@
  * (a block of keys walks the `group` query heads sharing its kv head and
  * their rows) adds dv_j += p do_i and dk_j += ds q_i. di = do_i . o_i.
  *
- * Vectors are 8 floats (one AVX register; two SSE ones, which LLVM splits),
- * but in the block products (gemm_s), which hold nearly all the flops:
- * there 16 (one AVX-512 register) where the host has them. D and Dv must
- * be multiples of 16. exp on the probabilities is a vector
- * polynomial (vexp, math.c's expf in lanes). The scores' modification is
- * per lane through cg_value, which the SLP vectorizer packs where it can.
+ * Where the time goes (B=1, H=16, T=2048, D=64, causal, f32): the block
+ * products hold about three quarters of it, the rows' softmax (the logits,
+ * exp, the running max and sum) the rest. So:
+ *   - the products (gemm_s) are register tiles of 4 rows by 4 vectors of
+ *     16 floats (16 zmm accumulators, 8 loads per 16 fmas) where the host
+ *     has AVX-512, 4 rows by 2 vectors of 8 elsewhere;
+ *   - the rows run in vectors of the same width (K->rw), exp by a
+ *     polynomial (vexp, math.c's expf in lanes; vscalefps for 2^k with
+ *     AVX-512);
+ *   - a block of keys that every row of the block of queries sees whole
+ *     (block_full: below a causal diagonal, nearly all of them) takes a
+ *     row loop without masks (by_fullness);
+ *   - the forward's rescaling of O by exp(m - m') happens as the P V
+ *     product loads its accumulators (gemm_s's rs), not in a pass of its
+ *     own.
+ * Other vectors (loads, transposes, stores) are 8 floats. D and Dv must be
+ * multiples of 16. A trace's own score modification (a mask, softcap, the
+ * decomposed form) is per lane through cg_value, which the SLP vectorizer
+ * packs where it can. The backward is two passes (dq; dk and dv: two
+ * regions) that both recompute S and dP: 7 block products where
+ * FlashAttention-2's one pass needs 5.
  */
 #include <math.h>
 #include <stdio.h>
