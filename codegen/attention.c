@@ -197,7 +197,14 @@ static void sstore(cg *g, int s, fz_dtype d, V off, V x)
 	      (unsigned)fz_dtype_size(d));
 }
 
-static V scratch(cg *g, int n) { return cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n)); }
+/* n floats of stack, on a cache line of their own: rows of 64 floats
+ * start lines too, so no vector of 16 straddles two. */
+static V scratch(cg *g, int n)
+{
+	V a = cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n));
+	LLVMSetAlignment(a, 64);
+	return a;
+}
 
 static V at(cg *g, V base, V i) { return gep(g, t_f32(g), base, i); }
 
