@@ -298,6 +298,22 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 	}
 }
 
+/* Whether key j is hidden from query i by the length, causal and window
+ * rules (tk and w the key length and the window): scalars, or vectors of
+ * them lane by lane. */
+static V hidden_at(cg *g, const fz_attn *A, V j, V i, V tk, V w)
+{
+	V hidden = icmp(g, LLVMIntUGE, j, tk);
+	if (A->causal)
+		hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, i));
+	if (A->window > 0) {
+		hidden = or_(g, hidden, icmp(g, LLVMIntUGE, i, add(g, j, w)));
+		if (!A->causal)
+			hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, i, w)));
+	}
+	return hidden;
+}
+
 /* One arm of cg_attn_scores' branch: the scores, then on to join, with
  * what the arm memoized and its index arithmetic forgotten (the other arm
  * does not see them). Returns the arm's last block. */
@@ -380,15 +396,7 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 	/* beyond Tk, causal, window */
 	for (int l = 0; l < nl; l++) {
 		V j = add(g, cg_ix_value(g, j0), ci(g, l));
-		V hidden = icmp(g, LLVMIntUGE, j, tk);
-		if (A->causal)
-			hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, i));
-		if (A->window > 0) {
-			V w = ci(g, A->window);
-			hidden = or_(g, hidden, icmp(g, LLVMIntUGE, i, add(g, j, w)));
-			if (!A->causal)
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, i, w)));
-		}
+		V hidden = hidden_at(g, A, j, i, tk, ci(g, A->window));
 		out[l] = sel(g, hidden, c_f32(g, -INFINITY), res[l]);
 		if (dl)
 			dl[l] = sel(g, hidden, c_f32(g, 0.0), dres[l]);
@@ -595,25 +603,20 @@ static bool simple_scores(const fz_attn *A)
 
 /* An i1: simple scores, and every key of [kb, kb + BK) visible to every
  * query row of [i0, i1) (i1 > i0): the rows then need no mask at all
- * (below a causal diagonal, nearly every block). Constant false for
- * other scores. */
+ * (below a causal diagonal, nearly every block). Each rule hides a half
+ * plane of (i, j), so two corners decide: the last key against the first
+ * row (length, causal, j - i >= window) and the first key against the
+ * last row (i - j >= window). Constant false for other scores. */
 static V block_full(ak *K, V i0, V i1, V kb)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	if (!simple_scores(A))
 		return c_i1(g, 0);
+	V tk = cg_ext(g, A->tk), w = ci(g, A->window);
 	V klast = add(g, kb, ci(g, BK - 1)), ilast = sub(g, i1, ci(g, 1));
-	V full = icmp(g, LLVMIntULT, klast, cg_ext(g, A->tk));
-	if (A->causal)
-		full = and_(g, full, icmp(g, LLVMIntULE, klast, i0));
-	if (A->window > 0) {
-		V w = ci(g, A->window);
-		full = and_(g, full, icmp(g, LLVMIntULT, ilast, add(g, kb, w)));
-		if (!A->causal)
-			full = and_(g, full, icmp(g, LLVMIntULT, klast, add(g, i0, w)));
-	}
-	return full;
+	V some = or_(g, hidden_at(g, A, klast, i0, tk, w), hidden_at(g, A, kb, ilast, tk, w));
+	return LLVMBuildNot(g->b, some, "");
 }
 
 /* Emits rows(K, arg, true) where full holds, rows(K, arg, false) where
@@ -658,14 +661,7 @@ static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V
 			if (full)
 				continue;
 			V j = iota_from(g, rw, add(g, kb, ci(g, c * rw)));
-			V hidden = icmp(g, LLVMIntUGE, j, tkv);
-			if (A->causal)
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
-			if (A->window > 0) {
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, vi, add(g, j, vw)));
-				if (!A->causal)
-					hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, vi, vw)));
-			}
+			V hidden = hidden_at(g, A, j, vi, tkv, vw);
 			lg[c] = sel(g, hidden, ninf, lg[c]);
 			if (dlg)
 				dlg[c] = sel(g, hidden, vconstn(g, rw, 0.0), vs);
