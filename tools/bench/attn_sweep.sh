@@ -2,10 +2,11 @@
 # attn_sweep.sh [FUSEC [LENGTHS [DIMS]]]: the whole attention sweep against
 # the interpreter on the CPU: query/key lengths 1, 17, 64, 127, 128, 129,
 # 1000, 4097 (or the comma-separated LENGTHS), head dims 64, 80, 128 (or
-# DIMS), f32 and bf16, each with every variant of tools/gen/attn_cases.py (plain, causal,
-# GQA 4:1, bool padding mask, sliding window, softcap with a float mask,
-# the decomposed eager form). Each line ends with the seconds it took.
-# The interpreter is f64 and not fast: the 4097 cases take minutes each.
+# DIMS), f32 and bf16, each with every variant of tools/gen/attn_cases.py
+# (plain, causal, GQA 4:1, bool padding mask, sliding window, softcap with
+# a float mask, the decomposed eager form). Each file's line ends with the
+# seconds it took. The interpreter is f64 and scalar: a 4097 file takes
+# 10 to 45 minutes (tools/bench/results/attn_sweep-cpu-*.txt).
 here=$(cd "$(dirname "$0")/../.." && pwd)
 fusec=${1:-$here/build/tools/fusec}
 lengths=$(echo "${2:-1,17,64,127,128,129,1000,4097}" | tr ',' ' ')
