@@ -11,11 +11,11 @@
  * window ranges skip the others): K transposed into Kt [D][BK] and V into
  * Vs [BK][Dv], both f32; then per query row i
  *
- *     s[j]  = q_i . k_j                 BK/8 vector accumulators over D
+ *     s[j]  = q_i . k_j                 S = Q Kt, one block product
  *     l[j]  = cg_attn_scores(s)         the trace's modification, -inf where
  *                                       hidden (the shared emitter)
  *     m'    = max(m, max_j l[j]);  a = exp(m - m');  p[j] = exp(l[j] - m')
- *     sum'  = a sum + sum_j p[j];  o_i = a o_i + sum_j p[j] v_j
+ *     sum'  = a sum + sum_j p[j];  o_i = a o_i + sum_j p[j] v_j  (O = a O + P V)
  *
  * and at the end o_i / sum and lse_i = m + log(sum) (a row that saw no
  * key: o = 0, lse = -inf). The backward recomputes p = exp(l - lse) per
@@ -24,15 +24,34 @@
  * (a block of keys walks the `group` query heads sharing its kv head and
  * their rows) adds dv_j += p do_i and dk_j += ds q_i. di = do_i . o_i.
  *
- * Vectors are 8 floats (one AVX register; two SSE ones, which LLVM splits):
- * D and Dv must be multiples of 8. exp on the probabilities is a vector
- * polynomial (vexp, math.c's expf in lanes). The scores' modification is
- * per lane through cg_value, which the SLP vectorizer packs where it can.
+ * Where the time goes (B=1, H=16, T=2048, D=64, causal, f32): the block
+ * products hold about three quarters of it, the rows' softmax (the logits,
+ * exp, the running max and sum) the rest. So:
+ *   - the products (gemm_s) are register tiles of 4 rows by 4 vectors of
+ *     16 floats (16 zmm accumulators, 8 loads per 16 fmas) where the host
+ *     has AVX-512, 4 rows by 2 vectors of 8 elsewhere;
+ *   - the rows run in vectors of the same width (K->rw), exp by a
+ *     polynomial (vexp, math.c's expf in lanes; vscalefps for 2^k with
+ *     AVX-512);
+ *   - a block of keys that every row of the block of queries sees whole
+ *     (block_full: below a causal diagonal, nearly all of them) takes a
+ *     row loop without masks (by_fullness);
+ *   - the forward's rescaling of O by exp(m - m') happens as the P V
+ *     product loads its accumulators (gemm_s's rs), not in a pass of its
+ *     own.
+ * Other vectors (loads, transposes, stores) are 8 floats. D and Dv must be
+ * multiples of 16. A trace's own score modification (a mask, softcap, the
+ * decomposed form) is per lane through cg_value, which the SLP vectorizer
+ * packs where it can. The backward is two passes (dq; dk and dv: two
+ * regions) that both recompute S and dP: 7 block products where
+ * FlashAttention-2's one pass needs 5.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <llvm-c/TargetMachine.h>
 
 #include "cg.h"
 #include "llvm.h"
@@ -43,25 +62,36 @@
 
 /* ---- vector helpers -------------------------------------------------------- */
 
-static T vf(cg *g) { return t_vec(t_f32(g), VW); }
+static T vfn(cg *g, int n) { return t_vec(t_f32(g), (unsigned)n); }
 
-static V splat(cg *g, V x)
+static T vf(cg *g) { return vfn(g, VW); }
+
+static int lanes(V x) { return (int)LLVMGetVectorSize(type_of(x)); }
+
+/* x in each of n lanes (an insert and a shuffle: one broadcast). */
+static V splatn(cg *g, int n, V x)
 {
-	V v = c_undef(vf(g));
-	for (int l = 0; l < VW; l++)
-		v = insert(g, v, x, (unsigned)l);
-	return v;
+	T vt = t_vec(type_of(x), (unsigned)n);
+	return LLVMBuildShuffleVector(g->b, insert(g, c_undef(vt), x, 0), c_undef(vt),
+				      LLVMConstNull(t_vec(t_i32(g), (unsigned)n)), "");
 }
 
-static V vconst(cg *g, double x) { return splat(g, c_f32(g, x)); }
+static V splat(cg *g, V x) { return splatn(g, VW, x); }
 
-static V splat_i32(cg *g, int x)
+/* Constant c in each of n lanes. */
+static V csplat(V c, int n)
 {
-	V e[VW];
-	for (int l = 0; l < VW; l++)
-		e[l] = c_i32(g, x);
-	return LLVMConstVector(e, VW);
+	V e[16];
+	for (int l = 0; l < n; l++)
+		e[l] = c;
+	return LLVMConstVector(e, (unsigned)n);
 }
+
+static V vconstn(cg *g, int n, double x) { return csplat(c_f32(g, x), n); }
+
+static V vconst(cg *g, double x) { return vconstn(g, VW, x); }
+
+static V splat_i32(cg *g, int n, int x) { return csplat(c_i32(g, x), n); }
 
 static V vfma(cg *g, V a, V b, V c)
 {
@@ -74,49 +104,62 @@ static V vun(cg *g, const char *name, V x)
 	return call_intrinsic(g, name, type_of(x), type_of(x), &x, 1);
 }
 
-static V vbin(cg *g, const char *name, V a, V b)
-{
-	V args[2] = {a, b};
-	return call_intrinsic(g, name, type_of(a), type_of(a), args, 2);
-}
+/* The larger of a and b (b where either is NaN: one vmaxps, where
+ * llvm.maxnum would add a test for NaN; there are none here). */
+static V vmax(cg *g, V a, V b) { return sel(g, fcmp(g, LLVMRealOGT, a, b), a, b); }
 
-/* exp of 8 lanes: x = k ln2 + r, degree-7 polynomial, 2^k by exponent
- * bits (math.c's expf, in lanes); -inf and anything below -104 give 0. */
+/* exp in lanes: x = k ln2 + r, degree-7 polynomial, 2^k by exponent bits
+ * (math.c's expf, in lanes); -inf and anything below -104 give 0. Sixteen
+ * lanes (only made where the host has AVX-512: gemm_lanes) scale by 2^k
+ * with vscalefps, which under- and overflows as exp does: below -120 the
+ * result is 0 (2^-173 p), so no test for -inf is needed. */
 static V vexp(cg *g, V x)
 {
 	const double ln2 = 0.69314718055994530942;
 	float hi = (float)ln2;
 	float lo = (float)(ln2 - (double)hi);
-	T vi = t_vec(t_i32(g), VW);
-	V low = fcmp(g, LLVMRealOLT, x, vconst(g, -104.0));
-	V xc = vbin(g, "llvm.minnum", vbin(g, "llvm.maxnum", x, vconst(g, -104.0)),
-		    vconst(g, 88.0));
-	V k = vun(g, "llvm.rint", fmul(g, xc, vconst(g, 1.4426950408889634)));
-	V r = vfma(g, fneg(g, k), vconst(g, hi), xc);
-	r = vfma(g, fneg(g, k), vconst(g, lo), r);
+	int n = lanes(x);
+	T vi = t_vec(t_i32(g), (unsigned)n);
+	V xc = vmax(g, x, vconstn(g, n, n == 16 ? -120.0 : -104.0));
+	xc = sel(g, fcmp(g, LLVMRealOLT, xc, vconstn(g, n, 88.0)), xc, vconstn(g, n, 88.0));
+	V k = vun(g, "llvm.rint", fmul(g, xc, vconstn(g, n, 1.4426950408889634)));
+	V r = vfma(g, fneg(g, k), vconstn(g, n, hi), xc);
+	r = vfma(g, fneg(g, k), vconstn(g, n, lo), r);
 	static const double C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
 				   1.0 / 720, 1.0 / 5040};
-	V p = vconst(g, C[7]);
+	V p = vconstn(g, n, C[7]);
 	for (int i = 6; i >= 0; i--)
-		p = vfma(g, p, r, vconst(g, C[i]));
+		p = vfma(g, p, r, vconstn(g, n, C[i]));
+	if (n == 16) {
+		V args[5] = {p, k, c_undef(vfn(g, n)), LLVMConstInt(t_i16(g), 0xffff, 0),
+			     c_i32(g, 4)};
+		return call_intrinsic(g, "llvm.x86.avx512.mask.scalef.ps.512", NULL, NULL, args, 5);
+	}
+	V low = fcmp(g, LLVMRealOLT, x, vconstn(g, n, -104.0));
 	V ki = LLVMBuildFPToSI(g->b, k, vi, "");
-	V k1 = ashr(g, ki, splat_i32(g, 1)), k2 = sub(g, ki, k1);
-	V s1 = bitcast(g, shl(g, add(g, k1, splat_i32(g, 127)), splat_i32(g, 23)), vf(g));
-	V s2 = bitcast(g, shl(g, add(g, k2, splat_i32(g, 127)), splat_i32(g, 23)), vf(g));
+	V k1 = ashr(g, ki, splat_i32(g, n, 1)), k2 = sub(g, ki, k1);
+	V s1 = bitcast(g, shl(g, add(g, k1, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
+		       vfn(g, n));
+	V s2 = bitcast(g, shl(g, add(g, k2, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
+		       vfn(g, n));
 	V y = fmul(g, fmul(g, p, s1), s2);
-	return sel(g, low, vconst(g, 0.0), y);
+	return sel(g, low, vconstn(g, n, 0.0), y);
 }
 
+/* The sum (or max) of v's lanes, by halves. */
 static V hreduce(cg *g, V v, bool max)
 {
-	V x = extract(g, v, 0);
-	for (int l = 1; l < VW; l++) {
-		V e = extract(g, v, (unsigned)l);
-		V args[2] = {x, e};
-		x = max ? call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g), args, 2) :
-			  fadd(g, x, e);
+	for (int n = lanes(v) / 2; n >= 1; n /= 2) {
+		V lo[8], hi[8];
+		for (int l = 0; l < n; l++) {
+			lo[l] = c_i32(g, l);
+			hi[l] = c_i32(g, n + l);
+		}
+		V a = LLVMBuildShuffleVector(g->b, v, v, LLVMConstVector(lo, (unsigned)n), "");
+		V b = LLVMBuildShuffleVector(g->b, v, v, LLVMConstVector(hi, (unsigned)n), "");
+		v = max ? vmax(g, a, b) : fadd(g, a, b);
 	}
-	return x;
+	return extract(g, v, 0);
 }
 
 /* ---- memory: region buffers in their dtype, scratch in f32 ----------------- */
@@ -133,7 +176,7 @@ static V vload(cg *g, int s, fz_dtype d, V off)
 	default: { /* bf16: the high half of an f32 */
 		V h = load(g, t_vec(t_i16(g), VW), p, 2);
 		V w = LLVMBuildZExt(g->b, h, t_vec(t_i32(g), VW), "");
-		return bitcast(g, shl(g, w, splat_i32(g, 16)), vf(g));
+		return bitcast(g, shl(g, w, splat_i32(g, VW, 16)), vf(g));
 	}
 	}
 }
@@ -151,7 +194,14 @@ static void sstore(cg *g, int s, fz_dtype d, V off, V x)
 	      (unsigned)fz_dtype_size(d));
 }
 
-static V scratch(cg *g, int n) { return cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n)); }
+/* n floats of stack, on a cache line of their own: rows of 64 floats
+ * start lines too, so no vector of 16 straddles two. */
+static V scratch(cg *g, int n)
+{
+	V a = cg_entry_alloca(g, t_arr(t_f32(g), (unsigned)n));
+	LLVMSetAlignment(a, 64);
+	return a;
+}
 
 static V at(cg *g, V base, V i) { return gep(g, t_f32(g), base, i); }
 
@@ -248,6 +298,22 @@ static void scores_at(cg *g, const fz_attn *A, const cg_ix *bix, V h, V i, int n
 	}
 }
 
+/* Whether key j is hidden from query i by the length, causal and window
+ * rules (tk and w the key length and the window): scalars, or vectors of
+ * them lane by lane. */
+static V hidden_at(cg *g, const fz_attn *A, V j, V i, V tk, V w)
+{
+	V hidden = icmp(g, LLVMIntUGE, j, tk);
+	if (A->causal)
+		hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, i));
+	if (A->window > 0) {
+		hidden = or_(g, hidden, icmp(g, LLVMIntUGE, i, add(g, j, w)));
+		if (!A->causal)
+			hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, i, w)));
+	}
+	return hidden;
+}
+
 /* One arm of cg_attn_scores' branch: the scores, then on to join, with
  * what the arm memoized and its index arithmetic forgotten (the other arm
  * does not see them). Returns the arm's last block. */
@@ -330,15 +396,7 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 	/* beyond Tk, causal, window */
 	for (int l = 0; l < nl; l++) {
 		V j = add(g, cg_ix_value(g, j0), ci(g, l));
-		V hidden = icmp(g, LLVMIntUGE, j, tk);
-		if (A->causal)
-			hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, i));
-		if (A->window > 0) {
-			V w = ci(g, A->window);
-			hidden = or_(g, hidden, icmp(g, LLVMIntUGE, i, add(g, j, w)));
-			if (!A->causal)
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, i, w)));
-		}
+		V hidden = hidden_at(g, A, j, i, tk, ci(g, A->window));
 		out[l] = sel(g, hidden, c_f32(g, -INFINITY), res[l]);
 		if (dl)
 			dl[l] = sel(g, hidden, c_f32(g, 0.0), dres[l]);
@@ -385,6 +443,7 @@ typedef struct ak {
 	int sq, sk, sv, so, slse, sdo; /* buffer slots (-1 absent) */
 	fz_dtype dt;
 	int64_t D, DV;
+	int rw; /* floats per vector of the rows' softmax: gemm_lanes */
 } ak;
 
 /* Rows [0, n) of slot s from element `first`, `len` floats each (a
@@ -440,125 +499,195 @@ static void zero(cg *g, V X, int64_t n)
 	cg_loop_end(g, &L);
 }
 
-#define MR 4          /* rows of a product's register tile */
-#define NR (2 * VW)   /* columns: two vectors */
+#define MR 4 /* rows of a product's register tile */
+#define NR 16 /* head dims are a multiple of this */
+
+/* Floats per vector of the block products: 16 (a zmm register) where the
+ * host has AVX-512, else VW. The products hold nearly all the flops, and
+ * nothing else in a pass depends on their width. */
+static int gemm_lanes(cg *g)
+{
+	if (g->o.target != FZ_CG_HOST || !g->c->tm)
+		return VW;
+	char *f = LLVMGetTargetMachineFeatureString((LLVMTargetMachineRef)g->c->tm);
+	bool wide = f && strstr(f, "+avx512f");
+	LLVMDisposeMessage(f);
+	return wide ? 16 : VW;
+}
+
+/* The MR x nv vector tile of C at rows m0, columns n0 (see gemm_s). */
+static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, int64_t ldb,
+		      V C, int64_t ldc, V m0, V n0, int64_t kn, bool acc, V rs)
+{
+	T vt = t_vec(t_f32(g), (unsigned)gw);
+	cg_loop LK;
+	V init[MR * 8], ph[MR * 8], next[MR * 8], cp[MR * 8], b[8];
+	int na = MR * nv;
+	for (int r = 0; r < MR; r++)
+		for (int h = 0; h < nv; h++) {
+			cp[r * nv + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
+						      add(g, n0, ci(g, h * gw))));
+			init[r * nv + h] = acc ? load(g, vt, cp[r * nv + h], 4) :
+						 LLVMConstNull(vt);
+			if (acc && rs)
+				init[r * nv + h] = fmul(g, init[r * nv + h],
+					splatn(g, gw, load(g, t_f32(g), at(g, rs, add(g, m0, ci(g, r))), 4)));
+		}
+	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	loop_phis(g, &LK, na, init, ph);
+	V k = LK.iv;
+	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
+	for (int h = 0; h < nv; h++)
+		b[h] = load(g, vt, at(g, B, add(g, bp, ci(g, h * gw))), 4);
+	V ka = mul(g, k, ci(g, ak));
+	for (int r = 0; r < MR; r++) {
+		V x = load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, am)), ka)), 4);
+		V a = splatn(g, gw, x);
+		for (int h = 0; h < nv; h++)
+			next[r * nv + h] = vfma(g, a, b[h], ph[r * nv + h]);
+	}
+	loop_next(g, na, ph, next);
+	cg_loop_end(g, &LK);
+	for (int i = 0; i < na; i++)
+		store(g, ph[i], cp[i], 4);
+}
 
 /* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
  * (M a multiple of MR, N of NR), f32 scratch all: the block products of
  * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
- * dK += dSt Q). A tile of MR x NR sums in 8 registers over k: two vector
- * loads of B and MR broadcasts of A feed 8 fmas. */
+ * dK += dSt Q); with rs, C's row m is scaled by rs[m] first (the forward's
+ * rescaling of O, at no extra pass over it). A tile of MR rows by nv vectors sums in registers over k:
+ * nv vector loads of B and MR broadcasts of A feed MR nv fmas. With
+ * AVX-512 (32 registers of 16 floats) the tiles are 4 x 4 vectors (16
+ * accumulators, 8 loads per 16 fmas) and a narrower one for what is left
+ * of N; with AVX2 (16 registers of 8) 4 x 2. */
 static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
-		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc)
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs)
 {
-	cg_loop LM, LN, LK;
+	int gw = gemm_lanes(g), nvm = gw == 16 ? 4 : 2;
+	int64_t nmain = N / (nvm * gw) * (nvm * gw);
+	int tail = (int)((N - nmain) / gw);
+	cg_loop LM, LN;
 	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
-	cg_loop_begin(g, &LN, ci(g, 0), ci(g, N), ci(g, NR));
-	V m0 = LM.iv, n0 = LN.iv;
-	V init[MR * 2], ph[MR * 2], next[MR * 2], cp[MR * 2];
-	for (int r = 0; r < MR; r++)
-		for (int h = 0; h < 2; h++) {
-			cp[r * 2 + h] = at(g, C, add(g, mul(g, add(g, m0, ci(g, r)), ci(g, ldc)),
-						     add(g, n0, ci(g, h * VW))));
-			init[r * 2 + h] = acc ? load(g, vf(g), cp[r * 2 + h], 4) : vconst(g, 0.0);
-		}
-	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
-	loop_phis(g, &LK, MR * 2, init, ph);
-	V k = LK.iv;
-	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
-	V b0 = load(g, vf(g), at(g, B, bp), 4);
-	V b1 = load(g, vf(g), at(g, B, add(g, bp, ci(g, VW))), 4);
-	for (int r = 0; r < MR; r++) {
-		V a = splat(g, load(g, t_f32(g), at(g, A, add(g, mul(g, add(g, m0, ci(g, r)),
-									 ci(g, am)),
-								  mul(g, k, ci(g, ak)))), 4));
-		next[r * 2] = vfma(g, a, b0, ph[r * 2]);
-		next[r * 2 + 1] = vfma(g, a, b1, ph[r * 2 + 1]);
+	if (nmain > 0) {
+		cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
+		gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, kn, acc, rs);
+		cg_loop_end(g, &LN);
 	}
-	loop_next(g, MR * 2, ph, next);
-	cg_loop_end(g, &LK);
-	for (int i = 0; i < MR * 2; i++)
-		store(g, ph[i], cp[i], 4);
-	cg_loop_end(g, &LN);
+	if (tail > 0)
+		gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain), kn, acc, rs);
 	cg_loop_end(g, &LM);
 }
 
-/* A vector of ity: x + (0, 1, ..., VW - 1). */
-static V iota_from(cg *g, V x)
+/* A vector of ity in n lanes: x + (0, 1, ..., n - 1). */
+static V iota_from(cg *g, int n, V x)
 {
-	T vt = t_vec(g->ity, VW);
-	V e[VW];
-	for (int l = 0; l < VW; l++)
+	V e[16];
+	for (int l = 0; l < n; l++)
 		e[l] = c_int(g->ity, l);
-	V v = c_undef(vt);
-	for (int l = 0; l < VW; l++)
-		v = insert(g, v, x, (unsigned)l);
-	return add(g, v, LLVMConstVector(e, VW));
+	return add(g, splatn(g, n, x), LLVMConstVector(e, (unsigned)n));
 }
 
 static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
-		 int64_t M, int64_t N, int64_t kn, bool acc)
+		 int64_t M, int64_t N, int64_t kn, bool acc, V rs)
 {
-	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc);
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs);
 }
 
-/* The logits (and derivatives) of row r of S [..][BK], keys from kb. A
- * primitive with neither mask nor softcap (scale, causal, window) is
- * computed here in whole vectors; anything else lane by lane through
- * cg_attn_scores, the expression emitter's way. */
-static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, V *lg, V *dlg)
+/* The primitive's scores with neither mask nor softcap: scale, and the
+ * causal, window and length rules, computed here in whole vectors. */
+static bool simple_scores(const fz_attn *A)
+{
+	return !A->decomposed && !A->mask && A->softcap == 0;
+}
+
+/* An i1: simple scores, and every key of [kb, kb + BK) visible to every
+ * query row of [i0, i1) (i1 > i0): the rows then need no mask at all
+ * (below a causal diagonal, nearly every block). Each rule hides a half
+ * plane of (i, j), so two corners decide: the last key against the first
+ * row (length, causal, j - i >= window) and the first key against the
+ * last row (i - j >= window). Constant false for other scores. */
+static V block_full(ak *K, V i0, V i1, V kb)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
-	if (!A->decomposed && !A->mask && A->softcap == 0) {
-		T vt = t_vec(g->ity, VW);
-		V tk = cg_ext(g, A->tk), vi = iota_from(g, i), ninf = vconst(g, -INFINITY);
-		V tkv = iota_from(g, tk), vw = iota_from(g, ci(g, A->window));
-		(void)vt;
-		/* iota_from(x) - iota: x in every lane */
-		V zero_iota = iota_from(g, ci(g, 0));
-		vi = sub(g, vi, zero_iota);
-		tkv = sub(g, tkv, zero_iota);
-		vw = sub(g, vw, zero_iota);
-		for (int c = 0; c < BK / VW; c++) {
-			V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
-			V j = iota_from(g, add(g, kb, ci(g, c * VW)));
-			V hidden = icmp(g, LLVMIntUGE, j, tkv);
-			if (A->causal)
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
-			if (A->window > 0) {
-				hidden = or_(g, hidden, icmp(g, LLVMIntUGE, vi, add(g, j, vw)));
-				if (!A->causal)
-					hidden = or_(g, hidden, icmp(g, LLVMIntUGE, j, add(g, vi, vw)));
-			}
-			lg[c] = sel(g, hidden, ninf, fmul(g, sv, vconst(g, A->scale)));
+	if (!simple_scores(A))
+		return c_i1(g, 0);
+	V tk = cg_ext(g, A->tk), w = ci(g, A->window);
+	V klast = add(g, kb, ci(g, BK - 1)), ilast = sub(g, i1, ci(g, 1));
+	V some = or_(g, hidden_at(g, A, klast, i0, tk, w), hidden_at(g, A, kb, ilast, tk, w));
+	return LLVMBuildNot(g->b, some, "");
+}
+
+/* Emits rows(K, arg, true) where full holds, rows(K, arg, false) where
+ * not: a block without masks gets the row loop without them. */
+static void by_fullness(ak *K, V full, void (*rows)(ak *, void *, bool), void *arg)
+{
+	cg *g = K->g;
+	if (LLVMIsConstant(full)) {
+		rows(K, arg, LLVMConstIntGetZExtValue(full) != 0);
+		return;
+	}
+	LLVMBasicBlockRef yes = block(g, "attn.full"), no = block(g, "attn.masked"),
+			  join = block(g, "attn.rows");
+	cond_br(g, full, yes, no);
+	at_end(g, yes);
+	rows(K, arg, true);
+	br(g, join);
+	at_end(g, no);
+	rows(K, arg, false);
+	br(g, join);
+	at_end(g, join);
+}
+
+/* The logits (and, with dlg, their derivatives) of row r of S [..][BK],
+ * keys from kb, in vectors of K->rw. Simple scores are computed here in
+ * whole vectors (with full, no mask at all); anything else lane by lane
+ * through cg_attn_scores, the expression emitter's way. */
+static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V *dlg)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	int rw = K->rw, nc = BK / rw;
+	V vs = vconstn(g, rw, A->scale);
+	if (simple_scores(A)) {
+		V vi = splatn(g, rw, i), ninf = vconstn(g, rw, -INFINITY);
+		V tkv = splatn(g, rw, cg_ext(g, A->tk)), vw = splatn(g, rw, ci(g, A->window));
+		for (int c = 0; c < nc; c++) {
+			V sv = load(g, vfn(g, rw), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * rw))), 4);
+			lg[c] = fmul(g, sv, vs);
 			if (dlg)
-				dlg[c] = sel(g, hidden, vconst(g, 0.0), vconst(g, A->scale));
+				dlg[c] = vs;
+			if (full)
+				continue;
+			V j = iota_from(g, rw, add(g, kb, ci(g, c * rw)));
+			V hidden = hidden_at(g, A, j, vi, tkv, vw);
+			lg[c] = sel(g, hidden, ninf, lg[c]);
+			if (dlg)
+				dlg[c] = sel(g, hidden, vconstn(g, rw, 0.0), vs);
 		}
 		return;
 	}
-	for (int c = 0; c < BK / VW; c++) {
-		V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
-		V s[VW], o[VW], d[VW];
-		for (int l = 0; l < VW; l++)
-			s[l] = extract(g, sv, (unsigned)l);
-		cg_ix j0 = cg_ix_of(add(g, kb, ci(g, c * VW)), VW);
-		cg_attn_scores(g, K->A, b, h, i, j0, VW, s, o, dlg ? d : NULL);
-		lg[c] = c_undef(vf(g));
+	for (int c = 0; c < nc; c++) {
+		V o[16], d[16];
+		for (int u = 0; u < rw; u += VW) {
+			V sv = load(g, vf(g), at(g, S, add(g, mul(g, r, ci(g, BK)),
+							  ci(g, c * rw + u))), 4);
+			V s[VW];
+			for (int l = 0; l < VW; l++)
+				s[l] = extract(g, sv, (unsigned)l);
+			cg_ix j0 = cg_ix_of(add(g, kb, ci(g, c * rw + u)), VW);
+			cg_attn_scores(g, K->A, b, h, i, j0, VW, s, o + u, dlg ? d + u : NULL);
+		}
+		lg[c] = c_undef(vfn(g, rw));
 		if (dlg)
-			dlg[c] = c_undef(vf(g));
-		for (int l = 0; l < VW; l++) {
+			dlg[c] = c_undef(vfn(g, rw));
+		for (int l = 0; l < rw; l++) {
 			lg[c] = insert(g, lg[c], o[l], (unsigned)l);
 			if (dlg)
 				dlg[c] = insert(g, dlg[c], d[l], (unsigned)l);
 		}
 	}
-}
-
-static V exp_masked(cg *g, V lg, V shift)
-{
-	V p = vexp(g, fsub(g, lg, shift));
-	return sel(g, fcmp(g, LLVMRealOEQ, lg, vconst(g, -INFINITY)), vconst(g, 0.0), p);
 }
 
 static V dot_rows(ak *K, int s1, V off1, int s2, V off2, int64_t n)
@@ -617,6 +746,42 @@ static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
 	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
 }
 
+/* The forward's rows of one block of keys (by_fullness's rows). */
+typedef struct frows {
+	const qitem *Q;
+	V S, Ms, Ls, Al, kb;
+} frows;
+
+static void fwd_rows(ak *K, void *arg, bool full)
+{
+	cg *g = K->g;
+	frows *F = arg;
+	int rw = K->rw, nc = BK / rw;
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), F->Q->nrows, ci(g, 1));
+	V r = R.iv, lg[16];
+	row_logits(K, F->S, r, F->Q->b, F->Q->h, add(g, F->Q->i0, r), F->kb, full, lg, NULL);
+	V bm = lg[0];
+	for (int c = 1; c < nc; c++)
+		bm = vmax(g, bm, lg[c]);
+	V mold = load(g, t_f32(g), at(g, F->Ms, r), 4);
+	V mnew = vmax(g, hreduce(g, bm, true), mold);
+	/* a row that has seen no key yet: -inf, shifted by 0 */
+	V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0), mnew);
+	V alpha = extract(g, vexp(g, splat(g, fsub(g, mold, muse))), 0);
+	V psum = vconstn(g, rw, 0.0), vm = splatn(g, rw, muse);
+	for (int c = 0; c < nc; c++) {
+		V p = vexp(g, fsub(g, lg[c], vm)); /* -inf - muse: 0 */
+		psum = fadd(g, psum, p);
+		store(g, p, at(g, F->S, add(g, mul(g, r, ci(g, BK)), ci(g, c * rw))), 4);
+	}
+	V lold = load(g, t_f32(g), at(g, F->Ls, r), 4);
+	store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, F->Ls, r), 4);
+	store(g, mnew, at(g, F->Ms, r), 4);
+	store(g, alpha, at(g, F->Al, r), 4);
+	cg_loop_end(g, &R);
+}
+
 static void kernel_fwd(ak *K)
 {
 	cg *g = K->g;
@@ -625,6 +790,7 @@ static void kernel_fwd(ak *K)
 	V Qs = scratch(g, BQ * (int)D), Kt = scratch(g, (int)D * BK);
 	V Vs = scratch(g, BK * (int)DV), Os = scratch(g, BQ * (int)DV);
 	V S = scratch(g, BQ * BK), Ms = scratch(g, BQ), Ls = scratch(g, BQ);
+	V Al = scratch(g, BQ);
 	cg_loop W, R, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
@@ -633,43 +799,17 @@ static void kernel_fwd(ak *K)
 	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
 	store(g, c_f32(g, -INFINITY), at(g, Ms, R.iv), 4);
 	store(g, c_f32(g, 0.0), at(g, Ls, R.iv), 4);
+	store(g, c_f32(g, 0.0), at(g, Al, R.iv), 4); /* rows past nrows: O stays 0 */
 	cg_loop_end(g, &R);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
 	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
 	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
-	/* per row: online softmax; S becomes p, O is rescaled */
-	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
-	{
-		V r = R.iv, lg[BK / VW];
-		row_logits(K, S, r, Q.b, Q.h, add(g, Q.i0, r), kb, lg, NULL);
-		V bm = lg[0];
-		for (int c = 1; c < BK / VW; c++)
-			bm = vbin(g, "llvm.maxnum", bm, lg[c]);
-		V mold = load(g, t_f32(g), at(g, Ms, r), 4);
-		V mnew = call_intrinsic(g, "llvm.maxnum", t_f32(g), t_f32(g),
-					(V[]){mold, hreduce(g, bm, true)}, 2);
-		V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)),
-			     c_f32(g, 0.0), mnew);
-		V alpha = extract(g, vexp(g, splat(g, fsub(g, mold, muse))), 0);
-		V psum = vconst(g, 0.0), vm = splat(g, muse);
-		for (int c = 0; c < BK / VW; c++) {
-			V p = exp_masked(g, lg[c], vm);
-			psum = fadd(g, psum, p);
-			store(g, p, at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
-		}
-		V lold = load(g, t_f32(g), at(g, Ls, r), 4);
-		store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, Ls, r), 4);
-		store(g, mnew, at(g, Ms, r), 4);
-		V va = splat(g, alpha), orow = mul(g, r, ci(g, DV));
-		for (int64_t e = 0; e < DV; e += VW) {
-			V p = at(g, Os, add(g, orow, ci(g, e)));
-			store(g, fmul(g, va, load(g, vf(g), p, 4)), p, 4);
-		}
-	}
-	cg_loop_end(g, &R);
-	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
+	/* per row: online softmax; S becomes p, Al the rescaling of O */
+	frows F = {&Q, S, Ms, Ls, Al, kb};
+	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), fwd_rows, &F);
+	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true, Al);
 	cg_loop_end(g, &KB);
 	/* o / l, lse */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
@@ -694,19 +834,44 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &W);
 }
 
-/* p and ds of row r from S and dP (rows of [..][BK]) into their vectors. */
-static void row_grads(ak *K, V S, V dP, V r, V b, V h, V i, V kb, V lse, V di,
-		      V *p, V *ds)
+/* The backward's rows of one block of keys (by_fullness's rows): p and
+ * ds of rows [0, nrows) from S and dP; S becomes ds (dq pass), or p with
+ * dP ds (keep_p, the dk/dv pass). */
+typedef struct grows {
+	V S, dP, LSE, DI, b, h, i0, nrows, kb;
+	bool keep_p;
+} grows;
+
+static void grad_rows(ak *K, void *arg, bool full)
 {
 	cg *g = K->g;
-	V lg[BK / VW], dl[BK / VW];
-	row_logits(K, S, r, b, h, i, kb, lg, dl);
-	V vl = splat(g, lse), vd = splat(g, di);
-	for (int c = 0; c < BK / VW; c++) {
-		V dp = load(g, vf(g), at(g, dP, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
-		p[c] = exp_masked(g, lg[c], vl);
-		ds[c] = fmul(g, fmul(g, p[c], fsub(g, dp, vd)), dl[c]);
+	grows *G = arg;
+	int rw = K->rw, nc = BK / rw;
+	bool simple = simple_scores(K->A);
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), G->nrows, ci(g, 1));
+	V r = R.iv, lg[16], dl[16];
+	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, full, lg,
+		   simple ? NULL : dl);
+	/* a row that saw no key has lse -inf: +inf in its place gives p 0 */
+	V lse = load(g, t_f32(g), at(g, G->LSE, r), 4);
+	lse = sel(g, fcmp(g, LLVMRealOEQ, lse, c_f32(g, -INFINITY)), c_f32(g, INFINITY), lse);
+	V vl = splatn(g, rw, lse), vd = splatn(g, rw, load(g, t_f32(g), at(g, G->DI, r), 4));
+	for (int c = 0; c < nc; c++) {
+		V o = add(g, mul(g, r, ci(g, BK)), ci(g, c * rw));
+		V dp = load(g, vfn(g, rw), at(g, G->dP, o), 4);
+		V p = vexp(g, fsub(g, lg[c], vl));
+		/* simple scores: d logit / d s is the scale where p is not 0 */
+		V ds = fmul(g, fmul(g, p, fsub(g, dp, vd)),
+			    simple ? vconstn(g, rw, K->A->scale) : dl[c]);
+		if (G->keep_p) {
+			store(g, p, at(g, G->S, o), 4);
+			store(g, ds, at(g, G->dP, o), 4);
+		} else {
+			store(g, ds, at(g, G->S, o), 4);
+		}
 	}
+	cg_loop_end(g, &R);
 }
 
 /* lse and di = do . o of the rows of a query block into LSE, DI. */
@@ -741,21 +906,13 @@ static void kernel_dq(ak *K)
 	key_blocks(K, &Q, &KB, &kb, &nk);
 	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
 	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
-	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
+	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
 	/* S becomes ds (rows past nrows: q and do are 0 there, so S and dP
 	 * are 0, and ds stays 0) */
-	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
-	{
-		V r = R.iv, p[BK / VW], ds[BK / VW];
-		row_grads(K, S, dP, r, Q.b, Q.h, add(g, Q.i0, r), kb,
-			  load(g, t_f32(g), at(g, LSE, r), 4), load(g, t_f32(g), at(g, DI, r), 4),
-			  p, ds);
-		for (int c = 0; c < BK / VW; c++)
-			store(g, ds[c], at(g, S, add(g, mul(g, r, ci(g, BK)), ci(g, c * VW))), 4);
-	}
-	cg_loop_end(g, &R);
-	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true);
+	grows G = {S, dP, LSE, DI, Q.b, Q.h, Q.i0, Q.nrows, kb, false};
+	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), grad_rows, &G);
+	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true, NULL);
 	cg_loop_end(g, &KB);
 	int odq = g->r->n_in + A->out_dq;
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
@@ -802,25 +959,14 @@ static void kernel_dkv(ak *K)
 		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, Qs, NULL);
 		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, dOs, NULL);
 		row_stats(K, rowbase, nrows, LSE, DI);
-		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false);
-		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false);
+		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
+		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
 		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
-		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
-		{
-			V r = R.iv, p[BK / VW], ds[BK / VW];
-			row_grads(K, S, dP, r, b, h, add(g, i0, r), kb,
-				  load(g, t_f32(g), at(g, LSE, r), 4),
-				  load(g, t_f32(g), at(g, DI, r), 4), p, ds);
-			for (int c = 0; c < BK / VW; c++) {
-				V o = add(g, mul(g, r, ci(g, BK)), ci(g, c * VW));
-				store(g, p[c], at(g, S, o), 4);
-				store(g, ds[c], at(g, dP, o), 4);
-			}
-		}
-		cg_loop_end(g, &R);
+		grows GR = {S, dP, LSE, DI, b, h, i0, nrows, kb, true};
+		by_fullness(K, block_full(K, i0, add(g, i0, nrows), kb), grad_rows, &GR);
 		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
-		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true);
-		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true);
+		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true, NULL);
+		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true, NULL);
 	}
 	cg_loop_end(g, &QB);
 	cg_loop_end(g, &G);
@@ -867,7 +1013,7 @@ void cg_attention(cg *g)
 			(long long)A.d, (long long)A.dv);
 		return;
 	}
-	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv};
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g)};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
 		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;

@@ -27,6 +27,10 @@ issue's goal: >= 1.0).
 
     tools/bench/attn_bench.py                     the three cases, 5 rounds
     tools/bench/attn_bench.py --cases f32 --T 512 --rounds 3
+    tools/bench/attn_bench.py --parts             also each pass alone: torch's
+                                                  forward and backward, fusec's
+                                                  attention, attention_dq and
+                                                  attention_dkv (one trace each)
 
 Writes tools/bench/results/attn_bench-<host>-<utc time>.json (or --out) and
 prints a table. Run from the repository root with a built tree (build/) and
@@ -69,7 +73,47 @@ def trace_text(B, H, HKV, T, D, dt):
             "  return o, dq, dk, dv\n}\n" % (q, kv, kv, q))
 
 
-def run_case(name, B, T, D, rounds):
+def pass_traces(B, H, HKV, T, D, dt):
+    """fusec's three passes, one trace each (the --parts breakdown)."""
+    q = "%s[%d, %d, %d, %d]" % (dt, B, H, T, D)
+    kv = "%s[%d, %d, %d, %d]" % (dt, B, HKV, T, D)
+    lse = "f32[%d, %d, %d]" % (B, H, T)
+    args = "q: %s, k: %s, v: %s, o: %s, lse: %s, do: %s" % (q, kv, kv, q, lse, q)
+    return {
+        "fwd": "trace fwd(q: %s, k: %s, v: %s) {\n  o, lse = attention(q, k, v, causal=true)\n"
+               "  return o, lse\n}\n" % (q, kv, kv),
+        "dq": "trace dq(%s) {\n  dq = attention_dq(q, k, v, o, lse, do, causal=true)\n"
+              "  return dq\n}\n" % args,
+        "dkv": "trace dkv(%s) {\n  dk, dv = attention_dkv(q, k, v, o, lse, do, causal=true)\n"
+               "  return dk, dv\n}\n" % args,
+    }
+
+
+def run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds):
+    """Median ms of each pass alone, interleaved round by round."""
+    progs = {n: fusec.Program(t, device="cpu") for n, t in pass_traces(B, H, HKV, T, D, dt).items()}
+    o, lse = progs["fwd"](q, k, v)
+    args = {"fwd": (q, k, v), "dq": (q, k, v, o, lse, do), "dkv": (q, k, v, o, lse, do)}
+    ts = {n: [] for n in ("torch_fwd", "torch_bwd", "fwd", "dq", "dkv")}
+    for r in range(rounds + 1):
+        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+        t0 = time.perf_counter()
+        oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=HKV != H)
+        t1 = time.perf_counter()
+        oo.backward(do)
+        t2 = time.perf_counter()
+        got = {"torch_fwd": t1 - t0, "torch_bwd": t2 - t1}
+        for n, p in progs.items():
+            t0 = time.perf_counter()
+            p(*args[n])
+            got[n] = time.perf_counter() - t0
+        if r:  # the first round warms up
+            for n, x in got.items():
+                ts[n].append(x)
+    return {n: statistics.median(x) * 1e3 for n, x in ts.items()}
+
+
+def run_case(name, B, T, D, rounds, parts=False):
     H, HKV, dt, tdt = CASES[name]
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, T, D, generator=g).to(tdt)
@@ -94,7 +138,7 @@ def run_case(name, B, T, D, rounds):
     got = fusec_step()
     errs = {}
     for nm, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
-        a, b = a.float(), b.float()
+        a, b = a.detach().float(), b.detach().float()
         errs[nm] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
     tt, tf = [], []
     for _ in range(rounds):
@@ -110,6 +154,8 @@ def run_case(name, B, T, D, rounds):
          "torch_ms_all": [x * 1e3 for x in tt], "fusec_ms_all": [x * 1e3 for x in tf],
          "rel_err": errs}
     r["torch_over_fusec"] = r["torch_ms"] / r["fusec_ms"]
+    if parts:
+        r["parts_ms"] = run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds)
     return r
 
 
@@ -122,6 +168,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads (fusec: FUSEC_THREADS); 0: all")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time each pass alone (torch fwd, bwd; fusec fwd, dq, dkv)")
     ap.add_argument("--note", default="", help="a note kept in the JSON (the machine's load)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
@@ -132,12 +180,14 @@ def main(argv=None):
     results = []
     print("%-10s %10s %10s %8s  %s" % ("case", "torch ms", "fusec ms", "t/f", "rel err (o dq dk dv)"))
     for name in a.cases.split(","):
-        r = run_case(name, a.B, a.T, a.D, a.rounds)
+        r = run_case(name, a.B, a.T, a.D, a.rounds, a.parts)
         results.append(r)
         e = r["rel_err"]
         print("%-10s %10.1f %10.1f %8.2f  %.1e %.1e %.1e %.1e" % (
             name, r["torch_ms"], r["fusec_ms"], r["torch_over_fusec"],
             e["o"], e["dq"], e["dk"], e["dv"]))
+        if a.parts:
+            print("  parts ms: " + "  ".join("%s %.1f" % kv for kv in r["parts_ms"].items()))
     load1 = os.getloadavg()
     geo = math.exp(sum(math.log(r["torch_over_fusec"]) for r in results) / len(results))
     print("geomean torch/fusec: %.2f (load %.1f -> %.1f)" % (geo, load0[0], load1[0]))

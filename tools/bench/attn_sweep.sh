@@ -1,17 +1,23 @@
 #!/bin/sh
-# attn_sweep.sh [FUSEC]: the whole attention sweep against the interpreter
-# on the CPU: query/key lengths 1, 17, 64, 127, 128, 129, 1000, 4097, head
-# dims 64, 80, 128, f32 and bf16, each with every variant of
-# tools/gen/attn_cases.py (plain, causal, GQA 4:1, bool padding mask,
-# sliding window, softcap with a float mask, the decomposed eager form).
-# The interpreter is f64 and not fast: the 4097 cases take minutes.
+# attn_sweep.sh [FUSEC [LENGTHS [DIMS]]]: the whole attention sweep against
+# the interpreter on the CPU: query/key lengths 1, 17, 64, 127, 128, 129,
+# 1000, 4097 (or the comma-separated LENGTHS), head dims 64, 80, 128 (or
+# DIMS), f32 and bf16, each with every variant of tools/gen/attn_cases.py
+# (plain, causal, GQA 4:1, bool padding mask, sliding window, softcap with
+# a float mask, the decomposed eager form). Each file's line ends with the
+# seconds it took. The interpreter is f64 and scalar: a 4097 file takes
+# 10 to 45 minutes (tools/bench/results/attn_sweep-cpu-*.txt).
 here=$(cd "$(dirname "$0")/../.." && pwd)
 fusec=${1:-$here/build/tools/fusec}
-for T in 1 17 64 127 128 129 1000 4097; do
-	for D in 64 80 128; do
+lengths=$(echo "${2:-1,17,64,127,128,129,1000,4097}" | tr ',' ' ')
+dims=$(echo "${3:-64,80,128}" | tr ',' ' ')
+for T in $lengths; do
+	for D in $dims; do
 		for dt in f32 bf16; do
 			printf 'T=%s D=%s %s: ' "$T" "$D" "$dt"
+			t0=$(date +%s)
 			sh "$here/tests/attention_run.sh" "$fusec" "$here" "$T" "$D" "$dt" | grep '^check' || echo FAILED
+			echo "  ($(($(date +%s) - t0)) s)"
 		done
 	done
 done
