@@ -61,8 +61,8 @@
 # Environment: DEVICE (cuda; emu or cpu dry-run the plumbing without a
 # GPU), QUICK=1 (sizes 1,1 only, one torch case, the smallest benchmark),
 # TRACES and EXPORTED (space-separated name filters for the corpus and the
-# exported traces), ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's
-# sweep, space-separated), PARTS (the parts to run, space-separated, default all:
+# exported traces), SIZES (the check sweep's B,T pairs, space-separated),
+# ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's sweep), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
 # launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
 # JOBS (default nproc), PYTHON (default python3), PACK, BUILD, LDCONFIG
@@ -406,6 +406,7 @@ jobs="$WORK/jobs"
 : >"$jobs"
 sizes="1,1 3,17 8,512"
 [ "$QUICK" = 1 ] && sizes="1,1"
+sizes=${SIZES:-$sizes}
 wanted() { # NAME FILTER: whether NAME passes the space-separated FILTER
 	[ -z "$2" ] && return 0
 	local w
