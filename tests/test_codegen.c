@@ -570,6 +570,45 @@ START_TEST(reduction_inner_outer)
 }
 END_TEST
 
+/* Outer reductions on the host walk the reduced elements in order over
+ * blocks of columns (reduction.c, "columns"): every column must get its
+ * own elements, in the interpreter's order (f32 and bf16 sums in f64: bit
+ * for bit), at column counts that leave columns past the last block of
+ * 32 or 64 (75, 37; 70 and 9 for i32 and f64), one, three
+ * and a thousand reduced rows, a kept outer dim, keepdim, and outputs
+ * made from the reduced values. f64 sums are pairs, nearer the exact sum
+ * than the interpreter's plain one: within its rounding errors. */
+START_TEST(reduction_columns)
+{
+	static const int64_t ns[] = {1, 3, 1000};
+	for (int i = 0; i < 3; i++) {
+		int64_t s[] = {ns[i]};
+		double w = compare_run("trace f(g: f32[B, 75], x: f32[B, 75], r: f32[B, 1]) {\n"
+				       "  y = sum(mul(g, mul(x, r)), dims=[0])\n"
+				       "  return y\n}\n", s, 7, 0, 0x1p-200, NULL);
+		ck_assert_msg(w == 0, "f32 [%lld, 75]: not bit-exact: worst %g",
+			      (long long)ns[i], w);
+		w = compare_run("trace f(x: bf16[3, B, 37], w: bf16[37]) {\n"
+				"  wb = broadcast_in_dim(w, shape=[3, B, 37], dims=[2])\n"
+				"  s = sum(mul(x, wb), dims=[1], keepdim=true)\n"
+				"  m = amax(x, dims=[1], keepdim=true)\n"
+				"  d = sub(s, m)\n"
+				"  return s, d\n}\n", s, 7, 0, 0x1p-200, NULL);
+		ck_assert_msg(w == 0, "bf16 [3, %lld, 37]: not bit-exact: worst %g",
+			      (long long)ns[i], w);
+		w = compare_run("trace f(x: f64[B, 9]) {\n"
+				"  s = sum(x, dims=[0])\n"
+				"  return s\n}\n", s, 7, 1e-12, 1e-9, NULL);
+		ck_assert_msg(w <= 1, "f64 [%lld, 9]: worst error %g x tolerance",
+			      (long long)ns[i], w);
+	}
+	EXACT("trace f(x: i32[B, 70]) {\n"
+	      "  r = sum(x, dims=[0])\n"
+	      "  m = amin(x, dims=[0])\n"
+	      "  return r, m\n}\n", 1000);
+}
+END_TEST
+
 /* ---- scans and selection ------------------------------------------------------ */
 
 /* cumsum on the host against the interpreter at row lengths around a warp
@@ -1157,6 +1196,7 @@ static Suite *codegen_suite(void)
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
+	tcase_add_test(rd, reduction_columns);
 	tcase_add_test(rd, normalization_softmax_layernorm);
 	tcase_add_test(rd, scan_lengths);
 	tcase_add_test(rd, select_rows);
