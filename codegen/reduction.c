@@ -924,9 +924,33 @@ static bool chain_pick(cg *g, rows *R, const fz_node *const *reds, int nr)
  * g->row) and its row-shaped outputs are stored, so the emitter reads
  * them as in cg_rows. Taken when the region's reductions read no reduced
  * value (no second pass), none is a var_mean, and every output has the
- * row's shape (no tail over the domain). */
+ * row's shape (no tail over the domain) and reads reduced values only at
+ * its own index: through elementwise ops, reshape, squeeze and unsqueeze
+ * (a slice or a cat of a reduced value, rotary's backward, reads another
+ * column, which the emitter's check of the row does not always see when
+ * the row's index is a block's). */
 #define COL_VECS 4
 #define COL_REDS 8
+
+/* v reads reduced values only at its own index (see above) */
+static bool own_index(const cg *g, const fz_value *v, int *budget)
+{
+	if (--*budget < 0)
+		return false;
+	if (g->is_red[v->id] || !v->def || region_input(g, v))
+		return true;
+	const fz_node *n = v->def;
+	fz_opclass c = fz_ops[n->op].cls;
+	if (c != FZ_CLASS_UNARY && c != FZ_CLASS_BINARY && c != FZ_CLASS_TERNARY &&
+	    n->op != FZ_OP_RESHAPE && n->op != FZ_OP_SQUEEZE && n->op != FZ_OP_UNSQUEEZE) {
+		int b = STASH_WALK;
+		return !reads_reduced(g, v, &b);
+	}
+	for (int i = 0; i < n->n_in; i++)
+		if (!own_index(g, n->in[i], budget))
+			return false;
+	return true;
+}
 
 static bool cols_fit(cg *g, rows *R, const fz_node *const *reds, int nr)
 {
@@ -941,7 +965,8 @@ static bool cols_fit(cg *g, rows *R, const fz_node *const *reds, int nr)
 	}
 	for (int i = 0; i < r->n_out; i++) {
 		cg_ix tmp[FZ_MAX_RANK];
-		if (classify(g, R, r->out[i], tmp) != 1)
+		int b = STASH_WALK;
+		if (classify(g, R, r->out[i], tmp) != 1 || !own_index(g, r->out[i], &b))
 			return false;
 	}
 	return true;

@@ -606,6 +606,15 @@ START_TEST(reduction_columns)
 	      "  r = sum(x, dims=[0])\n"
 	      "  m = amin(x, dims=[0])\n"
 	      "  return r, m\n}\n", 1000);
+	/* rotary's backward: the sums of other columns, half turned */
+	EXACT("trace f(x: f32[2, B, 16]) {\n"
+	      "  s = sum(x, dims=[1])\n"
+	      "  a = slice(s, start=[0, 0], end=[2, 8])\n"
+	      "  b = slice(s, start=[0, 8], end=[2, 16])\n"
+	      "  n = neg(b)\n"
+	      "  c = cat(n, a, dim=1)\n"
+	      "  y = add(c, s)\n"
+	      "  return y\n}\n", 5);
 }
 END_TEST
 
