@@ -21,7 +21,8 @@ rotate_half form); cross-entropy forward and backward (bf16 logits
 2048x32000: the loss and the logits' gradient); the bf16 embedding backward
 (8192 tokens into a 32000x1024 table); softmax backward (f32 4096x2048);
 an AdamW update over 24 f32 tensors of 16.5 M elements in all (new
-parameters, first and second moments). Then a Llama decoder block
+parameters, first and second moments); RMSNorm's weight gradient, a sum
+over the outer dim (f32 512x1024: sum(g * x * r, 0), r a row's rstd). Then a Llama decoder block
 (RMSNorm, attention with RoPE, SwiGLU MLP; f32) forward, and forward plus
 backward (the gradients of a loss by torch.autograd.grad). Cases whose
 trace is long are exported to trace text with fusec.torch.export; the rest
@@ -96,7 +97,7 @@ import fusec  # noqa: E402
 
 MEMORY_BOUND = ("rms_norm", "layer_norm", "softmax", "gelu_bias", "swiglu",
                 "add_rms_norm", "add_layer_norm", "rotary", "cross_entropy",
-                "embedding_bwd", "softmax_bwd", "adamw")
+                "embedding_bwd", "softmax_bwd", "adamw", "rms_norm_wgrad")
 
 
 # ---- the cases -----------------------------------------------------------------
@@ -299,6 +300,21 @@ def case_adamw(g):
 LLAMA = dict(batch=1, seq=512, hidden=1024, heads=8, inter=2816)
 
 
+def case_rms_norm_wgrad(g):
+    dy = torch.randn(512, 1024, generator=g)
+    x = torch.randn(512, 1024, generator=g)
+    r = torch.rand(512, 1, generator=g) + 0.5
+
+    def fn(dy, x, r):
+        return (dy * (x * r)).sum(0)
+    text = """trace rms_norm_wgrad(g: f32[512, 1024], x: f32[512, 1024], r: f32[512, 1]) {
+  y = sum(mul(g, mul(x, r)), dims=[0])
+  return y
+}
+"""
+    return fn, (dy, x, r), text
+
+
 def _rms(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
 
@@ -377,6 +393,7 @@ CASES = {
     "embedding_bwd": case_embedding_bwd,
     "softmax_bwd": case_softmax_bwd,
     "adamw": case_adamw,
+    "rms_norm_wgrad": case_rms_norm_wgrad,
     "llama_fwd": case_llama_fwd,
     "llama_bwd": case_llama_bwd,
 }
