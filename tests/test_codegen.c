@@ -570,6 +570,16 @@ START_TEST(reduction_inner_outer)
 }
 END_TEST
 
+/* src at B = n against the interpreter: bit for bit (rtol 0), or within
+ * the tolerance */
+static void columns_case(const char *src, int64_t n, double rtol, double atol)
+{
+	int64_t s[] = {n};
+	double w = compare_run(src, s, 7, rtol, atol, NULL);
+	ck_assert_msg(rtol ? w <= 1 : w == 0, "B = %lld: worst %g (x tolerance)\n%s",
+		      (long long)n, w, src);
+}
+
 /* Outer reductions on the host walk the reduced elements in order over
  * blocks of columns (reduction.c, "columns"): every column must get its
  * own elements, in the interpreter's order (f32 and bf16 sums in f64: bit
@@ -583,46 +593,37 @@ START_TEST(reduction_columns)
 {
 	static const int64_t ns[] = {1, 3, 1000};
 	for (int i = 0; i < 3; i++) {
-		int64_t s[] = {ns[i]};
-		double w = compare_run("trace f(g: f32[B, 75], x: f32[B, 75], r: f32[B, 1]) {\n"
-				       "  y = sum(mul(g, mul(x, r)), dims=[0])\n"
-				       "  return y\n}\n", s, 7, 0, 0x1p-200, NULL);
-		ck_assert_msg(w == 0, "f32 [%lld, 75]: not bit-exact: worst %g",
-			      (long long)ns[i], w);
-		w = compare_run("trace f(x: f32[B, 5]) {\n"
-				"  m = amax(x, dims=[0], keepdim=true)\n"
-				"  s = sum(x, dims=[0], keepdim=true)\n"
-				"  y = mul(m, s)\n"
-				"  return y\n}\n", s, 7, 0, 0x1p-200, NULL);
-		ck_assert_msg(w == 0, "f32 [%lld, 5]: not bit-exact: worst %g",
-			      (long long)ns[i], w);
-		w = compare_run("trace f(x: bf16[3, B, 101], w: bf16[101]) {\n"
-				"  wb = broadcast_in_dim(w, shape=[3, B, 101], dims=[2])\n"
-				"  s = sum(mul(x, wb), dims=[1], keepdim=true)\n"
-				"  m = amax(x, dims=[1], keepdim=true)\n"
-				"  d = sub(s, m)\n"
-				"  return s, d\n}\n", s, 7, 0, 0x1p-200, NULL);
-		ck_assert_msg(w == 0, "bf16 [3, %lld, 101]: not bit-exact: worst %g",
-			      (long long)ns[i], w);
-		w = compare_run("trace f(x: f64[B, 41]) {\n"
-				"  s = sum(x, dims=[0])\n"
-				"  return s\n}\n", s, 7, 1e-12, 1e-9, NULL);
-		ck_assert_msg(w <= 1, "f64 [%lld, 41]: worst error %g x tolerance",
-			      (long long)ns[i], w);
+		columns_case("trace f(g: f32[B, 75], x: f32[B, 75], r: f32[B, 1]) {\n"
+			     "  y = sum(mul(g, mul(x, r)), dims=[0])\n"
+			     "  return y\n}\n", ns[i], 0, 0x1p-200);
+		columns_case("trace f(x: f32[B, 5]) {\n"
+			     "  m = amax(x, dims=[0], keepdim=true)\n"
+			     "  s = sum(x, dims=[0], keepdim=true)\n"
+			     "  y = mul(m, s)\n"
+			     "  return y\n}\n", ns[i], 0, 0x1p-200);
+		columns_case("trace f(x: bf16[3, B, 101], w: bf16[101]) {\n"
+			     "  wb = broadcast_in_dim(w, shape=[3, B, 101], dims=[2])\n"
+			     "  s = sum(mul(x, wb), dims=[1], keepdim=true)\n"
+			     "  m = amax(x, dims=[1], keepdim=true)\n"
+			     "  d = sub(s, m)\n"
+			     "  return s, d\n}\n", ns[i], 0, 0x1p-200);
+		columns_case("trace f(x: f64[B, 41]) {\n"
+			     "  s = sum(x, dims=[0])\n"
+			     "  return s\n}\n", ns[i], 1e-12, 1e-9);
 	}
-	EXACT("trace f(x: i32[B, 70]) {\n"
-	      "  r = sum(x, dims=[0])\n"
-	      "  m = amin(x, dims=[0])\n"
-	      "  return r, m\n}\n", 1000);
+	columns_case("trace f(x: i32[B, 70]) {\n"
+		     "  r = sum(x, dims=[0])\n"
+		     "  m = amin(x, dims=[0])\n"
+		     "  return r, m\n}\n", 1000, 0, 0x1p-200);
 	/* rotary's backward: the sums of other columns, half turned */
-	EXACT("trace f(x: f32[2, B, 16]) {\n"
-	      "  s = sum(x, dims=[1])\n"
-	      "  a = slice(s, start=[0, 0], end=[2, 8])\n"
-	      "  b = slice(s, start=[0, 8], end=[2, 16])\n"
-	      "  n = neg(b)\n"
-	      "  c = cat(n, a, dim=1)\n"
-	      "  y = add(c, s)\n"
-	      "  return y\n}\n", 5);
+	columns_case("trace f(x: f32[2, B, 16]) {\n"
+		     "  s = sum(x, dims=[1])\n"
+		     "  a = slice(s, start=[0, 0], end=[2, 8])\n"
+		     "  b = slice(s, start=[0, 8], end=[2, 16])\n"
+		     "  n = neg(b)\n"
+		     "  c = cat(n, a, dim=1)\n"
+		     "  y = add(c, s)\n"
+		     "  return y\n}\n", 5, 0, 0x1p-200);
 }
 END_TEST
 
