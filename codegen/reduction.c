@@ -927,8 +927,9 @@ static bool chain_pick(cg *g, rows *R, const fz_node *const *reds, int nr)
  * row's shape (no tail over the domain) and reads reduced values only at
  * its own index: through elementwise ops, reshape, squeeze and unsqueeze
  * (a slice or a cat of a reduced value, rotary's backward, reads another
- * column, which the emitter's check of the row does not always see when
- * the row's index is a block's). */
+ * column: such a region is left to the rows below, whose check of the
+ * row refuses it as before; the columns set the row's rank and kept dims
+ * so that the same check guards them too). */
 #define COL_VECS 4
 #define COL_REDS 8
 
@@ -1072,6 +1073,9 @@ static void cg_cols(cg *g, rows *R, const fz_node *const *reds, int nr)
 	V o = udiv(g, IT.iv, per), i = urem(g, IT.iv, per);
 	cg_ix kix[FZ_MAX_RANK];
 	cg_delinearize(g, &ko, o, 1, kix);
+	g->row_rank = R->D->rank;
+	for (int d = 0; d < R->D->rank; d++)
+		g->row_kept[d] = !R->red[d];
 	g->row_valid = true;
 	LLVMBasicBlockRef blk = block(g, "cols.block"), one = block(g, "cols.one"),
 			  next = block(g, "cols.next");
