@@ -583,10 +583,12 @@ static void columns_case(const char *src, int64_t n, double rtol, double atol)
 /* Outer reductions on the host walk the reduced elements in order over
  * blocks of columns (reduction.c, "columns"): every column must get its
  * own elements, in the interpreter's order (f32 and bf16 sums in f64: bit
- * for bit), at column counts that leave columns past the last block of
- * 64 (AVX-512 f32; 32 with AVX2, 32 and 16 for f64: 75, 101, 70, 41) or
- * no full block (5), at one, three and a thousand reduced rows, with a
- * kept outer dim, keepdim, and outputs made from the reduced values. f64
+ * for bit), at column counts that fill blocks of 64 (AVX-512 f32; 32
+ * with AVX2, 32 and 16 for f64: 128), leave columns past the last block
+ * (75, 101, 70, 41: the last block moved back over the one before it),
+ * make a block one vector (20) or no vector (5), at one, three and a
+ * thousand reduced rows, with a kept outer dim, keepdim, and outputs made
+ * from the reduced values. f64
  * sums are pairs, nearer the exact sum than the interpreter's plain one:
  * within its rounding errors. */
 START_TEST(reduction_columns)
@@ -596,6 +598,12 @@ START_TEST(reduction_columns)
 		columns_case("trace f(g: f32[B, 75], x: f32[B, 75], r: f32[B, 1]) {\n"
 			     "  y = sum(mul(g, mul(x, r)), dims=[0])\n"
 			     "  return y\n}\n", ns[i], 0, 0x1p-200);
+		columns_case("trace f(x: f32[B, 128]) {\n"
+			     "  s = sum(x, dims=[0])\n"
+			     "  return s\n}\n", ns[i], 0, 0x1p-200);
+		columns_case("trace f(x: f32[B, 20]) {\n"
+			     "  s = sum(x, dims=[0])\n"
+			     "  return s\n}\n", ns[i], 0, 0x1p-200);
 		columns_case("trace f(x: f32[B, 5]) {\n"
 			     "  m = amax(x, dims=[0], keepdim=true)\n"
 			     "  s = sum(x, dims=[0], keepdim=true)\n"
