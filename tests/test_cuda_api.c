@@ -1713,6 +1713,85 @@ END_TEST
 
 /* ---- graphs ---------------------------------------------------------------- */
 
+
+/* The PyTorch bridge's pattern: programs made one after another, each run
+ * several times with arenas from the caller's allocator, the previous one
+ * freed just after the next is made (Python rebinding a name). On the GPU
+ * the second program's second run died of a segfault in gpu_bench.py and
+ * attn_gpu_bench.py (tools/gpu/README.md, "Results"); here the host side of
+ * the same sequence runs under ASan. */
+static int caller_live;
+
+static void *caller_alloc(void *ctx, size_t n)
+{
+	(void)ctx;
+	caller_live++;
+	return aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+}
+
+static void caller_release(void *ctx, void *p)
+{
+	(void)ctx;
+	caller_live--;
+	free(p);
+}
+
+START_TEST(programs_in_turn_with_caller_memory)
+{
+	use_fake();
+	const char *texts[3] = {
+		"trace a(x: f32[64, 64], w: f32[64]) {\n"
+		"  y = rms_norm(x, w, dims=[1], eps=1e-5)\n  return y\n}\n",
+		"trace b(x: f32[64, 64], w: f32[64], c: f32[64]) {\n"
+		"  y = layer_norm(x, w, c, dims=[1], eps=1e-5)\n  return y\n}\n",
+		"trace c(x: f32[64, 64], w: f32[64]) {\n"
+		"  h = add(x, w)\n  y = rms_norm(h, w, dims=[1], eps=1e-5)\n"
+		"  return h, y\n}\n",
+	};
+	static _Alignas(256) float xs[64 * 64], ws[64], cs[64], ys[2][64 * 64];
+	for (int i = 0; i < 64 * 64; i++)
+		xs[i] = (float)(i % 13) * 0.25f;
+	for (int i = 0; i < 64; i++)
+		ws[i] = cs[i] = 1.0f;
+	fz_exec *prev = NULL;
+	fz_module *prev_m = NULL;
+	caller_live = 0;
+	for (int p = 0; p < 3; p++) {
+		fz_module *m = NULL;
+		char *err = NULL;
+		ck_assert_int_eq(fz_module_parse(texts[p], strlen(texts[p]), "t.trace", &m,
+		                                 &err), FZ_OK);
+		fz_exec_options o;
+		fz_exec_options_init(&o);
+		o.disk_cache = 0;
+		o.alloc = caller_alloc;
+		o.release = caller_release;
+		fz_exec *x = NULL;
+		ck_assert_int_eq(fz_exec_new(fz_module_trace(m, 0), "cuda", &o, &x, &err),
+		                 FZ_OK);
+		fz_exec_free(prev);
+		fz_module_free(prev_m);
+		fz_tensor in[3] = {{xs, FZ_F32, 2, {64, 64}, {64, 1}},
+		                   {ws, FZ_F32, 1, {64}, {1}},
+		                   {cs, FZ_F32, 1, {64}, {1}}};
+		fz_tensor out[2] = {{ys[0], FZ_F32, 2, {64, 64}, {64, 1}},
+		                    {ys[1], FZ_F32, 2, {64, 64}, {64, 1}}};
+		int n_in = p == 1 ? 3 : 2, n_out = p == 2 ? 2 : 1;
+		for (int it = 0; it < 4; it++) {
+			fz_status st = fz_exec_run(x, NULL, in, n_in, out, n_out, NULL, &err);
+			ck_assert_msg(st == FZ_OK, "program %d, run %d: %s", p, it,
+			              err ? err : "?");
+		}
+		ck_assert_int_eq(fz_exec_sync(x, NULL, &err), FZ_OK);
+		prev = x;
+		prev_m = m;
+	}
+	fz_exec_free(prev);
+	fz_module_free(prev_m);
+	ck_assert_int_eq(caller_live, 0);
+}
+END_TEST
+
 /* fz_exec_run_graph on the fake: the run is captured once and replayed
  * (the fake runs a graph's nodes at each launch, so the replays compute
  * from the inputs' current contents), captured again when an output
@@ -1947,6 +2026,7 @@ Suite *cuda_api_suite(void)
 	tcase_add_test(m, copy_contiguous_is_memcpy);
 	tcase_add_test(m, copy_strided_launches_gather);
 	tcase_add_test(m, gather_ptx_assembles);
+	tcase_add_test(m, programs_in_turn_with_caller_memory);
 	suite_add_tcase(s, m);
 	TCase *k = tcase_create("kernels");
 	tcase_add_test(k, load_cubin);
