@@ -29,12 +29,18 @@ from .values import (V, _CMP, _DTYPES, _FLOATS, _LOWP, _Refused, _TORCH_OF,
 _HANDLERS = {}
 
 
-def _h(*names):
-    def deco(f):
-        for n in names:
-            _HANDLERS[n] = f
-        return f
-    return deco
+def _registrar(table):
+    """A decorator factory that files a function in table under names."""
+    def register(*names):
+        def deco(f):
+            for n in names:
+                table[n] = f
+            return f
+        return deco
+    return register
+
+
+_h = _registrar(_HANDLERS)
 
 
 def _probe(x):
@@ -1372,14 +1378,7 @@ def _native_layer_norm_backward(w, node, args, kwargs):
 # ---- prims (from the decompositions that go through torch._refs)
 
 _PRIMS = {}
-
-
-def _p(*names):
-    def deco(f):
-        for n in names:
-            _PRIMS[n] = f
-        return f
-    return deco
+_p = _registrar(_PRIMS)
 
 
 @_p("broadcast_in_dim")
