@@ -362,9 +362,15 @@ class Program:
             for ft, o in zip(outs, res):
                 ft.data = o.data_ptr()
         if stream is not None:  # cuda: the stream current now
-            stream = torch.cuda.current_stream(specs[0][2]).cuda_stream
+            # a c_void_p, never a bare int: without argtypes ctypes passes
+            # an int as a 32-bit C int, and the stream is the seventh
+            # argument, on the stack, whose upper half would be whatever
+            # libffi's stack held (a segfault in the driver, now and then)
+            stream = _VOIDP(torch.cuda.current_stream(specs[0][2])
+                            .cuda_stream)
         # the C function without argtypes: the arguments are ctypes objects
-        # and ints already, and converting them costs more than the run
+        # and ints that fit a C int (n_in, n_out), and converting them
+        # costs more than the run
         st = run(self._x, sizes, ins.arr, n_in, outs.arr, n_out, stream,
                  self._errp)
         if st:
@@ -488,6 +494,7 @@ class Program:
         return res[0] if self.n_outputs == 1 else tuple(res)
 
 
+_VOIDP = ctypes.c_void_p
 _META = operator.attrgetter("dtype", "shape", "device")
 _STRIDE = operator.methodcaller("stride")
 
