@@ -4,17 +4,19 @@
  * what the passes compute; codegen/attention.c is the host's form).
  *
  * A block is four warps (FZ_TILE_BLOCK threads), each warp 16 rows of the
- * block's 64: query rows in the forward and the dq pass, key rows in the
- * dk/dv pass. Operands are bf16 or f16; the products run on mma.sync
+ * block's 64: query rows in the dq pass, key rows in the dk/dv pass; the
+ * forward at head dims up to 64 gives each warp two tiles of 16 rows (128
+ * a block), so that each K and V fragment read from tile memory serves
+ * two products (FlashAttention-2's 32 rows a warp). Operands are bf16 or f16; the products run on mma.sync
  * m16n8k16 with f32 accumulators (mma.c); tiles come from global memory by
  * cp.async into tile memory (48 KiB of static shared memory, or where the
  * blocks need more, up to 99 KiB of dynamic shared memory: the backward
  * at head dims over 128), two stages where they fit, and into the warps'
  * registers by ldmatrix.
  *
- * Forward, for one block of 64 query rows i0 .. and each block of BC keys
- * j0 .. its rows may see (cg_attn_key_range: causal and window blocks are
- * skipped):
+ * Forward, for one block of 64 (or 128) query rows i0 .. and each block
+ * of BC keys j0 .. its rows may see (cg_attn_key_range: causal and window
+ * blocks are skipped):
  *
  *     S    = Q Kᵀ               A from the Q tile, B from the K tile
  *     L    = cg_attn_scores(S)  the trace's modification, per pair of keys
@@ -63,6 +65,7 @@ typedef struct gk {
 	fz_dtype dt;
 	int D, DV;
 	int bc, stages;                /* keys (fwd, dq) or queries (dkv) per step */
+	int mt;                        /* fwd: row tiles of 16 per warp (1 or 2) */
 	int sq, sk, sv, so, slse, sdo; /* buffer slots (-1 absent) */
 	V warp, lane, qg, qt;          /* qg = lane / 4, qt = lane % 4 (i32) */
 } gk;
@@ -138,31 +141,40 @@ static int plan_f32(int D, int DV, int extra, int *bc, int *stages)
 	return ok;
 }
 
-/* acc[N/8][4] += A (this warp's 16 rows x K) B (K x N). A from tile ta
- * (rows ra ..) or, ta NULL, from registers a[K/16][4]; B from tile tb,
- * stored [n][k] or ([k][n], kn) transposed. */
-static void warp_mma(gk *G, const cg_tile *ta, V sta, V ra, const V *a, const cg_tile *tb,
-		     V stb, int K, int N, bool kn, V acc)
+/* Element off on of slots a, as slots. */
+static V at(cg *g, V a, int off) { return gep(g, t_f32(g), a, c_i32(g, off)); }
+
+/* For each of the warp's mt row tiles m (16 rows each): acc_m[N/8][4] +=
+ * A_m (16 rows x K) B (K x N), acc_m at element m N/2 of acc. A_m from
+ * tile ta (rows ra + 16 m ..) or, ta NULL, from registers a[m][K/16][4];
+ * B from tile tb, stored [n][k] or ([k][n], kn) transposed, each fragment
+ * of it loaded once for the mt tiles (two tiles halve the tile-memory
+ * reads per product: FlashAttention-2's 32 rows a warp). */
+static void warp_mma(gk *G, int mt, const cg_tile *ta, V sta, V ra, const V *a,
+		     const cg_tile *tb, V stb, int K, int N, bool kn, V acc)
 {
 	cg *g = G->g;
 	for (int ks = 0; ks < K; ks += 16) {
-		V af[4];
-		if (ta)
-			cg_frag_a(g, ta, sta, ra, ks, af);
-		else
-			memcpy(af, a + ks / 16 * 4, sizeof af);
+		V af[2][4];
+		for (int m = 0; m < mt; m++) {
+			if (ta)
+				cg_frag_a(g, ta, sta, add(g, ra, c_i32(g, 16 * m)), ks, af[m]);
+			else
+				memcpy(af[m], a + (m * (K / 16) + ks / 16) * 4, sizeof af[m]);
+		}
 		for (int n0 = 0; n0 < N; n0 += 16) {
 			V b[4];
 			cg_frag_b2(g, tb, stb, n0, ks, kn, b);
-			for (int h = 0; h < 2 && n0 + 8 * h < N; h++) {
-				int j = n0 / 8 + h;
-				V c[4], d[4];
-				for (int i = 0; i < 4; i++)
-					c[i] = get(g, acc, 4 * j + i);
-				cg_mma(g, G->dt, af, b + 2 * h, c, d);
-				for (int i = 0; i < 4; i++)
-					put(g, acc, 4 * j + i, d[i]);
-			}
+			for (int h = 0; h < 2 && n0 + 8 * h < N; h++)
+				for (int m = 0; m < mt; m++) {
+					int j = m * (N / 8) + n0 / 8 + h;
+					V c[4], d[4];
+					for (int i = 0; i < 4; i++)
+						c[i] = get(g, acc, 4 * j + i);
+					cg_mma(g, G->dt, af[m], b + 2 * h, c, d);
+					for (int i = 0; i < 4; i++)
+						put(g, acc, 4 * j + i, d[i]);
+				}
 		}
 	}
 }
@@ -387,81 +399,96 @@ static void kernel_fwd(gk *G)
 {
 	cg *g = G->g;
 	const fz_attn *A = G->A;
-	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages, MT = G->mt, br = BR * MT;
 	int next = 0;
-	cg_tile tq = cg_tile_make(&next, BR, D, 1);
+	cg_tile tq = cg_tile_make(&next, br, D, 1);
 	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
 	cg_tile_alloc(g, next);
 	V Tq = cg_ext(g, A->tq);
-	V S = slots(g, BC / 2), O = slots(g, DV / 2), M = slots(g, 2), Lsum = slots(g, 2);
+	/* per row tile m: S and O at m BC/2 and m DV/2, M and Lsum at 2 m */
+	V S = slots(g, MT * BC / 2), O = slots(g, MT * DV / 2);
+	V M = slots(g, 2 * MT), Lsum = slots(g, 2 * MT);
 	cg_loop W;
 	qblock Q;
-	query_blocks(G, &W, BR, &Q);
+	query_blocks(G, &W, br, &Q);
 	V bh = Q.bh, b = Q.b, h = Q.h, i0 = Q.i0;
 	V qbase = mul(g, add(g, mul(g, bh, Tq), i0), ci(g, D));
 	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, qbase, ci(g, D), sub(g, Tq, i0), ci(g, D));
 	walk Wk = key_walk(G, &Q, &tk, &tv, G->dt);
-	fill(g, O, DV / 2, 0.0);
-	fill(g, M, 2, -INFINITY);
-	fill(g, Lsum, 2, 0.0);
-	V r0 = mul(g, G->warp, c_i32(g, 16));
+	fill(g, O, MT * DV / 2, 0.0);
+	fill(g, M, 2 * MT, -INFINITY);
+	fill(g, Lsum, 2 * MT, 0.0);
+	V r0 = mul(g, G->warp, c_i32(g, 16 * MT));
 	cg_loop K;
 	V st = walk_begin(G, &Wk, &K);
 	walk_ready(G, &Wk);
 	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
-	fill(g, S, BC / 2, 0.0);
-	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
-	/* logits, and the online softmax per row (half 0: row g, 1: row g+8) */
-	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
-		V ic = umin(g, i, sub(g, Tq, ci(g, 1))); /* rows past Tq: any valid row */
-		V mx = c_f32(g, -INFINITY);
-		for (int n = 0; n < BC / 8; n++) {
-			V s[2] = {get(g, S, 4 * n + 2 * hr), get(g, S, 4 * n + 2 * hr + 1)}, l[2];
-			V jj = add(g, j0, frag_col(G, n, 0));
-			cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
-			put(g, S, 4 * n + 2 * hr, l[0]);
-			put(g, S, 4 * n + 2 * hr + 1, l[1]);
-			mx = fmax_(g, mx, fmax_(g, l[0], l[1]));
-		}
-		V mold = get(g, M, hr), mnew = fmax_(g, mold, quad_max(g, mx));
-		V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0), mnew);
-		V alpha = fexp_mma(g, mold, muse), sum = c_f32(g, 0.0);
-		for (int n = 0; n < BC / 8; n++)
-			for (int e = 0; e < 2; e++) {
-				V p = fexp_mma(g, get(g, S, 4 * n + 2 * hr + e), muse);
-				put(g, S, 4 * n + 2 * hr + e, p);
-				sum = fadd(g, sum, p);
+	fill(g, S, MT * BC / 2, 0.0);
+	warp_mma(G, MT, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
+	/* logits, and the online softmax per row (half 0: row g, 1: row g+8,
+	 * of each row tile) */
+	for (int m = 0; m < MT; m++) {
+		V Sm = at(g, S, m * BC / 2), Om = at(g, O, m * DV / 2);
+		V rm = add(g, r0, c_i32(g, 16 * m));
+		for (int hr = 0; hr < 2; hr++) {
+			V i = add(g, i0, ix(g, frag_row(G, rm, hr)));
+			V ic = umin(g, i, sub(g, Tq, ci(g, 1))); /* rows past Tq: any valid row */
+			V mx = c_f32(g, -INFINITY);
+			for (int n = 0; n < BC / 8; n++) {
+				V s[2] = {get(g, Sm, 4 * n + 2 * hr), get(g, Sm, 4 * n + 2 * hr + 1)}, l[2];
+				V jj = add(g, j0, frag_col(G, n, 0));
+				cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
+				put(g, Sm, 4 * n + 2 * hr, l[0]);
+				put(g, Sm, 4 * n + 2 * hr + 1, l[1]);
+				mx = fmax_(g, mx, fmax_(g, l[0], l[1]));
 			}
-		put(g, Lsum, hr, fadd(g, fmul(g, get(g, Lsum, hr), alpha), sum));
-		put(g, M, hr, mnew);
-		for (int n = 0; n < DV / 8; n++)
-			for (int e = 0; e < 2; e++)
-				put(g, O, 4 * n + 2 * hr + e, fmul(g, get(g, O, 4 * n + 2 * hr + e), alpha));
+			int r = 2 * m + hr;
+			V mold = get(g, M, r), mnew = fmax_(g, mold, quad_max(g, mx));
+			V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0),
+				     mnew);
+			V alpha = fexp_mma(g, mold, muse), sum = c_f32(g, 0.0);
+			for (int n = 0; n < BC / 8; n++)
+				for (int e = 0; e < 2; e++) {
+					V p = fexp_mma(g, get(g, Sm, 4 * n + 2 * hr + e), muse);
+					put(g, Sm, 4 * n + 2 * hr + e, p);
+					sum = fadd(g, sum, p);
+				}
+			put(g, Lsum, r, fadd(g, fmul(g, get(g, Lsum, r), alpha), sum));
+			put(g, M, r, mnew);
+			for (int n = 0; n < DV / 8; n++)
+				for (int e = 0; e < 2; e++)
+					put(g, Om, 4 * n + 2 * hr + e,
+					    fmul(g, get(g, Om, 4 * n + 2 * hr + e), alpha));
+		}
 	}
-	V pa[64 / 16 * 4];
-	c_to_a(G, S, BC, pa);
-	warp_mma(G, NULL, NULL, NULL, pa, &tv, st, BC, DV, true, O);
+	V pa[2 * 64 / 16 * 4];
+	for (int m = 0; m < MT; m++)
+		c_to_a(G, at(g, S, m * BC / 2), BC, pa + m * (BC / 16) * 4);
+	warp_mma(G, MT, NULL, NULL, NULL, pa, &tv, st, BC, DV, true, O);
 	walk_end(G, &K);
 	/* o = O / l, lse = m + log l, rows below Tq */
-	for (int hr = 0; hr < 2; hr++) {
-		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
-		V l = quad_sum(g, get(g, Lsum, hr));
-		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
-		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
-		LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
-		V row = add(g, mul(g, bh, Tq), i);
-		if (G->so >= 0)
-			store_half(G, O, DV, hr, G->so, mul(g, row, ci(g, DV)), inv);
-		if (G->slse >= 0) {
-			LLVMBasicBlockRef j2 = when(g, icmp(g, LLVMIntEQ, G->qt, c_i32(g, 0)));
-			V lse = fadd(g, get(g, M, hr),
-				     cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
-			put_global(g, G->slse, FZ_F32, row, sel(g, empty, c_f32(g, -INFINITY), lse));
-			end_when(g, j2);
+	for (int m = 0; m < MT; m++)
+		for (int hr = 0; hr < 2; hr++) {
+			int r = 2 * m + hr;
+			V i = add(g, i0, ix(g, frag_row(G, add(g, r0, c_i32(g, 16 * m)), hr)));
+			V l = quad_sum(g, get(g, Lsum, r));
+			V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
+			V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
+			LLVMBasicBlockRef j = when(g, icmp(g, LLVMIntULT, i, Tq));
+			V row = add(g, mul(g, bh, Tq), i);
+			if (G->so >= 0)
+				store_half(G, at(g, O, m * DV / 2), DV, hr, G->so,
+					   mul(g, row, ci(g, DV)), inv);
+			if (G->slse >= 0) {
+				LLVMBasicBlockRef j2 = when(g, icmp(g, LLVMIntEQ, G->qt, c_i32(g, 0)));
+				V lse = fadd(g, get(g, M, r),
+					     cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
+				put_global(g, G->slse, FZ_F32, row,
+					   sel(g, empty, c_f32(g, -INFINITY), lse));
+				end_when(g, j2);
+			}
+			end_when(g, j);
 		}
-		end_when(g, j);
-	}
 	cg_barrier(g); /* the next tile's copies overwrite what this one read */
 	cg_loop_end(g, &W);
 }
@@ -726,8 +753,8 @@ static void kernel_dq(gk *G)
 	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
 	fill(g, S, BC / 2, 0.0);
 	fill(g, dP, BC / 2, 0.0);
-	warp_mma(G, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
-	warp_mma(G, &tdo, NULL, r0, NULL, &tv, st, DV, BC, false, dP);
+	warp_mma(G, 1, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
+	warp_mma(G, 1, &tdo, NULL, r0, NULL, &tv, st, DV, BC, false, dP);
 	for (int hr = 0; hr < 2; hr++)
 		for (int n = 0; n < BC / 8; n++) {
 			int c0 = 4 * n + 2 * hr;
@@ -743,7 +770,7 @@ static void kernel_dq(gk *G)
 		}
 	V da[64 / 16 * 4];
 	c_to_a(G, S, BC, da);
-	warp_mma(G, NULL, NULL, NULL, da, &tk, st, BC, D, true, dQ);
+	warp_mma(G, 1, NULL, NULL, NULL, da, &tk, st, BC, D, true, dQ);
 	walk_end(G, &K);
 	for (int hr = 0; hr < 2; hr++) {
 		V i = add(g, i0, ix(g, frag_row(G, r0, hr)));
@@ -787,8 +814,8 @@ static void kernel_dkv(gk *G)
 	walk_ready(G, &Wq);
 	fill(g, S, BQ / 2, 0.0);
 	fill(g, dP, BQ / 2, 0.0);
-	warp_mma(G, &tk, NULL, r0, NULL, &tq, st, D, BQ, false, S);
-	warp_mma(G, &tv, NULL, r0, NULL, &tdo, st, DV, BQ, false, dP);
+	warp_mma(G, 1, &tk, NULL, r0, NULL, &tq, st, D, BQ, false, S);
+	warp_mma(G, 1, &tv, NULL, r0, NULL, &tdo, st, DV, BQ, false, dP);
 	for (int hr = 0; hr < 2; hr++) {
 		V j = add(g, j0, ix(g, frag_row(G, r0, hr)));
 		V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
@@ -813,9 +840,9 @@ static void kernel_dkv(gk *G)
 	}
 	V pa[64 / 16 * 4];
 	c_to_a(G, S, BQ, pa);
-	warp_mma(G, NULL, NULL, NULL, pa, &tdo, st, BQ, DV, true, dV);
+	warp_mma(G, 1, NULL, NULL, NULL, pa, &tdo, st, BQ, DV, true, dV);
 	c_to_a(G, dP, BQ, pa);
-	warp_mma(G, NULL, NULL, NULL, pa, &tq, st, BQ, D, true, dK);
+	warp_mma(G, 1, NULL, NULL, NULL, pa, &tq, st, BQ, D, true, dK);
 	walk_end(G, &N);
 	for (int hr = 0; hr < 2; hr++) {
 		V jr = ix(g, frag_row(G, r0, hr));
@@ -994,7 +1021,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 			(long long)A->d, (long long)A->dv);
 		return;
 	}
-	gk G = {g, A, A->dtype, (int)A->d, (int)A->dv, 0, 0, A->in_q, A->in_k, A->in_v,
+	gk G = {g, A, A->dtype, (int)A->d, (int)A->dv, 0, 0, 1, A->in_q, A->in_k, A->in_v,
 		-1, -1, -1, NULL, NULL, NULL, NULL};
 	int n_in = g->r->n_in, ok = 0;
 	fz_kernel *k = g->k;
@@ -1009,8 +1036,16 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		if (f32) {
 			ok = plan_f32(G.D, G.DV, 0, &G.bc, &G.stages);
 		} else {
-			ok = plan(BR * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV), &G.bc,
-				  &G.stages);
+			/* two row tiles a warp (128 rows a block) at head dims up
+			 * to 64 with no mask operand nor a decomposed form's
+			 * logits: there the scores and O of both, 2 (BC + DV) / 2
+			 * floats a lane, leave the registers room (ptxas: 247 of
+			 * 255 at 64, causal; a mask's addresses spill); one tile
+			 * otherwise */
+			G.mt = G.D <= 64 && G.DV <= 64 && !A->mask && !A->decomposed ? 2 : 1;
+			ok = plan(BR * G.mt * row_bytes(G.D), row_bytes(G.D) + row_bytes(G.DV),
+				  &G.bc, &G.stages);
+			k->vec = BR * G.mt;
 		}
 		k->work[0][0] = A->tq;
 		ok = ok && fz_ext_mul(A->batch, A->hq, &w);

@@ -230,13 +230,14 @@ static int check_gemm_tile(const char *dir)
 
 /* The attention kernels (codegen/attention_gpu.c): forward, dq and dk/dv
  * at head dims 64 and 128, causal GQA with a padding mask, bf16 (tensor
- * cores) and f32 (FMA), assemble for sm_80 and sm_90 with no local memory
- * (no spills, no stack frame); at head dim 256 in bf16 they assemble, the
+ * cores) and f32 (FMA), and in bf16 without the mask (the forward's two
+ * row tiles a warp at 64), assemble for sm_80 and sm_90 with no local
+ * memory (no spills, no stack frame); at head dim 256 in bf16 they assemble, the
  * backward's tiles (over 48 KiB) in dynamic shared memory: an .extern
  * .shared array, k->smem its bytes. */
 typedef struct attn_acc {
 	fz_compiler *c;
-	const char *dir, *arch, *dt;
+	const char *dir, *arch, *dt, *tag;
 	int d, kernels, dyn, bad;
 } attn_acc;
 
@@ -249,7 +250,7 @@ static fz_status attn_one(const fz_region *r, int op, fz_kernel *k, void *ud, ch
 	fz_status st = fz_kernel_ptx(a->c, k, &ptx, err);
 	if (st != FZ_OK)
 		return st;
-	snprintf(what, sizeof what, "attention-%s-d%d-region%d", a->dt, a->d, r->id);
+	snprintf(what, sizeof what, "attention-%s-d%d%s-region%d", a->dt, a->d, a->tag, r->id);
 	int regs;
 	bool ext = strstr(ptx, ".extern .shared") != NULL;
 	a->kernels++;
@@ -281,26 +282,31 @@ static int check_attention(const char *dir)
 {
 	int bad = 0;
 	const char *archs[2] = {"sm_80", "sm_90"};
-	static const struct { const char *dt; int d, dyn; } cases[] = {
-		{"bf16", 64, 0}, {"bf16", 128, 0}, {"f32", 64, 0}, {"f32", 128, 0},
-		{"bf16", 256, 2}, /* dq and dk/dv */
+	static const struct { const char *dt; int d, dyn; bool mask; } cases[] = {
+		{"bf16", 64, 0, true}, {"bf16", 128, 0, true}, {"f32", 64, 0, true},
+		{"f32", 128, 0, true}, {"bf16", 256, 2, true}, /* dq and dk/dv */
+		{"bf16", 64, 0, false},
 	};
 	for (int a = 0; a < 2; a++)
 		for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
 			const char *dt = cases[ci].dt;
 			int d = cases[ci].d;
+			const char *mp = cases[ci].mask ? ", m: bool[B, 1, 1, T]" : "";
+			const char *m_ = cases[ci].mask ? ", m" : "";
 			char *src = fz_strdup_printf(
 				"trace a(q: %s[B, 8, T, %d], k: %s[B, 2, T, %d], v: %s[B, 2, T, %d], "
-				"do: %s[B, 8, T, %d], m: bool[B, 1, 1, T]) {\n"
-				"  o, lse = attention(q, k, v, m, causal=true)\n"
-				"  dq = attention_dq(q, k, v, o, lse, do, m, causal=true)\n"
-				"  dk, dv = attention_dkv(q, k, v, o, lse, do, m, causal=true)\n"
-				"  return o, lse, dq, dk, dv\n}\n", dt, d, dt, d, dt, d, dt, d);
+				"do: %s[B, 8, T, %d]%s) {\n"
+				"  o, lse = attention(q, k, v%s, causal=true)\n"
+				"  dq = attention_dq(q, k, v, o, lse, do%s, causal=true)\n"
+				"  dk, dv = attention_dkv(q, k, v, o, lse, do%s, causal=true)\n"
+				"  return o, lse, dq, dk, dv\n}\n", dt, d, dt, d, dt, d, dt, d, mp, m_, m_,
+				m_);
 			fz_module *m = NULL;
 			char *err = NULL;
 			fz_cg_options o;
 			fz_cg_options_parse(archs[a], &o, NULL);
-			attn_acc acc = {NULL, dir, archs[a], dt, d, 0, 0, 0};
+			attn_acc acc = {NULL, dir, archs[a], dt, cases[ci].mask ? "" : "-nomask", d,
+					0, 0, 0};
 			if (fz_module_parse(src, strlen(src), "attn.trace", &m, &err) != FZ_OK ||
 			    fz_compiler_new(&o, &acc.c, &err) != FZ_OK ||
 			    fz_compile_trace(acc.c, fz_module_trace(m, 0), NULL, -1, attn_one, &acc,
