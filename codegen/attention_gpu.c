@@ -80,20 +80,21 @@ static V fmax_(cg *g, V a, V b)
 }
 static V fexp(cg *g, V x) { return cg_math_unary(g, FZ_OP_EXP, x); }
 
-/* exp(a - b) for the tensor-core kernels, whose probabilities are rounded
- * to bf16 or f16 before they meet V: on the GPU 2^(a log2 e - b log2 e) by
- * an fma and ex2.approx (b's product is a row's, hoisted by the
- * optimizer; relative error near 2^-21 for the arguments that matter),
- * where cg_math_unary's exp, good to an f32 ulp, is some twenty
+/* exp(k a - b) for the tensor-core kernels, whose probabilities are
+ * rounded to bf16 or f16 before they meet V: on the GPU 2^(a k log2 e -
+ * b log2 e) by an fma and ex2.approx (b's product is a row's, hoisted by
+ * the optimizer; relative error near 2^-21 for the arguments that
+ * matter), where cg_math_unary's exp, good to an f32 ulp, is some twenty
  * instructions and set the forward's pace (H100, run 3: 116 TFLOP/s
  * against SDPA's 344). emu keeps the exact one, and so do the f32
  * kernels, held to f32's tolerance. a = -inf gives 0. */
-static V fexp_mma(cg *g, V a, V b)
+static V fexp_mma(cg *g, V a, V b, double k)
 {
 	if (g->o.target != FZ_CG_NVPTX)
-		return fexp(g, fsub(g, a, b));
-	V l2e = c_f32(g, 1.4426950408889634);
-	V y = fsub(g, fmul(g, a, l2e), fmul(g, b, l2e)); /* contracted: an fma */
+		return fexp(g, fsub(g, k == 1.0 ? a : fmul(g, a, c_f32(g, k)), b));
+	double l2e = 1.4426950408889634;
+	/* contracted: an fma */
+	V y = fsub(g, fmul(g, a, c_f32(g, k * l2e)), fmul(g, b, c_f32(g, l2e)));
 	T f = t_f32(g);
 	return call_named(g, "llvm.nvvm.ex2.approx.ftz.f", LLVMFunctionType(f, &f, 1, 0),
 			  &y, 1);
@@ -395,13 +396,100 @@ static walk key_walk(gk *G, const qblock *Q, const cg_tile *tk, const cg_tile *t
 
 /* ---- forward -------------------------------------------------------------------- */
 
+/* Whether the logits are the scores times a positive scale, hidden only
+ * by the length, causal and window rules: the primitive with no mask
+ * operand nor softcap. */
+static bool plain_scores(const fz_attn *A)
+{
+	return !A->decomposed && !A->mask && A->softcap == 0 && A->scale > 0;
+}
+
+/* Whether every row of [i0, i1) sees every key of [j0, j0 + BC) (the rules
+ * of cg_attn_scores: j < Tk, causal j <= i, window i < j + w and, not
+ * causal, j < i + w). */
+static V block_whole(gk *G, V i0, V i1, V j0)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	V j1 = add(g, j0, ci(g, G->bc));
+	V ok = icmp(g, LLVMIntULE, j1, cg_ext(g, A->tk));
+	if (A->causal)
+		ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, ci(g, 1))));
+	if (A->window > 0) {
+		V w = ci(g, A->window);
+		ok = and_(g, ok, icmp(g, LLVMIntULE, i1, add(g, j0, w)));
+		if (!A->causal)
+			ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, w)));
+	}
+	return ok;
+}
+
+/* The forward's online softmax over one block of keys at j0, for each row
+ * tile m and half hr (row g, g + 8) of the warp's: S's scores become
+ * probabilities, O is rescaled, M and Lsum move on. whole (a block every
+ * row sees, plain_scores): the row maximum over the raw scores, scaled
+ * once, and each probability 2^(s scale log2 e - m log2 e), one fma and
+ * ex2; else each logit from cg_attn_scores, masks and all. */
+static void fwd_softmax(gk *G, V S, V O, V M, V Lsum, V r0, V i0, V j0, V b, V h,
+			bool whole)
+{
+	cg *g = G->g;
+	const fz_attn *A = G->A;
+	int BC = G->bc, DV = G->DV;
+	V Tq = cg_ext(g, A->tq);
+	for (int m = 0; m < G->mt; m++) {
+		V Sm = at(g, S, m * BC / 2), Om = at(g, O, m * DV / 2);
+		V rm = add(g, r0, c_i32(g, 16 * m));
+		for (int hr = 0; hr < 2; hr++) {
+			V mx = c_f32(g, -INFINITY);
+			if (whole) {
+				for (int n = 0; n < BC / 8; n++)
+					mx = fmax_(g, mx, fmax_(g, get(g, Sm, 4 * n + 2 * hr),
+								get(g, Sm, 4 * n + 2 * hr + 1)));
+				mx = fmul(g, mx, c_f32(g, A->scale));
+			} else {
+				V i = add(g, i0, ix(g, frag_row(G, rm, hr)));
+				/* rows past Tq: any valid row */
+				V ic = umin(g, i, sub(g, Tq, ci(g, 1)));
+				for (int n = 0; n < BC / 8; n++) {
+					V s[2] = {get(g, Sm, 4 * n + 2 * hr),
+						  get(g, Sm, 4 * n + 2 * hr + 1)}, l[2];
+					V jj = add(g, j0, frag_col(G, n, 0));
+					cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
+					put(g, Sm, 4 * n + 2 * hr, l[0]);
+					put(g, Sm, 4 * n + 2 * hr + 1, l[1]);
+					mx = fmax_(g, mx, fmax_(g, l[0], l[1]));
+				}
+			}
+			int r = 2 * m + hr;
+			V mold = get(g, M, r), mnew = fmax_(g, mold, quad_max(g, mx));
+			V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0),
+				     mnew);
+			V alpha = fexp_mma(g, mold, muse, 1.0), sum = c_f32(g, 0.0);
+			for (int n = 0; n < BC / 8; n++)
+				for (int e = 0; e < 2; e++) {
+					V p = fexp_mma(g, get(g, Sm, 4 * n + 2 * hr + e), muse,
+						       whole ? A->scale : 1.0);
+					put(g, Sm, 4 * n + 2 * hr + e, p);
+					sum = fadd(g, sum, p);
+				}
+			put(g, Lsum, r, fadd(g, fmul(g, get(g, Lsum, r), alpha), sum));
+			put(g, M, r, mnew);
+			for (int n = 0; n < DV / 8; n++)
+				for (int e = 0; e < 2; e++)
+					put(g, Om, 4 * n + 2 * hr + e,
+					    fmul(g, get(g, Om, 4 * n + 2 * hr + e), alpha));
+		}
+	}
+}
+
 static void kernel_fwd(gk *G)
 {
 	cg *g = G->g;
 	const fz_attn *A = G->A;
-	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages, MT = G->mt, br = BR * MT;
+	int D = G->D, DV = G->DV, BC = G->bc, ST = G->stages, MT = G->mt, rows = BR * MT;
 	int next = 0;
-	cg_tile tq = cg_tile_make(&next, br, D, 1);
+	cg_tile tq = cg_tile_make(&next, rows, D, 1);
 	cg_tile tk = cg_tile_make(&next, BC, D, ST), tv = cg_tile_make(&next, BC, DV, ST);
 	cg_tile_alloc(g, next);
 	V Tq = cg_ext(g, A->tq);
@@ -410,7 +498,7 @@ static void kernel_fwd(gk *G)
 	V M = slots(g, 2 * MT), Lsum = slots(g, 2 * MT);
 	cg_loop W;
 	qblock Q;
-	query_blocks(G, &W, br, &Q);
+	query_blocks(G, &W, rows, &Q);
 	V bh = Q.bh, b = Q.b, h = Q.h, i0 = Q.i0;
 	V qbase = mul(g, add(g, mul(g, bh, Tq), i0), ci(g, D));
 	cg_tile_fetch(g, &tq, NULL, G->sq, G->dt, qbase, ci(g, D), sub(g, Tq, i0), ci(g, D));
@@ -425,41 +513,21 @@ static void kernel_fwd(gk *G)
 	V j0 = add(g, Wk.first, mul(g, K.iv, ci(g, BC)));
 	fill(g, S, MT * BC / 2, 0.0);
 	warp_mma(G, MT, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
-	/* logits, and the online softmax per row (half 0: row g, 1: row g+8,
-	 * of each row tile) */
-	for (int m = 0; m < MT; m++) {
-		V Sm = at(g, S, m * BC / 2), Om = at(g, O, m * DV / 2);
-		V rm = add(g, r0, c_i32(g, 16 * m));
-		for (int hr = 0; hr < 2; hr++) {
-			V i = add(g, i0, ix(g, frag_row(G, rm, hr)));
-			V ic = umin(g, i, sub(g, Tq, ci(g, 1))); /* rows past Tq: any valid row */
-			V mx = c_f32(g, -INFINITY);
-			for (int n = 0; n < BC / 8; n++) {
-				V s[2] = {get(g, Sm, 4 * n + 2 * hr), get(g, Sm, 4 * n + 2 * hr + 1)}, l[2];
-				V jj = add(g, j0, frag_col(G, n, 0));
-				cg_attn_scores(g, A, b, h, ic, cg_ix_of(jj, 2), 2, s, l, NULL);
-				put(g, Sm, 4 * n + 2 * hr, l[0]);
-				put(g, Sm, 4 * n + 2 * hr + 1, l[1]);
-				mx = fmax_(g, mx, fmax_(g, l[0], l[1]));
-			}
-			int r = 2 * m + hr;
-			V mold = get(g, M, r), mnew = fmax_(g, mold, quad_max(g, mx));
-			V muse = sel(g, fcmp(g, LLVMRealOEQ, mnew, c_f32(g, -INFINITY)), c_f32(g, 0.0),
-				     mnew);
-			V alpha = fexp_mma(g, mold, muse), sum = c_f32(g, 0.0);
-			for (int n = 0; n < BC / 8; n++)
-				for (int e = 0; e < 2; e++) {
-					V p = fexp_mma(g, get(g, Sm, 4 * n + 2 * hr + e), muse);
-					put(g, Sm, 4 * n + 2 * hr + e, p);
-					sum = fadd(g, sum, p);
-				}
-			put(g, Lsum, r, fadd(g, fmul(g, get(g, Lsum, r), alpha), sum));
-			put(g, M, r, mnew);
-			for (int n = 0; n < DV / 8; n++)
-				for (int e = 0; e < 2; e++)
-					put(g, Om, 4 * n + 2 * hr + e,
-					    fmul(g, get(g, Om, 4 * n + 2 * hr + e), alpha));
-		}
+	/* logits, and the online softmax per row; a block every row sees
+	 * whole, when the logits are the scaled scores, without their masks */
+	if (plain_scores(A)) {
+		LLVMBasicBlockRef whole = block(g, "fwd.whole"), edge = block(g, "fwd.edge"),
+				  join = block(g, "fwd.join");
+		cond_br(g, block_whole(G, i0, Q.i1, j0), whole, edge);
+		at_end(g, whole);
+		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, true);
+		br(g, join);
+		at_end(g, edge);
+		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, false);
+		br(g, join);
+		at_end(g, join);
+	} else {
+		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, false);
 	}
 	V pa[2 * 64 / 16 * 4];
 	for (int m = 0; m < MT; m++)
@@ -633,7 +701,8 @@ static void grad_elem(cg *g, bool mma, V lg, V dl, V lse, V dp, V di, V drop, V 
 	V hid = fcmp(g, LLVMRealOEQ, lg, c_f32(g, -INFINITY));
 	if (drop)
 		hid = or_(g, hid, drop);
-	*p = sel(g, hid, c_f32(g, 0.0), mma ? fexp_mma(g, lg, lse) : fexp(g, fsub(g, lg, lse)));
+	*p = sel(g, hid, c_f32(g, 0.0),
+		 mma ? fexp_mma(g, lg, lse, 1.0) : fexp(g, fsub(g, lg, lse)));
 	*ds = fmul(g, fmul(g, *p, fsub(g, dp, di)), dl);
 }
 
