@@ -404,14 +404,13 @@ static bool plain_scores(const fz_attn *A)
 	return !A->decomposed && !A->mask && A->softcap == 0 && A->scale > 0;
 }
 
-/* Whether every row of [i0, i1) sees every key of [j0, j0 + BC) (the rules
- * of cg_attn_scores: j < Tk, causal j <= i, window i < j + w and, not
- * causal, j < i + w). */
-static V block_whole(gk *G, V i0, V i1, V j0)
+/* Whether every query row of [i0, i1) sees every key of [j0, j1) (the
+ * rules of cg_attn_scores: j < Tk, causal j <= i, window i < j + w and,
+ * not causal, j < i + w). */
+static V pairs_whole(gk *G, V i0, V i1, V j0, V j1)
 {
 	cg *g = G->g;
 	const fz_attn *A = G->A;
-	V j1 = add(g, j0, ci(g, G->bc));
 	V ok = icmp(g, LLVMIntULE, j1, cg_ext(g, A->tk));
 	if (A->causal)
 		ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, ci(g, 1))));
@@ -422,6 +421,38 @@ static V block_whole(gk *G, V i0, V i1, V j0)
 			ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, w)));
 	}
 	return ok;
+}
+
+/* if (c) { whole arm } else { edge arm }, the arms' values meeting in the
+ * slots (allocas, which sroa turns into phis):
+ *
+ *     whole_or_edge(g, c, &edge, &join);
+ *     ... the whole arm ...
+ *     whole_end(g, edge, join);
+ *     ... the edge arm ...
+ *     edge_end(g, join);
+ *
+ * edge_end with join NULL (no whole_or_edge) leaves the edge arm's code
+ * alone. */
+static void whole_or_edge(cg *g, V c, LLVMBasicBlockRef *edge, LLVMBasicBlockRef *join)
+{
+	LLVMBasicBlockRef whole = block(g, "attn.whole");
+	*edge = block(g, "attn.edge");
+	*join = block(g, "attn.join");
+	cond_br(g, c, whole, *edge);
+	at_end(g, whole);
+}
+static void whole_end(cg *g, LLVMBasicBlockRef edge, LLVMBasicBlockRef join)
+{
+	br(g, join);
+	at_end(g, edge);
+}
+static void edge_end(cg *g, LLVMBasicBlockRef join)
+{
+	if (join) {
+		br(g, join);
+		at_end(g, join);
+	}
 }
 
 /* The forward's online softmax over one block of keys at j0, for each row
@@ -515,20 +546,15 @@ static void kernel_fwd(gk *G)
 	warp_mma(G, MT, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
 	/* logits, and the online softmax per row; a block every row sees
 	 * whole, when the logits are the scaled scores, without their masks */
+	LLVMBasicBlockRef edge = NULL, join = NULL;
 	if (plain_scores(A)) {
-		LLVMBasicBlockRef whole = block(g, "fwd.whole"), edge = block(g, "fwd.edge"),
-				  join = block(g, "fwd.join");
-		cond_br(g, block_whole(G, i0, Q.i1, j0), whole, edge);
-		at_end(g, whole);
+		whole_or_edge(g, pairs_whole(G, i0, Q.i1, j0, add(g, j0, ci(g, BC))), &edge,
+			      &join);
 		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, true);
-		br(g, join);
-		at_end(g, edge);
-		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, false);
-		br(g, join);
-		at_end(g, join);
-	} else {
-		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, false);
+		whole_end(g, edge, join);
 	}
+	fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, false);
+	edge_end(g, join);
 	V pa[2 * 64 / 16 * 4];
 	for (int m = 0; m < MT; m++)
 		c_to_a(G, at(g, S, m * BC / 2), BC, pa + m * (BC / 16) * 4);
@@ -824,6 +850,22 @@ static void kernel_dq(gk *G)
 	fill(g, dP, BC / 2, 0.0);
 	warp_mma(G, 1, &tq, NULL, r0, NULL, &tk, st, D, BC, false, S);
 	warp_mma(G, 1, &tdo, NULL, r0, NULL, &tv, st, DV, BC, false, dP);
+	LLVMBasicBlockRef edge = NULL, join = NULL;
+	if (plain_scores(A)) {
+		/* a block every row sees whole: ds = p (dp - di) scale */
+		whole_or_edge(g, pairs_whole(G, i0, Q.i1, j0, add(g, j0, ci(g, BC))), &edge,
+			      &join);
+		V k = c_f32(g, A->scale);
+		for (int hr = 0; hr < 2; hr++)
+			for (int n = 0; n < BC / 8; n++)
+				for (int e = 0; e < 2; e++) {
+					int c = 4 * n + 2 * hr + e;
+					V p = fexp_mma(g, get(g, S, c), get(g, LSE, hr), A->scale);
+					V dp = fsub(g, get(g, dP, c), get(g, DI, hr));
+					put(g, S, c, fmul(g, fmul(g, p, dp), k));
+				}
+		whole_end(g, edge, join);
+	}
 	for (int hr = 0; hr < 2; hr++)
 		for (int n = 0; n < BC / 8; n++) {
 			int c0 = 4 * n + 2 * hr;
@@ -837,6 +879,7 @@ static void kernel_dq(gk *G)
 				put(g, S, c0 + e, ds);
 			}
 		}
+	edge_end(g, join);
 	V da[64 / 16 * 4];
 	c_to_a(G, S, BC, da);
 	warp_mma(G, 1, NULL, NULL, NULL, da, &tk, st, BC, D, true, dQ);
@@ -885,6 +928,31 @@ static void kernel_dkv(gk *G)
 	fill(g, dP, BQ / 2, 0.0);
 	warp_mma(G, 1, &tk, NULL, r0, NULL, &tq, st, D, BQ, false, S);
 	warp_mma(G, 1, &tv, NULL, r0, NULL, &tdo, st, DV, BQ, false, dP);
+	LLVMBasicBlockRef edge = NULL, join = NULL;
+	if (plain_scores(A)) {
+		/* a block every pair of which is seen, no query past Tq: p and
+		 * ds = p (dp - di) scale from the raw scores */
+		V i1 = add(g, i0, ci(g, BQ));
+		V whole = and_(g, icmp(g, LLVMIntULE, i1, Tq),
+			       pairs_whole(G, i0, i1, j0, add(g, j0, ci(g, BR))));
+		whole_or_edge(g, whole, &edge, &join);
+		V k = c_f32(g, A->scale);
+		for (int n = 0; n < BQ / 8; n++)
+			for (int e = 0; e < 2; e++) {
+				V qo = shl(g, i32(g, frag_col(G, n, e)), c_i32(g, 2));
+				V lse = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_lse)), 4,
+								    false), 4);
+				V di = load(g, t_f32(g), cg_tile_ptr(g, add(g, qo, c_i32(g, o_di)), 4,
+								   false), 4);
+				for (int hr = 0; hr < 2; hr++) {
+					int c = 4 * n + 2 * hr + e;
+					V p = fexp_mma(g, get(g, S, c), lse, A->scale);
+					put(g, S, c, p);
+					put(g, dP, c, fmul(g, fmul(g, p, fsub(g, get(g, dP, c), di)), k));
+				}
+			}
+		whole_end(g, edge, join);
+	}
 	for (int hr = 0; hr < 2; hr++) {
 		V j = add(g, j0, ix(g, frag_row(G, r0, hr)));
 		V jc = umin(g, j, sub(g, Tk, ci(g, 1)));
@@ -907,6 +975,7 @@ static void kernel_dkv(gk *G)
 				put(g, dP, c, ds);
 			}
 	}
+	edge_end(g, join);
 	V pa[64 / 16 * 4];
 	c_to_a(G, S, BQ, pa);
 	warp_mma(G, 1, NULL, NULL, NULL, pa, &tdo, st, BQ, DV, true, dV);
