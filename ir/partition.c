@@ -130,6 +130,23 @@ static int find(part *s, int x)
 	return x;
 }
 
+/* Nodes ids[0..m) (singleton groups; the dead ones left alone) joined to
+ * root's group, one fixed attention group. */
+static void attn_group(part *s, int root, const int *ids, int m, const bool *dead)
+{
+	for (int j = 0; j < m; j++) {
+		int x = ids[j];
+		if (x == root || (dead && dead[x]))
+			continue;
+		s->g[x].parent = root;
+		s->g[s->g[root].tail].next = x;
+		s->g[root].tail = x;
+		s->g[root].size++;
+	}
+	s->g[root].red = -1;
+	s->g[root].flags = G_FIXED | G_ATTN;
+}
+
 static bool in_pair(part *s, int node, int ra, int rb)
 {
 	int r = find(s, node);
@@ -642,17 +659,7 @@ fz_status fz_partition(fz_program *p)
 		for (int j = 1; j < 5; j++)
 			if (!(p->dead && p->dead[ids[j]]) && ids[j] > root)
 				root = ids[j];
-		for (int j = 0; j < 5; j++) {
-			int x = ids[j];
-			if (x == root || (p->dead && p->dead[x]))
-				continue;
-			s.g[x].parent = root;
-			s.g[s.g[root].tail].next = x;
-			s.g[root].tail = x;
-			s.g[root].size++;
-		}
-		s.g[root].red = -1;
-		s.g[root].flags = G_FIXED | G_ATTN;
+		attn_group(&s, root, ids, 5, p->dead);
 		s.g[root].ord = i;
 		s.work += 5;
 	}
@@ -672,17 +679,7 @@ fz_status fz_partition(fz_program *p)
 				     ids[j] <= i;
 		if (!free_nodes)
 			continue;
-		for (int j = 0; j < m; j++) {
-			int x = ids[j];
-			if (x == i)
-				continue;
-			s.g[x].parent = i;
-			s.g[s.g[i].tail].next = x;
-			s.g[i].tail = x;
-			s.g[i].size++;
-		}
-		s.g[i].red = -1;
-		s.g[i].flags = G_FIXED | G_ATTN;
+		attn_group(&s, i, ids, m, NULL);
 	}
 
 	/* producer-consumer fusion in the canonical order, swept again while
