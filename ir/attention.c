@@ -17,6 +17,20 @@
  * [B, Hkv g, T, D], with or without an unsqueeze first); the region then
  * reads the unrepeated heads, and the kernel indexes head h / g.
  *
+ * The primitive's operands may be repeated the same way (HF's SDPA path
+ * repeats k and v before the call when it passes a mask), and there one
+ * repeat feeds three ops (attention, attention_dq, attention_dkv), so no
+ * region can take it. fz_attn_fold_find decides instead, for the whole
+ * program, which ops read the unrepeated values (fz_attn_operand says
+ * what a region reads): dce drops a repeat only attention ops read, and
+ * attention_dkv, whose dk and dv then have the kv heads' shape, takes the
+ * backward's sums over each group into its region:
+ *
+ *     kr = reshape(broadcast_in_dim(unsqueeze(k, dim=2), [B, 2, 4, T, D]))
+ *     o, lse = attention(q, kr, vr)            reads k, v: [B, 2, T, D]
+ *     dkr, dvr = attention_dkv(q, kr, vr, ..)  one region with the two
+ *     dk = sum(reshape(dkr, [B, 2, 4, T, D]), dims=[2])   sums: writes dk, dv
+ *
  * The match takes S, P and everything between only when nothing outside
  * reads them: the region then writes O alone, and nothing of T x T size is
  * ever stored. It takes the nodes of f that depend on S, and those feeding
