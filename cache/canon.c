@@ -73,6 +73,7 @@
 #include <llvm-c/Core.h>
 #include <xxhash.h>
 
+#include "attention.h"
 #include "cache.h"
 /* FZ_BUILD_ID, written at build time by cmake/build_id.cmake; a build
  * without it (a hand-made one) keys as "unknown", never as another's */
@@ -450,7 +451,7 @@ static fz_status order_nodes(canon_work *w)
 		uint64_t h = hash_text(&w->tmp);
 		c->depth = 0;
 		for (int k = 0; k < nd->n_in; k++) {
-			const fz_value *v = nd->in[k];
+			const fz_value *v = fz_attn_operand(w->r, nd, k);
 			int j = v->def ? idmap_get(&w->node_of, v->def->id) : -1;
 			if (j >= 0) {
 				h = mix(h, w->cn[j].up + (uint64_t)v->out_index);
@@ -479,7 +480,7 @@ static fz_status order_nodes(canon_work *w)
 		cnode *c = &w->cn[i];
 		const fz_node *nd = c->n;
 		for (int k = 0; k < nd->n_in; k++) {
-			const fz_value *v = nd->in[k];
+			const fz_value *v = fz_attn_operand(w->r, nd, k);
 			int j = v->def ? idmap_get(&w->node_of, v->def->id) : -1;
 			if (j >= 0)
 				w->cn[j].down += mix(mix(c->up, c->down),
@@ -579,7 +580,7 @@ fz_status fz_canon_region(const fz_trace *t, const fz_region *r,
 		const fz_node *nd = w.sorted[i]->n;
 		c->nodes[i] = w.sorted[i]->n;
 		for (int k = 0; k < nd->n_in; k++) {
-			fz_value *v = nd->in[k];
+			fz_value *v = (fz_value *)fz_attn_operand(r, nd, k);
 			if (v->def && idmap_get(&w.node_of, v->def->id) >= 0)
 				continue;
 			int at = idmap_get(&w.in_of, v->id);
@@ -656,7 +657,7 @@ fz_status fz_canon_region(const fz_trace *t, const fz_region *r,
 		for (int k = 0; k < nd->n_in; k++) {
 			if (k)
 				fz_buf_puts(&b, ", ");
-			put_operand(&b, &w, nd->in[k]);
+			put_operand(&b, &w, fz_attn_operand(r, nd, k));
 		}
 		fz_buf_puts(&b, ";");
 		size_t before = b.len;

@@ -17,6 +17,20 @@
  * [B, Hkv g, T, D], with or without an unsqueeze first); the region then
  * reads the unrepeated heads, and the kernel indexes head h / g.
  *
+ * The primitive's operands may be repeated the same way (HF's SDPA path
+ * repeats k and v before the call when it passes a mask), and there one
+ * repeat feeds three ops (attention, attention_dq, attention_dkv), so no
+ * region can take it. fz_attn_fold_find decides instead, for the whole
+ * program, which ops read the unrepeated values (fz_attn_operand says
+ * what a region reads): dce drops a repeat only attention ops read, and
+ * attention_dkv, whose dk and dv then have the kv heads' shape, takes the
+ * backward's sums over each group into its region:
+ *
+ *     kr = reshape(broadcast_in_dim(unsqueeze(k, dim=2), [B, 2, 4, T, D]))
+ *     o, lse = attention(q, kr, vr)            reads k, v: [B, 2, T, D]
+ *     dkr, dvr = attention_dkv(q, kr, vr, ..)  one region with the two
+ *     dk = sum(reshape(dkr, [B, 2, 4, T, D]), dims=[2])   sums: writes dk, dv
+ *
  * The match takes S, P and everything between only when nothing outside
  * reads them: the region then writes O alone, and nothing of T x T size is
  * ever stored. It takes the nodes of f that depend on S, and those feeding
@@ -89,61 +103,171 @@ static const fz_node *def_op(const fz_value *v, fz_opcode op)
 	return v && v->def && v->def->op == op ? v->def : NULL;
 }
 
-/* Is v [batch..., H, T, D] seen as repeated kv heads (HF's repeat_kv)? Then
- * *src is the unrepeated [batch..., Hkv, T, D], *g the repeat, and the
- * meta nodes are added to M. Else *src = v, *g = 1. */
-static bool unrepeat(match *M, const fz_value *v, const fz_value **src, int64_t *g)
+/* Is v [batch..., H, T, D] kv heads repeated to H (HF's repeat_kv:
+ * broadcast_in_dim to [batch..., Hkv, g, T, D], with or without an
+ * unsqueeze first, then reshape to [batch..., Hkv g, T, D])? Then the
+ * unrepeated [batch..., Hkv, T, D] is returned, *g is the repeat, and
+ * chain[] the reshape, the broadcast and the unsqueeze (or NULL). Head h
+ * of v is head h / g of the source, which is how the kernels index a kv
+ * head. Structure only: who else reads the values is the caller's
+ * question. */
+static const fz_value *repeat_source(const fz_value *v, int64_t *g,
+				     const fz_node *chain[3])
 {
-	*src = v;
-	*g = 1;
 	const fz_node *rs = def_op(v, FZ_OP_RESHAPE);
 	int r = v->type.rank;
 	if (!rs || r < 3)
-		return true;
+		return NULL;
 	const fz_value *y = rs->in[0];
 	const fz_node *bc = def_op(y, FZ_OP_BROADCAST_IN_DIM);
-	if (!bc || y->type.rank != r + 1 || y->n_uses != 1 || v->n_uses != 1)
-		return true;
+	if (!bc || y->type.rank != r + 1)
+		return NULL;
 	/* y [batch..., Hkv, g, T, D] */
 	int hd = r - 3;
 	for (int i = 0; i < hd; i++)
 		if (!fz_ext_eq(y->type.dims[i], v->type.dims[i]))
-			return true;
+			return NULL;
 	fz_ext gx = y->type.dims[hd + 1], hq;
 	if (!fz_ext_is_const(gx) || !fz_ext_mul(y->type.dims[hd], gx, &hq) ||
 	    !fz_ext_eq(hq, v->type.dims[hd]) ||
 	    !fz_ext_eq(y->type.dims[hd + 2], v->type.dims[hd + 1]) ||
 	    !fz_ext_eq(y->type.dims[hd + 3], v->type.dims[hd + 2]))
-		return true;
+		return NULL;
 	const fz_value *x = bc->in[0];
 	const fz_node *un = NULL;
 	if (x->type.rank == r) {
 		/* broadcast_in_dim(k, dims=[0.., hd, hd+2, hd+3]) */
 		for (int i = 0; i < r; i++)
 			if (bc->attrs.dims[i] != (i <= hd ? i : i + 1))
-				return true;
+				return NULL;
 	} else if (x->type.rank == r + 1 && fz_ext_eq(x->type.dims[hd + 1],
 						       fz_ext_const(1))) {
 		for (int i = 0; i <= r; i++)
 			if (bc->attrs.dims[i] != i)
-				return true;
+				return NULL;
 		un = x->def;
-		if (!un || x->n_uses != 1 || !(un->op == FZ_OP_UNSQUEEZE ||
-					       un->op == FZ_OP_RESHAPE) ||
+		if (!un || !(un->op == FZ_OP_UNSQUEEZE || un->op == FZ_OP_RESHAPE) ||
 		    un->in[0]->type.rank != r)
-			return true;
+			return NULL;
 		x = un->in[0];
 	} else {
-		return true;
+		return NULL;
 	}
 	for (int i = 0; i < r; i++)
 		if (!fz_ext_eq(x->type.dims[i], i == hd ? y->type.dims[hd] : v->type.dims[i]))
-			return true;
-	if (!add(M, rs) || !add(M, bc) || (un && !add(M, un)))
-		return false;
-	*src = x;
+			return NULL;
+	chain[0] = rs;
+	chain[1] = bc;
+	chain[2] = un;
 	*g = gx.c;
+	return x;
+}
+
+/* repeat_source for the decomposed form, whose region takes the meta
+ * nodes (added to M): only when nothing else reads them. Else *src = v,
+ * *g = 1. */
+static bool unrepeat(match *M, const fz_value *v, const fz_value **src, int64_t *g)
+{
+	*src = v;
+	*g = 1;
+	const fz_node *chain[3];
+	const fz_value *x = repeat_source(v, g, chain);
+	if (!x || v->n_uses != 1 || chain[0]->in[0]->n_uses != 1 ||
+	    (chain[2] && chain[1]->in[0]->n_uses != 1)) {
+		*g = 1;
+		return true;
+	}
+	for (int i = 0; i < 3; i++)
+		if (chain[i] && !add(M, chain[i]))
+			return false;
+	*src = x;
 	return true;
+}
+
+/* Is sm = sum(reshape(d, [batch..., Hkv, g, T, D]), dims=[head + 1]),
+ * the sum over each group of d = dk (or dv) of the repeated heads, so of
+ * the shape of src, the unrepeated k (v)? (The backward of repeat_kv.) */
+static bool group_sum(const fz_value *d, const fz_value *src, int64_t g,
+		      const fz_node *rs, const fz_node *sm)
+{
+	int r = d->type.rank, hd = r - 3;
+	if (!rs || !sm || rs->op != FZ_OP_RESHAPE || rs->in[0] != d ||
+	    sm->op != FZ_OP_SUM || sm->in[0] != rs->out[0] ||
+	    sm->attrs.n_dims != 1 || sm->attrs.dims[0] != hd + 1 ||
+	    sm->out[0]->type.dtype != d->type.dtype)
+		return false;
+	const fz_type *y = &rs->out[0]->type;
+	if (y->rank != r + 1 || !fz_ext_eq(y->dims[hd + 1], fz_ext_const(g)))
+		return false;
+	for (int i = 0; i < r; i++)
+		if (!fz_ext_eq(y->dims[i < hd + 1 ? i : i + 1], src->type.dims[i]))
+			return false;
+	return true;
+}
+
+int fz_attn_fold_find(const fz_trace *t, fz_attn_fold *folds)
+{
+	/* the one reader of each value read once (returns count as uses) */
+	const fz_node **user = calloc((size_t)t->n_values + 1, sizeof *user);
+	if (!user)
+		return -1;
+	for (int i = 0; i < t->n_nodes; i++)
+		for (int k = 0; k < t->nodes[i]->n_in; k++)
+			if (t->nodes[i]->in[k]->n_uses == 1)
+				user[t->nodes[i]->in[k]->id] = t->nodes[i];
+	int found = 0;
+	for (int i = 0; i < t->n_nodes; i++) {
+		const fz_node *nd = t->nodes[i];
+		fz_attn_fold *f = &folds[i];
+		memset(f, 0, sizeof *f);
+		if (fz_ops[nd->op].cls != FZ_CLASS_ATTENTION)
+			continue;
+		int64_t gk, gv;
+		const fz_node *ck[3], *cv[3];
+		const fz_value *k = repeat_source(nd->in[1], &gk, ck);
+		const fz_value *v = repeat_source(nd->in[2], &gv, cv);
+		if (!k || !v || gk != gv || gk < 2)
+			continue;
+		bool ok = true;
+		for (int r = 0; nd->op == FZ_OP_ATTENTION_DKV && r < 2; r++) {
+			const fz_value *d = nd->out[r];
+			const fz_node *rs = d->n_uses == 1 ? user[d->id] : NULL;
+			const fz_node *sm = rs && rs->out[0]->n_uses == 1 ?
+					    user[rs->out[0]->id] : NULL;
+			ok = ok && group_sum(d, r ? v : k, gk, rs, sm);
+			f->sum[r][0] = rs;
+			f->sum[r][1] = sm;
+		}
+		if (!ok) {
+			memset(f, 0, sizeof *f);
+			continue;
+		}
+		f->k = k;
+		f->v = v;
+		found++;
+	}
+	free(user);
+	return found;
+}
+
+static int index_in(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; v && i < n; i++)
+		if (vs[i] == v)
+			return i;
+	return -1;
+}
+
+const fz_value *fz_attn_operand(const fz_region *R, const fz_node *n, int k)
+{
+	const fz_value *v = n->in[k];
+	int64_t g;
+	const fz_node *chain[3];
+	if (fz_ops[n->op].cls != FZ_CLASS_ATTENTION || (k != 1 && k != 2) ||
+	    index_in(R->in, R->n_in, v) >= 0)
+		return v;
+	const fz_value *x = repeat_source(v, &g, chain);
+	return x && index_in(R->in, R->n_in, x) >= 0 ? x : v;
 }
 
 /* Do the nodes of M alone read value v (besides `except` readers)? */
@@ -417,14 +541,6 @@ int fz_attn_match(const fz_trace *t, const fz_node *m2, int *ids, int max)
 	return M.n;
 }
 
-static int index_in(fz_value *const *vs, int n, const fz_value *v)
-{
-	for (int i = 0; v && i < n; i++)
-		if (vs[i] == v)
-			return i;
-	return -1;
-}
-
 static bool why_not(char *why, size_t n, const char *msg)
 {
 	if (why && n)
@@ -465,20 +581,47 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 			m2 = nd;
 	}
 	if (prim) {
-		if (R->n_nodes != 1)
-			return why_not(why, n, "an attention op shares its region");
+		/* alone; or, reading repeated kv heads unrepeated (fz_attn_fold_find),
+		 * attention_dkv with the sums of dk and dv over each group */
+		const fz_value *kx = fz_attn_operand(R, prim, 1);
+		const fz_value *vx = fz_attn_operand(R, prim, 2);
+		bool folded = kx != prim->in[1];
+		const fz_node *sums[2] = {NULL, NULL};
+		for (int i = 0; i < R->n_nodes; i++) {
+			const fz_node *nd = R->nodes[i];
+			if (nd == prim)
+				continue;
+			/* a reshape of dk or dv to [.., Hkv, g, T, D], or its sum */
+			const fz_node *rs = nd->op == FZ_OP_SUM ? nd->in[0]->def : nd;
+			int r = rs && rs->op == FZ_OP_RESHAPE && rs->in[0]->def == prim ?
+				rs->in[0]->out_index : -1;
+			if (!folded || prim->op != FZ_OP_ATTENTION_DKV || r < 0)
+				return why_not(why, n, "an attention op shares its region");
+			if (nd == rs)
+				continue;
+			fz_ext gx = rs->out[0]->type.dims[rs->out[0]->type.rank - 3];
+			if (!fz_ext_is_const(gx) ||
+			    !group_sum(prim->out[r], r ? vx : kx, gx.c, rs, nd))
+				return why_not(why, n, "not the sum of dk or dv over a group");
+			sums[r] = nd;
+		}
+		if (folded != (vx != prim->in[2]) ||
+		    (folded && prim->op == FZ_OP_ATTENTION_DKV &&
+		     (index_in(R->out, R->n_out, prim->out[0]) >= 0 ||
+		      index_in(R->out, R->n_out, prim->out[1]) >= 0)))
+			return why_not(why, n, "k and v are not read alike");
 		const fz_attrs *a = &prim->attrs;
 		A->pass = prim->op == FZ_OP_ATTENTION ? FZ_ATTN_FWD :
 			  prim->op == FZ_OP_ATTENTION_DQ ? FZ_ATTN_DQ : FZ_ATTN_DKV;
 		A->dtype = prim->in[0]->type.dtype;
-		shapes(A, &prim->in[0]->type, &prim->in[1]->type, &prim->in[2]->type);
+		shapes(A, &prim->in[0]->type, &kx->type, &vx->type);
 		A->scale = a->scale;
 		A->softcap = a->softcap;
 		A->causal = a->causal;
 		A->window = a->window;
 		A->in_q = index_in(R->in, R->n_in, prim->in[0]);
-		A->in_k = index_in(R->in, R->n_in, prim->in[1]);
-		A->in_v = index_in(R->in, R->n_in, prim->in[2]);
+		A->in_k = index_in(R->in, R->n_in, kx);
+		A->in_v = index_in(R->in, R->n_in, vx);
 		int nm = A->pass == FZ_ATTN_FWD ? 3 : 6;
 		if (A->pass != FZ_ATTN_FWD) {
 			A->in_o = index_in(R->in, R->n_in, prim->in[3]);
@@ -489,8 +632,9 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 			A->mask = prim->in[nm];
 			A->in_mask = index_in(R->in, R->n_in, A->mask);
 		}
-		int o0 = index_in(R->out, R->n_out, prim->out[0]);
-		int o1 = prim->n_out > 1 ? index_in(R->out, R->n_out, prim->out[1]) : -1;
+		int o0 = index_in(R->out, R->n_out, sums[0] ? sums[0]->out[0] : prim->out[0]);
+		int o1 = prim->n_out < 2 ? -1 : index_in(R->out, R->n_out, sums[1] ?
+							  sums[1]->out[0] : prim->out[1]);
 		switch (A->pass) {
 		case FZ_ATTN_FWD: A->out_o = o0; A->out_lse = o1; break;
 		case FZ_ATTN_DQ: A->out_dq = o0; break;

@@ -125,6 +125,30 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
  * no such form. The partitioner makes them one region. */
 int fz_attn_match(const fz_trace *t, const fz_node *m2, int *ids, int max);
 
+/* GQA written as repeated kv heads (HF's repeat_kv before SDPA: k and v
+ * broadcast_in_dim to [batch..., Hkv, g, T, D] and reshaped to [batch...,
+ * Hkv g, T, D]) is read unrepeated by the attention ops, so no repeated
+ * copy is planned: an op whose k and v are both repeated by one g reads
+ * the unrepeated values instead (query head h reads kv head h / g, as
+ * the kernels index a shared head anyway; the values read are the same).
+ * attention_dkv's dk and dv then have the kv heads' shape, which is the
+ * shape of the sum over each group that the backward of the repeat
+ * writes next (reshape to [.., Hkv, g, T, D], sum over g): so it folds
+ * only when each of its results is read by exactly that, and its region
+ * takes the reshapes and the sums, writing the sums' results (the group's
+ * heads summed in the kernel's accumulator, not rounded per head first).
+ * folds[i] for every node i: k and v what attention op i reads in place of
+ * operands 1 and 2 (NULL: it reads them as written); for attention_dkv,
+ * sum[r] the reshape and the sum of result r. dce.c marks the repeats
+ * that nothing else reads dead; partition.c links the unrepeated values
+ * and groups the sums with the op. The count of folded ops, -1 when out
+ * of memory. */
+int fz_attn_fold_find(const fz_trace *t, fz_attn_fold *folds);
+
+/* The value region R reads for operand k of its node n: n->in[k], or for
+ * a folded attention op's k and v the unrepeated value R reads instead. */
+const fz_value *fz_attn_operand(const fz_region *R, const fz_node *n, int k);
+
 /* Flops of the pass at sizes (the simulator's and the benches' count):
  * 4 B Hq Tq Tk D forward (2 products), 2.5x that for the backward's two
  * passes together; causal counts about half the pairs. */

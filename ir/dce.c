@@ -27,13 +27,18 @@
  * region, so no later pass, the code generator or the runtime ever sees one.
  * The interpreter (interp.c) and the verifier's run-time checks skip the
  * same nodes through fz_trace_live, so the oracle and the generated code
- * agree on what runs.
+ * agree on what runs. One difference, by design: an attention op that
+ * reads kv heads repeated by broadcast_in_dim and reshape reads them
+ * unrepeated in the program (ir/attention.h, fz_attn_fold_find), so a
+ * repeat nothing else reads is dead here while the interpreter computes
+ * it (a meta op whose extents agree by construction: it cannot fail).
  */
 #include <stdlib.h>
 
-#include "plan.h"
+#include "attention.h"
 
-int fz_trace_live(const fz_trace *t, bool *live)
+/* The walk; an attention op folds[i] reads its k and v unrepeated. */
+static int trace_live(const fz_trace *t, const fz_attn_fold *folds, bool *live)
 {
 	bool *need = calloc((size_t)t->n_values + 1, sizeof *need);
 	if (!need)
@@ -48,11 +53,17 @@ int fz_trace_live(const fz_trace *t, bool *live)
 			l = need[n->out[k]->id];
 		live[i] = l;
 		dead += !l;
+		const fz_attn_fold *f = folds && folds[i].k ? &folds[i] : NULL;
 		for (int k = 0; l && k < n->n_in; k++)
-			need[n->in[k]->id] = true;
+			need[(f && k == 1 ? f->k : f && k == 2 ? f->v : n->in[k])->id] = true;
 	}
 	free(need);
 	return dead;
+}
+
+int fz_trace_live(const fz_trace *t, bool *live)
+{
+	return trace_live(t, NULL, live);
 }
 
 fz_status fz_dce(fz_program *p)
@@ -61,7 +72,25 @@ fz_status fz_dce(fz_program *p)
 	bool *live = malloc(sizeof *live * ((size_t)t->n_nodes + 1));
 	if (!live)
 		return FZ_ENOMEM;
-	int dead = fz_trace_live(t, live);
+	/* attention ops that read repeated kv heads unrepeated: the repeats
+	 * nothing else reads are dead here (not in the interpreter, which
+	 * runs the trace as written) */
+	p->attn_fold = NULL;
+	int folds = 0;
+	for (int i = 0; i < t->n_nodes && !folds; i++)
+		folds = fz_ops[t->nodes[i]->op].cls == FZ_CLASS_ATTENTION;
+	if (folds) {
+		p->attn_fold = fz_arena_alloc(&p->arena, sizeof(fz_attn_fold) *
+					      ((size_t)t->n_nodes + 1));
+		folds = p->attn_fold ? fz_attn_fold_find(t, p->attn_fold) : -1;
+		if (folds < 0) {
+			free(live);
+			return FZ_ENOMEM;
+		}
+		if (folds == 0)
+			p->attn_fold = NULL;
+	}
+	int dead = trace_live(t, p->attn_fold, live);
 	fz_status st = dead < 0 ? FZ_ENOMEM : FZ_OK;
 	p->dead = NULL;
 	p->n_dead = 0;

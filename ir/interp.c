@@ -37,8 +37,10 @@
  * interpreter binds a copy of the caller's sizes against its inputs, so an
  * input whose shape disagrees with the sizes it was told is an error, too.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,7 @@
 #include "ir.h"
 #include "numeric.h"
 #include "philox.h"
+#include "pool.h"
 
 /* ---- errors --------------------------------------------------------------- */
 
@@ -1391,10 +1394,29 @@ static fz_status run_linear(interp *I, const fz_node *n)
 }
 
 /* attention, attention_dq, attention_dkv (ops.def) in f64, one query row
- * at a time over every key: the scores of the row are formed whole (Tk of
- * them), so the oracle has no blocks and no online softmax to get wrong.
+ * at a time over the keys it may see: the scores of the row are formed
+ * whole, so the oracle has no blocks and no online softmax to get wrong.
  * The backward uses the lse and o it is given, as its definition says:
- * p = exp(s - lse), di = rowsum(do o), ds = p (do.v - di). */
+ * p = exp(s - lse), di = rowsum(do o), ds = p (do.v - di).
+ *
+ * It is the oracle at T = 4097 too, so it does no work it can prove away
+ * and it uses the CPUs, without changing a single value:
+ *   - the band. A causal mask or a window hides every key outside
+ *     [lo, hi) of query i (attn_band); a hidden key's terms are
+ *     exp(-inf) = 0 in every sum, so they are not formed at all.
+ *   - dot products, key by key, each summed over e in order, as
+ *     q_i . k_j is written; but ATTN_JB keys at once, from K and V
+ *     transposed to [D][Tk], so the compiler may use vector lanes
+ *     across keys, never across e (no reassociation).
+ *   - parts: the forward and dq over (batch, query head, block of
+ *     rows), dk and dv over (batch, kv head, block of keys), on a pool
+ *     of $FUSEC_THREADS (else every CPU) threads. Each output element
+ *     belongs to one part and is summed in the order one thread would
+ *     sum it: a key's dk, dv over the query heads of its group, then
+ *     rows, ascending. The result does not depend on the thread count. */
+#define ATTN_JB 8    /* keys per dot-product group */
+#define ATTN_BLK 64  /* rows (keys for dk, dv) per part, at least */
+
 typedef struct attn_shape {
 	int64_t batch, hq, hkv, tq, tk, d, dv, group;
 	int64_t mst[4];      /* the mask's strides over (batch, h, i, j) */
@@ -1403,10 +1425,10 @@ typedef struct attn_shape {
 	const int64_t *bshape;
 } attn_shape;
 
-static int64_t attn_mask_at(const attn_shape *A, int64_t bt, int64_t h, int64_t i,
-			    int64_t j)
+/* The mask's offset of (bt, h, i, 0). */
+static int64_t attn_mask_row(const attn_shape *A, int64_t bt, int64_t h, int64_t i)
 {
-	int64_t off = h * A->mst[1] + i * A->mst[2] + j * A->mst[3];
+	int64_t off = h * A->mst[1] + i * A->mst[2];
 	for (int d = A->nb - 1; d >= 0; d--) {
 		off += bt % A->bshape[d] * A->mb[d];
 		bt /= A->bshape[d];
@@ -1414,10 +1436,26 @@ static int64_t attn_mask_at(const attn_shape *A, int64_t bt, int64_t h, int64_t 
 	return off;
 }
 
-/* The logit of raw product x at (bt, h, i, j), and d logit / dx; false
+/* The keys [lo, hi) of query i that causal and window leave visible. */
+static void attn_band(const fz_attrs *a, int64_t tk, int64_t i, int64_t *lo,
+		      int64_t *hi)
+{
+	int64_t l = 0, h = tk;
+	if (a->causal && i + 1 < h)
+		h = i + 1;
+	if (a->window > 0) {
+		if (i >= a->window)
+			l = i - a->window + 1;
+		if (!a->causal && a->window < tk - i)
+			h = i + a->window;
+	}
+	*lo = l < h ? l : h;
+	*hi = h;
+}
+
+/* The logit of raw product x (mask at offset mo), and d logit / dx; false
  * when the key is hidden. */
-static bool attn_logit(const fz_attrs *a, const attn_shape *A, const slot *m,
-		       int64_t bt, int64_t h, int64_t i, int64_t j, double x,
+static bool attn_logit(const fz_attrs *a, const slot *m, int64_t mo, double x,
 		       double *logit, double *dx)
 {
 	double s = a->scale * x, g = a->scale;
@@ -1426,12 +1464,8 @@ static bool attn_logit(const fz_attrs *a, const attn_shape *A, const slot *m,
 		s = a->softcap * th;
 		g *= 1 - th * th;
 	}
-	if (a->causal && j > i)
-		return false;
-	if (a->window > 0 && (i - j >= a->window || (!a->causal && j - i >= a->window)))
-		return false;
 	if (m) {
-		double mv = fz_load_f64(m->data, m->dtype, attn_mask_at(A, bt, h, i, j));
+		double mv = fz_load_f64(m->data, m->dtype, mo);
 		if (m->dtype == FZ_BOOL) {
 			if (mv == 0)
 				return false;
@@ -1442,6 +1476,205 @@ static bool attn_logit(const fz_attrs *a, const attn_shape *A, const slot *m,
 	*logit = s;
 	*dx = g;
 	return s > -INFINITY;
+}
+
+typedef struct attn_job {
+	const fz_node *n;
+	const attn_shape *A;
+	const slot *m;
+	slot *o, *lse;          /* the forward's outputs */
+	const double *q, *k, *v, *O, *dO, *L, *Di;
+	const double *kT, *vT;  /* [batch * hkv][D][tkp], zero past tk */
+	double *g0, *g1;        /* dq, or dk and dv */
+	int64_t tkp;            /* kT's and vT's rows */
+	int64_t blk, nblk;      /* rows (keys) per part; parts per head */
+	int64_t part0;          /* the first part of this run of the pool */
+	atomic_bool oom;
+} attn_job;
+
+/* dot[j - j0] = x . t[e][j] summed over e in order, for the ATTN_JB keys
+ * from j0 (t: a transposed [n][tkp] matrix). */
+static void attn_dots(const double *x, const double *t, int64_t n, int64_t tkp,
+		      int64_t j0, double *dot)
+{
+	double acc[ATTN_JB] = {0};
+	for (int64_t e = 0; e < n; e++) {
+		double xe = x[e];
+		const double *r = t + e * tkp + j0;
+		for (int jj = 0; jj < ATTN_JB; jj++)
+			acc[jj] += xe * r[jj];
+	}
+	memcpy(dot, acc, sizeof acc);
+}
+
+/* s[j], dx[j] for the keys [lo, hi) of query row (bt, h, i); s[j] is -inf
+ * where the key is hidden. */
+static void attn_scores(const attn_job *J, int64_t bt, int64_t h, int64_t i,
+			int64_t lo, int64_t hi, double *s, double *dx)
+{
+	const attn_shape *A = J->A;
+	const fz_attrs *a = &J->n->attrs;
+	const double *qi = J->q + ((bt * A->hq + h) * A->tq + i) * A->d;
+	const double *kt = J->kT + (bt * A->hkv + h / A->group) * A->d * J->tkp;
+	int64_t mo = J->m ? attn_mask_row(A, bt, h, i) : 0;
+	for (int64_t j0 = lo; j0 < hi; j0 += ATTN_JB) {
+		double x[ATTN_JB];
+		attn_dots(qi, kt, A->d, J->tkp, j0, x);
+		for (int64_t j = j0; j < hi && j < j0 + ATTN_JB; j++)
+			if (!attn_logit(a, J->m, mo + j * A->mst[3], x[j - j0], &s[j], &dx[j]))
+				s[j] = -INFINITY;
+	}
+}
+
+static double *attn_scratch(attn_job *J, int64_t n)
+{
+	double *p = malloc(sizeof(double) * (size_t)n);
+	if (!p)
+		atomic_store(&J->oom, true);
+	return p;
+}
+
+/* o and lse of the rows of one block. */
+static void attn_fwd_part(void *arg, int part, int nparts)
+{
+	(void)nparts;
+	attn_job *J = arg;
+	const attn_shape *A = J->A;
+	int64_t pt = J->part0 + part, head = pt / J->nblk, bt = head / A->hq, h = head % A->hq;
+	int64_t i0 = pt % J->nblk * J->blk, i1 = i0 + J->blk < A->tq ? i0 + J->blk : A->tq;
+	const double *vb = J->v + (bt * A->hkv + h / A->group) * A->tk * A->dv;
+	double *s = attn_scratch(J, 2 * J->tkp + A->dv);
+	if (!s)
+		return;
+	double *dx = s + J->tkp, *acc = dx + J->tkp;
+	for (int64_t i = i0; i < i1; i++) {
+		int64_t row = head * A->tq + i, lo, hi;
+		attn_band(&J->n->attrs, A->tk, i, &lo, &hi);
+		attn_scores(J, bt, h, i, lo, hi, s, dx);
+		double mx = -INFINITY, sum = 0, lse = -INFINITY;
+		for (int64_t j = lo; j < hi; j++)
+			if (s[j] > mx)
+				mx = s[j];
+		if (mx > -INFINITY) {
+			for (int64_t j = lo; j < hi; j++)
+				sum += exp(s[j] - mx);
+			lse = mx + log(sum);
+		}
+		for (int64_t e = 0; e < A->dv; e++)
+			acc[e] = 0;
+		for (int64_t j = lo; j < hi; j++) {
+			if (s[j] == -INFINITY)
+				continue;
+			double p = exp(s[j] - lse);
+			for (int64_t e = 0; e < A->dv; e++)
+				acc[e] += p * vb[j * A->dv + e];
+		}
+		for (int64_t e = 0; e < A->dv; e++)
+			fz_store_f64(J->o->data, J->o->dtype, row * A->dv + e, acc[e]);
+		fz_store_f64(J->lse->data, J->lse->dtype, row, lse);
+	}
+	free(s);
+}
+
+/* The backward of query row (bt, h, i) over its keys in [k0, k1): dq's
+ * row, or the keys' dk and dv rows. */
+static void attn_bwd_row(attn_job *J, int64_t bt, int64_t h, int64_t i,
+			 int64_t k0, int64_t k1, double *s, double *dx)
+{
+	const attn_shape *A = J->A;
+	int64_t row = (bt * A->hq + h) * A->tq + i, lo, hi;
+	int64_t kvh = bt * A->hkv + h / A->group;
+	double lse = J->L[row], di = J->Di[row];
+	attn_band(&J->n->attrs, A->tk, i, &lo, &hi);
+	lo = lo > k0 ? lo : k0;
+	hi = hi < k1 ? hi : k1;
+	if (lo >= hi || lse == -INFINITY)
+		return;
+	attn_scores(J, bt, h, i, lo, hi, s, dx);
+	const double *doi = J->dO + row * A->dv, *qi = J->q + row * A->d;
+	const double *kb = J->k + kvh * A->tk * A->d;
+	const double *vt = J->vT + kvh * A->dv * J->tkp;
+	bool dq = J->n->op == FZ_OP_ATTENTION_DQ;
+	for (int64_t j0 = lo; j0 < hi; j0 += ATTN_JB) {
+		double dp[ATTN_JB];
+		attn_dots(doi, vt, A->dv, J->tkp, j0, dp);
+		for (int64_t j = j0; j < hi && j < j0 + ATTN_JB; j++) {
+			if (s[j] == -INFINITY)
+				continue;
+			double p = exp(s[j] - lse);
+			double ds = p * (dp[j - j0] - di) * dx[j];
+			int64_t kr = kvh * A->tk + j;
+			if (dq) {
+				for (int64_t e = 0; e < A->d; e++)
+					J->g0[row * A->d + e] += ds * kb[j * A->d + e];
+				continue;
+			}
+			for (int64_t e = 0; e < A->d; e++)
+				J->g0[kr * A->d + e] += ds * qi[e];
+			for (int64_t e = 0; e < A->dv; e++)
+				J->g1[kr * A->dv + e] += p * doi[e];
+		}
+	}
+}
+
+/* dq: the rows of one block of one query head. dk, dv: the keys of one
+ * block of one kv head, over the rows of every query head that shares it. */
+static void attn_bwd_part(void *arg, int part, int nparts)
+{
+	(void)nparts;
+	attn_job *J = arg;
+	const attn_shape *A = J->A;
+	int64_t pt = J->part0 + part, head = pt / J->nblk, b0 = pt % J->nblk * J->blk;
+	double *s = attn_scratch(J, 2 * J->tkp);
+	if (!s)
+		return;
+	if (J->n->op == FZ_OP_ATTENTION_DQ) {
+		int64_t bt = head / A->hq, h = head % A->hq;
+		for (int64_t i = b0; i < b0 + J->blk && i < A->tq; i++)
+			attn_bwd_row(J, bt, h, i, 0, A->tk, s, s + J->tkp);
+	} else {
+		int64_t bt = head / A->hkv, hk = head % A->hkv;
+		for (int64_t h = hk * A->group; h < (hk + 1) * A->group; h++)
+			for (int64_t i = 0; i < A->tq; i++)
+				attn_bwd_row(J, bt, h, i, b0, b0 + J->blk, s, s + J->tkp);
+	}
+	free(s);
+}
+
+/* x [heads][t][n] -> [heads][n][tkp], zero past t. */
+static double *attn_transpose(const double *x, int64_t heads, int64_t t, int64_t n,
+			      int64_t tkp)
+{
+	double *y = calloc((size_t)(heads * n * tkp + 1), sizeof *y);
+	if (y)
+		for (int64_t hd = 0; hd < heads; hd++)
+			for (int64_t j = 0; j < t; j++)
+				for (int64_t e = 0; e < n; e++)
+					y[(hd * n + e) * tkp + j] = x[(hd * t + j) * n + e];
+	return y;
+}
+
+/* Cuts `heads` heads of t rows (keys) each into parts and runs them: on
+ * a pool when there is enough work to share. */
+static void attn_run_parts(attn_job *J, int64_t heads, int64_t t, int64_t work,
+			   fz_pool_fn fn)
+{
+	J->blk = ATTN_BLK;
+	while ((t + J->blk - 1) / J->blk > (1 << 20) / (heads > 0 ? heads : 1) &&
+	       J->blk < t)
+		J->blk *= 2;
+	J->nblk = (t + J->blk - 1) / J->blk;
+	int64_t nparts = heads * J->nblk;
+	const char *env = getenv("FUSEC_THREADS");
+	int threads = env && atoi(env) > 0 ? atoi(env) : fz_cpu_count();
+	fz_pool *pool = NULL;
+	if (threads > 1 && nparts > 1 && work >= (int64_t)1 << 22 &&
+	    fz_pool_new(threads, &pool, NULL) != FZ_OK)
+		pool = NULL; /* no threads to be had: run here */
+	for (J->part0 = 0; J->part0 < nparts; J->part0 += INT_MAX)
+		fz_pool_run(pool, (int)(nparts - J->part0 < INT_MAX ? nparts - J->part0 : INT_MAX),
+			    fn, J);
+	fz_pool_free(pool);
 }
 
 static fz_status run_attention(interp *I, const fz_node *n)
@@ -1480,86 +1713,54 @@ static fz_status run_attention(interp *I, const fz_node *n)
 			st *= m->shape[d];
 		}
 	}
-	const fz_attrs *a = &n->attrs;
+	attn_job J = {.n = n, .A = &A, .m = m};
+	atomic_init(&J.oom, false);
+	/* room for the last group of ATTN_JB keys from any j0 < tk */
+	J.tkp = (A.tk + 2 * ATTN_JB - 1) / ATTN_JB * ATTN_JB;
 	double *qv = load_all_f64(q), *kv = load_all_f64(k), *vv = load_all_f64(v);
-	double *s = malloc(sizeof(double) * (size_t)(A.tk > 0 ? A.tk : 1) * 2);
-	double *acc = calloc((size_t)(A.dv + A.d + 1), sizeof(double));
-	double *O = NULL, *L = NULL, *dO = NULL, *g0 = NULL, *g1 = NULL;
+	double *kT = NULL, *vT = NULL, *O = NULL, *L = NULL, *dO = NULL;
+	double *Di = NULL, *g0 = NULL, *g1 = NULL;
 	fz_status st = FZ_OK;
+	if (qv && kv)
+		kT = attn_transpose(kv, A.batch * A.hkv, A.tk, A.d, J.tkp);
 	if (!fwd) {
 		O = load_all_f64(S(I, n->in[3]));
 		L = load_all_f64(S(I, n->in[4]));
 		dO = load_all_f64(S(I, n->in[5]));
+		Di = malloc(sizeof(double) * (size_t)(A.batch * A.hq * A.tq + 1));
+		if (vv)
+			vT = attn_transpose(vv, A.batch * A.hkv, A.tk, A.dv, J.tkp);
 		/* dq, or dk and dv, summed in f64 */
 		g0 = calloc((size_t)(n->op == FZ_OP_ATTENTION_DQ ? q->numel : k->numel) + 1,
 			    sizeof(double));
 		g1 = calloc((size_t)v->numel + 1, sizeof(double));
 	}
-	if (!qv || !kv || !vv || !s || !acc || (!fwd && (!O || !L || !dO || !g0 || !g1))) {
+	if (!qv || !kv || !vv || !kT ||
+	    (!fwd && (!O || !L || !dO || !Di || !vT || !g0 || !g1))) {
 		st = oom(I, n);
 		goto done;
 	}
-	double *dx = s + (A.tk > 0 ? A.tk : 1);
-	for (int64_t bt = 0; bt < A.batch; bt++)
-	for (int64_t h = 0; h < A.hq; h++)
-	for (int64_t i = 0; i < A.tq; i++) {
-		int64_t hk = h / A.group;
-		int64_t row = (bt * A.hq + h) * A.tq + i;
-		const double *qi = qv + row * A.d;
-		const double *kb = kv + (bt * A.hkv + hk) * A.tk * A.d;
-		const double *vb = vv + (bt * A.hkv + hk) * A.tk * A.dv;
-		double mx = -INFINITY;
-		for (int64_t j = 0; j < A.tk; j++) {
-			double x = 0;
-			for (int64_t e = 0; e < A.d; e++)
-				x += qi[e] * kb[j * A.d + e];
-			if (!attn_logit(a, &A, m, bt, h, i, j, x, &s[j], &dx[j]))
-				s[j] = -INFINITY;
-			if (s[j] > mx)
-				mx = s[j];
+	J.q = qv, J.k = kv, J.v = vv, J.kT = kT, J.vT = vT;
+	J.O = O, J.L = L, J.dO = dO, J.Di = Di, J.g0 = g0, J.g1 = g1;
+	int64_t work = A.batch * A.hq * A.tq * A.tk * (A.d + A.dv);
+	if (fwd) {
+		J.o = S(I, n->out[0]);
+		J.lse = S(I, n->out[1]);
+		attn_run_parts(&J, A.batch * A.hq, A.tq, work, attn_fwd_part);
+	} else {
+		for (int64_t row = 0; row < A.batch * A.hq * A.tq; row++) {
+			double di = 0;
+			for (int64_t e = 0; e < A.dv; e++)
+				di += dO[row * A.dv + e] * O[row * A.dv + e];
+			Di[row] = di;
 		}
-		double lse;
-		if (fwd) {
-			double sum = 0;
-			for (int64_t j = 0; j < A.tk; j++)
-				sum += mx == -INFINITY ? 0 : exp(s[j] - mx);
-			lse = mx == -INFINITY ? -INFINITY : mx + log(sum);
-			for (int64_t e = 0; e < A.dv; e++)
-				acc[e] = 0;
-			for (int64_t j = 0; j < A.tk; j++) {
-				double p = lse == -INFINITY ? 0 : exp(s[j] - lse);
-				for (int64_t e = 0; e < A.dv; e++)
-					acc[e] += p * vb[j * A.dv + e];
-			}
-			for (int64_t e = 0; e < A.dv; e++)
-				fz_store_f64(S(I, n->out[0])->data, S(I, n->out[0])->dtype,
-					     row * A.dv + e, acc[e]);
-			fz_store_f64(S(I, n->out[1])->data, S(I, n->out[1])->dtype, row, lse);
-			continue;
-		}
-		lse = L[row];
-		const double *doi = dO + row * A.dv, *oi = O + row * A.dv;
-		double di = 0;
-		for (int64_t e = 0; e < A.dv; e++)
-			di += doi[e] * oi[e];
-		for (int64_t j = 0; j < A.tk; j++) {
-			if (s[j] == -INFINITY || lse == -INFINITY)
-				continue;
-			double p = exp(s[j] - lse), dp = 0;
-			for (int64_t e = 0; e < A.dv; e++)
-				dp += doi[e] * vb[j * A.dv + e];
-			double ds = p * (dp - di) * dx[j];
-			int64_t kr = (bt * A.hkv + hk) * A.tk + j;
-			if (n->op == FZ_OP_ATTENTION_DQ) {
-				for (int64_t e = 0; e < A.d; e++)
-					g0[row * A.d + e] += ds * kb[j * A.d + e];
-				continue;
-			}
-			for (int64_t e = 0; e < A.d; e++)
-				g0[kr * A.d + e] += ds * qi[e];
-			for (int64_t e = 0; e < A.dv; e++)
-				g1[kr * A.dv + e] += p * doi[e];
-		}
+		bool dq = n->op == FZ_OP_ATTENTION_DQ;
+		attn_run_parts(&J, A.batch * (dq ? A.hq : A.hkv), dq ? A.tq : A.tk, work,
+			       attn_bwd_part);
+	}
+	if (atomic_load(&J.oom)) {
+		st = oom(I, n);
+		goto done;
 	}
 	if (!fwd) {
 		slot *y0 = S(I, n->out[0]);
@@ -1575,11 +1776,12 @@ done:
 	free(qv);
 	free(kv);
 	free(vv);
-	free(s);
-	free(acc);
+	free(kT);
+	free(vT);
 	free(O);
 	free(L);
 	free(dO);
+	free(Di);
 	free(g0);
 	free(g1);
 	return st;

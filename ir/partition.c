@@ -130,6 +130,23 @@ static int find(part *s, int x)
 	return x;
 }
 
+/* Nodes ids[0..m) (singleton groups; the dead ones left alone) joined to
+ * root's group, one fixed attention group. */
+static void attn_group(part *s, int root, const int *ids, int m, const bool *dead)
+{
+	for (int j = 0; j < m; j++) {
+		int x = ids[j];
+		if (x == root || (dead && dead[x]))
+			continue;
+		s->g[x].parent = root;
+		s->g[s->g[root].tail].next = x;
+		s->g[root].tail = x;
+		s->g[root].size++;
+	}
+	s->g[root].red = -1;
+	s->g[root].flags = G_FIXED | G_ATTN;
+}
+
 static bool in_pair(part *s, int node, int ra, int rb)
 {
 	int r = find(s, node);
@@ -526,8 +543,13 @@ fz_status fz_partition(fz_program *p)
 		pn->n_in = nd->n_in;
 		pn->op = (short)nd->op;
 		pn->n_out = (short)nd->n_out;
+		/* an attention op reading repeated kv heads reads them
+		 * unrepeated (ir/attention.h, fz_attn_fold_find) */
+		const fz_attn_fold *f = p->attn_fold && p->attn_fold[i].k ?
+					&p->attn_fold[i] : NULL;
 		for (int k = 0; k < nd->n_in; k++)
-			s.in_val[e++] = nd->in[k]->id;
+			s.in_val[e++] = (f && k == 1 ? f->k : f && k == 2 ? f->v :
+					 nd->in[k])->id;
 		for (int k = 0; k < nd->n_out; k++) {
 			pn->out[k] = nd->out[k]->id;
 			s.vals[pn->out[k]].def = i;
@@ -622,6 +644,26 @@ fz_status fz_partition(fz_program *p)
 			s.g[i].flags |= G_INDEX_ADD;
 	}
 
+	/* attention_dkv reading repeated kv heads unrepeated: one fixed group
+	 * with the sums of dk and dv over each group, rooted at its last live
+	 * node. Its place in the order is the op's: what the group reads is
+	 * the op's operands, all before it; what reads the group reads a sum,
+	 * all after the op (a reader of dk's sum may come before dv's sum,
+	 * the root) */
+	for (int i = 0; p->attn_fold && i < n; i++) {
+		const fz_attn_fold *f = &p->attn_fold[i];
+		if (!f->sum[0][1] || (p->dead && p->dead[i]))
+			continue;
+		int ids[5] = {i, f->sum[0][0]->id, f->sum[0][1]->id, f->sum[1][0]->id,
+			      f->sum[1][1]->id}, root = i;
+		for (int j = 1; j < 5; j++)
+			if (!(p->dead && p->dead[ids[j]]) && ids[j] > root)
+				root = ids[j];
+		attn_group(&s, root, ids, 5, p->dead);
+		s.g[root].ord = i;
+		s.work += 5;
+	}
+
 	/* attention written out (ir/attention.c): each form one fixed group
 	 * before any fusion, rooted at its second product, which follows all
 	 * its other nodes (they are its ancestors, and nothing outside reads
@@ -637,17 +679,7 @@ fz_status fz_partition(fz_program *p)
 				     ids[j] <= i;
 		if (!free_nodes)
 			continue;
-		for (int j = 0; j < m; j++) {
-			int x = ids[j];
-			if (x == i)
-				continue;
-			s.g[x].parent = i;
-			s.g[s.g[i].tail].next = x;
-			s.g[i].tail = x;
-			s.g[i].size++;
-		}
-		s.g[i].red = -1;
-		s.g[i].flags = G_FIXED | G_ATTN;
+		attn_group(&s, i, ids, m, NULL);
 	}
 
 	/* producer-consumer fusion in the canonical order, swept again while

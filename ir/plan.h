@@ -109,8 +109,9 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * keeps (cache/plan_cache.c), so a fusec whose passes plan differently never
  * loads a program an older one made. Bump it with any change to what the
  * passes produce. (2: dead ops in no region, attention regions, an output
- * placed only over an input it is computed from.) */
-#define FZ_PLAN_VERSION 2
+ * placed only over an input it is computed from. 3: attention ops read
+ * repeated kv heads unrepeated.) */
+#define FZ_PLAN_VERSION 3
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
@@ -181,6 +182,14 @@ typedef enum fz_sched_method {
 	FZ_SCHED_FUSED,      /* the order horizontal fusion was judged on */
 } fz_sched_method;
 
+/* An attention op that reads repeated kv heads unrepeated (ir/attention.h,
+ * fz_attn_fold_find). */
+typedef struct fz_attn_fold {
+	const fz_value *k, *v;       /* read for operands 1 and 2; NULL: no fold */
+	const fz_node *sum[2][2];    /* attention_dkv: per result, the reshape
+	                              * and the sum over each group */
+} fz_attn_fold;
+
 typedef struct fz_program {
 	fz_arena arena;              /* everything below lives here */
 	const fz_trace *trace;
@@ -195,6 +204,8 @@ typedef struct fz_program {
 	bool *dead;                  /* per node id: nothing needs its results
 	                              * (dce.c); NULL when every node is live */
 	int n_dead;
+	fz_attn_fold *attn_fold;     /* per node id (dce.c); NULL when no
+	                              * attention op reads repeated kv heads */
 	int *def_of;                 /* per value id: its node's id, -1 for a
 	                              * parameter (partition.c), so a pass asks
 	                              * an array for a value's region, not

@@ -1114,6 +1114,130 @@ END_TEST
 
 /* ---- indexing -------------------------------------------------------------------------- */
 
+/* ---- attention ---------------------------------------------------------------- */
+
+/* attention, attention_dq and attention_dkv of the interpreter against the
+ * definition written as plain loops over every key, each sum in the same
+ * order, on f64: the same values bit for bit. The interpreter skips the
+ * keys a causal mask or window hides, forms dot products eight keys at a
+ * time and splits the work over threads; none of that may change a value,
+ * at any thread count. GQA 2:1, Tq != Tk, a bool mask that hides a whole
+ * row now and then. */
+enum { AB = 1, AHQ = 4, AHK = 2, ATQ = 150, ATK = 180, AD = 24, ADV = 16 };
+
+static void attn_reference(const double *q, const double *k, const double *v,
+			   const double *dO, const bool *m, bool causal, int64_t window,
+			   double *o, double *lse, double *dq, double *dk, double *dv)
+{
+	const double scale = 0.2;
+	static double s[ATK];
+	memset(dq, 0, sizeof(double) * AHQ * ATQ * AD);
+	memset(dk, 0, sizeof(double) * AHK * ATK * AD);
+	memset(dv, 0, sizeof(double) * AHK * ATK * ADV);
+	for (int h = 0; h < AHQ; h++)
+		for (int i = 0; i < ATQ; i++) {
+			int row = h * ATQ + i, hk = h / (AHQ / AHK);
+			const double *qi = q + row * AD, *kb = k + hk * ATK * AD;
+			const double *vb = v + hk * ATK * ADV, *doi = dO + row * ADV;
+			double mx = -INFINITY, sum = 0;
+			for (int j = 0; j < ATK; j++) {
+				double x = 0;
+				for (int e = 0; e < AD; e++)
+					x += qi[e] * kb[j * AD + e];
+				bool hid = (causal && j > i) || !m[i * ATK + j] ||
+					   (window && (i - j >= window ||
+						       (!causal && j - i >= window)));
+				s[j] = hid ? -INFINITY : scale * x;
+				mx = s[j] > mx ? s[j] : mx;
+			}
+			for (int j = 0; j < ATK && mx > -INFINITY; j++)
+				sum += exp(s[j] - mx);
+			lse[row] = mx > -INFINITY ? mx + log(sum) : -INFINITY;
+			double di = 0;
+			for (int e = 0; e < ADV; e++) {
+				double acc = 0;
+				for (int j = 0; j < ATK; j++)
+					if (s[j] > -INFINITY)
+						acc += exp(s[j] - lse[row]) * vb[j * ADV + e];
+				o[row * ADV + e] = acc;
+				di += doi[e] * acc;
+			}
+			for (int j = 0; j < ATK; j++) {
+				if (s[j] == -INFINITY)
+					continue;
+				double p = exp(s[j] - lse[row]), dp = 0;
+				for (int e = 0; e < ADV; e++)
+					dp += doi[e] * vb[j * ADV + e];
+				double ds = p * (dp - di) * scale;
+				for (int e = 0; e < AD; e++) {
+					dq[row * AD + e] += ds * kb[j * AD + e];
+					dk[(hk * ATK + j) * AD + e] += ds * qi[e];
+				}
+				for (int e = 0; e < ADV; e++)
+					dv[(hk * ATK + j) * ADV + e] += p * doi[e];
+			}
+		}
+}
+
+START_TEST(attention_matches_plain_loops)
+{
+	static double q[AHQ * ATQ * AD], k[AHK * ATK * AD], v[AHK * ATK * ADV];
+	static double dO[AHQ * ATQ * ADV];
+	static double o[AHQ * ATQ * ADV], lse[AHQ * ATQ], dq[AHQ * ATQ * AD];
+	static double dk[AHK * ATK * AD], dv[AHK * ATK * ADV];
+	static bool m[ATQ * ATK];
+	uint64_t x = 88172645463325252ull;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, (double)(x >> 11) / 9007199254740992.0)
+	for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+		q[i] = 4 * RND() - 2;
+	for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+		k[i] = 4 * RND() - 2;
+	for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+		v[i] = 2 * RND() - 1;
+	for (size_t i = 0; i < sizeof dO / sizeof *dO; i++)
+		dO[i] = 2 * RND() - 1;
+	for (int i = 0; i < ATQ * ATK; i++) /* row 7 hides every key */
+		m[i] = i / ATK != 7 && RND() < 0.8;
+#undef RND
+	const char *attrs[] = {", causal=true, window=37", ", window=37", ", causal=true", ""};
+	const char *threads[] = {"1", "3"};
+	for (int a = 0; a < 4; a++) {
+		bool causal = strstr(attrs[a], "causal");
+		attn_reference(q, k, v, dO, m, causal, strstr(attrs[a], "window") ? 37 : 0,
+			       o, lse, dq, dk, dv);
+		char src[1024];
+		snprintf(src, sizeof src,
+			 "trace a(q: f64[1, 4, 150, 24], k: f64[1, 2, 180, 24], "
+			 "v: f64[1, 2, 180, 16], do: f64[1, 4, 150, 16], m: bool[1, 1, 150, 180]) {\n"
+			 "  o, lse = attention(q, k, v, m, scale=0.2%s)\n"
+			 "  dq = attention_dq(q, k, v, o, lse, do, m, scale=0.2%s)\n"
+			 "  dk, dv = attention_dkv(q, k, v, o, lse, do, m, scale=0.2%s)\n"
+			 "  return o, lse, dq, dk, dv\n}\n", attrs[a], attrs[a], attrs[a]);
+		fz_tensor in[5] = {
+			tens(FZ_F64, q, 4, SHAPE(AB, AHQ, ATQ, AD)),
+			tens(FZ_F64, k, 4, SHAPE(AB, AHK, ATK, AD)),
+			tens(FZ_F64, v, 4, SHAPE(AB, AHK, ATK, ADV)),
+			tens(FZ_F64, dO, 4, SHAPE(AB, AHQ, ATQ, ADV)),
+			tens(FZ_BOOL, m, 4, SHAPE(1, 1, ATQ, ATK)),
+		};
+		const double *want[5] = {o, lse, dq, dk, dv};
+		size_t bytes[5] = {sizeof o, sizeof lse, sizeof dq, sizeof dk, sizeof dv};
+		for (int th = 0; th < 2; th++) {
+			setenv("FUSEC_THREADS", threads[th], 1);
+			fz_tensor out[5];
+			run_ok(src, in, 5, out, 5);
+			for (int r = 0; r < 5; r++) {
+				ck_assert_msg(memcmp(out[r].data, want[r], bytes[r]) == 0,
+					      "attrs '%s', %s threads: output %d differs "
+					      "from the plain loops", attrs[a], threads[th], r);
+				fz_free(out[r].data);
+			}
+		}
+		unsetenv("FUSEC_THREADS");
+	}
+}
+END_TEST
+
 START_TEST(take_op)
 {
 	int64_t idx[] = {2, 0, 2, 1};
@@ -1586,6 +1710,7 @@ Suite *interp_suite(void)
 	tcase_add_test(tc, matmul_shapes);
 	tcase_add_test(tc, matmul_batched_broadcast);
 	tcase_add_test(tc, matmul_blocked_bf16);
+	tcase_add_test(tc, attention_matches_plain_loops);
 	tcase_add_test(tc, linear_op);
 	suite_add_tcase(s, tc);
 

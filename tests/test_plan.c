@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "fusec.h"
 #include "ir.h"
 #include "plan.h"
@@ -141,6 +142,14 @@ static void check_in_place(const fz_program *p)
 	}
 }
 
+/* What node i's region reads for its operand k (a folded attention op
+ * reads repeated kv heads unrepeated, ir/attention.h). */
+static const fz_value *operand(const fz_program *p, const fz_node *nd, int k)
+{
+	int r = p->region_of[nd->id];
+	return r >= 0 ? fz_attn_operand(p->regions[r], nd, k) : nd->in[k];
+}
+
 /* Checks p against its trace and returns the brute-force peak of p->order. */
 static int64_t check_plan(const fz_program *p)
 {
@@ -188,8 +197,8 @@ static int64_t check_plan(const fz_program *p)
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *nd = t->nodes[i];
 		for (int k = 0; p->region_of[i] >= 0 && k < nd->n_in; k++)
-			if (nd->in[k]->def)
-				ck_assert_int_le(step[p->region_of[nd->in[k]->def->id]],
+			if (operand(p, nd, k)->def)
+				ck_assert_int_le(step[p->region_of[operand(p, nd, k)->def->id]],
 						 step[p->region_of[i]]);
 	}
 
@@ -216,8 +225,9 @@ static int64_t check_plan(const fz_program *p)
 	for (int i = 0; i < t->n_nodes; i++) {
 		const fz_node *nd = t->nodes[i];
 		for (int k = 0; k < nd->n_in; k++) {
-			int b = p->buffer[nd->in[k]->id];
-			if (nd->in[k]->def && first[b] >= 0 && p->region_of[i] >= 0 &&
+			const fz_value *x = operand(p, nd, k);
+			int b = p->buffer[x->id];
+			if (x->def && first[b] >= 0 && p->region_of[i] >= 0 &&
 			    step[p->region_of[i]] > last[b])
 				last[b] = step[p->region_of[i]];
 		}
@@ -616,6 +626,98 @@ START_TEST(seed004_stages) { seed004("seed004_chain_stages.trace", 2883584); }
 END_TEST
 
 /* ---- the corpus -------------------------------------------------------------- */
+
+/* ---- attention ----------------------------------------------------------- */
+
+static int64_t value_bytes(const fz_value *v, const int64_t *syms)
+{
+	return fz_type_numel_at(&v->type, syms) * (int64_t)fz_dtype_size(v->type.dtype);
+}
+
+/* The attention region that holds op n, described. */
+static fz_attn attn_of(const fz_program *p, const fz_node *n)
+{
+	fz_attn A;
+	char why[128] = "";
+	ck_assert_int_ge(p->region_of[n->id], 0);
+	const fz_region *R = p->regions[p->region_of[n->id]];
+	ck_assert_int_eq(R->kind, FZ_REGION_ATTENTION);
+	ck_assert_msg(fz_attn_describe(p->trace, R, &A, why, sizeof why), "%s", why);
+	return A;
+}
+
+static const fz_value *attn_in(const fz_program *p, const fz_node *n, int slot)
+{
+	return slot < 0 ? NULL : p->regions[p->region_of[n->id]]->in[slot];
+}
+
+/* GQA as Hugging Face writes it before SDPA (repeat_kv: unsqueeze,
+ * broadcast_in_dim, reshape; the backward's reshape and sum over each
+ * group), tests/traces/attention_gqa_repeat.trace: the attention ops read
+ * k and v where they lie and the repeats are dead, so at B=2, T=1024 the
+ * plan holds the results and nothing else (5570560 bytes before the fold,
+ * 2686976 after); attention_dkv's region writes the group sums. Where the
+ * repeated dk is read as well, attention_dkv keeps reading the copy; kv
+ * heads tiled (head h reads kv head h mod Hkv) are not a GQA read. */
+START_TEST(attention_gqa_repeat_folded)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tests/traces/attention_gqa_repeat.trace",
+		 FZ_SOURCE_DIR);
+	fz_module *m = load_file(path);
+	for (int ti = 0; ti < fz_module_count(m); ti++) {
+		const fz_trace *t = fz_module_trace(m, ti);
+		int64_t syms[FZ_MAX_SYMS];
+		for (int s = 0; s < t->n_syms; s++)
+			syms[s] = !strcmp(fz_trace_symbol(t, s), "B") ? 2 : 1024;
+		fz_program *p = plan_sized(t, syms);
+		check_plan(p);
+		const fz_value *k = named(t, "k"), *v = named(t, "v");
+		const fz_value *kr = named(t, "kr"), *vr = named(t, "vr");
+		const fz_node *fwd = named(t, "o")->def, *dq = named(t, "dq")->def;
+		const fz_node *dkv = named(t, "dkr")->def;
+		/* forward and dq read k and v unrepeated in every trace */
+		for (int j = 0; j < 2; j++) {
+			const fz_node *n = j ? dq : fwd;
+			fz_attn A = attn_of(p, n);
+			ck_assert_ptr_eq(attn_in(p, n, A.in_k), k);
+			ck_assert_ptr_eq(attn_in(p, n, A.in_v), v);
+			ck_assert_int_eq(A.hkv.c, k->type.dims[1].c);
+			ck_assert_int_eq(A.group, A.hq.c / A.hkv.c);
+		}
+		fz_attn A = attn_of(p, dkv);
+		bool kept = !strcmp(t->name, "gqa_repeat_kept");
+		if (!kept) {
+			/* no repeat planned; dk and dv are the group sums */
+			ck_assert(p->dead && p->dead[kr->def->id] && p->dead[vr->def->id]);
+			ck_assert(p->dead[kr->def->in[0]->def->id]);
+			ck_assert_ptr_eq(attn_in(p, dkv, A.in_k), k);
+			ck_assert_ptr_eq(attn_in(p, dkv, A.in_v), v);
+			const fz_region *R = p->regions[p->region_of[dkv->id]];
+			const fz_value *dk = named(t, "dk"), *dv = named(t, "dv");
+			ck_assert_ptr_eq(R->out[A.out_dk], dk->def->op == FZ_OP_SQUEEZE ?
+					 dk->def->in[0] : dk);
+			ck_assert_ptr_eq(R->out[A.out_dv], dv->def->op == FZ_OP_SQUEEZE ?
+					 dv->def->in[0] : dv);
+			int64_t results = value_bytes(named(t, "o"), syms) +
+					  value_bytes(named(t, "lse"), syms) +
+					  value_bytes(named(t, "dq"), syms) +
+					  value_bytes(dk, syms) + value_bytes(dv, syms);
+			ck_assert_int_eq(p->peak_bytes, results);
+		} else {
+			/* the repeated dk is returned: attention_dkv reads the copy */
+			ck_assert(!p->dead || !p->dead[kr->def->id]);
+			ck_assert_ptr_eq(attn_in(p, dkv, A.in_k), kr);
+			ck_assert_int_eq(A.group, 1);
+			fz_attn B = attn_of(p, named(t, "ot")->def);
+			ck_assert_ptr_eq(attn_in(p, named(t, "ot")->def, B.in_k), named(t, "kt"));
+			ck_assert_int_eq(B.group, 1);
+		}
+		fz_program_free(p);
+	}
+	fz_module_free(m);
+}
+END_TEST
 
 START_TEST(corpus_plans)
 {
@@ -1328,6 +1430,7 @@ Suite *plan_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("corpus");
 	tcase_add_test(tc, corpus_plans);
+	tcase_add_test(tc, attention_gqa_repeat_folded);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("horizontal");
 	tcase_add_test(tc, horizontal_quantize_columns);

@@ -5,8 +5,10 @@
 # DIMS), f32 and bf16, each with every variant of tools/gen/attn_cases.py
 # (plain, causal, GQA 4:1, bool padding mask, sliding window, softcap with
 # a float mask, the decomposed eager form). Each file's line ends with the
-# seconds it took. The interpreter is f64 and scalar: a 4097 file takes
-# 10 to 45 minutes (tools/bench/results/attn_sweep-cpu-*.txt).
+# seconds it took. At 4097 the f64 interpreter's attention is most of a
+# file's time (it skips the keys a causal mask or window hides and uses
+# every CPU): 2 to 5 minutes a file on a loaded 2-core VM. attn_sweep.py
+# runs the same traces one at a time and records them as JSON.
 here=$(cd "$(dirname "$0")/../.." && pwd)
 fusec=${1:-$here/build/tools/fusec}
 lengths=$(echo "${2:-1,17,64,127,128,129,1000,4097}" | tr ',' ' ')
