@@ -20,8 +20,10 @@ or an additive float mask of q's dtype that broadcasts to the scores
 [batch..., Hq, Tq, Tk] and needs no gradient; GQA through enable_gqa (kv
 heads read in place, query head h reads kv head h / (Hq / Hkv)). kv heads
 repeated before the call (transformers' repeat_kv when a padding mask
-is given) reach the primitive repeated: correct, and the copies are
-B*H*T*D, not T x T.
+is given: broadcast_in_dim + reshape in the trace) are read unrepeated
+too: the partitioner folds an interleaved repeat that only attention ops
+read into the regions (ir/attention.c), and attention_dkv writes the
+group sums the backward's reshape and sum would have made.
 
 Any other form (dropout, a mask that needs a gradient or has another
 dtype, another head dim, f64, rank < 3) runs as its math (sdpa_math:
