@@ -29,10 +29,15 @@
  *                               the V tile by ldmatrix.trans
  *
  * then o = O / l (l summed over the quad at the end) and lse = m + log l,
- * a row that saw no key giving o = 0 and lse = -inf. The block sizes come
- * from the head dims and the 48 KiB (else 99 KiB): BC = 64 keys with two stages where Q
- * (64 x D) and two stages of K and V fit, else 32, else 16, else one stage
- * (plan_fwd).
+ * a row that saw no key giving o = 0 and lse = -inf. exp is ex2.approx
+ * on the GPU (fexp_mma). Where the logits are the scores times the scale
+ * and nothing but the causal, window and length rules hides a pair (the
+ * primitive with no mask operand nor softcap), a block every pair of
+ * which is seen skips cg_attn_scores: P = 2^(S scale log2 e - m log2 e),
+ * one fma and ex2 a score; the backward's passes do the same. The block
+ * sizes come from the head dims and the 48 KiB (else 99 KiB): BC = 64
+ * keys with two stages where Q and two stages of K and V fit, else 32,
+ * else 16, else one stage (plan).
  *
  * The backward recomputes P block by block, with no atomics: the dq pass
  * owns 64 query rows and walks the keys (dP = dO Vᵀ, dS = P (dP - di) dl,
