@@ -38,6 +38,15 @@ static fz_exec *prepare(const fz_trace *t, int max_plans)
 	return x;
 }
 
+/* A program made with FUSEC_PROFILE=1: its steps are timed. */
+static fz_exec *prepare_profiled(const fz_trace *t)
+{
+	setenv("FUSEC_PROFILE", "1", 1);
+	fz_exec *x = prepare(t, 8);
+	unsetenv("FUSEC_PROFILE");
+	return x;
+}
+
 static fz_tensor vec(float *data, int64_t n, int64_t stride)
 {
 	fz_tensor v = {data, FZ_F32, 1, {n}, {stride}};
@@ -94,9 +103,7 @@ static const char *view_out_src =
 START_TEST(outputs_views_in_place)
 {
 	fz_module *m = parse(view_out_src);
-	setenv("FUSEC_PROFILE", "1", 1);
-	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
-	unsetenv("FUSEC_PROFILE");
+	fz_exec *x = prepare_profiled(fz_module_trace(m, 0));
 	float a[8 * 16], b[16 * 12], r[96], sv[96], u[96], want[96];
 	for (int i = 0; i < 8 * 16; i++)
 		a[i] = (float)(i % 7) - 3.0f;
@@ -166,9 +173,7 @@ static const char *wgrad_src =
 START_TEST(transposed_a_in_place)
 {
 	fz_module *m = parse(wgrad_src);
-	setenv("FUSEC_PROFILE", "1", 1);
-	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
-	unsetenv("FUSEC_PROFILE");
+	fz_exec *x = prepare_profiled(fz_module_trace(m, 0));
 	float dy[24 * 12], xv[24 * 16], q[3 * 10 * 6], k[3 * 10 * 5];
 	float g[12 * 16], h[3 * 6 * 5];
 	for (int i = 0; i < 24 * 12; i++)
