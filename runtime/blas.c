@@ -61,7 +61,9 @@
  *
  * Row-major through a column-major BLAS: y[M,N] = a[M,K] · w[K,N] is, seen
  * column-major, yᵀ = wᵀ · aᵀ, so the call is gemm(N, N, n=N, m=M, k=K,
- * b, a, y) with b's transpose flag for linear's w[N, K].
+ * b, a, y) with b's transpose flag for linear's w[N, K], and a's for an a
+ * stored as its transpose [K, M] (a weight gradient's dYᵀ, read where it
+ * lies: its rows r0.. start at element r0, not r0 * lda).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -275,8 +277,12 @@ static void batch_offsets(const fz_matmul *m, int64_t t, int64_t *ao, int64_t *b
 	}
 }
 
-/* Row strides of a and b (fz_matmul.lda/ldb, 0: dense). */
-static int64_t lda_of(const fz_matmul *m) { return m->lda ? m->lda : m->K; }
+/* Row strides of a and b (fz_matmul.lda/ldb, 0: dense); of the stored
+ * [K, M] when a_trans. */
+static int64_t lda_of(const fz_matmul *m)
+{
+	return m->lda ? m->lda : m->a_trans ? m->M : m->K;
+}
 static int64_t ldb_of(const fz_matmul *m)
 {
 	return m->ldb ? m->ldb : m->b_trans ? m->K : m->N;
@@ -304,20 +310,22 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 	const fz_matmul *m = J->m;
 	fz_dtype d = m->dtype;
 	int64_t K = m->K, N = m->N, LA = lda_of(m), LB = ldb_of(m);
+	int64_t as = m->a_trans ? LA : 1; /* a[i, k] at ai + k * as */
 	for (int64_t i = r0; i < r1; i++)
 		for (int64_t j = c0; j < c1; j++) {
+			int64_t ai = m->a_trans ? ao + i : ao + i * LA;
 			int64_t bi = m->b_trans ? bo + j * LB : bo + j;
 			int64_t bs = m->b_trans ? 1 : LB;
 			if (!fz_dtype_is_float(d)) {
 				int64_t s = m->bias ? fz_load_i64(m->bias, d, j) : 0;
 				for (int64_t k = 0; k < K; k++)
-					s += fz_load_i64(m->a, d, ao + i * LA + k) *
+					s += fz_load_i64(m->a, d, ai + k * as) *
 					     fz_load_i64(m->b, d, bi + k * bs);
 				fz_store_i64(m->y, d, yo + i * N + j, s);
 			} else if (d == FZ_F64) {
 				double s = 0;
 				for (int64_t k = 0; k < K; k++)
-					s += load_num(m->a, d, ao + i * LA + k) *
+					s += load_num(m->a, d, ai + k * as) *
 					     load_num(m->b, d, bi + k * bs);
 				if (m->bias)
 					s += fz_load_f64(m->bias, d, j);
@@ -325,7 +333,7 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 			} else {
 				float s = 0;
 				for (int64_t k = 0; k < K; k++)
-					s += (float)load_num(m->a, d, ao + i * LA + k) *
+					s += (float)load_num(m->a, d, ai + k * as) *
 					     (float)load_num(m->b, d, bi + k * bs);
 				if (m->bias)
 					s += (float)fz_load_f64(m->bias, d, j);
@@ -364,8 +372,9 @@ static void run_unit(void *arg, int part, int nparts)
 	}
 	int mm = (int)(r1 - r0), nn = (int)(c1 - c0), kk = (int)K;
 	int lda = (int)lda_of(m), ldb = (int)ldb_of(m), ldc = (int)N;
-	const char *tb = m->b_trans ? "T" : "N";
+	const char *tb = m->b_trans ? "T" : "N", *ta = m->a_trans ? "T" : "N";
 	int64_t boff = m->b_trans ? bo + c0 * ldb : bo + c0;
+	int64_t aoff = m->a_trans ? ao + r0 : ao + r0 * lda;
 	if (m->dtype == FZ_F64) {
 		double *y = (double *)m->y + yo;
 		const double *bias = m->bias;
@@ -377,8 +386,8 @@ static void run_unit(void *arg, int part, int nparts)
 				memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 			return;
 		}
-		J->b->dgemm(tb, "N", &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
-			    (const double *)m->a + ao + r0 * lda, &lda, &beta, y + r0 * N + c0, &ldc);
+		J->b->dgemm(tb, ta, &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
+			    (const double *)m->a + aoff, &lda, &beta, y + r0 * N + c0, &ldc);
 		return;
 	}
 	/* f32 directly into y; bf16 and f16 into the f32 panel, then rounded */
@@ -392,8 +401,8 @@ static void run_unit(void *arg, int part, int nparts)
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 	} else {
-		J->b->sgemm(tb, "N", &nn, &mm, &kk, &one, B + boff, &ldb, A + ao + r0 * lda,
-			    &lda, &beta, y + r0 * N + c0, &ldc);
+		J->b->sgemm(tb, ta, &nn, &mm, &kk, &one, B + boff, &ldb, A + aoff, &lda,
+			    &beta, y + r0 * N + c0, &ldc);
 	}
 	if (J->y32)
 		for (int64_t i = r0; i < r1; i++)
@@ -430,7 +439,7 @@ fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **er
 	if (M <= 0 || N <= 0 || nb <= 0)
 		return FZ_OK;
 	bool plain = !b || !b->dl || !fz_dtype_is_float(m->dtype);
-	if ((m->lda || m->ldb) && m->dtype != FZ_F32 && m->dtype != FZ_F64) {
+	if ((m->lda || m->ldb || m->a_trans) && m->dtype != FZ_F32 && m->dtype != FZ_F64) {
 		if (err)
 			*err = fz_strdup_printf("region %d: strided operands of a %s product "
 						"(only f32 and f64 take row strides)", m->region,

@@ -360,13 +360,15 @@ static void add_kernel(builder *B, const fz_kinst *ki)
 }
 
 /* A product's operand read where it lies, not gathered: v is a strided
- * view whose matrices (its last two dims) have contiguous rows, or, where
- * trans_ok, contiguous columns (*trans: b seen as its transpose, as
+ * view whose matrices (its last two dims) have contiguous rows, or
+ * contiguous columns (*trans: the operand seen as its transpose, as
  * linear's weight is), at non-negative strides. Its slot, layout and row
  * stride; -1: need() gathers it. Attention's transposed k and permuted q
- * and v are such views. */
-static int matrix_in_place(builder *B, const fz_value *v, bool trans_ok, fz_layout *lay,
-			   int64_t *ld, bool *trans)
+ * and v are such views, and so is the transposed activation or gradient
+ * of every weight gradient (dW = dYᵀ·X: a, [N, M] read down its columns;
+ * gathered, these copies were 5% of the Llama backward at hidden 1024). */
+static int matrix_in_place(builder *B, const fz_value *v, fz_layout *lay, int64_t *ld,
+			   bool *trans)
 {
 	const fz_program *p = B->p;
 	pplan *pp = B->pp;
@@ -384,7 +386,7 @@ static int matrix_in_place(builder *B, const fz_value *v, bool trans_ok, fz_layo
 	*trans = false;
 	if ((sc == 1 || cols == 1) && sr >= cols && sr > 0 && sr <= INT32_MAX) {
 		*ld = sr;
-	} else if (trans_ok && (sr == 1 || rows == 1) && sc >= rows && sc > 0 &&
+	} else if ((sr == 1 || rows == 1) && sc >= rows && sc > 0 &&
 		   sc <= INT32_MAX) {
 		*ld = sc;
 		*trans = true;
@@ -407,8 +409,8 @@ static void add_library(builder *B, const fz_region *reg)
 	bool ta = false, tb = false;
 	bool strided = B->x->dev->tg->matmul_strided && n->op == FZ_OP_MATMUL &&
 		       (y->type.dtype == FZ_F32 || y->type.dtype == FZ_F64);
-	int ka = strided ? matrix_in_place(B, a, false, &la, &lda, &ta) : -1;
-	int kb = strided ? matrix_in_place(B, b, true, &lb, &ldb, &tb) : -1;
+	int ka = strided ? matrix_in_place(B, a, &la, &lda, &ta) : -1;
+	int kb = strided ? matrix_in_place(B, b, &lb, &ldb, &tb) : -1;
 	if (ka < 0) {
 		lda = 0;
 		ka = need(B, a);
@@ -454,6 +456,7 @@ static void add_library(builder *B, const fz_region *reg)
 	m->lda = lda;
 	m->ldb = ldb;
 	m->b_trans = tb;
+	m->a_trans = ta;
 	for (int i = nbd - 1; i >= 0; i--) {
 		int ia = i - (nbd - ab), ib = i - (nbd - bb);
 		int64_t ea = ia >= 0 ? sa[ia] : 1, eb = ib >= 0 ? sb[ib] : 1;
@@ -1248,9 +1251,10 @@ fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
 					nb *= s->mm.bshape[d];
 				double flop = 2.0 * (double)nb * (double)s->mm.M *
 					      (double)s->mm.N * (double)s->mm.K;
-				fz_buf_printf(&b, "%.0f\t%s %lldx%lldx%lld%s x%lld\n", flop,
+				fz_buf_printf(&b, "%.0f\t%s %lldx%lldx%lld%s%s x%lld\n", flop,
 					      fz_dtype_name(s->mm.dtype), (long long)s->mm.M,
 					      (long long)s->mm.K, (long long)s->mm.N,
+					      s->mm.a_trans ? " (a transposed)" : "",
 					      s->mm.b_trans ? " (b transposed)" : "",
 					      (long long)nb);
 			} else if (s->kind == S_KERNEL) {

@@ -93,14 +93,16 @@ typedef struct fz_matmul {
 	fz_dtype dtype;          /* a, b, bias and y share it */
 	int64_t M, N, K;
 	bool b_trans;
+	bool a_trans;            /* a is stored as its transpose [K, M] (a
+	                            strided view: lda set; matmul_strided only) */
 	int nbd;
 	int64_t bshape[FZ_MAX_RANK], a_bstride[FZ_MAX_RANK], b_bstride[FZ_MAX_RANK];
 	const void *a, *b, *bias;
 	void *y;
-	/* Row strides in elements, 0 for dense (a: K; b: N, or K when
-	 * b_trans): an operand may be a strided view whose rows are
-	 * contiguous, f32 or f64 only, and only on a target that sets
-	 * matmul_strided. */
+	/* Row strides in elements, 0 for dense (a: K, or M when a_trans;
+	 * b: N, or K when b_trans): an operand may be a strided view whose
+	 * rows (or, transposed, columns) are contiguous, f32 or f64 only,
+	 * and only on a target that sets matmul_strided. */
 	int64_t lda, ldb;
 	/* scratch the library may use (NULL: none): the target's
 	 * matmul_workspace bytes of the plan's arena, shared by the plan's
@@ -148,8 +150,9 @@ struct fz_target {
 	bool host_memory;        /* device pointers are host pointers */
 	size_t matmul_workspace; /* arena bytes a plan with matmuls reserves
 	                            for fz_matmul.workspace (0: none) */
-	bool matmul_strided;     /* takes fz_matmul.lda/ldb (else operands
-	                            that are strided views are gathered) */
+	bool matmul_strided;     /* takes fz_matmul.lda/ldb and a_trans (else
+	                            operands that are strided views are
+	                            gathered) */
 
 	/* The process's device for options o (o->device picks among several),
 	 * retained once for the caller: FZ_EUNSUPPORTED with a plain message

@@ -541,33 +541,43 @@ START_TEST(matmul_sequential_blas)
 END_TEST
 
 /* Operands read where they lie (fz_matmul.lda/ldb): a's rows inside wider
- * rows (lda 10 for K 7), b seen transposed with its own row stride (ldb 9),
- * two batches at strides of their own; against the same product on dense
- * copies, through the BLAS and the plain loop, f32 and f64. */
-static void strided_case(fz_blas *b, fz_pool *pool, fz_dtype d)
+ * rows (lda 10 for K 7), or a stored as its transpose [K, M] inside wider
+ * rows (a_trans, a weight gradient's dYᵀ: lda 6 for M 5), b seen
+ * transposed with its own row stride (ldb 9), two batches at strides of
+ * their own; against the same product on dense copies, through the BLAS
+ * and the plain loop, f32 and f64. The tall case (M 300) is cut into
+ * slices of rows across the pool, so a transposed a's slice starts at
+ * column r0 of the stored matrix. */
+typedef struct strided_dims {
+	int M, K, N, lda, ldb, sa, sb;
+	bool at;
+} strided_dims;
+
+static void strided_case(fz_blas *b, fz_pool *pool, fz_dtype d, strided_dims z)
 {
-	enum { M = 5, K = 7, N = 4, LDA = 10, LDB = 9, NB = 2, SA = 64, SB = 48 };
+	enum { NB = 2 };
+	int M = z.M, K = z.K, N = z.N;
 	size_t es = fz_dtype_size(d);
-	char *A = calloc(NB * SA, es), *Bm = calloc(NB * SB, es);
-	char *Ad = calloc(NB * M * K, es), *Bd = calloc(NB * N * K, es);
-	char *Y = calloc(NB * M * N, es), *R = calloc(NB * M * N, es);
+	char *A = calloc((size_t)(NB * z.sa), es), *Bm = calloc((size_t)(NB * z.sb), es);
+	char *Ad = calloc((size_t)(NB * M * K), es), *Bd = calloc((size_t)(NB * N * K), es);
+	char *Y = calloc((size_t)(NB * M * N), es), *R = calloc((size_t)(NB * M * N), es);
 	for (int t = 0; t < NB; t++)
 		for (int i = 0; i < M; i++)
 			for (int k = 0; k < K; k++) {
 				double v = 0.25 * (double)((t * 31 + i * 7 + k * 3) % 11) - 1.0;
-				fz_store_f64(A, d, t * SA + i * LDA + k, v);
+				fz_store_f64(A, d, t * z.sa + (z.at ? k * z.lda + i : i * z.lda + k), v);
 				fz_store_f64(Ad, d, (t * M + i) * K + k, v);
 			}
 	for (int t = 0; t < NB; t++)
 		for (int j = 0; j < N; j++)
 			for (int k = 0; k < K; k++) {
 				double v = 0.5 * (double)((t * 13 + j * 5 + k) % 7) - 1.5;
-				fz_store_f64(Bm, d, t * SB + j * LDB + k, v);
+				fz_store_f64(Bm, d, t * z.sb + j * z.ldb + k, v);
 				fz_store_f64(Bd, d, (t * N + j) * K + k, v);
 			}
 	fz_matmul m = {.region = 1, .dtype = d, .M = M, .N = N, .K = K, .b_trans = true,
-		       .nbd = 1, .bshape = {NB}, .a_bstride = {SA}, .b_bstride = {SB},
-		       .a = A, .b = Bm, .y = Y, .lda = LDA, .ldb = LDB};
+		       .a_trans = z.at, .nbd = 1, .bshape = {NB}, .a_bstride = {z.sa},
+		       .b_bstride = {z.sb}, .a = A, .b = Bm, .y = Y, .lda = z.lda, .ldb = z.ldb};
 	fz_matmul r = {.region = 1, .dtype = d, .M = M, .N = N, .K = K, .b_trans = true,
 		       .nbd = 1, .bshape = {NB}, .a_bstride = {M * K}, .b_bstride = {N * K},
 		       .a = Ad, .b = Bd, .y = R};
@@ -575,9 +585,9 @@ static void strided_case(fz_blas *b, fz_pool *pool, fz_dtype d)
 	ck_assert_int_eq(fz_cpu_matmul(b, pool, &m, &err), FZ_OK);
 	ck_assert_int_eq(fz_cpu_matmul(b, pool, &r, &err), FZ_OK);
 	for (int i = 0; i < NB * M * N; i++)
-		ck_assert_msg(fz_load_f64(Y, d, i) == fz_load_f64(R, d, i), "%s [%d]: %g, "
-			      "dense %g (%s)", fz_dtype_name(d), i, fz_load_f64(Y, d, i),
-			      fz_load_f64(R, d, i), fz_blas_name(b));
+		ck_assert_msg(fz_load_f64(Y, d, i) == fz_load_f64(R, d, i), "%s%s [%d]: %g, "
+			      "dense %g (%s)", fz_dtype_name(d), z.at ? " (a transposed)" : "",
+			      i, fz_load_f64(Y, d, i), fz_load_f64(R, d, i), fz_blas_name(b));
 	/* a widened dtype takes no row strides: an error, not a wrong product */
 	m.dtype = FZ_BF16;
 	ck_assert_int_eq(fz_cpu_matmul(b, pool, &m, &err), FZ_EINVAL);
@@ -588,16 +598,22 @@ static void strided_case(fz_blas *b, fz_pool *pool, fz_dtype d)
 
 START_TEST(matmul_strided_operands)
 {
+	static const strided_dims dims[] = {
+		{5, 7, 4, 10, 9, 64, 48, false},
+		{5, 7, 4, 6, 9, 64, 48, true},
+		{300, 33, 20, 301, 40, 33 * 301 + 5, 20 * 40, true},
+	};
 	fz_blas *b = NULL;
 	fz_pool *p = NULL;
 	unsetenv("FUSEC_BLAS");
 	ck_assert_int_eq(fz_blas_open(&b, NULL), FZ_OK);
 	ck_assert_int_eq(fz_pool_new(2, &p, NULL), FZ_OK);
-	for (int k = 0; k < 2; k++) {
-		fz_dtype d = k ? FZ_F64 : FZ_F32;
-		strided_case(b, p, d);      /* the BLAS */
-		strided_case(NULL, p, d);   /* the plain loop */
-	}
+	for (int k = 0; k < 2; k++)
+		for (size_t c = 0; c < sizeof dims / sizeof dims[0]; c++) {
+			fz_dtype d = k ? FZ_F64 : FZ_F32;
+			strided_case(b, p, d, dims[c]);      /* the BLAS */
+			strided_case(NULL, p, d, dims[c]);   /* the plain loop */
+		}
 	fz_pool_free(p);
 	fz_blas_close(b);
 }

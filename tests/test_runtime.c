@@ -38,6 +38,15 @@ static fz_exec *prepare(const fz_trace *t, int max_plans)
 	return x;
 }
 
+/* A program made with FUSEC_PROFILE=1: its steps are timed. */
+static fz_exec *prepare_profiled(const fz_trace *t)
+{
+	setenv("FUSEC_PROFILE", "1", 1);
+	fz_exec *x = prepare(t, 8);
+	unsetenv("FUSEC_PROFILE");
+	return x;
+}
+
 static fz_tensor vec(float *data, int64_t n, int64_t stride)
 {
 	fz_tensor v = {data, FZ_F32, 1, {n}, {stride}};
@@ -94,9 +103,7 @@ static const char *view_out_src =
 START_TEST(outputs_views_in_place)
 {
 	fz_module *m = parse(view_out_src);
-	setenv("FUSEC_PROFILE", "1", 1);
-	fz_exec *x = prepare(fz_module_trace(m, 0), 8);
-	unsetenv("FUSEC_PROFILE");
+	fz_exec *x = prepare_profiled(fz_module_trace(m, 0));
 	float a[8 * 16], b[16 * 12], r[96], sv[96], u[96], want[96];
 	for (int i = 0; i < 8 * 16; i++)
 		a[i] = (float)(i % 7) - 3.0f;
@@ -146,6 +153,72 @@ START_TEST(outputs_views_in_place)
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, out, 3, NULL, &err), FZ_OK);
 	ck_assert_int_eq(fz_exec_profile(x, 0, &prof), FZ_OK);
 	ck_assert_str_eq(prof, "region\tkind\truns\tseconds\tflop\twhat\n");
+	fz_free(prof);
+	fz_exec_free(x);
+	fz_module_free(m);
+}
+END_TEST
+
+/* A product whose a is a transposed view (a weight gradient dW = dYᵀ·X,
+ * and the batched form over a permuted operand) reads it where it lies,
+ * as its transpose (fz_matmul.a_trans): no gather, and the products
+ * right. With a_trans ignored, the products read dY as [M, K] rows. */
+static const char *wgrad_src =
+	"trace t(dy: f32[24, 12], x: f32[24, 16], q: f32[3, 10, 6], k: f32[3, 10, 5]) {\n"
+	"  g = matmul(permute(dy, dims=[1, 0]), x)\n"
+	"  h = matmul(permute(q, dims=[0, 2, 1]), k)\n"
+	"  return g, h\n"
+	"}\n";
+
+START_TEST(transposed_a_in_place)
+{
+	fz_module *m = parse(wgrad_src);
+	fz_exec *x = prepare_profiled(fz_module_trace(m, 0));
+	float dy[24 * 12], xv[24 * 16], q[3 * 10 * 6], k[3 * 10 * 5];
+	float g[12 * 16], h[3 * 6 * 5];
+	for (int i = 0; i < 24 * 12; i++)
+		dy[i] = (float)(i % 7) - 3.0f;
+	for (int i = 0; i < 24 * 16; i++)
+		xv[i] = (float)(i % 5) * 0.5f;
+	for (int i = 0; i < 3 * 10 * 6; i++)
+		q[i] = (float)(i % 9) - 4.0f;
+	for (int i = 0; i < 3 * 10 * 5; i++)
+		k[i] = (float)(i % 4) * 0.25f;
+	fz_tensor in[4] = {
+		{.data = dy, .dtype = FZ_F32, .rank = 2, .shape = {24, 12}, .strides = {12, 1}},
+		{.data = xv, .dtype = FZ_F32, .rank = 2, .shape = {24, 16}, .strides = {16, 1}},
+		{.data = q, .dtype = FZ_F32, .rank = 3, .shape = {3, 10, 6},
+		 .strides = {60, 6, 1}},
+		{.data = k, .dtype = FZ_F32, .rank = 3, .shape = {3, 10, 5},
+		 .strides = {50, 5, 1}}};
+	fz_tensor out[2] = {
+		{.data = g, .dtype = FZ_F32, .rank = 2, .shape = {12, 16}, .strides = {16, 1}},
+		{.data = h, .dtype = FZ_F32, .rank = 3, .shape = {3, 6, 5}, .strides = {30, 5, 1}}};
+	char *err = NULL;
+	ck_assert_msg(fz_exec_run(x, NULL, in, 4, out, 2, NULL, &err) == FZ_OK, "run: %s",
+		      err ? err : "?");
+	for (int i = 0; i < 12; i++)
+		for (int j = 0; j < 16; j++) {
+			float acc = 0;
+			for (int r = 0; r < 24; r++)
+				acc += dy[r * 12 + i] * xv[r * 16 + j];
+			ck_assert_float_eq_tol(g[i * 16 + j], acc, 1e-4f);
+		}
+	for (int b = 0; b < 3; b++)
+		for (int i = 0; i < 6; i++)
+			for (int j = 0; j < 5; j++) {
+				float acc = 0;
+				for (int r = 0; r < 10; r++)
+					acc += q[b * 60 + r * 6 + i] * k[b * 50 + r * 5 + j];
+				ck_assert_float_eq_tol(h[(b * 6 + i) * 5 + j], acc, 1e-4f);
+			}
+	/* the two products alone: no gather of dyᵀ or of qᵀ */
+	ck_assert_int_eq(fz_exec_stats_of(x)->steps, 2);
+	char *prof = NULL;
+	ck_assert_int_eq(fz_exec_profile(x, 0, &prof), FZ_OK);
+	ck_assert_msg(strstr(prof, "f32 12x24x16 (a transposed) x1") &&
+		      strstr(prof, "f32 6x10x5 (a transposed) x3") && !strstr(prof, "\tcopy\t"),
+		      "%s", prof);
 	fz_free(prof);
 	fz_exec_free(x);
 	fz_module_free(m);
@@ -412,6 +485,7 @@ static Suite *runtime_suite(void)
 	TCase *c = tcase_create("prepared");
 	tcase_add_test(c, outputs_in_place);
 	tcase_add_test(c, outputs_views_in_place);
+	tcase_add_test(c, transposed_a_in_place);
 	tcase_add_test(c, strided_and_misaligned_inputs);
 	tcase_add_test(c, plan_lru);
 	tcase_add_test(c, outputs_that_alias);

@@ -22,7 +22,11 @@ by round, so a burst of load from another process hits all three alike.
 Reported per way: the median step (forward, backward, AdamW) and the
 median of forward + backward alone (the part the backends change), and
 the ratios eager/fusec and inductor/fusec of both (above 1: fusec is
-faster). --threads 0 is PyTorch's default thread count (all cores);
+faster); beside them the median CPU seconds of the process per step and
+their ratio ("inductor/fusec cpu"): at one thread on a machine shared
+with other work, a step's wall time includes the time the OS ran
+something else, its CPU time does not (at more threads it counts every
+thread's, a spinning one's too, so read it there as work, not time). --threads 0 is PyTorch's default thread count (all cores);
 fusec gets the same count through options={"threads": n}.
 
 --profile adds, for fusec, where its step goes: the seconds inside fusec
@@ -41,6 +45,10 @@ cache (an empty folder for fusec's kernels and for Inductor's) and then a
 warm one (the same folder again, another fresh process), on a tiny Llama
 (hidden 64, 2 layers, vocabulary 128, B=2, T=64) and on a Llama of hidden
 1024, 4 layers (vocabulary 32000, B=2, T=64), against Inductor.
+
+To compare builds of the library, run once per build with FUSEC_LIBRARY
+naming it and --label saying which (both kept in the record): each run's
+ratios to eager and Inductor are measured within that run.
 
 Each run appends one record to the JSON (default tools/bench/results/
 step_bench-<host>-<UTC time>.json): the machine (CPUs, load average
@@ -108,16 +116,19 @@ def data(vocab, b, t, seed=1):
     return torch.randint(3, vocab, (b, t), generator=g)
 
 
-def step(run, opt, ids):
-    """(fwd+bwd seconds, whole step seconds, loss)"""
-    t0 = time.perf_counter()
+def step(run, opt, ids, cpu=None):
+    """(fwd+bwd seconds, whole step seconds, loss); cpu, a list, gets
+    the process's CPU seconds of both"""
+    c0, t0 = time.process_time(), time.perf_counter()
     loss = run(input_ids=ids, labels=ids, use_cache=False).loss
     loss.backward()
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t0, float(loss)
+    c2, t2 = time.process_time(), time.perf_counter()
+    if cpu is not None:
+        cpu[:] = [c1 - c0, c2 - c0]
+    return t1 - t0, t2 - t0, float(loss.detach())
 
 
 class Profile:
@@ -160,12 +171,16 @@ class Profile:
 
     def report(self, steps, step_s):
         lib = {"kernel": 0.0, "matmul": 0.0, "copy": 0.0, "other": 0.0}
+        kinds = {}  # kernel seconds by region kind (attention, reduction...)
         flops, runs, top = 0, 0, []
         for prog in self.programs():
             pr = prog.profile()
             runs += pr["runs"]
             for r in pr["steps"]:
                 lib[r["kind"] if r["kind"] in lib else "other"] += r["s"]
+                if r["kind"] == "kernel":
+                    k = r["what"].split(" ")[0]
+                    kinds[k] = kinds.get(k, 0.0) + r["s"]
                 flops += r.get("flop", 0)
                 top.append((r["s"], prog.name, r))
         inside = sum(lib.values())
@@ -178,6 +193,8 @@ class Profile:
             "library_kernel_s": lib["kernel"] * per,
             "library_matmul_s": lib["matmul"] * per,
             "library_copy_s": lib["copy"] * per,
+            "library_kernel_by_kind_s": {k: v * per for k, v in
+                                         sorted(kinds.items())},
             "matmul_gflops": flops / lib["matmul"] / 1e9 if lib["matmul"]
             else None,
             "matmul_share_of_step": lib["matmul"] * per / step_s,
@@ -208,19 +225,22 @@ def worker_steady(a):
             step(run, opt, ids)
         first[w] = time.perf_counter() - t
         ways[w] = (model, run, opt)
-    times = {w: ([], []) for w in ways}
+    times = {w: ([], [], [], []) for w in ways}
     order = list(ways)
     for i in range(a["iters"]):
         for w in order[i % len(order):] + order[:i % len(order)]:
-            fb, st, _ = step(ways[w][1], ways[w][2], ids)
-            times[w][0].append(fb)
-            times[w][1].append(st)
+            cpu = []
+            fb, st, _ = step(ways[w][1], ways[w][2], ids, cpu)
+            for k, x in enumerate((fb, st) + tuple(cpu)):
+                times[w][k].append(x)
     row = {"hidden": a["hidden"], "layers": a["layers"], "batch": a["batch"],
            "seq": a["seq"], "vocab": a["vocab"], "threads": threads,
            "params": sum(p.numel() for p in ways[order[0]][0].parameters())}
     for w in ways:
         row[w] = {"step_s": statistics.median(times[w][1]),
                   "fwd_bwd_s": statistics.median(times[w][0]),
+                  "step_cpu_s": statistics.median(times[w][3]),
+                  "fwd_bwd_cpu_s": statistics.median(times[w][2]),
                   "warmup_s": first[w],
                   "steps_s": [round(x, 5) for x in times[w][1]]}
     if "fusec" in ways:
@@ -230,6 +250,8 @@ def worker_steady(a):
                 row["%s/fusec" % w] = row[w]["step_s"] / f["step_s"]
                 row["%s/fusec fwd_bwd" % w] = \
                     row[w]["fwd_bwd_s"] / f["fwd_bwd_s"]
+                row["%s/fusec cpu" % w] = \
+                    row[w]["step_cpu_s"] / f["step_cpu_s"]
     if a["profile"] and "fusec" in ways:
         prof = Profile()
         _, run, opt = ways["fusec"]
@@ -309,6 +331,8 @@ def show_steady(r):
     for k in ("eager/fusec", "inductor/fusec"):
         if k in r:
             line += "  %s %.2fx" % (k, r[k])
+    if "inductor/fusec cpu" in r:
+        line += " (CPU time %.2fx)" % r["inductor/fusec cpu"]
     line += "  (load %.1f)" % r["loadavg_1m_before"]
     print(line, flush=True)
     p = r.get("fusec_profile")
@@ -322,6 +346,10 @@ def show_steady(r):
                   1e3 * p["python_call_overhead_s"],
                   p["program_calls_per_step"],
                   1e3 * p["outside_programs_s"]), flush=True)
+        print("   fusec kernels by region kind: %s" % ", ".join(
+            "%s %.1f ms" % (k, 1e3 * v) for k, v in sorted(
+                p["library_kernel_by_kind_s"].items(), key=lambda x: -x[1])),
+            flush=True)
         for t in p["top_steps"][:6]:
             print("     %6.2f ms  %s region %d %s %s" % (
                 1e3 * t["s_per_step"], t["program"], t["region"], t["kind"],
@@ -371,6 +399,9 @@ def main():
     ap.add_argument("--sizes", default="tiny,1024")
     ap.add_argument("--backends", default="fusec,inductor")
     ap.add_argument("--json", default="")
+    ap.add_argument("--label", default="",
+                    help="what this run measures (kept in the JSON), e.g. "
+                    "the build FUSEC_LIBRARY names")
     a = ap.parse_args()
     a.ways = [w for w in a.ways.split(",") if w]
     a.sizes = [s for s in a.sizes.split(",") if s]
@@ -384,7 +415,8 @@ def main():
     except OSError:
         commit = ""
     rec = {"what": a.what, "argv": sys.argv[1:], "torch": torch.__version__,
-           "commit": commit,
+           "commit": commit, "label": a.label,
+           "fusec_library": os.environ.get("FUSEC_LIBRARY", ""),
            "cpus": os.cpu_count(), "default_threads": torch.get_num_threads(),
            "machine": platform.processor() or platform.machine(),
            "loadavg_before": load0, "loadavg_after": None,
