@@ -1300,7 +1300,13 @@ void cg_rows(cg *g)
 				continue;
 			V vals[FZ_VW_MAX];
 			cg_value(g, r->out[i], R.L, ix, vals);
+			/* the tail's stores are final, but for the stash's
+			 * output: its lines are in the cache, written and
+			 * read back (a streaming store would write them out
+			 * twice) */
+			g->stream = r->out[i] != R.stash_o && cg_stream_fits(g);
 			cg_store(g, r->out[i], R.L, ix, vals);
+			g->stream = false;
 		}
 		cg_loop_end(g, &L);
 	}
