@@ -117,7 +117,9 @@
                               * registers; 13: host outer reductions walk
                               * blocks of columns; 14: the GPU's bf16/f16
                               * attention exp by ex2.approx; 15: host
-                              * streaming stores of large outputs) */
+                              * streaming stores of large outputs, rows
+                              * stash in a stack scratch, casts to
+                              * f16/bf16 round once) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

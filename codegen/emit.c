@@ -704,9 +704,12 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
 			vec = insert(g, vec, stored(g, vals[l], d), (unsigned)l);
-		V st_ = store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
+		/* (split by hand into 16-byte stores, the SLP vectorizer
+		 * narrows the whole expression to them and the backend folds
+		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
+		V sv = store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
 		if (g->stream && al == 16) /* aligned, 16 bytes or more */
-			stream_store(g, st_);
+			stream_store(g, sv);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
@@ -1156,8 +1159,13 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		switch (cls) {
 		case FZ_CLASS_UNARY:
 			cg_value(g, nd->in[0], n, ix, a);
+			/* a cast to f16 or bf16 rounds already (rounding it
+			 * again is no change but for the NaN test, which LLVM
+			 * cannot fold: 3 instructions a vector in every bf16
+			 * norm's tail) */
 			for (int l = 0; l < n; l++)
 				out[l] = l && a[l] == a[l - 1] ? out[l - 1] :
+					 nd->op == FZ_OP_CAST ? op_unary(g, nd, a[l]) :
 					 cg_round_half(g, op_unary(g, nd, a[l]), v->type.dtype);
 			break;
 		case FZ_CLASS_BINARY:
