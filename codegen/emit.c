@@ -1159,13 +1159,16 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		switch (cls) {
 		case FZ_CLASS_UNARY:
 			cg_value(g, nd->in[0], n, ix, a);
-			/* a cast to f16 or bf16 rounds already (rounding it
-			 * again is no change but for the NaN test, which LLVM
-			 * cannot fold: 3 instructions a vector in every bf16
-			 * norm's tail) */
+			/* a cast to f16 or bf16 rounds already, and neg and abs
+			 * of a value of the dtype are one (rounding again is no
+			 * change but for the NaN test, which LLVM cannot fold:
+			 * 3 to 8 instructions a vector: every bf16 norm's tail,
+			 * rotary's neg) */
 			for (int l = 0; l < n; l++)
 				out[l] = l && a[l] == a[l - 1] ? out[l - 1] :
-					 nd->op == FZ_OP_CAST ? op_unary(g, nd, a[l]) :
+					 nd->op == FZ_OP_CAST || ((nd->op == FZ_OP_NEG ||
+					 nd->op == FZ_OP_ABS) && nd->in[0]->type.dtype ==
+					 v->type.dtype) ? op_unary(g, nd, a[l]) :
 					 cg_round_half(g, op_unary(g, nd, a[l]), v->type.dtype);
 			break;
 		case FZ_CLASS_BINARY:
