@@ -185,9 +185,9 @@ LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 void cg_host_chunk(cg *g, LLVMValueRef total, LLVMValueRef *begin, LLVMValueRef *end);
 /* The host's vector registers in bytes (16, or 32 with AVX); 16 on NVPTX. */
 int cg_vector_bytes(cg *g);
-/* Host (x86): the region writes FZ_HOST_STREAM_BYTES or more, known at
- * compile time, and not serially: its final stores may be streaming ones
- * (g->stream; emit.c's "streaming stores"). */
+/* Host (x86): the region writes FZ_HOST_STREAM_BYTES (16 MiB) or more,
+ * known at compile time, and not serially: its final stores may be
+ * streaming ones (g->stream; emit.c's "streaming stores"). */
 bool cg_stream_fits(cg *g);
 
 typedef struct cg_loop {

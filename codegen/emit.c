@@ -650,8 +650,10 @@ static V stored(cg *g, V x, fz_dtype d)
  * past the cache's size) moves data that way, and a plain loop with
  * ordinary stores gets about two thirds of its bandwidth (a 256 MB
  * scale in place of a copy here: 14 GB/s with ordinary stores, 22 with
- * movnt, memcpy 25; at 64 MB 18 against 32; at 8 MB even, at 4 MB the
- * cache wins). So a region that writes FZ_HOST_STREAM_BYTES or more, all
+ * movnt, memcpy 25; at 64 MB 18 against 32; at 16 MB 21 against 25; at
+ * 8 MB even, at 4 MB the cache wins; and a kernel that reads what the
+ * one before wrote would find it in the cache no more). So a region that
+ * writes FZ_HOST_STREAM_BYTES (16 MiB) or more, all
  * of it in sizes known when it is compiled, stores its outputs' final
  * values with !nontemporal (g->stream, set by the skeleton around the
  * stores that write a value nobody in the kernel reads back: pointwise
@@ -662,7 +664,7 @@ static V stored(cg *g, V x, fz_dtype d)
  * stores are weakly ordered: the function ends in an sfence, so that
  * what the part wrote is visible to the thread that waits for the part
  * (runtime/pool.c's mutex then orders it). */
-#define FZ_HOST_STREAM_BYTES (8 << 20)
+#define FZ_HOST_STREAM_BYTES (16 << 20)
 
 bool cg_stream_fits(cg *g)
 {

@@ -1243,7 +1243,7 @@ static void stream_counts(const char *src, int n[3])
 	fz_module_free(m);
 }
 
-/* On an x86 host a region that writes 8 MiB or more stores its final
+/* On an x86 host a region that writes 16 MiB or more stores its final
  * values with streaming stores and fences them; a smaller one does not;
  * a row whose pass keeps a value for the tail (softmax's stash, the add
  * of an add + rms_norm) keeps it in a stack scratch, and the tail streams
@@ -1253,20 +1253,20 @@ START_TEST(host_streaming_stores)
 {
 #if defined(__x86_64__)
 	static const char big[] =
-		"trace f(x: f32[512, 4096], y: f32[512, 4096]) {\n"
+		"trace f(x: f32[1024, 4096], y: f32[1024, 4096]) {\n"
 		"  r = mul(add(x, y), x)\n  return r\n}\n";
 	static const char small[] =
-		"trace f(x: f32[256, 4096], y: f32[256, 4096]) {\n"
+		"trace f(x: f32[512, 4096], y: f32[512, 4096]) {\n"
 		"  r = mul(add(x, y), x)\n  return r\n}\n";
 	static const char softmax[] =
-		"trace f(x: f32[512, 4096]) {\n  y = softmax(x, dim=1)\n  return y\n}\n";
+		"trace f(x: f32[1024, 4096]) {\n  y = softmax(x, dim=1)\n  return y\n}\n";
 	static const char add_rms[] =
-		"trace f(x: bf16[1024, 4096], r: bf16[1024, 4096], w: bf16[4096]) {\n"
+		"trace f(x: bf16[2048, 2048], r: bf16[2048, 2048], w: bf16[2048]) {\n"
 		"  h = add(x, r)\n"
 		"  y = rms_norm(h, w, dims=[1], eps=1e-5)\n  return h, y\n}\n";
 	/* three passes and more: the chain */
 	static const char chain[] =
-		"trace f(x0: f32[512, 4096]) {\n"
+		"trace f(x0: f32[1024, 4096]) {\n"
 		"  r1 = amax(x0, dims=[1], keepdim=true)\n"
 		"  x1 = exp(sub(x0, r1))\n"
 		"  r2 = sum(x1, dims=[1], keepdim=true)\n"
