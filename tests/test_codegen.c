@@ -1290,9 +1290,9 @@ START_TEST(host_streaming_stores)
 	stream_counts(chain, n);
 	ck_assert_int_ge(n[0], 1);
 	ck_assert_int_ge(n[2], 1);
-	EXACT(big, 0);
+	/* run: the keep's and the chain's scratch, streamed tails (softmax's
+	 * stash is the chain's last pass; a pointwise store is the tail's) */
 	EXACT(add_rms, 0);
-	CLOSE(softmax, 1e-5, 0);
 	CLOSE(chain, 1e-5, 0);
 #endif
 }
