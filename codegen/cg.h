@@ -69,6 +69,8 @@ typedef struct cg {
 	LLVMValueRef err;
 	LLVMValueRef part, nparts; /* host: which chunk of the grid (ity) */
 	bool serial;          /* host: part 0 does all (cg_host_chunk) */
+	bool stream;          /* host: cg_store's vector stores bypass the cache */
+	bool streamed;        /* host: one did (cg_function_end fences them) */
 	int *slot;            /* by value id: index in buf, or -1 */
 	LLVMValueRef *red;    /* by value id: a reduction's value for this row */
 	bool *is_red;         /* by value id: made by a row reduction */
@@ -183,6 +185,10 @@ LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 void cg_host_chunk(cg *g, LLVMValueRef total, LLVMValueRef *begin, LLVMValueRef *end);
 /* The host's vector registers in bytes (16, or 32 with AVX); 16 on NVPTX. */
 int cg_vector_bytes(cg *g);
+/* Host (x86): the region writes FZ_HOST_STREAM_BYTES (16 MiB) or more,
+ * known at compile time, and not serially: its final stores may be
+ * streaming ones (g->stream; emit.c's "streaming stores"). */
+bool cg_stream_fits(cg *g);
 
 typedef struct cg_loop {
 	LLVMBasicBlockRef pre, head, body, exit;

@@ -641,6 +641,55 @@ static V stored(cg *g, V x, fz_dtype d)
 	return cg_to_storage(g, x, d);
 }
 
+/* ---- streaming stores (host) -------------------------------------------------
+ * A store to memory that is not in the cache first reads the line it
+ * writes (a read for ownership): a kernel that reads 32 MB and writes 32 MB
+ * moves 96 MB. x86's non-temporal stores (movnt) write whole lines
+ * through write-combining buffers without reading them and without
+ * filling the cache with what nobody reads soon: a copy (glibc's memcpy
+ * past the cache's size) moves data that way, and a plain loop with
+ * ordinary stores gets about two thirds of its bandwidth (a 256 MB
+ * scale in place of a copy here: 14 GB/s with ordinary stores, 22 with
+ * movnt, memcpy 25; at 64 MB 18 against 32; at 16 MB 21 against 25; at
+ * 8 MB even, at 4 MB the cache wins; and a kernel that reads what the
+ * one before wrote would find it in the cache no more). So a region that
+ * writes FZ_HOST_STREAM_BYTES (16 MiB) or more, all
+ * of it in sizes known when it is compiled, stores its outputs' final
+ * values with !nontemporal (g->stream, set by the skeleton around the
+ * stores that write a value nobody in the kernel reads back: pointwise
+ * outputs, a row's tail; not the stash or the keep, which the tail
+ * reads, nor a serial scatter's copy, which its adds read). Only whole
+ * aligned lane groups of 16 bytes or more stream (LLVM makes them movntps
+ * or movntdq; an unaligned or scalar store would not be one). Streaming
+ * stores are weakly ordered: the function ends in an sfence, so that
+ * what the part wrote is visible to the thread that waits for the part
+ * (runtime/pool.c's mutex then orders it). */
+#define FZ_HOST_STREAM_BYTES (16 << 20)
+
+bool cg_stream_fits(cg *g)
+{
+	if (g->o.target != FZ_CG_HOST || g->serial || !g->c->triple ||
+	    strncmp(g->c->triple, "x86_64", 6) != 0)
+		return false;
+	int64_t bytes = 0;
+	for (int i = 0; i < g->r->n_out; i++) {
+		fz_ext n;
+		if (!fz_type_numel(&g->r->out[i]->type, &n) || !fz_ext_is_const(n))
+			return false;
+		bytes += n.c * (int64_t)fz_dtype_size(g->r->out[i]->type.dtype);
+	}
+	return bytes >= FZ_HOST_STREAM_BYTES;
+}
+
+static void stream_store(cg *g, V st)
+{
+	LLVMMetadataRef one = LLVMValueAsMetadata(c_i32(g, 1));
+	LLVMMetadataRef md = LLVMMDNodeInContext2(g->ctx, &one, 1);
+	LLVMSetMetadata(st, LLVMGetMDKindIDInContext(g->ctx, "nontemporal", 11),
+			LLVMMetadataAsValue(g->ctx, md));
+	g->streamed = true;
+}
+
 void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *vals)
 {
 	int s = g->slot[v->id];
@@ -657,7 +706,12 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		V vec = c_undef(t_vec(st, (unsigned)nl));
 		for (int l = 0; l < nl; l++)
 			vec = insert(g, vec, stored(g, vals[l], d), (unsigned)l);
-		store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
+		/* (split by hand into 16-byte stores, the SLP vectorizer
+		 * narrows the whole expression to them and the backend folds
+		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
+		V sv = store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
+		if (g->stream && al == 16) /* aligned, 16 bytes or more */
+			stream_store(g, sv);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
@@ -1107,8 +1161,16 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		switch (cls) {
 		case FZ_CLASS_UNARY:
 			cg_value(g, nd->in[0], n, ix, a);
+			/* a cast to f16 or bf16 rounds already, and neg and abs
+			 * of a value of the dtype are one (rounding again is no
+			 * change but for the NaN test, which LLVM cannot fold:
+			 * 3 to 8 instructions a vector: every bf16 norm's tail,
+			 * rotary's neg) */
 			for (int l = 0; l < n; l++)
 				out[l] = l && a[l] == a[l - 1] ? out[l - 1] :
+					 nd->op == FZ_OP_CAST || ((nd->op == FZ_OP_NEG ||
+					 nd->op == FZ_OP_ABS) && nd->in[0]->type.dtype ==
+					 v->type.dtype) ? op_unary(g, nd, a[l]) :
 					 cg_round_half(g, op_unary(g, nd, a[l]), v->type.dtype);
 			break;
 		case FZ_CLASS_BINARY:
@@ -1601,6 +1663,15 @@ void cg_function_begin(cg *g, const char *name)
 
 void cg_function_end(cg *g)
 {
+	if (g->streamed) {
+		/* the part's streaming stores done before it returns */
+		T ft = LLVMFunctionType(t_void(g), NULL, 0, 0);
+		V f = LLVMGetNamedFunction(g->mod, "llvm.x86.sse.sfence");
+		if (!f)
+			f = LLVMAddFunction(g->mod, "llvm.x86.sse.sfence", ft);
+		LLVMBuildCall2(g->b, ft, f, NULL, 0, "");
+		g->streamed = false;
+	}
 	ret_void(g);
 	LLVMBasicBlockRef first = LLVMGetNextBasicBlock(g->entry);
 	at_end(g, g->entry);

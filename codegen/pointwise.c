@@ -129,11 +129,13 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		memcpy(ix[l], ix[0], sizeof ix[0]);
 		ix[l][ty->rank - 1].o += l;
 	}
+	g->stream = cg_stream_fits(g); /* nothing here reads an output back */
 	for (int i = 0; i < n && g->st == FZ_OK; i++) {
 		V vals[FZ_VW_MAX];
 		cg_value(g, src[i], L, ix, vals);
 		cg_store(g, outs[i], L, ix, vals);
 	}
+	g->stream = false;
 	cg_loop_end(g, &L0);
 }
 

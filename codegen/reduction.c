@@ -94,6 +94,11 @@ typedef struct rows {
 	/* The keep (host): the last pass stores output `keep_o`, which it
 	 * computes anyway, and the tail reads it back (see "the keep"). */
 	const fz_value *keep_o;
+	/* The scratch (host): where the stash, the chain and the keep put
+	 * what they store, instead of the output (see "the scratch"); NULL:
+	 * the output. */
+	V scratch;
+	T scratch_t;
 } rows;
 
 static V identity(cg *g, fz_opcode op, T t)
@@ -500,13 +505,37 @@ static bool costly(const cg *g, const fz_value *v, int *budget)
  * and the math spilled). */
 #define FZ_HOST_ACCS 4
 
+static void scratch_put(cg *g, rows *R, V pos, const V *vals);
+static void scratch_get(cg *g, rows *R, const fz_value *v, V pos, cg_ix (*ix)[FZ_MAX_RANK]);
+
+/* Reads back what a pass stored at the step at row position pos (lanes
+ * ix): v's values, from the scratch or from output o. */
+static void reload_at(cg *g, rows *R, const fz_value *v, const fz_value *o, V pos,
+		      cg_ix (*ix)[FZ_MAX_RANK])
+{
+	if (R->scratch)
+		scratch_get(g, R, v, pos, ix);
+	else
+		cg_value_reload(g, v, o, R->L, ix);
+}
+
+/* A pass's store of o's values at the step at row position pos. */
+static void stash_at(cg *g, rows *R, const fz_value *o, V pos, cg_ix (*ix)[FZ_MAX_RANK],
+		     V *vals)
+{
+	if (R->scratch)
+		scratch_put(g, R, pos, vals);
+	else
+		cg_store(g, o, R->L, ix, vals);
+}
+
 /* The keep's store in the last pass: o at the step's lanes (what computing
  * x computed already, from the emitter's memo). */
-static void keep_store(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
+static void keep_store(cg *g, rows *R, V pos, cg_ix (*ix)[FZ_MAX_RANK])
 {
 	V kv[FZ_VW_MAX];
 	cg_value(g, R->keep_o, R->L, ix, kv);
-	cg_store(g, R->keep_o, R->L, ix, kv);
+	stash_at(g, R, R->keep_o, pos, ix, kv);
 }
 
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
@@ -535,15 +564,16 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 		cg_loop M;
 		cg_loop_begin(g, &M, c_int(g->ity, 0), rest, turn);
 		for (int i = 0; i < n; i++) {
-			row_lanes(g, R, add(g, M.iv, c_int(g->ity, i * R->L)), ix);
+			V pos = add(g, M.iv, c_int(g->ity, i * R->L));
+			row_lanes(g, R, pos, ix);
 			if (reload)
-				cg_value_reload(g, reload, R->stash_o, R->L, ix);
+				reload_at(g, R, reload, R->stash_o, pos, ix);
 			cg_value(g, x, R->L, ix, vals);
 			acc_step(g, R, &A[i], vals, NULL, mh, ml);
 			if (stash)
-				cg_store(g, stash, R->L, ix, vals);
+				stash_at(g, R, stash, pos, ix, vals);
 			if (keep)
-				keep_store(g, R, ix);
+				keep_store(g, R, pos, ix);
 		}
 		cg_loop_end(g, &M);
 	}
@@ -554,13 +584,13 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 		row_loop_begin(g, R, &L);
 	row_lanes(g, R, L.iv, ix);
 	if (reload)
-		cg_value_reload(g, reload, R->stash_o, R->L, ix);
+		reload_at(g, R, reload, R->stash_o, L.iv, ix);
 	cg_value(g, x, R->L, ix, vals);
 	acc_step(g, R, &A[0], vals, NULL, mh, ml);
 	if (stash)
-		cg_store(g, stash, R->L, ix, vals);
+		stash_at(g, R, stash, L.iv, ix, vals);
 	if (keep)
-		keep_store(g, R, ix);
+		keep_store(g, R, L.iv, ix);
 	cg_loop_end(g, &L);
 	return acc_finish(g, R, A, n, lo);
 }
@@ -905,6 +935,68 @@ static bool chain_pick(cg *g, rows *R, const fz_node *const *reds, int nr)
 	R->stash_v = last;
 	R->stash_o = o;
 	return true;
+}
+
+/* ---- the scratch (host) -------------------------------------------------------
+ * The stash, the chain and the keep store a value of the row into an
+ * output and read it back in a later pass: the output's lines come into
+ * the cache for the store (read for ownership) and are written again by
+ * the tail, so the tail cannot stream them (emit.c's "streaming stores"):
+ * softmax bf16 moved three bytes of memory for every two it needed. When
+ * the region streams and the row is known and small (a float row of at
+ * most FZ_HOST_SCRATCH_BYTES in its compute type: 4096 bf16 are 16 KB of
+ * f32), they store into a scratch row on the stack instead, the part's
+ * own, indexed by the position in the row (a vector of L compute values
+ * a step, already rounded to the value's dtype, so that reading back
+ * gives the value itself); the tail reads it from L1 or L2 and streams
+ * every output, the keep's included (stored by the tail then). */
+#define FZ_HOST_SCRATCH_BYTES (256 << 10)
+
+static void scratch_pick(cg *g, rows *R)
+{
+	const fz_value *o = R->stash_o ? R->stash_o : R->keep_o;
+	fz_ext n;
+	if (!o || !fz_dtype_is_float(o->type.dtype) || !cg_stream_fits(g) ||
+	    !fz_type_numel(&R->rt, &n) || !fz_ext_is_const(n) || n.c <= 0)
+		return;
+	T t = cg_ctype(g, o->type.dtype);
+	int64_t es = t == t_f64(g) ? 8 : 4;
+	if (n.c * es > FZ_HOST_SCRATCH_BYTES || (t != t_f32(g) && t != t_f64(g)))
+		return;
+	/* in the entry block: one slot for the whole part */
+	LLVMBasicBlockRef here = current(g);
+	at_end(g, g->entry);
+	T at = LLVMArrayType2(t, (uint64_t)n.c);
+	R->scratch = alloca_(g, at);
+	LLVMSetAlignment(R->scratch, 64);
+	at_end(g, here);
+	R->scratch_t = t;
+}
+
+static unsigned scratch_align(const rows *R)
+{
+	unsigned a = (unsigned)R->L * (R->scratch_t == LLVMDoubleTypeInContext(
+		LLVMGetTypeContext(R->scratch_t)) ? 8 : 4);
+	return a > 64 ? 64 : a;
+}
+
+static void scratch_put(cg *g, rows *R, V pos, const V *vals)
+{
+	T vt = t_vec(R->scratch_t, (unsigned)R->L);
+	V vec = c_undef(vt);
+	for (int l = 0; l < R->L; l++)
+		vec = insert(g, vec, vals[l], (unsigned)l);
+	store(g, vec, gep(g, R->scratch_t, R->scratch, pos), scratch_align(R));
+}
+
+static void scratch_get(cg *g, rows *R, const fz_value *v, V pos, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	T vt = t_vec(R->scratch_t, (unsigned)R->L);
+	V vec = load(g, vt, gep(g, R->scratch_t, R->scratch, pos), scratch_align(R));
+	V vals[FZ_VW_MAX];
+	for (int l = 0; l < R->L; l++)
+		vals[l] = extract(g, vec, (unsigned)l);
+	cg_value_given(g, v, R->L, ix, vals);
 }
 
 /* ---- columns (host) -------------------------------------------------------------
@@ -1252,6 +1344,8 @@ void cg_rows(cg *g)
 		stash_pick(g, &R, reds[nr - 1]);
 	if (!R.S && !R.chained && !R.stash_o && g->o.target == FZ_CG_HOST)
 		keep_pick(g, &R, reds[nr - 1]);
+	if (!R.S)
+		scratch_pick(g, &R);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
 		reduce_node(g, &R, reds[i], i, i == nr - 1);
@@ -1268,7 +1362,7 @@ void cg_rows(cg *g)
 			break;
 		}
 		if (kind == 2) {
-			n_tail += r->out[i] != R.keep_o;
+			n_tail += r->out[i] != R.keep_o || R.scratch;
 			continue;
 		}
 		V v;
@@ -1291,16 +1385,23 @@ void cg_rows(cg *g)
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
 		row_lanes(g, &R, L.iv, ix);
 		if (R.stash_o)
-			cg_value_reload(g, R.stash_v, R.stash_o, R.L, ix);
+			reload_at(g, &R, R.stash_v, R.stash_o, L.iv, ix);
 		if (R.keep_o)
-			cg_value_reload(g, R.keep_o, R.keep_o, R.L, ix);
+			reload_at(g, &R, R.keep_o, R.keep_o, L.iv, ix);
 		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
 			cg_ix tmp[FZ_MAX_RANK];
-			if (r->out[i] == R.keep_o || classify(g, &R, r->out[i], tmp) != 2)
+			if ((r->out[i] == R.keep_o && !R.scratch) ||
+			    classify(g, &R, r->out[i], tmp) != 2)
 				continue;
 			V vals[FZ_VW_MAX];
 			cg_value(g, r->out[i], R.L, ix, vals);
+			/* the tail's stores are final, but for a stash in
+			 * the output: its lines are in the cache, written and
+			 * read back (a streaming store would write them out
+			 * twice) */
+			g->stream = (r->out[i] != R.stash_o || R.scratch) && cg_stream_fits(g);
 			cg_store(g, r->out[i], R.L, ix, vals);
+			g->stream = false;
 		}
 		cg_loop_end(g, &L);
 	}
