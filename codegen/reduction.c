@@ -1050,6 +1050,9 @@ static bool own_index(const cg *g, const fz_value *v, int *budget)
 	return true;
 }
 
+/* Outputs of the domain's shape a column walk stores (col_domain). */
+#define COL_DOMAIN_MAX 8
+
 static bool cols_fit(cg *g, rows *R, const fz_node *const *reds, int nr)
 {
 	const fz_region *r = g->r;
@@ -1061,13 +1064,68 @@ static bool cols_fit(cg *g, rows *R, const fz_node *const *reds, int nr)
 		if (reds[k]->op == FZ_OP_VAR_MEAN || reads_reduced(g, reds[k]->in[0], &b))
 			return false;
 	}
+	int dom = 0;
 	for (int i = 0; i < r->n_out; i++) {
 		cg_ix tmp[FZ_MAX_RANK];
-		int b = STASH_WALK;
-		if (classify(g, R, r->out[i], tmp) != 1 || !own_index(g, r->out[i], &b))
+		int b = STASH_WALK, c = classify(g, R, r->out[i], tmp);
+		if (c == 2 && !reads_reduced(g, r->out[i], &b) && ++dom <= COL_DOMAIN_MAX)
+			continue; /* stored by the walk (col_domain) */
+		b = STASH_WALK;
+		if (c != 1 || !own_index(g, r->out[i], &b))
 			return false;
 	}
 	return true;
+}
+
+/* The outputs of the domain's shape (which read no reduced value) at one
+ * vector of the walk, at ix: stored whole, or, in a block moved back over
+ * the one before it (lo), only the lanes of columns from lo on: the block
+ * before stored the others, perhaps over an input the block reads (an
+ * output in place of its input). */
+static void col_domain(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK], int L, V col0, V lo)
+{
+	const fz_region *r = g->r;
+	V vals[COL_DOMAIN_MAX][FZ_VW_MAX];
+	int outs[COL_DOMAIN_MAX], n = 0;
+	for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
+		cg_ix tmp[FZ_MAX_RANK];
+		if (classify(g, R, r->out[i], tmp) != 2)
+			continue;
+		FZ_ASSERT(n < COL_DOMAIN_MAX); /* cols_fit */
+		cg_value(g, r->out[i], L, ix, vals[n]);
+		outs[n++] = i;
+	}
+	if (!n)
+		return;
+	int cse = g->n_cse;
+	LLVMBasicBlockRef whole = NULL, part = NULL, cont = NULL;
+	if (lo) {
+		whole = block(g, "cols.dom");
+		part = block(g, "cols.dom.lanes");
+		cont = block(g, "cols.dom.next");
+		cond_br(g, icmp(g, LLVMIntUGE, col0, lo), whole, part);
+		at_end(g, whole);
+	}
+	for (int k = 0; k < n; k++)
+		cg_store(g, r->out[outs[k]], L, ix, vals[k]);
+	if (!lo)
+		return;
+	br(g, cont);
+	g->n_cse = cse;
+	at_end(g, part);
+	for (int l = 0; l < L; l++) {
+		LLVMBasicBlockRef st = block(g, "cols.dom.lane"), nx = block(g, "cols.dom.lane.next");
+		cond_br(g, icmp(g, LLVMIntUGE, add(g, col0, c_int(g->ity, l)), lo), st, nx);
+		at_end(g, st);
+		for (int k = 0; k < n; k++)
+			cg_store(g, r->out[outs[k]], 1, &ix[l], &vals[k][l]);
+		br(g, nx);
+		g->n_cse = cse;
+		at_end(g, nx);
+	}
+	br(g, cont);
+	at_end(g, cont);
+	g->n_cse = cse; /* what the stores built lives in their branches */
 }
 
 /* The block of nv vectors of L columns at kept index kix (its last dim at
@@ -1105,6 +1163,7 @@ static void col_block(cg *g, rows *R, const fz_node *const *reds, int nr,
 			cg_value(g, reds[k]->in[0], L, ix, vals);
 			acc_step(g, &Rv, &A[k][u], vals, NULL, NULL, NULL);
 		}
+		col_domain(g, &Rv, ix, L, add(g, c0, c_int(g->ity, u * L)), lo);
 	}
 	cg_loop_end(g, &J);
 	/* each column: its reduced values, then the outputs of the row */
@@ -1145,7 +1204,8 @@ static void col_block(cg *g, rows *R, const fz_node *const *reds, int nr,
 			}
 			for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
 				cg_ix oix[1][FZ_MAX_RANK];
-				classify(g, R, r->out[i], oix[0]);
+				if (classify(g, R, r->out[i], oix[0]) != 1)
+					continue; /* the domain's: stored by the walk */
 				V v;
 				cg_value(g, r->out[i], 1, oix, &v);
 				cg_store(g, r->out[i], 1, oix, &v);

@@ -623,6 +623,24 @@ START_TEST(reduction_columns)
 		     "  r = sum(x, dims=[0])\n"
 		     "  m = amin(x, dims=[0])\n"
 		     "  return r, m\n}\n", 1000, 0, 0x1p-200);
+	/* the norm's backward beside its weight's gradient: outputs of the
+	 * domain's shape stored by the walk, at blocks moved back (75, 101),
+	 * one vector (20), one column (5) */
+	static const int cols[] = {75, 20, 5};
+	for (int i = 0; i < 3; i++) {
+		char src[512];
+		snprintf(src, sizeof src, "trace f(g: f32[B, %d], h: f32[B, %d], x: f32[B, %d], "
+			 "w: f32[%d]) {\n  a = add(g, h)\n  m = mul(a, w)\n"
+			 "  s = sum(mul(a, x), dims=[0])\n  d = mul(x, 2.0)\n"
+			 "  return s, m, d\n}\n", cols[i], cols[i], cols[i], cols[i]);
+		columns_case(src, 1000, 0, 0x1p-200);
+		columns_case(src, 3, 0, 0x1p-200);
+	}
+	columns_case("trace f(x: bf16[3, B, 101], w: bf16[101]) {\n"
+		     "  wb = broadcast_in_dim(w, shape=[3, B, 101], dims=[2])\n"
+		     "  y = mul(x, wb)\n"
+		     "  s = sum(y, dims=[1], keepdim=true)\n"
+		     "  return s, y\n}\n", 100, 0, 0x1p-200);
 	/* rotary's backward: the sums of other columns, half turned */
 	columns_case("trace f(x: f32[2, B, 16]) {\n"
 		     "  s = sum(x, dims=[1])\n"
