@@ -55,7 +55,10 @@ if [ "$test_suite" = 1 ]; then
 	if ! .venv/bin/python -c "import torch, transformers, scikit_build_core" 2>/dev/null; then
 		say "installing torch and transformers into .venv (large; once)"
 		.venv/bin/python -m pip install -q --upgrade pip
-		.venv/bin/python -m pip install -q torch transformers scikit-build-core
+		# a dropped connection mid-wheel (torch's are hundreds of MB)
+		# resumes rather than failing the setup (pip >= 25.1, just installed)
+		.venv/bin/python -m pip install -q --resume-retries 20 torch transformers \
+			scikit-build-core
 	fi
 	python="$(pwd)/.venv/bin/python"
 fi
