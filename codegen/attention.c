@@ -594,29 +594,32 @@ static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
 	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs);
 }
 
-/* The primitive's scores with neither mask nor softcap: scale, and the
- * causal, window and length rules, computed here in whole vectors. */
-static bool simple_scores(const fz_attn *A)
+bool cg_attn_simple(const fz_attn *A)
 {
 	return !A->decomposed && !A->mask && A->softcap == 0;
 }
 
+/* Each rule hides a half plane of (i, j), so two corners decide: the last
+ * key against the first row (length, causal, j - i >= window) and the
+ * first key against the last row (i - j >= window). */
+LLVMValueRef cg_attn_block_whole(cg *g, const fz_attn *A, V i0, V i1, V j0, V j1)
+{
+	V tk = cg_ext(g, A->tk), w = ci(g, A->window);
+	V jlast = sub(g, j1, ci(g, 1)), ilast = sub(g, i1, ci(g, 1));
+	V some = or_(g, hidden_at(g, A, jlast, i0, tk, w), hidden_at(g, A, j0, ilast, tk, w));
+	return LLVMBuildNot(g->b, some, "");
+}
+
 /* An i1: simple scores, and every key of [kb, kb + BK) visible to every
  * query row of [i0, i1) (i1 > i0): the rows then need no mask at all
- * (below a causal diagonal, nearly every block). Each rule hides a half
- * plane of (i, j), so two corners decide: the last key against the first
- * row (length, causal, j - i >= window) and the first key against the
- * last row (i - j >= window). Constant false for other scores. */
+ * (below a causal diagonal, nearly every block). Constant false for other
+ * scores. */
 static V block_full(ak *K, V i0, V i1, V kb)
 {
 	cg *g = K->g;
-	const fz_attn *A = K->A;
-	if (!simple_scores(A))
+	if (!cg_attn_simple(K->A))
 		return c_i1(g, 0);
-	V tk = cg_ext(g, A->tk), w = ci(g, A->window);
-	V klast = add(g, kb, ci(g, BK - 1)), ilast = sub(g, i1, ci(g, 1));
-	V some = or_(g, hidden_at(g, A, klast, i0, tk, w), hidden_at(g, A, kb, ilast, tk, w));
-	return LLVMBuildNot(g->b, some, "");
+	return cg_attn_block_whole(g, K->A, i0, i1, kb, add(g, kb, ci(g, BK)));
 }
 
 /* Emits rows(K, arg, true) where full holds, rows(K, arg, false) where
@@ -650,7 +653,7 @@ static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V
 	const fz_attn *A = K->A;
 	int rw = K->rw, nc = BK / rw;
 	V vs = vconstn(g, rw, A->scale);
-	if (simple_scores(A)) {
+	if (cg_attn_simple(A)) {
 		V vi = splatn(g, rw, i), ninf = vconstn(g, rw, -INFINITY);
 		V tkv = splatn(g, rw, cg_ext(g, A->tk)), vw = splatn(g, rw, ci(g, A->window));
 		for (int c = 0; c < nc; c++) {
@@ -847,7 +850,7 @@ static void grad_rows(ak *K, void *arg, bool full)
 	cg *g = K->g;
 	grows *G = arg;
 	int rw = K->rw, nc = BK / rw;
-	bool simple = simple_scores(K->A);
+	bool simple = cg_attn_simple(K->A);
 	cg_loop R;
 	cg_loop_begin(g, &R, ci(g, 0), G->nrows, ci(g, 1));
 	V r = R.iv, lg[16], dl[16];

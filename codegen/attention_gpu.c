@@ -401,31 +401,11 @@ static walk key_walk(gk *G, const qblock *Q, const cg_tile *tk, const cg_tile *t
 
 /* ---- forward -------------------------------------------------------------------- */
 
-/* Whether the logits are the scores times a positive scale, hidden only
- * by the length, causal and window rules: the primitive with no mask
- * operand nor softcap. */
+/* cg_attn_simple with a positive scale: the whole arms take the row
+ * maximum over the raw scores and scale it once. */
 static bool plain_scores(const fz_attn *A)
 {
-	return !A->decomposed && !A->mask && A->softcap == 0 && A->scale > 0;
-}
-
-/* Whether every query row of [i0, i1) sees every key of [j0, j1) (the
- * rules of cg_attn_scores: j < Tk, causal j <= i, window i < j + w and,
- * not causal, j < i + w). */
-static V pairs_whole(gk *G, V i0, V i1, V j0, V j1)
-{
-	cg *g = G->g;
-	const fz_attn *A = G->A;
-	V ok = icmp(g, LLVMIntULE, j1, cg_ext(g, A->tk));
-	if (A->causal)
-		ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, ci(g, 1))));
-	if (A->window > 0) {
-		V w = ci(g, A->window);
-		ok = and_(g, ok, icmp(g, LLVMIntULE, i1, add(g, j0, w)));
-		if (!A->causal)
-			ok = and_(g, ok, icmp(g, LLVMIntULE, j1, add(g, i0, w)));
-	}
-	return ok;
+	return cg_attn_simple(A) && A->scale > 0;
 }
 
 /* if (c) { whole arm } else { edge arm }, the arms' values meeting in the
@@ -553,8 +533,8 @@ static void kernel_fwd(gk *G)
 	 * whole, when the logits are the scaled scores, without their masks */
 	LLVMBasicBlockRef edge = NULL, join = NULL;
 	if (plain_scores(A)) {
-		whole_or_edge(g, pairs_whole(G, i0, Q.i1, j0, add(g, j0, ci(g, BC))), &edge,
-			      &join);
+		V j1 = add(g, j0, ci(g, BC));
+		whole_or_edge(g, cg_attn_block_whole(g, A, i0, Q.i1, j0, j1), &edge, &join);
 		fwd_softmax(G, S, O, M, Lsum, r0, i0, j0, b, h, true);
 		whole_end(g, edge, join);
 	}
@@ -858,8 +838,8 @@ static void kernel_dq(gk *G)
 	LLVMBasicBlockRef edge = NULL, join = NULL;
 	if (plain_scores(A)) {
 		/* a block every row sees whole: ds = p (dp - di) scale */
-		whole_or_edge(g, pairs_whole(G, i0, Q.i1, j0, add(g, j0, ci(g, BC))), &edge,
-			      &join);
+		V j1 = add(g, j0, ci(g, BC));
+		whole_or_edge(g, cg_attn_block_whole(g, A, i0, Q.i1, j0, j1), &edge, &join);
 		V k = c_f32(g, A->scale);
 		for (int hr = 0; hr < 2; hr++)
 			for (int n = 0; n < BC / 8; n++)
@@ -939,7 +919,7 @@ static void kernel_dkv(gk *G)
 		 * ds = p (dp - di) scale from the raw scores */
 		V i1 = add(g, i0, ci(g, BQ));
 		V whole = and_(g, icmp(g, LLVMIntULE, i1, Tq),
-			       pairs_whole(G, i0, i1, j0, add(g, j0, ci(g, BR))));
+			       cg_attn_block_whole(g, A, i0, i1, j0, add(g, j0, ci(g, BR))));
 		whole_or_edge(g, whole, &edge, &join);
 		V k = c_f32(g, A->scale);
 		for (int n = 0; n < BQ / 8; n++)

@@ -238,6 +238,13 @@ void cg_attn_key_range(cg *g, const fz_attn *A, LLVMValueRef i0, LLVMValueRef i1
 /* The mirror: the query rows [*lo, *hi) that see some key in [j0, j1). */
 void cg_attn_query_range(cg *g, const fz_attn *A, LLVMValueRef j0, LLVMValueRef j1,
 			 LLVMValueRef *lo, LLVMValueRef *hi);
+/* Whether the logits are the primitive's scores scaled and hidden only by
+ * the length, causal and window rules (no mask operand, no softcap). */
+bool cg_attn_simple(const fz_attn *A);
+/* An i1: every query row of [i0, i1) sees every key of [j0, j1) by those
+ * rules (both ranges non-empty): a block that needs no mask. */
+LLVMValueRef cg_attn_block_whole(cg *g, const fz_attn *A, LLVMValueRef i0,
+				 LLVMValueRef i1, LLVMValueRef j0, LLVMValueRef j1);
 /* emit.c: vals[0..nl) are v's lanes at ix (a value the skeleton computed
  * itself, as attention's products): memoized, so cg_value reads them. */
 void cg_value_given(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK],
