@@ -316,6 +316,38 @@ FZ_API fz_status fz_exec_profile(fz_exec *x, int reset, char **out);
  * step to count what the step compiled. */
 FZ_API int64_t fz_kernel_builds(void);
 
+/* Host memory for outputs, from a process-wide cache of released blocks.
+ * A caller that hands every run fresh memory for its outputs (torch.empty
+ * of a large tensor is a new mapping from glibc each time) pays a page
+ * fault per 4 KiB page at the first touch, often more than the kernel
+ * that writes them; a block released here is kept mapped, already
+ * faulted in, for the next request of its size class (64 KiB steps up
+ * to 4 MiB, 2 MiB steps above, blocks 2 MiB aligned and advised to use
+ * huge pages). At most the limit stays cached (default a quarter of
+ * physical memory, or $FUSEC_HOST_CACHE_MB); the blocks released longest
+ * ago are unmapped first. Thread-safe: a block may be released on any
+ * thread. fz_host_alloc returns NULL when the system has no memory. */
+typedef struct fz_host_block fz_host_block;
+FZ_API fz_host_block *fz_host_alloc(size_t bytes, void **data);
+FZ_API void fz_host_release(fz_host_block *b); /* accepts NULL */
+/* b as a DLPack tensor (a DLManagedTensor *, for torch.from_dlpack and any
+ * other DLPack consumer): contiguous, of dtype and shape, on the CPU; its
+ * deleter releases b. NULL where the shape's bytes exceed the block or
+ * rank is out of range. Once made, b belongs to the tensor. */
+FZ_API void *fz_host_block_dlpack(fz_host_block *b, fz_dtype dtype, int rank,
+                                  const int64_t *shape);
+typedef struct fz_host_stats {
+	size_t live_bytes;    /* in blocks handed out and not released */
+	size_t cached_bytes;  /* in released blocks kept for reuse */
+	size_t limit_bytes;   /* the most kept cached */
+	int64_t hits, misses; /* requests served from the cache, and not */
+} fz_host_stats;
+FZ_API void fz_host_cache_stats(fz_host_stats *out);
+/* Sets the limit and unmaps cached blocks, longest released first, down
+ * to it; fz_host_cache_empty unmaps them all, the limit left as it was. */
+FZ_API void fz_host_cache_set_limit(size_t bytes);
+FZ_API void fz_host_cache_empty(void);
+
 /* One-shot: prepares, runs once and frees. Outputs are contiguous,
  * allocated by the library, and released with fz_free (the interpreter's
  * contract). */

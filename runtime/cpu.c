@@ -29,7 +29,9 @@
  * 32 MiB output, which on a VM cost more than the kernel that writes it
  * (33 ms against 12 ms to fill 32 MiB, measured here). Arenas and the
  * outputs a run is handed are advised to use transparent huge pages
- * where the system leaves them to madvise, 512 times fewer faults.
+ * where the system leaves them to madvise, 512 times fewer faults; the
+ * Python binding takes large outputs from the host cache
+ * (host_cache.c), whose blocks stay mapped from one run to the next.
  *
  * There is one CPU device per process, shared by every program on it (the
  * kernel store then loads each key once); it lives while a program holds

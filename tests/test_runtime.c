@@ -479,6 +479,141 @@ START_TEST(trace_run_one_shot)
 }
 END_TEST
 
+/* The host cache: a released block serves the next request of its size
+ * class, the limit evicts the blocks released longest ago, and a DLPack
+ * tensor made of a block describes it and releases it when deleted. Each
+ * test runs in its own process (Check forks), so the cache starts empty. */
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+
+START_TEST(host_cache_reuses_a_class)
+{
+	void *a, *b, *c;
+	fz_host_block *ba = fz_host_alloc(100 * KIB, &a);
+	ck_assert_ptr_nonnull(ba);
+	ck_assert_uint_eq((uintptr_t)a % (2 * MIB), 0);
+	memset(a, 7, 100 * KIB);
+	fz_host_stats s;
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.live_bytes, 128 * KIB); /* 64 KiB classes */
+	ck_assert_int_eq(s.misses, 1);
+	fz_host_release(ba);
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.live_bytes, 0);
+	ck_assert_uint_eq(s.cached_bytes, 128 * KIB);
+	/* 70 KiB is the same class: the same block, still mapped */
+	fz_host_block *bb = fz_host_alloc(70 * KIB, &b);
+	ck_assert_ptr_eq(b, a);
+	ck_assert_int_eq(((unsigned char *)b)[100 * KIB - 1], 7);
+	/* 200 KiB is another: new memory */
+	fz_host_block *bc = fz_host_alloc(200 * KIB, &c);
+	ck_assert_ptr_ne(c, a);
+	fz_host_cache_stats(&s);
+	ck_assert_int_eq(s.hits, 1);
+	ck_assert_int_eq(s.misses, 2);
+	ck_assert_uint_eq(s.cached_bytes, 0);
+	ck_assert_uint_eq(s.live_bytes, 128 * KIB + 256 * KIB);
+	/* above 4 MiB the classes step by 2 MiB */
+	void *d;
+	fz_host_block *bd = fz_host_alloc(5 * MIB, &d);
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.live_bytes, 384 * KIB + 6 * MIB);
+	memset(d, 1, 5 * MIB);
+	fz_host_release(bb);
+	fz_host_release(bc);
+	fz_host_release(bd);
+	fz_host_release(NULL);
+	fz_host_cache_empty();
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.cached_bytes, 0);
+	ck_assert_uint_eq(s.live_bytes, 0);
+}
+END_TEST
+
+START_TEST(host_cache_limit_evicts_the_oldest)
+{
+	fz_host_cache_set_limit(256 * KIB);
+	void *p[3];
+	fz_host_block *b[3];
+	for (int i = 0; i < 3; i++)
+		b[i] = fz_host_alloc(128 * KIB, &p[i]);
+	for (int i = 0; i < 3; i++)
+		fz_host_release(b[i]);
+	fz_host_stats s;
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.limit_bytes, 256 * KIB);
+	ck_assert_uint_eq(s.cached_bytes, 256 * KIB);
+	/* the most recently released first; the first one was unmapped */
+	void *q[2];
+	fz_host_block *c0 = fz_host_alloc(128 * KIB, &q[0]);
+	fz_host_block *c1 = fz_host_alloc(128 * KIB, &q[1]);
+	ck_assert_ptr_eq(q[0], p[2]);
+	ck_assert_ptr_eq(q[1], p[1]);
+	fz_host_cache_stats(&s);
+	ck_assert_int_eq(s.hits, 2);
+	fz_host_release(c0);
+	fz_host_release(c1);
+	fz_host_cache_set_limit(0);
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.cached_bytes, 0);
+	void *r;
+	fz_host_release(fz_host_alloc(128 * KIB, &r)); /* not kept */
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.cached_bytes, 0);
+	ck_assert_int_eq(s.misses, 4);
+}
+END_TEST
+
+/* DLPack's ABI (dlpack.h), as a consumer reads it. */
+typedef struct {
+	void *data;
+	int32_t device_type, device_id;
+	int32_t ndim;
+	uint8_t code, bits;
+	uint16_t lanes;
+	int64_t *shape, *strides;
+	uint64_t byte_offset;
+	void *manager_ctx;
+	void (*deleter)(void *self);
+} dl_managed;
+
+START_TEST(host_cache_dlpack)
+{
+	void *p;
+	fz_host_block *b = fz_host_alloc(3 * 5 * 7 * 2, &p);
+	int64_t shape[3] = {3, 5, 7};
+	dl_managed *m = fz_host_block_dlpack(b, FZ_BF16, 3, shape);
+	ck_assert_ptr_nonnull(m);
+	ck_assert_ptr_eq(m->data, p);
+	ck_assert_int_eq(m->device_type, 1); /* kDLCPU */
+	ck_assert_int_eq(m->ndim, 3);
+	ck_assert_int_eq(m->code, 4);        /* kDLBfloat */
+	ck_assert_int_eq(m->bits, 16);
+	ck_assert_int_eq(m->lanes, 1);
+	ck_assert_int_eq(m->shape[0], 3);
+	ck_assert_int_eq(m->shape[2], 7);
+	ck_assert_int_eq(m->strides[0], 35);
+	ck_assert_int_eq(m->strides[1], 7);
+	ck_assert_int_eq(m->strides[2], 1);
+	ck_assert_uint_eq(m->byte_offset, 0);
+	/* a shape larger than the block, a bad rank: no tensor */
+	int64_t big[2] = {1 << 20, 1 << 20}, neg[1] = {-1};
+	ck_assert_ptr_null(fz_host_block_dlpack(b, FZ_F32, 2, big));
+	ck_assert_ptr_null(fz_host_block_dlpack(b, FZ_F32, 1, neg));
+	ck_assert_ptr_null(fz_host_block_dlpack(b, FZ_F32, FZ_MAX_RANK + 1, shape));
+	/* a scalar */
+	m = fz_host_block_dlpack(b, FZ_F64, 0, NULL);
+	ck_assert_ptr_nonnull(m);
+	ck_assert_int_eq(m->ndim, 0);
+	/* the deleter gives the block back */
+	m->deleter(m);
+	fz_host_stats s;
+	fz_host_cache_stats(&s);
+	ck_assert_uint_eq(s.live_bytes, 0);
+	ck_assert_uint_eq(s.cached_bytes, 64 * KIB);
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
 	Suite *s = suite_create("runtime");
@@ -494,6 +629,11 @@ static Suite *runtime_suite(void)
 	c = tcase_create("errors");
 	tcase_add_test(c, bad_calls);
 	tcase_add_test(c, index_out_of_range);
+	suite_add_tcase(s, c);
+	c = tcase_create("host_cache");
+	tcase_add_test(c, host_cache_reuses_a_class);
+	tcase_add_test(c, host_cache_limit_evicts_the_oldest);
+	tcase_add_test(c, host_cache_dlpack);
 	suite_add_tcase(s, c);
 	c = tcase_create("targets");
 	tcase_add_test(c, targets_fill_every_slot);

@@ -160,6 +160,43 @@ class TestPrepared(unittest.TestCase):
                                    atol=1e-6)
         self.assertEqual(len(p._sigs), 2)
 
+    def test_large_outputs_come_from_the_host_cache(self):
+        # 64 KiB or more: a block of the library's cache, which comes back
+        # when the tensor dies and serves the next call, already mapped
+        p = fusec.Program(RMS, device="cpu")
+        x, w = torch.randn(4096, 8), torch.randn(8)   # y: 128 KiB, ms: 16
+        s0 = fusec.host_cache_stats()
+        y, ms = p(x, w)
+        before = fusec.host_cache_stats()
+        # y's block; ms (16 KiB) is torch's own memory
+        self.assertEqual(before["live_bytes"], s0["live_bytes"] + (128 << 10))
+        ptr = y.data_ptr()
+        del y
+        after = fusec.host_cache_stats()
+        self.assertEqual(after["live_bytes"], before["live_bytes"] - (128 << 10))
+        y, ms2 = p(x, w)
+        self.assertEqual(y.data_ptr(), ptr)
+        self.assertEqual(fusec.host_cache_stats()["hits"], after["hits"] + 1)
+        torch.testing.assert_close(y, rms(x, w)[0], rtol=1e-5, atol=1e-6)
+        # an ordinary tensor: views, in-place work, autograd's inputs
+        self.assertTrue(y.is_contiguous())
+        self.assertEqual(y.device.type, "cpu")
+        v = y.view(-1)[:8]
+        v.mul_(2)
+        self.assertEqual(y[0, 0].item(), v[0].item())
+        z = y.clone().requires_grad_()
+        (z * 2).sum().backward()
+        self.assertTrue(bool((z.grad == 2).all()))
+        # a view keeps the block: it comes back only when the last view dies
+        live = fusec.host_cache_stats()["live_bytes"]
+        del y
+        self.assertEqual(fusec.host_cache_stats()["live_bytes"], live)
+        del v
+        self.assertEqual(fusec.host_cache_stats()["live_bytes"],
+                         live - (128 << 10))
+        fusec.empty_host_cache()
+        self.assertEqual(fusec.host_cache_stats()["cached_bytes"], 0)
+
     def test_strided_inputs_in_place(self):
         p = fusec.Program(RMS, device="cpu")
         big = torch.randn(8, 10)

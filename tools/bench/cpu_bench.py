@@ -40,13 +40,17 @@ comes to what the memory system can move at all.
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
     tools/bench/cpu_bench.py --threads 1       one thread for all three
 
-Fresh outputs. Every way but `run` returns a fresh output tensor per call
-(torch.empty over glibc malloc). Whether a 13 to 32 MiB block comes back
-from glibc's heap or from a fresh mmap, whose first touch page-faults (tens
-of ms on a busy VM, often more than the kernel), depends on what the process
-freed before: the same allocation costs 1 ms in one round and 13 ms in the
-next. That cost is in eager, compile and fusec alike but does not cancel in
-their ratios; `run` writes into buffers it keeps, so it shows the kernels.
+Fresh outputs. Every way but `run` returns a fresh output tensor per call.
+Eager and compile take it from torch.empty over glibc malloc: whether a 13
+to 32 MiB block comes back from glibc's heap or from a fresh mmap, whose
+first touch page-faults (tens of ms on a busy VM, often more than the
+kernel), depends on what the process freed before: the same allocation
+costs 1 ms in one round and 13 ms in the next. fusec's Python binding
+takes outputs of 64 KiB or more from the library's host cache
+(runtime/host_cache.c): the previous round's output, released when the
+benchmark dropped it, comes back still mapped, so fusec's figure is the
+kernel plus the binding's overhead, as a framework calling it every step
+sees it. `run` writes into buffers it keeps, so it shows the kernels.
 
 Page faults. Each way's median minor page faults per call (<way>_faults)
 and, per case, how the kernel's counters of huge-page faults and direct

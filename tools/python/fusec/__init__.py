@@ -16,8 +16,7 @@ program (fz_exec): the first call at some input shapes plans the trace,
 resolves its kernels through the in-memory and disk caches (FUSEC_CACHE_DIR,
 else XDG_CACHE_HOME/fusec, else ~/.cache/fusec) and sizes its arena; every
 later call with the same dtypes, shapes and strides only hands the library
-the inputs' pointers and outputs allocated with torch.empty, which it fills
-in place. Devices:
+the inputs' pointers and output tensors, which it fills in place. Devices:
 
   "reference"  the C reference interpreter (every op in f64, rounded to its
                dtype at its output); slow, exact, always there.
@@ -29,6 +28,17 @@ in place. Devices:
 Inputs may be torch tensors (any strides; on the program's device: a tensor
 elsewhere is an error naming it) or numpy arrays; the outputs are torch
 tensors when any input is one, else numpy arrays.
+
+Outputs on the CPU. A torch output of 64 KiB or more lives in a block of
+the library's host cache (fz_host_alloc), handed to torch through DLPack:
+when the tensor dies the block goes back to the cache, still mapped, and
+the next output of its size class reuses it without faulting a page in
+(a fresh torch.empty of a large tensor is a new mapping every call, and
+its page faults cost more than many kernels). host_cache_stats() says
+what the cache holds; empty_host_cache() unmaps what it keeps;
+set_host_cache_limit(bytes) bounds it (default a quarter of physical
+memory, or $FUSEC_HOST_CACHE_MB). Such a tensor is an ordinary CPU tensor,
+except that its storage cannot be resized (as with torch.from_numpy).
 """
 
 import ctypes
@@ -37,7 +47,8 @@ import operator
 from . import _lib
 from ._lib import DTYPES, FusecLibraryError  # noqa: F401
 
-__all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES"]
+__all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES",
+           "host_cache_stats", "empty_host_cache", "set_host_cache_limit"]
 
 DEVICES = ("reference", "cpu", "cuda", "emu", "auto")
 
@@ -173,6 +184,86 @@ def _take_output(lib, ft, as_torch, device):
         if ft.data:
             lib.fz_free(ft.data)
             ft.data = None
+
+
+# ---- outputs from the host cache -----------------------------------------------
+
+HOST_CACHE_MIN = 64 << 10  # smaller outputs come from torch.empty
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.restype = ctypes.c_int
+_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class _HostOutput:
+    """Makes contiguous CPU torch tensors of one shape and dtype in blocks of
+    the library's host cache: called once per output per run."""
+
+    __slots__ = ("_alloc", "_dlpack", "_release", "_from", "_args", "_data",
+                 "_pdata")
+
+    def __init__(self, lib, torch, shape, dname):
+        n = _lib.DTYPE_SIZE[dname]
+        for e in shape:
+            n *= e
+        self._alloc, self._dlpack = lib.fz_host_alloc, lib.fz_host_block_dlpack
+        self._release = lib.fz_host_release
+        import torch.utils.dlpack
+        self._from = torch.utils.dlpack.from_dlpack
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        self._args = (n, _lib.DTYPE_INDEX[dname], len(shape), dims)
+        self._data = ctypes.c_void_p()
+        self._pdata = ctypes.byref(self._data)
+
+    def __call__(self):
+        n, dtype, rank, dims = self._args
+        b = self._alloc(n, self._pdata)
+        if not b:
+            raise MemoryError("fusec: no memory for a %d-byte output" % n)
+        dl = self._dlpack(b, dtype, rank, dims)
+        if not dl:
+            self._release(b)
+            raise FusecError("the host cache cannot describe a %d-byte "
+                             "output of rank %d" % (n, rank))
+        cap = _capsule_new(dl, b"dltensor", None)
+        try:
+            return self._from(cap)
+        except BaseException:
+            if _capsule_valid(cap, b"dltensor"):  # torch did not take it
+                self._release(b)
+            raise
+
+
+def _host_output(lib, torch, shape, dname):
+    """A _HostOutput for a CPU output of that size, else None (torch.empty)."""
+    n = _lib.DTYPE_SIZE[dname]
+    for e in shape:
+        n *= e
+    return _HostOutput(lib, torch, shape, dname) if n >= HOST_CACHE_MIN \
+        else None
+
+
+def host_cache_stats():
+    """What the library's host cache holds (bytes in blocks handed out and
+    not yet released, bytes cached for reuse, the limit) and how many
+    requests it served from the cache (hits) and with new memory (misses)."""
+    lib = _lib.load()
+    s = _lib.HostStats()
+    lib.fz_host_cache_stats(ctypes.byref(s))
+    return {k: int(getattr(s, k)) for k, _ in _lib.HostStats._fields_}
+
+
+def empty_host_cache():
+    """Unmaps every block the host cache keeps (live outputs stay)."""
+    _lib.load().fz_host_cache_empty()
+
+
+def set_host_cache_limit(nbytes):
+    """Keeps at most nbytes of released blocks cached from now on."""
+    _lib.load().fz_host_cache_set_limit(int(nbytes))
 
 
 # ---- Program ----------------------------------------------------------------
@@ -351,14 +442,16 @@ class Program:
             ft.data = x.data_ptr()
         empty = torch.empty
         if n_out == 1:  # the common case, without the lists
-            shape, dt, dev = specs[0]
-            res = (empty(shape, dtype=dt) if dev is None else
+            shape, dt, dev, host = specs[0]
+            res = (host() if host is not None else
+                   empty(shape, dtype=dt) if dev is None else
                    empty(shape, dtype=dt, device=dev))
             outs[0].data = res.data_ptr()
         else:
-            res = tuple([empty(shape, dtype=dt) if dev is None else
+            res = tuple([host() if host is not None else
+                         empty(shape, dtype=dt) if dev is None else
                          empty(shape, dtype=dt, device=dev)
-                         for shape, dt, dev in specs])
+                         for shape, dt, dev, host in specs])
             for ft, o in zip(outs, res):
                 ft.data = o.data_ptr()
         if stream is not None:  # cuda: the stream current now
@@ -439,8 +532,11 @@ class Program:
         for k, (shape, dname) in enumerate(specs):
             if as_torch:
                 inv = {v: key for key, v in _torch_dtype_map(torch).items()}
-                o = torch.empty(shape, dtype=inv[dname], device=tdev)
-                tspecs.append((shape, inv[dname], tdev))
+                host = (_host_output(lib, torch, shape, dname)
+                        if tdev == "cpu" else None)
+                o = (host() if host is not None else
+                     torch.empty(shape, dtype=inv[dname], device=tdev))
+                tspecs.append((shape, inv[dname], tdev, host))
                 ptr = o.data_ptr()
             else:
                 import numpy as np
@@ -469,7 +565,8 @@ class Program:
         _check(lib, st, err, "run")
         if as_torch and not symbols and all(_is_torch(x) for x in inputs):
             if self.device != "cuda":
-                tspecs = [(shape, dt, None) for shape, dt, _ in tspecs]
+                tspecs = [(shape, dt, None, host)
+                          for shape, dt, _, host in tspecs]
             self._sigs[_signature(inputs)] = _Signature(
                 arr, outs, tspecs, sizes, len(inputs), self.n_outputs, torch,
                 stream, _lib.run_fn(lib))

@@ -64,6 +64,17 @@ class ExecOptions(ctypes.Structure):
     ]
 
 
+class HostStats(ctypes.Structure):
+    """fz_host_stats (include/fusec.h)."""
+    _fields_ = [
+        ("live_bytes", ctypes.c_size_t),
+        ("cached_bytes", ctypes.c_size_t),
+        ("limit_bytes", ctypes.c_size_t),
+        ("hits", ctypes.c_int64),
+        ("misses", ctypes.c_int64),
+    ]
+
+
 # fz_exec_options.alloc and .release: the caller's allocator for arenas.
 ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -126,6 +137,12 @@ def _declare(lib):
         "fz_exec_device": (ctypes.c_char_p, [P]),
         "fz_exec_profile": (S, [P, ctypes.c_int, P]),
         "fz_nccl_unique_id": (S, [ctypes.c_char_p, P]),
+        "fz_host_alloc": (P, [ctypes.c_size_t, ctypes.POINTER(P)]),
+        "fz_host_release": (None, [P]),
+        "fz_host_block_dlpack": (P, [P, ctypes.c_int, ctypes.c_int, i64p]),
+        "fz_host_cache_stats": (None, [ctypes.POINTER(HostStats)]),
+        "fz_host_cache_set_limit": (None, [ctypes.c_size_t]),
+        "fz_host_cache_empty": (None, []),
     }
     missing = []
     for name, (res, args) in sigs.items():
