@@ -45,13 +45,12 @@
  * that build through Debian's alternatives), every product runs whole on
  * the calling thread under one lock per process.
  * The work is cut into units: whole batches when there are enough of them
- * (attention's B*H products), else slices of at least 64 rows of one
- * product (a linear layer over B*T tokens), else slices of columns;
- * about four units per thread, which the pool hands to whichever thread
- * is free, so a core taken by another process does not hold up the rest
- * (on one thread, the product whole).
- * Each sgemm call packs its own copy of the b panel; at 64 rows a slice,
- * that is under 2% of its flops.
+ * (attention's B*H products), else slices of at least 256 rows of one
+ * product (a linear layer over B*T tokens), else slices of columns; one
+ * to four units per thread, which the pool hands to whichever thread is
+ * free, so a core taken by another process does not hold up the rest
+ * (on one thread, the product whole). Each sgemm call packs its own
+ * copy of the operand it does not slice; product() says what that costs.
  *
  * Precision. y = a · op(b) accumulates in f32 for f32, bf16 and f16 (as
  * PyTorch's CPU kernels do) and in f64 for f64. bf16 and f16 operands are
@@ -470,24 +469,32 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 {
 	int T = fz_pool_threads(pool);
 	job J = {.b = b, .m = m, .nb = nb, .slices = 1, .by_rows = true, .plain = plain};
-	/* about four units per thread: whole batches, or slices of >= 64 rows,
-	 * or of >= 64 columns. A slice's sgemm packs the whole operand it
-	 * does not slice (b, K x N, for rows; a, M x K, for columns), once
-	 * per slice: where both ways give enough slices, the product is cut
-	 * so that the smaller one is packed again (a linear layer over 512
-	 * tokens with N = 2816 packed its weight eight times, 20% of the
-	 * Llama forward). One thread takes the product whole: its slices
-	 * would run one after another, each packing again. */
+	/* Whole batches, about four per thread, where there are enough;
+	 * else slices of rows or of columns. A slice's sgemm packs the whole
+	 * operand it does not slice (b, K x N, for rows; a, M x K, for
+	 * columns), once per slice, so a slice of r rows costs about 1/r
+	 * more than its share of the whole product: products of the Llama
+	 * step (M = 512 or 2048, K and N 256 to 2048) cut into slices one
+	 * after another on one thread ran at 0.78 of the whole product's
+	 * GFLOP/s in slices of 64 rows or columns, 0.87 at 128, 0.97 at 256
+	 * (medians of two runs here). So slices are of 256 or more, at
+	 * least one per thread (down to 64 where the product is too small
+	 * for that), at most four per thread (the spare ones balance a
+	 * core busy with something else). Where both ways give enough
+	 * slices, the product is cut so that the smaller operand is the one
+	 * packed again. One thread takes the product whole. */
 	int64_t want = 4 * (int64_t)T;
 	if (nb < want && T > 1) {
-		int64_t per = (want + nb - 1) / nb;
+		int64_t per = (want + nb - 1) / nb, least = (T + nb - 1) / nb;
 		int64_t rows = M / 64 > 0 ? M / 64 : 1, cols = N / 64 > 0 ? N / 64 : 1;
 		if (rows >= per && cols >= per)
 			J.by_rows = N <= M;
 		else
 			J.by_rows = rows >= per || (cols < per && rows >= cols);
 		int64_t lim = J.by_rows ? rows : cols;
-		J.slices = per < lim ? per : lim;
+		int64_t n = (J.by_rows ? M : N) / 256;
+		n = n < least ? least : n > per ? per : n;
+		J.slices = n < lim ? n : lim;
 	}
 	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
 	bool locked = false;
