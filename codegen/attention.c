@@ -109,10 +109,17 @@ static V vun(cg *g, const char *name, V x)
 static V vmax(cg *g, V a, V b) { return sel(g, fcmp(g, LLVMRealOGT, a, b), a, b); }
 
 /* exp in lanes: x = k ln2 + r, degree-7 polynomial, 2^k by exponent bits
- * (math.c's expf, in lanes); -inf and anything below -104 give 0. Sixteen
- * lanes (only made where the host has AVX-512: gemm_lanes) scale by 2^k
- * with vscalefps, which under- and overflows as exp does: below -120 the
- * result is 0 (2^-173 p), so no test for -inf is needed. */
+ * (math.c's expf, in lanes), or with vscalefps where there are sixteen
+ * lanes (only made where the host has AVX-512: gemm_lanes). Below -86 the
+ * result is 0: x is clamped to [-86, 88] first and the lanes below -86
+ * replaced by 0 after (with AVX-512 by vscalefps's zero-masking), so no
+ * lane ever computes a denormal or an underflow. That matters: a causal
+ * diagonal block's hidden keys are -inf, half its lanes, and with the
+ * MXCSR's default (no flush to zero) every instruction that underflows
+ * takes a microcode assist of a hundred cycles or more; at T=128 the rows
+ * of the diagonal blocks took half the forward's time that way. exp(-86)
+ * is 4e-38, so the lanes set to 0 would have added nothing a softmax row
+ * (whose largest term is 1) can hold. */
 static V vexp(cg *g, V x)
 {
 	const double ln2 = 0.69314718055994530942;
@@ -120,7 +127,8 @@ static V vexp(cg *g, V x)
 	float lo = (float)(ln2 - (double)hi);
 	int n = lanes(x);
 	T vi = t_vec(t_i32(g), (unsigned)n);
-	V xc = vmax(g, x, vconstn(g, n, n == 16 ? -120.0 : -104.0));
+	V low = fcmp(g, LLVMRealOLT, x, vconstn(g, n, -86.0));
+	V xc = vmax(g, x, vconstn(g, n, -86.0));
 	xc = sel(g, fcmp(g, LLVMRealOLT, xc, vconstn(g, n, 88.0)), xc, vconstn(g, n, 88.0));
 	V k = vun(g, "llvm.rint", fmul(g, xc, vconstn(g, n, 1.4426950408889634)));
 	V r = vfma(g, fneg(g, k), vconstn(g, n, hi), xc);
@@ -131,19 +139,15 @@ static V vexp(cg *g, V x)
 	for (int i = 6; i >= 0; i--)
 		p = vfma(g, p, r, vconstn(g, n, C[i]));
 	if (n == 16) {
-		V args[5] = {p, k, c_undef(vfn(g, n)), LLVMConstInt(t_i16(g), 0xffff, 0),
-			     c_i32(g, 4)};
+		/* k in [-124, 127], p in [0.7, 1.5]: 2^k p is a normal float */
+		V keep = bitcast(g, LLVMBuildNot(g->b, low, ""), t_i16(g));
+		V args[5] = {p, k, vconstn(g, n, 0.0), keep, c_i32(g, 4)};
 		return call_intrinsic(g, "llvm.x86.avx512.mask.scalef.ps.512", NULL, NULL, args, 5);
 	}
-	V low = fcmp(g, LLVMRealOLT, x, vconstn(g, n, -104.0));
 	V ki = LLVMBuildFPToSI(g->b, k, vi, "");
-	V k1 = ashr(g, ki, splat_i32(g, n, 1)), k2 = sub(g, ki, k1);
-	V s1 = bitcast(g, shl(g, add(g, k1, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
-		       vfn(g, n));
-	V s2 = bitcast(g, shl(g, add(g, k2, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
-		       vfn(g, n));
-	V y = fmul(g, fmul(g, p, s1), s2);
-	return sel(g, low, vconstn(g, n, 0.0), y);
+	V s = bitcast(g, shl(g, add(g, ki, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
+		      vfn(g, n));
+	return sel(g, low, vconstn(g, n, 0.0), fmul(g, p, s));
 }
 
 /* The sum (or max) of v's lanes, by halves. */
