@@ -198,6 +198,25 @@ static void sstore(cg *g, int s, fz_dtype d, V off, V x)
 	      (unsigned)fz_dtype_size(d));
 }
 
+/* The VW floats x rounded to dtype d once, stored at element off of slot s
+ * (bf16: round to nearest even on the bits, a NaN kept quiet, as
+ * cg_to_storage does for one lane). */
+static void vstore(cg *g, int s, fz_dtype d, V off, V x)
+{
+	V p = cg_elem_ptr(g, s, d, off), y = x;
+	if (d == FZ_F16) {
+		y = LLVMBuildFPTrunc(g->b, x, t_vec(t_f16(g), VW), "");
+	} else if (d == FZ_BF16) {
+		V u = bitcast(g, x, t_vec(t_i32(g), VW)), sh = splat_i32(g, VW, 16);
+		V hi = lshr(g, u, sh);
+		V lsb = and_(g, hi, splat_i32(g, VW, 1));
+		V r = lshr(g, add(g, u, add(g, lsb, splat_i32(g, VW, 0x7fff))), sh);
+		V q = or_(g, hi, splat_i32(g, VW, 0x40));
+		y = trunc_(g, sel(g, fcmp(g, LLVMRealUNO, x, x), q, r), t_vec(t_i16(g), VW));
+	}
+	store(g, y, p, (unsigned)fz_dtype_size(d));
+}
+
 /* n floats of stack, on a cache line of their own: rows of 64 floats
  * start lines too, so no vector of 16 straddles two. */
 static V scratch(cg *g, int n)
@@ -212,6 +231,23 @@ static V at(cg *g, V base, V i) { return gep(g, t_f32(g), base, i); }
 static V ci(cg *g, int64_t x) { return c_int(g->ity, x); }
 
 static V umin(cg *g, V a, V b) { return sel(g, icmp(g, LLVMIntULT, a, b), a, b); }
+
+/* Rows [0, n) of scratch X [rows][len] (len a multiple of VW), each times
+ * rs[r] where rs is given, into slot s from element `first`: a block's o,
+ * dq, dk or dv, rounded once to the slot's dtype. */
+static void store_rows(cg *g, int s, fz_dtype d, V first, int64_t len, V n, V X,
+		       const V *rs)
+{
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), n, ci(g, 1));
+	V src = mul(g, R.iv, ci(g, len)), dst = add(g, first, src);
+	V f = rs ? splat(g, load(g, t_f32(g), at(g, *rs, R.iv), 4)) : NULL;
+	for (int64_t e = 0; e < len; e += VW) {
+		V x = load(g, vf(g), at(g, X, add(g, src, ci(g, e))), 4);
+		vstore(g, s, d, add(g, dst, ci(g, e)), f ? fmul(g, x, f) : x);
+	}
+	cg_loop_end(g, &R);
+}
 
 /* Phis for loop-carried values in L's head, started from init; the body
  * then uses ph and hands the next values to loop_next. */
@@ -818,19 +854,13 @@ static void kernel_fwd(ak *K)
 	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), fwd_rows, &F);
 	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true, Al);
 	cg_loop_end(g, &KB);
-	/* o / l, lse */
+	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
 		V r = R.iv, row = add(g, Q.rowbase, r);
 		V l = load(g, t_f32(g), at(g, Ls, r), 4);
 		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
-		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
-		if (A->out_o >= 0)
-			for (int64_t e = 0; e < DV; e++) {
-				V x = load(g, t_f32(g), at(g, Os, add(g, mul(g, r, ci(g, DV)), ci(g, e))), 4);
-				sstore(g, K->so, K->dt, add(g, mul(g, row, ci(g, DV)), ci(g, e)),
-				       fmul(g, x, inv));
-			}
+		store(g, sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l)), at(g, Al, r), 4);
 		if (A->out_lse >= 0) {
 			V m = load(g, t_f32(g), at(g, Ms, r), 4);
 			V lse = fadd(g, m, cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
@@ -838,6 +868,8 @@ static void kernel_fwd(ak *K)
 		}
 	}
 	cg_loop_end(g, &R);
+	if (A->out_o >= 0)
+		store_rows(g, K->so, K->dt, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, Os, &Al);
 	cg_loop_end(g, &W);
 }
 
@@ -902,7 +934,7 @@ static void kernel_dq(ak *K)
 	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
 	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
 	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	cg_loop W, R, KB;
+	cg_loop W, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
 	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
@@ -921,15 +953,8 @@ static void kernel_dq(ak *K)
 	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), grad_rows, &G);
 	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true, NULL);
 	cg_loop_end(g, &KB);
-	int odq = g->r->n_in + A->out_dq;
-	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
-	{
-		V row = add(g, Q.rowbase, R.iv);
-		for (int64_t e = 0; e < D; e++)
-			sstore(g, odq, K->dt, add(g, mul(g, row, ci(g, D)), ci(g, e)),
-			       load(g, t_f32(g), at(g, dQs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
-	}
-	cg_loop_end(g, &R);
+	store_rows(g, g->r->n_in + A->out_dq, K->dt, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows,
+		   dQs, NULL);
 	cg_loop_end(g, &W);
 }
 
@@ -944,7 +969,7 @@ static void kernel_dkv(ak *K)
 	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
 	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W, G, QB, R;
+	cg_loop W, G, QB;
 	V bk, kb;
 	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
@@ -977,20 +1002,12 @@ static void kernel_dkv(ak *K)
 	}
 	cg_loop_end(g, &QB);
 	cg_loop_end(g, &G);
-	int odk = g->r->n_in + A->out_dk, odv = g->r->n_in + A->out_dv;
-	cg_loop_begin(g, &R, ci(g, 0), nk, ci(g, 1));
-	{
-		V kr = add(g, krow, R.iv);
-		if (A->out_dk >= 0)
-			for (int64_t e = 0; e < D; e++)
-				sstore(g, odk, K->dt, add(g, mul(g, kr, ci(g, D)), ci(g, e)),
-				       load(g, t_f32(g), at(g, dKs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
-		if (A->out_dv >= 0)
-			for (int64_t e = 0; e < DV; e++)
-				sstore(g, odv, K->dt, add(g, mul(g, kr, ci(g, DV)), ci(g, e)),
-				       load(g, t_f32(g), at(g, dVs, add(g, mul(g, R.iv, ci(g, DV)), ci(g, e))), 4));
-	}
-	cg_loop_end(g, &R);
+	if (A->out_dk >= 0)
+		store_rows(g, g->r->n_in + A->out_dk, K->dt, mul(g, krow, ci(g, D)), D, nk, dKs,
+			   NULL);
+	if (A->out_dv >= 0)
+		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, dVs,
+			   NULL);
 	cg_loop_end(g, &W);
 }
 
