@@ -557,7 +557,7 @@ static int gemm_lanes(cg *g)
 
 /* The MR x nv vector tile of C at rows m0, columns n0 (see gemm_s). */
 static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, int64_t ldb,
-		      V C, int64_t ldc, V m0, V n0, int64_t kn, bool acc, V rs)
+		      V C, int64_t ldc, V m0, V n0, V k0, V k1, bool acc, V rs)
 {
 	T vt = t_vec(t_f32(g), (unsigned)gw);
 	cg_loop LK;
@@ -573,7 +573,7 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
 				init[r * nv + h] = fmul(g, init[r * nv + h],
 					splatn(g, gw, load(g, t_f32(g), at(g, rs, add(g, m0, ci(g, r))), 4)));
 		}
-	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	cg_loop_begin(g, &LK, k0, k1, ci(g, 1));
 	loop_phis(g, &LK, na, init, ph);
 	V k = LK.iv;
 	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
@@ -592,6 +592,16 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
 		store(g, ph[i], cp[i], 4);
 }
 
+/* The part of a block product that a causal diagonal block needs (its
+ * query rows and keys start at one index, so key j > row i is hidden, and
+ * its p and ds there are 0): */
+typedef enum tri {
+	TRI_NONE,
+	TRI_N,   /* C's row m needs columns n <= m (S = Q Kt, dP = dO Vt) */
+	TRI_KLO, /* C's row m sums k <= m (O += P V, dQ += dS K) */
+	TRI_KHI, /* C's row m sums k >= m (dV += Pt dO, dK += dSt Q) */
+} tri;
+
 /* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
  * (M a multiple of MR, N of NR), f32 scratch all: the block products of
  * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
@@ -600,23 +610,39 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
  * nv vector loads of B and MR broadcasts of A feed MR nv fmas. With
  * AVX-512 (32 registers of 16 floats) the tiles are 4 x 4 vectors (16
  * accumulators, 8 loads per 16 fmas) and a narrower one for what is left
- * of N; with AVX2 (16 registers of 8) 4 x 2. */
+ * of N; with AVX2 (16 registers of 8) 4 x 2.
+ *
+ * t (a diagonal block) leaves out what is 0 there: TRI_N takes the rows
+ * in groups of gw, group c's tiles only c + 1 vectors wide (M a multiple
+ * of gw; columns beyond are not written, and the rows' pass reads none of
+ * them: row_loops); TRI_KLO and TRI_KHI cut each tile's k loop at its
+ * rows. About 60% of the full product's fmas at BQ = BK = 64. */
 static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
-		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs)
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
 {
 	int gw = gemm_lanes(g), nvm = gw == 16 ? 4 : 2;
-	int64_t nmain = N / (nvm * gw) * (nvm * gw);
-	int tail = (int)((N - nmain) / gw);
-	cg_loop LM, LN;
-	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
-	if (nmain > 0) {
-		cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
-		gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, kn, acc, rs);
-		cg_loop_end(g, &LN);
+	int groups = t == TRI_N ? (int)(M / gw) : 1;
+	FZ_ASSERT(t != TRI_N || M % gw == 0);
+	for (int c = 0; c < groups; c++) {
+		int64_t m0 = t == TRI_N ? c * gw : 0, m1 = t == TRI_N ? m0 + gw : M;
+		int64_t n = t == TRI_N && (c + 1) * gw < N ? (c + 1) * gw : N;
+		int64_t nmain = n / (nvm * gw) * (nvm * gw);
+		int tail = (int)((n - nmain) / gw);
+		cg_loop LM, LN;
+		cg_loop_begin(g, &LM, ci(g, m0), ci(g, m1), ci(g, MR));
+		V k0 = t == TRI_KHI ? LM.iv : ci(g, 0);
+		V k1 = t == TRI_KLO ? umin(g, add(g, LM.iv, ci(g, MR)), ci(g, kn)) : ci(g, kn);
+		if (nmain > 0) {
+			cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
+			gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, k0, k1,
+				  acc, rs);
+			cg_loop_end(g, &LN);
+		}
+		if (tail > 0)
+			gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain),
+				  k0, k1, acc, rs);
+		cg_loop_end(g, &LM);
 	}
-	if (tail > 0)
-		gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain), kn, acc, rs);
-	cg_loop_end(g, &LM);
 }
 
 /* A vector of ity in n lanes: x + (0, 1, ..., n - 1). */
@@ -629,9 +655,9 @@ static V iota_from(cg *g, int n, V x)
 }
 
 static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
-		 int64_t M, int64_t N, int64_t kn, bool acc, V rs)
+		 int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
 {
-	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs);
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs, t);
 }
 
 bool cg_attn_simple(const fz_attn *A)
@@ -662,36 +688,75 @@ static V block_full(ak *K, V i0, V i1, V kb)
 	return cg_attn_block_whole(g, K->A, i0, i1, kb, add(g, kb, ci(g, BK)));
 }
 
-/* Emits rows(K, arg, true) where full holds, rows(K, arg, false) where
- * not: a block without masks gets the row loop without them. */
-static void by_fullness(ak *K, V full, void (*rows)(ak *, void *, bool), void *arg)
+/* Emits fn(K, arg, true) where i1 c holds, fn(K, arg, false) where not
+ * (only the one where c is a constant): a block without masks gets the
+ * row loop without them, a diagonal block its triangular products. */
+static void by_cond(ak *K, V c, void (*fn)(ak *, void *, bool), void *arg)
 {
 	cg *g = K->g;
-	if (LLVMIsConstant(full)) {
-		rows(K, arg, LLVMConstIntGetZExtValue(full) != 0);
+	if (LLVMIsConstant(c)) {
+		fn(K, arg, LLVMConstIntGetZExtValue(c) != 0);
 		return;
 	}
-	LLVMBasicBlockRef yes = block(g, "attn.full"), no = block(g, "attn.masked"),
-			  join = block(g, "attn.rows");
-	cond_br(g, full, yes, no);
+	LLVMBasicBlockRef yes = block(g, "attn.yes"), no = block(g, "attn.no"),
+			  join = block(g, "attn.join");
+	cond_br(g, c, yes, no);
 	at_end(g, yes);
-	rows(K, arg, true);
+	fn(K, arg, true);
 	br(g, join);
 	at_end(g, no);
-	rows(K, arg, false);
+	fn(K, arg, false);
 	br(g, join);
 	at_end(g, join);
+}
+
+/* An i1: the block of keys from kb is the causal diagonal block of the
+ * block of rows from i0 (BQ = BK: the same indices), whose keys j > i are
+ * hidden (whatever else hides them). Constant false without causal. */
+static V block_diag(ak *K, V i0, V kb)
+{
+	return K->A->causal ? icmp(K->g, LLVMIntEQ, i0, kb) : c_i1(K->g, 0);
+}
+
+/* A row's pass over the block: body(K, arg, r, nc, full) for row r's
+ * first nc vectors of K->rw keys. */
+typedef void rowfn(ak *K, void *arg, V r, int nc, bool full);
+
+enum { ROWS_FULL, ROWS_MASKED, ROWS_DIAG };
+
+/* body over rows [0, nrows): every vector of BK keys, with (ROWS_MASKED)
+ * or without (ROWS_FULL) the masks; or (ROWS_DIAG, a diagonal block) in
+ * groups of K->rw rows, group c masked over its first c + 1 vectors only,
+ * the others lying wholly above the diagonal (hidden, and not computed:
+ * gemm_s's TRI_N). */
+static void row_loops(ak *K, V nrows, int mode, rowfn *body, void *arg)
+{
+	cg *g = K->g;
+	int rw = K->rw, nc = BK / rw;
+	cg_loop R;
+	if (mode != ROWS_DIAG) {
+		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+		body(K, arg, R.iv, nc, mode == ROWS_FULL);
+		cg_loop_end(g, &R);
+		return;
+	}
+	for (int c = 0; c < nc; c++) {
+		cg_loop_begin(g, &R, ci(g, c * rw), umin(g, ci(g, (c + 1) * rw), nrows), ci(g, 1));
+		body(K, arg, R.iv, c + 1, false);
+		cg_loop_end(g, &R);
+	}
 }
 
 /* The logits (and, with dlg, their derivatives) of row r of S [..][BK],
  * keys from kb, in vectors of K->rw. Simple scores are computed here in
  * whole vectors (with full, no mask at all); anything else lane by lane
  * through cg_attn_scores, the expression emitter's way. */
-static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V *dlg)
+static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, int nc, bool full, V *lg,
+		       V *dlg)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
-	int rw = K->rw, nc = BK / rw;
+	int rw = K->rw;
 	V vs = vconstn(g, rw, A->scale);
 	if (cg_attn_simple(A)) {
 		V vi = splatn(g, rw, i), ninf = vconstn(g, rw, -INFINITY);
@@ -789,21 +854,43 @@ static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
 	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
 }
 
-/* The forward's rows of one block of keys (by_fullness's rows). */
-typedef struct frows {
-	const qitem *Q;
-	V S, Ms, Ls, Al, kb;
-} frows;
+/* A block's rows: the diagonal block's triangle (diag), else every row,
+ * without masks where full holds (by_cond). */
+typedef struct rowsel {
+	rowfn *body;
+	void *arg;
+	V nrows;
+} rowsel;
 
-static void fwd_rows(ak *K, void *arg, bool full)
+static void rows_by_fullness(ak *K, void *arg, bool full)
+{
+	rowsel *R = arg;
+	row_loops(K, R->nrows, full ? ROWS_FULL : ROWS_MASKED, R->body, R->arg);
+}
+
+static void block_rows(ak *K, bool diag, V full, rowsel *R)
+{
+	if (diag)
+		row_loops(K, R->nrows, ROWS_DIAG, R->body, R->arg);
+	else
+		by_cond(K, full, rows_by_fullness, R);
+}
+
+/* One block of keys of a forward item: its scratch and where it lies. */
+typedef struct fblock {
+	const qitem *Q;
+	V Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb;
+} fblock;
+
+/* Row r's online softmax over the block's first nc vectors of keys: S's
+ * row becomes p, Al[r] the rescaling of O. */
+static void fwd_row(ak *K, void *arg, V r, int nc, bool full)
 {
 	cg *g = K->g;
-	frows *F = arg;
-	int rw = K->rw, nc = BK / rw;
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), F->Q->nrows, ci(g, 1));
-	V r = R.iv, lg[16];
-	row_logits(K, F->S, r, F->Q->b, F->Q->h, add(g, F->Q->i0, r), F->kb, full, lg, NULL);
+	fblock *F = arg;
+	int rw = K->rw;
+	V lg[16];
+	row_logits(K, F->S, r, F->Q->b, F->Q->h, add(g, F->Q->i0, r), F->kb, nc, full, lg, NULL);
 	V bm = lg[0];
 	for (int c = 1; c < nc; c++)
 		bm = vmax(g, bm, lg[c]);
@@ -822,7 +909,19 @@ static void fwd_rows(ak *K, void *arg, bool full)
 	store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, F->Ls, r), 4);
 	store(g, mnew, at(g, F->Ms, r), 4);
 	store(g, alpha, at(g, F->Al, r), 4);
-	cg_loop_end(g, &R);
+}
+
+/* S = Q Kt, the rows' softmax, O = Al O + P V. */
+static void fwd_block(ak *K, void *arg, bool diag)
+{
+	cg *g = K->g;
+	fblock *F = arg;
+	int64_t D = K->D, DV = K->DV;
+	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, BK, D, false, NULL, diag ? TRI_N : TRI_NONE);
+	rowsel R = {fwd_row, F, F->Q->nrows};
+	block_rows(K, diag, diag ? NULL : block_full(K, F->Q->i0, F->Q->i1, F->kb), &R);
+	gemm(g, F->S, BK, F->Vs, DV, F->Os, DV, BQ, DV, BK, true, F->Al,
+	     diag ? TRI_KLO : TRI_NONE);
 }
 
 static void kernel_fwd(ak *K)
@@ -848,11 +947,8 @@ static void kernel_fwd(ak *K)
 	key_blocks(K, &Q, &KB, &kb, &nk);
 	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
 	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-	/* per row: online softmax; S becomes p, Al the rescaling of O */
-	frows F = {&Q, S, Ms, Ls, Al, kb};
-	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), fwd_rows, &F);
-	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true, Al);
+	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb};
+	by_cond(K, block_diag(K, Q.i0, kb), fwd_block, &F);
 	cg_loop_end(g, &KB);
 	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
@@ -873,24 +969,26 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &W);
 }
 
-/* The backward's rows of one block of keys (by_fullness's rows): p and
- * ds of rows [0, nrows) from S and dP; S becomes ds (dq pass), or p with
- * dP ds (keep_p, the dk/dv pass). */
-typedef struct grows {
-	V S, dP, LSE, DI, b, h, i0, nrows, kb;
-	bool keep_p;
-} grows;
+/* One block of keys against one block of query rows in the backward:
+ * scratch, and where it lies. Qs, dOs [BQ][D], [BQ][DV]; Kt, Vt the
+ * block's keys and values transposed; Ks [BK][D] (dq pass) the keys;
+ * dX [BQ][D] (dq) or dKs, dVs [BK][D], [BK][DV] (dk/dv) the sums. */
+typedef struct gblock {
+	V Qs, dOs, Kt, Vt, Ks, dQs, dKs, dVs, S, dP, LSE, DI;
+	V b, h, i0, nrows, kb;
+	bool keep_p; /* the dk/dv pass: S becomes p, dP ds (else S ds) */
+} gblock;
 
-static void grad_rows(ak *K, void *arg, bool full)
+/* Row r's p and ds over the block's first nc vectors of keys, from S and
+ * dP. */
+static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 {
 	cg *g = K->g;
-	grows *G = arg;
-	int rw = K->rw, nc = BK / rw;
+	gblock *G = arg;
+	int rw = K->rw;
 	bool simple = cg_attn_simple(K->A);
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), G->nrows, ci(g, 1));
-	V r = R.iv, lg[16], dl[16];
-	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, full, lg,
+	V lg[16], dl[16];
+	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, nc, full, lg,
 		   simple ? NULL : dl);
 	/* a row that saw no key has lse -inf: +inf in its place gives p 0 */
 	V lse = load(g, t_f32(g), at(g, G->LSE, r), 4);
@@ -910,7 +1008,31 @@ static void grad_rows(ak *K, void *arg, bool full)
 			store(g, ds, at(g, G->S, o), 4);
 		}
 	}
-	cg_loop_end(g, &R);
+}
+
+/* S = Q Kt and dP = dO Vt, the rows' p and ds (rows past nrows: q and do
+ * are 0 there, so S and dP are 0, and so are p and ds); then dQ += dS K,
+ * or dV += Pt dO and dK += dSt Q (P and dS read down their columns). */
+static void grad_block(ak *K, void *arg, bool diag)
+{
+	cg *g = K->g;
+	gblock *G = arg;
+	int64_t D = K->D, DV = K->DV;
+	tri tn = diag ? TRI_N : TRI_NONE;
+	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, BK, D, false, NULL, tn);
+	gemm(g, G->dOs, DV, G->Vt, BK, G->dP, BK, BQ, BK, DV, false, NULL, tn);
+	rowsel R = {grad_row, G, G->nrows};
+	block_rows(K, diag, diag ? NULL : block_full(K, G->i0, add(g, G->i0, G->nrows), G->kb),
+		   &R);
+	if (!G->keep_p) {
+		gemm(g, G->S, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+		     diag ? TRI_KLO : TRI_NONE);
+		return;
+	}
+	gemm_s(g, G->S, 1, BK, G->dOs, DV, G->dVs, DV, BK, DV, BQ, true, NULL,
+	       diag ? TRI_KHI : TRI_NONE);
+	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
+	       diag ? TRI_KHI : TRI_NONE);
 }
 
 /* lse and di = do . o of the rows of a query block into LSE, DI. */
@@ -930,31 +1052,37 @@ static void kernel_dq(ak *K)
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
-	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
-	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
-	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
-	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
+	gblock G = {0};
+	G.Qs = scratch(g, BQ * (int)D);
+	G.dOs = scratch(g, BQ * (int)DV);
+	G.Kt = scratch(g, (int)D * BK);
+	G.Ks = scratch(g, BK * (int)D);
+	G.Vt = scratch(g, (int)DV * BK);
+	G.dQs = scratch(g, BQ * (int)D);
+	G.LSE = scratch(g, BQ);
+	G.DI = scratch(g, BQ);
+	G.S = scratch(g, BQ * BK);
+	G.dP = scratch(g, BQ * BK);
 	cg_loop W, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
-	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
-	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, dOs, NULL);
-	zero(g, dQs, BQ * D);
-	row_stats(K, Q.rowbase, Q.nrows, LSE, DI);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, G.Qs, NULL);
+	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, G.dOs, NULL);
+	zero(g, G.dQs, BQ * D);
+	row_stats(K, Q.rowbase, Q.nrows, G.LSE, G.DI);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
-	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
-	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
-	/* S becomes ds (rows past nrows: q and do are 0 there, so S and dP
-	 * are 0, and ds stays 0) */
-	grows G = {S, dP, LSE, DI, Q.b, Q.h, Q.i0, Q.nrows, kb, false};
-	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), grad_rows, &G);
-	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true, NULL);
+	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, G.Ks, G.Kt);
+	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, G.Vt);
+	G.b = Q.b;
+	G.h = Q.h;
+	G.i0 = Q.i0;
+	G.nrows = Q.nrows;
+	G.kb = kb;
+	by_cond(K, block_diag(K, Q.i0, kb), grad_block, &G);
 	cg_loop_end(g, &KB);
 	store_rows(g, g->r->n_in + A->out_dq, K->dt, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows,
-		   dQs, NULL);
+		   G.dQs, NULL);
 	cg_loop_end(g, &W);
 }
 
@@ -963,50 +1091,55 @@ static void kernel_dkv(ak *K)
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
-	V Kt = scratch(g, (int)D * BK), Vt = scratch(g, (int)DV * BK);
-	V dKs = scratch(g, BK * (int)D), dVs = scratch(g, BK * (int)DV);
-	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
-	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
+	gblock G = {0};
+	G.Kt = scratch(g, (int)D * BK);
+	G.Vt = scratch(g, (int)DV * BK);
+	G.dKs = scratch(g, BK * (int)D);
+	G.dVs = scratch(g, BK * (int)DV);
+	G.Qs = scratch(g, BQ * (int)D);
+	G.dOs = scratch(g, BQ * (int)DV);
+	G.S = scratch(g, BQ * BK);
+	G.dP = scratch(g, BQ * BK);
+	G.LSE = scratch(g, BQ);
+	G.DI = scratch(g, BQ);
+	G.keep_p = true;
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W, G, QB;
+	cg_loop W, GR, QB;
 	V bk, kb;
 	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
 	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
 	V krow = add(g, mul(g, bk, tk), kb);
-	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, Kt);
-	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, Vt);
-	zero(g, dKs, BK * D);
-	zero(g, dVs, BK * DV);
+	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, G.Kt);
+	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, G.Vt);
+	zero(g, G.dKs, BK * D);
+	zero(g, G.dVs, BK * DV);
 	V qlo, qhi;
 	cg_attn_query_range(g, A, kb, add(g, kb, nk), &qlo, &qhi);
-	cg_loop_begin(g, &G, ci(g, 0), ci(g, A->group), ci(g, 1));
-	V h = add(g, mul(g, hk, ci(g, A->group)), G.iv);
+	cg_loop_begin(g, &GR, ci(g, 0), ci(g, A->group), ci(g, 1));
+	V h = add(g, mul(g, hk, ci(g, A->group)), GR.iv);
 	V bh = add(g, mul(g, b, hq), h);
 	cg_loop_begin(g, &QB, mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ)), qhi, ci(g, BQ));
 	{
 		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
 		V rowbase = add(g, mul(g, bh, tq), i0);
-		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, Qs, NULL);
-		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, dOs, NULL);
-		row_stats(K, rowbase, nrows, LSE, DI);
-		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
-		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
-		grows GR = {S, dP, LSE, DI, b, h, i0, nrows, kb, true};
-		by_fullness(K, block_full(K, i0, add(g, i0, nrows), kb), grad_rows, &GR);
-		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
-		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true, NULL);
-		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true, NULL);
+		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, G.Qs, NULL);
+		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, G.dOs, NULL);
+		row_stats(K, rowbase, nrows, G.LSE, G.DI);
+		G.b = b;
+		G.h = h;
+		G.i0 = i0;
+		G.nrows = nrows;
+		G.kb = kb;
+		by_cond(K, block_diag(K, i0, kb), grad_block, &G);
 	}
 	cg_loop_end(g, &QB);
-	cg_loop_end(g, &G);
+	cg_loop_end(g, &GR);
 	if (A->out_dk >= 0)
-		store_rows(g, g->r->n_in + A->out_dk, K->dt, mul(g, krow, ci(g, D)), D, nk, dKs,
+		store_rows(g, g->r->n_in + A->out_dk, K->dt, mul(g, krow, ci(g, D)), D, nk, G.dKs,
 			   NULL);
 	if (A->out_dv >= 0)
-		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, dVs,
+		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, G.dVs,
 			   NULL);
 	cg_loop_end(g, &W);
 }
