@@ -484,6 +484,8 @@ typedef struct ak {
 	fz_dtype dt;
 	int64_t D, DV;
 	int rw; /* floats per vector of the rows' softmax: gemm_lanes */
+	bool mask_free; /* emitting a block where the bool mask is all true */
+	bool mask_tri;  /* ... or exactly the lower triangle (keys j <= i) */
 } ak;
 
 /* Rows [0, n) of slot s from element `first`, `len` floats each (a
@@ -665,6 +667,16 @@ bool cg_attn_simple(const fz_attn *A)
 	return !A->decomposed && !A->mask && A->softcap == 0;
 }
 
+/* Simple scores here: cg_attn_simple, or a bool mask and nothing else in
+ * a block where the mask is all true (mask_free). */
+static bool simple(const ak *K)
+{
+	const fz_attn *A = K->A;
+	return cg_attn_simple(A) ||
+	       (K->mask_free && !A->decomposed && A->softcap == 0 && A->mask &&
+		A->mask->type.dtype == FZ_BOOL);
+}
+
 /* Each rule hides a half plane of (i, j), so two corners decide: the last
  * key against the first row (length, causal, j - i >= window) and the
  * first key against the last row (i - j >= window). */
@@ -683,9 +695,22 @@ LLVMValueRef cg_attn_block_whole(cg *g, const fz_attn *A, V i0, V i1, V j0, V j1
 static V block_full(ak *K, V i0, V i1, V kb)
 {
 	cg *g = K->g;
-	if (!cg_attn_simple(K->A))
+	if (!simple(K))
 		return c_i1(g, 0);
 	return cg_attn_block_whole(g, K->A, i0, i1, kb, add(g, kb, ci(g, BK)));
+}
+
+/* fn(K, arg, x), then on to join, with what it memoized and its index
+ * arithmetic forgotten (the other arms do not see them). */
+static void arm(ak *K, void (*fn)(ak *, void *, bool), void *arg, bool x,
+		LLVMBasicBlockRef join)
+{
+	cg *g = K->g;
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	fn(K, arg, x);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
 }
 
 /* Emits fn(K, arg, true) where i1 c holds, fn(K, arg, false) where not
@@ -702,11 +727,9 @@ static void by_cond(ak *K, V c, void (*fn)(ak *, void *, bool), void *arg)
 			  join = block(g, "attn.join");
 	cond_br(g, c, yes, no);
 	at_end(g, yes);
-	fn(K, arg, true);
-	br(g, join);
+	arm(K, fn, arg, true, join);
 	at_end(g, no);
-	fn(K, arg, false);
-	br(g, join);
+	arm(K, fn, arg, false, join);
 	at_end(g, join);
 }
 
@@ -716,6 +739,146 @@ static void by_cond(ak *K, V c, void (*fn)(ak *, void *, bool), void *arg)
 static V block_diag(ak *K, V i0, V kb)
 {
 	return K->A->causal ? icmp(K->g, LLVMIntEQ, i0, kb) : c_i1(K->g, 0);
+}
+
+/* ---- blocks of a bool mask ------------------------------------------------
+ * A bool mask that is a region input (HF's Llama under torch.compile hands
+ * SDPA its causal mask as a [B, 1, T, T] tensor, never is_causal) hides
+ * keys the kernel cannot see coming; read per lane it made every block
+ * the masked kind, and no block was skipped. So each block is first
+ * classified by one pass over its mask bytes, a row of BK of them at a
+ * time (64 bytes, one vector compare): all false, the block is skipped;
+ * all true, it is a block without the mask (mask_free: simple scores
+ * when the mask is all there is); on a diagonal (i0 = kb), exactly the
+ * lower triangle, it is a causal diagonal block without the mask (its
+ * triangle only); anything else, as before. The length, causal and
+ * window rules (hidden_at) hold in every kind as ever. */
+
+enum { BLOCK_SKIP, BLOCK_FREE, BLOCK_FREE_DIAG, BLOCK_MIXED };
+
+/* Whether blocks are classified: a bool mask, a region input, whose rows
+ * run along the keys (its last extent not a broadcast 1). */
+static bool mask_blocks(const ak *K)
+{
+	const fz_attn *A = K->A;
+	if (!A->mask || A->decomposed || A->in_mask < 0 || A->mask->type.dtype != FZ_BOOL ||
+	    A->mask->type.rank < 1)
+		return false;
+	fz_ext e = A->mask->type.dims[A->mask->type.rank - 1];
+	return BK == 64 && !(fz_ext_is_const(e) && e.c == 1);
+}
+
+/* The element offset of the mask at (b, h, i, j): its own row-major
+ * extents, aligned to [batch..., Hq, Tq, Tk] from the right, broadcast
+ * extents of 1 read at 0. */
+static V mask_offset(ak *K, V b, V h, V i, V j)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	const fz_value *mv = A->mask;
+	int r = A->n_batch + 3, mr = mv->type.rank;
+	cg_ix bix[FZ_MAX_RANK];
+	if (A->n_batch > 0) {
+		const fz_type *qt = &g->r->nodes[0]->in[0]->type; /* q has the batch dims */
+		fz_type bt = {0};
+		bt.rank = A->n_batch;
+		for (int d = 0; d < A->n_batch; d++)
+			bt.dims[d] = qt->dims[d];
+		cg_delinearize(g, &bt, b, 1, bix);
+	}
+	V off = ci(g, 0);
+	for (int d = 0; d < mr; d++) {
+		int sd = r - mr + d;
+		fz_ext e = mv->type.dims[d];
+		V x = sd < A->n_batch ? cg_ix_value(g, bix[sd]) : sd == A->n_batch ? h :
+		      sd == A->n_batch + 1 ? i : j;
+		if (fz_ext_is_const(e) && e.c == 1)
+			x = ci(g, 0);
+		off = add(g, mul(g, off, cg_ext(g, e)), x);
+	}
+	return off;
+}
+
+/* The block's kind (an i32 of the enum above) for rows [i0, i0 + nrows)
+ * of head h and keys [kb, kb + nk): a partial block of keys (nk < BK) is
+ * BLOCK_MIXED, unread. */
+static V classify(ak *K, V b, V h, V i0, V nrows, V kb, V nk)
+{
+	cg *g = K->g;
+	T i64 = t_i64(g), v8 = t_vec(t_i8(g), BK);
+	LLVMBasicBlockRef scan = block(g, "attn.scan"), done = block(g, "attn.kind"),
+			  entry = current(g);
+	V whole = icmp(g, LLVMIntEQ, nk, ci(g, BK));
+	cond_br(g, whole, scan, done);
+	at_end(g, scan);
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V init[3] = {c_i64(g, 0), c_i64(g, -1), c_i1(g, 1)}, ph[3];
+	loop_phis(g, &R, 3, init, ph);
+	V r = R.iv;
+	V off = mask_offset(K, b, h, add(g, i0, r), kb);
+	V bytes = load(g, v8, cg_elem_ptr(g, K->A->in_mask, FZ_BOOL, off), 1);
+	V bits = bitcast(g, icmp(g, LLVMIntNE, bytes, LLVMConstNull(v8)), i64);
+	/* the lower triangle of row r: keys 0..r (r < 64 here) */
+	V r64 = LLVMBuildZExtOrBitCast(g->b, r, i64, "");
+	V tri = sub(g, shl(g, c_i64(g, 2), r64), c_i64(g, 1));
+	tri = sel(g, icmp(g, LLVMIntUGE, r64, c_i64(g, 63)), c_i64(g, -1), tri);
+	V next[3] = {or_(g, ph[0], bits), and_(g, ph[1], bits),
+		     and_(g, ph[2], icmp(g, LLVMIntEQ, bits, tri))};
+	loop_next(g, 3, ph, next);
+	cg_loop_end(g, &R);
+	V none = icmp(g, LLVMIntEQ, ph[0], c_i64(g, 0));
+	V all = icmp(g, LLVMIntEQ, ph[1], c_i64(g, -1));
+	V diag = and_(g, ph[2], icmp(g, LLVMIntEQ, i0, kb));
+	V kind = sel(g, none, c_i32(g, BLOCK_SKIP),
+		     sel(g, all, c_i32(g, BLOCK_FREE),
+			 sel(g, diag, c_i32(g, BLOCK_FREE_DIAG), c_i32(g, BLOCK_MIXED))));
+	LLVMBasicBlockRef scanned = current(g);
+	br(g, done);
+	at_end(g, done);
+	V k = phi(g, t_i32(g));
+	phi_add(k, c_i32(g, BLOCK_MIXED), entry);
+	phi_add(k, kind, scanned);
+	return k;
+}
+
+/* fn(K, arg, diag) for the block of keys from kb against rows [i0, i0 +
+ * nrows) of head h: diag where it is a causal diagonal block (by the
+ * causal rule, or with mask blocks by its mask), mask_free where the mask
+ * is all true there; nothing where the mask hides it all. */
+static void by_kind(ak *K, V b, V h, V i0, V nrows, V kb, V nk,
+		    void (*fn)(ak *, void *, bool), void *arg)
+{
+	cg *g = K->g;
+	if (!mask_blocks(K)) {
+		by_cond(K, block_diag(K, i0, kb), fn, arg);
+		return;
+	}
+	V kind = classify(K, b, h, i0, nrows, kb, nk);
+	LLVMBasicBlockRef join = block(g, "attn.next"), free_ = block(g, "attn.free"),
+			  fdiag = block(g, "attn.freediag"), mixed = block(g, "attn.mixed");
+	LLVMValueRef sw = LLVMBuildSwitch(g->b, kind, mixed, 3);
+	LLVMAddCase(sw, c_i32(g, BLOCK_SKIP), join);
+	LLVMAddCase(sw, c_i32(g, BLOCK_FREE), free_);
+	LLVMAddCase(sw, c_i32(g, BLOCK_FREE_DIAG), fdiag);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	K->mask_free = true;
+	at_end(g, free_);
+	by_cond(K, block_diag(K, i0, kb), fn, arg);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+	at_end(g, fdiag);
+	K->mask_tri = true;
+	arm(K, fn, arg, true, join);
+	K->mask_tri = false;
+	K->mask_free = false;
+	at_end(g, mixed);
+	by_cond(K, block_diag(K, i0, kb), fn, arg);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+	at_end(g, join);
 }
 
 /* A row's pass over the block: body(K, arg, r, nc, full) for row r's
@@ -758,7 +921,7 @@ static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, int nc, bool full, 
 	const fz_attn *A = K->A;
 	int rw = K->rw;
 	V vs = vconstn(g, rw, A->scale);
-	if (cg_attn_simple(A)) {
+	if (simple(K)) {
 		V vi = splatn(g, rw, i), ninf = vconstn(g, rw, -INFINITY);
 		V tkv = splatn(g, rw, cg_ext(g, A->tk)), vw = splatn(g, rw, ci(g, A->window));
 		for (int c = 0; c < nc; c++) {
@@ -770,6 +933,8 @@ static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, int nc, bool full, 
 				continue;
 			V j = iota_from(g, rw, add(g, kb, ci(g, c * rw)));
 			V hidden = hidden_at(g, A, j, vi, tkv, vw);
+			if (K->mask_tri) /* the mask, known: the causal rule */
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
 			lg[c] = sel(g, hidden, ninf, lg[c]);
 			if (dlg)
 				dlg[c] = sel(g, hidden, vconstn(g, rw, 0.0), vs);
@@ -879,7 +1044,7 @@ static void block_rows(ak *K, bool diag, V full, rowsel *R)
 /* One block of keys of a forward item: its scratch and where it lies. */
 typedef struct fblock {
 	const qitem *Q;
-	V Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb;
+	V Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk;
 } fblock;
 
 /* Row r's online softmax over the block's first nc vectors of keys: S's
@@ -911,12 +1076,16 @@ static void fwd_row(ak *K, void *arg, V r, int nc, bool full)
 	store(g, alpha, at(g, F->Al, r), 4);
 }
 
-/* S = Q Kt, the rows' softmax, O = Al O + P V. */
+/* The block's keys and values; S = Q Kt, the rows' softmax, O = Al O +
+ * P V. */
 static void fwd_block(ak *K, void *arg, bool diag)
 {
 	cg *g = K->g;
 	fblock *F = arg;
 	int64_t D = K->D, DV = K->DV;
+	load_rows(K, K->sk, mul(g, add(g, F->Q->kbase, F->kb), ci(g, D)), D, F->nk, BK, NULL, F->Kt);
+	load_rows(K, K->sv, mul(g, add(g, F->Q->vbase, F->kb), ci(g, DV)), DV, F->nk, BK, F->Vs,
+		  NULL);
 	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, BK, D, false, NULL, diag ? TRI_N : TRI_NONE);
 	rowsel R = {fwd_row, F, F->Q->nrows};
 	block_rows(K, diag, diag ? NULL : block_full(K, F->Q->i0, F->Q->i1, F->kb), &R);
@@ -945,10 +1114,8 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &R);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
-	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
-	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
-	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb};
-	by_cond(K, block_diag(K, Q.i0, kb), fwd_block, &F);
+	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk};
+	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, fwd_block, &F);
 	cg_loop_end(g, &KB);
 	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
@@ -975,7 +1142,8 @@ static void kernel_fwd(ak *K)
  * dX [BQ][D] (dq) or dKs, dVs [BK][D], [BK][DV] (dk/dv) the sums. */
 typedef struct gblock {
 	V Qs, dOs, Kt, Vt, Ks, dQs, dKs, dVs, S, dP, LSE, DI;
-	V b, h, i0, nrows, kb;
+	V b, h, i0, nrows, rowbase; /* rows [i0, i0 + nrows) of head h; their row */
+	V kb, nk, krow;             /* keys [kb, kb + nk); kb's row in k and v */
 	bool keep_p; /* the dk/dv pass: S becomes p, dP ds (else S ds) */
 } gblock;
 
@@ -986,10 +1154,10 @@ static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 	cg *g = K->g;
 	gblock *G = arg;
 	int rw = K->rw;
-	bool simple = cg_attn_simple(K->A);
+	bool simple_ = simple(K);
 	V lg[16], dl[16];
 	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, nc, full, lg,
-		   simple ? NULL : dl);
+		   simple_ ? NULL : dl);
 	/* a row that saw no key has lse -inf: +inf in its place gives p 0 */
 	V lse = load(g, t_f32(g), at(g, G->LSE, r), 4);
 	lse = sel(g, fcmp(g, LLVMRealOEQ, lse, c_f32(g, -INFINITY)), c_f32(g, INFINITY), lse);
@@ -1000,7 +1168,7 @@ static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 		V p = vexp(g, fsub(g, lg[c], vl));
 		/* simple scores: d logit / d s is the scale where p is not 0 */
 		V ds = fmul(g, fmul(g, p, fsub(g, dp, vd)),
-			    simple ? vconstn(g, rw, K->A->scale) : dl[c]);
+			    simple_ ? vconstn(g, rw, K->A->scale) : dl[c]);
 		if (G->keep_p) {
 			store(g, p, at(g, G->S, o), 4);
 			store(g, ds, at(g, G->dP, o), 4);
@@ -1010,14 +1178,36 @@ static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 	}
 }
 
-/* S = Q Kt and dP = dO Vt, the rows' p and ds (rows past nrows: q and do
- * are 0 there, so S and dP are 0, and so are p and ds); then dQ += dS K,
- * or dV += Pt dO and dK += dSt Q (P and dS read down their columns). */
+/* lse and di = do . o of the rows of a query block into LSE, DI. */
+static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
+{
+	cg *g = K->g;
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V row = add(g, rowbase, R.iv), off = mul(g, row, ci(g, K->DV));
+	store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
+	store(g, dot_rows(K, K->sdo, off, K->so, off, K->DV), at(g, DI, R.iv), 4);
+	cg_loop_end(g, &R);
+}
+
+/* The block's keys and values (dq pass) or rows of q and do, lse and di
+ * (dk/dv pass); S = Q Kt and dP = dO Vt, the rows' p and ds (rows past
+ * nrows: q and do are 0 there, so S and dP are 0, and so are p and ds);
+ * then dQ += dS K, or dV += Pt dO and dK += dSt Q (P and dS read down
+ * their columns). */
 static void grad_block(ak *K, void *arg, bool diag)
 {
 	cg *g = K->g;
 	gblock *G = arg;
 	int64_t D = K->D, DV = K->DV;
+	if (G->keep_p) {
+		load_rows(K, K->sq, mul(g, G->rowbase, ci(g, D)), D, G->nrows, BQ, G->Qs, NULL);
+		load_rows(K, K->sdo, mul(g, G->rowbase, ci(g, DV)), DV, G->nrows, BQ, G->dOs, NULL);
+		row_stats(K, G->rowbase, G->nrows, G->LSE, G->DI);
+	} else {
+		load_rows(K, K->sk, mul(g, G->krow, ci(g, D)), D, G->nk, BK, G->Ks, G->Kt);
+		load_rows(K, K->sv, mul(g, G->krow, ci(g, DV)), DV, G->nk, BK, NULL, G->Vt);
+	}
 	tri tn = diag ? TRI_N : TRI_NONE;
 	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, BK, D, false, NULL, tn);
 	gemm(g, G->dOs, DV, G->Vt, BK, G->dP, BK, BQ, BK, DV, false, NULL, tn);
@@ -1033,18 +1223,6 @@ static void grad_block(ak *K, void *arg, bool diag)
 	       diag ? TRI_KHI : TRI_NONE);
 	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
 	       diag ? TRI_KHI : TRI_NONE);
-}
-
-/* lse and di = do . o of the rows of a query block into LSE, DI. */
-static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
-{
-	cg *g = K->g;
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
-	V row = add(g, rowbase, R.iv), off = mul(g, row, ci(g, K->DV));
-	store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
-	store(g, dot_rows(K, K->sdo, off, K->so, off, K->DV), at(g, DI, R.iv), 4);
-	cg_loop_end(g, &R);
 }
 
 static void kernel_dq(ak *K)
@@ -1072,14 +1250,14 @@ static void kernel_dq(ak *K)
 	row_stats(K, Q.rowbase, Q.nrows, G.LSE, G.DI);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
-	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, G.Ks, G.Kt);
-	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, G.Vt);
 	G.b = Q.b;
 	G.h = Q.h;
 	G.i0 = Q.i0;
 	G.nrows = Q.nrows;
 	G.kb = kb;
-	by_cond(K, block_diag(K, Q.i0, kb), grad_block, &G);
+	G.nk = nk;
+	G.krow = add(g, Q.kbase, kb); /* k's and v's rows are one */
+	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, grad_block, &G);
 	cg_loop_end(g, &KB);
 	store_rows(g, g->r->n_in + A->out_dq, K->dt, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows,
 		   G.dQs, NULL);
@@ -1122,16 +1300,14 @@ static void kernel_dkv(ak *K)
 	cg_loop_begin(g, &QB, mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ)), qhi, ci(g, BQ));
 	{
 		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
-		V rowbase = add(g, mul(g, bh, tq), i0);
-		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, G.Qs, NULL);
-		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, G.dOs, NULL);
-		row_stats(K, rowbase, nrows, G.LSE, G.DI);
 		G.b = b;
 		G.h = h;
 		G.i0 = i0;
 		G.nrows = nrows;
+		G.rowbase = add(g, mul(g, bh, tq), i0);
 		G.kb = kb;
-		by_cond(K, block_diag(K, i0, kb), grad_block, &G);
+		G.nk = nk;
+		by_kind(K, b, h, i0, nrows, kb, nk, grad_block, &G);
 	}
 	cg_loop_end(g, &QB);
 	cg_loop_end(g, &GR);
@@ -1170,7 +1346,7 @@ void cg_attention(cg *g)
 			(long long)A.d, (long long)A.dv);
 		return;
 	}
-	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g)};
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
 		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;
