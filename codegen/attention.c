@@ -858,6 +858,19 @@ static V classify(ak *K, V b, V h, V i0, V nrows, V kb, V nk)
 	return k;
 }
 
+/* An arm of by_kind: fn by the causal rule's diagonal (by_cond), then on
+ * to join, forgetting what it memoized (as arm). */
+static void diag_arm(ak *K, V i0, V kb, void (*fn)(ak *, void *, bool), void *arg,
+		     LLVMBasicBlockRef join)
+{
+	cg *g = K->g;
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	by_cond(K, block_diag(K, i0, kb), fn, arg);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+}
+
 /* fn(K, arg, diag) for the block of keys from kb against rows [i0, i0 +
  * nrows) of head h: diag where it is a causal diagonal block (by the
  * causal rule, or with mask blocks by its mask), mask_free where the mask
@@ -877,23 +890,16 @@ static void by_kind(ak *K, V b, V h, V i0, V nrows, V kb, V nk,
 	LLVMAddCase(sw, c_i32(g, BLOCK_SKIP), join);
 	LLVMAddCase(sw, c_i32(g, BLOCK_FREE), free_);
 	LLVMAddCase(sw, c_i32(g, BLOCK_FREE_DIAG), fdiag);
-	int mark = cg_memo_mark(g), cse = g->n_cse;
 	K->mask_free = true;
 	at_end(g, free_);
-	by_cond(K, block_diag(K, i0, kb), fn, arg);
-	br(g, join);
-	cg_memo_pop(g, mark);
-	g->n_cse = cse;
+	diag_arm(K, i0, kb, fn, arg, join);
 	at_end(g, fdiag);
 	K->mask_tri = true;
 	arm(K, fn, arg, true, join);
 	K->mask_tri = false;
 	K->mask_free = false;
 	at_end(g, mixed);
-	by_cond(K, block_diag(K, i0, kb), fn, arg);
-	br(g, join);
-	cg_memo_pop(g, mark);
-	g->n_cse = cse;
+	diag_arm(K, i0, kb, fn, arg, join);
 	at_end(g, join);
 }
 
