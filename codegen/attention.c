@@ -773,15 +773,24 @@ static V block_diag(ak *K, V i0, V kb)
 enum { BLOCK_SKIP, BLOCK_FREE, BLOCK_FREE_DIAG, BLOCK_MIXED };
 
 /* Whether blocks are classified: a bool mask, a region input, whose rows
- * run along the keys (its last extent not a broadcast 1). */
+ * run along the keys (its last extent Tk, not a broadcast 1). */
 static bool mask_blocks(const ak *K)
 {
 	const fz_attn *A = K->A;
 	if (!A->mask || A->decomposed || A->in_mask < 0 || A->mask->type.dtype != FZ_BOOL ||
 	    A->mask->type.rank < 1)
 		return false;
-	fz_ext e = A->mask->type.dims[A->mask->type.rank - 1];
-	return BK == 64 && !(fz_ext_is_const(e) && e.c == 1);
+	/* and (so that a row of the block lies inside it) each of its
+	 * extents from the head on is 1 or the one it stands for */
+	const fz_type *mt = &A->mask->type;
+	fz_ext full[3] = {A->hq, A->tq, A->tk};
+	for (int d = mt->rank - 1, f = 2; d >= 0 && f >= 0; d--, f--) {
+		fz_ext e = mt->dims[d];
+		bool one = fz_ext_is_const(e) && e.c == 1;
+		if ((f == 2 && one) || (!one && !fz_ext_eq(e, full[f])))
+			return false;
+	}
+	return BK == 64;
 }
 
 /* The element offset of the mask at (b, h, i, j): its own row-major
