@@ -35,10 +35,26 @@
  *     AVX-512);
  *   - a block of keys that every row of the block of queries sees whole
  *     (block_full: below a causal diagonal, nearly all of them) takes a
- *     row loop without masks (by_fullness);
+ *     row loop without masks (by_cond);
+ *   - a causal diagonal block (its keys start at its rows, so keys j > i
+ *     are hidden) computes its triangle only: the products' tiles stop at
+ *     the diagonal (gemm_s's tri), the rows' pass covers the vectors left
+ *     of it (row_loops), about 60% of a full block's work;
+ *   - a bool mask that is a region input (what HF's Llama hands SDPA under
+ *     torch.compile: its causal mask as a tensor) is read per block before
+ *     the block (classify): a block it hides whole is skipped, one it
+ *     shows whole runs without it, a diagonal it cuts exactly there runs
+ *     as a causal diagonal block; only the rest read it per lane;
  *   - the forward's rescaling of O by exp(m - m') happens as the P V
  *     product loads its accumulators (gemm_s's rs), not in a pass of its
- *     own.
+ *     own;
+ *   - exp never computes below a normal float (vexp): with the MXCSR's
+ *     default an underflow is a microcode assist per instruction, and
+ *     the hidden half of every diagonal block underflowed.
+ * At a training step's T = 128 (B=4, H=4, D=64, f32, one thread) the
+ * passes took 1.16, 1.18 and 1.45 ms (half of the forward in the
+ * assists); now about 0.4, 0.55 and 0.65, the block products 45 to 65%
+ * of each, the rows' softmax 15 to 25%, the rest loads and stores.
  * Other vectors (loads, transposes, stores) are 8 floats. D and Dv must be
  * multiples of 16. A trace's own score modification (a mask, softcap, the
  * decomposed form) is per lane through cg_value, which the SLP vectorizer
@@ -109,10 +125,17 @@ static V vun(cg *g, const char *name, V x)
 static V vmax(cg *g, V a, V b) { return sel(g, fcmp(g, LLVMRealOGT, a, b), a, b); }
 
 /* exp in lanes: x = k ln2 + r, degree-7 polynomial, 2^k by exponent bits
- * (math.c's expf, in lanes); -inf and anything below -104 give 0. Sixteen
- * lanes (only made where the host has AVX-512: gemm_lanes) scale by 2^k
- * with vscalefps, which under- and overflows as exp does: below -120 the
- * result is 0 (2^-173 p), so no test for -inf is needed. */
+ * (math.c's expf, in lanes), or with vscalefps where there are sixteen
+ * lanes (only made where the host has AVX-512: gemm_lanes). Below -86 the
+ * result is 0: x is clamped to [-86, 88] first and the lanes below -86
+ * replaced by 0 after (with AVX-512 by vscalefps's zero-masking), so no
+ * lane ever computes a denormal or an underflow. That matters: a causal
+ * diagonal block's hidden keys are -inf, half its lanes, and with the
+ * MXCSR's default (no flush to zero) every instruction that underflows
+ * takes a microcode assist of a hundred cycles or more; at T=128 the rows
+ * of the diagonal blocks took half the forward's time that way. exp(-86)
+ * is 4e-38, so the lanes set to 0 would have added nothing a softmax row
+ * (whose largest term is 1) can hold. */
 static V vexp(cg *g, V x)
 {
 	const double ln2 = 0.69314718055994530942;
@@ -120,7 +143,8 @@ static V vexp(cg *g, V x)
 	float lo = (float)(ln2 - (double)hi);
 	int n = lanes(x);
 	T vi = t_vec(t_i32(g), (unsigned)n);
-	V xc = vmax(g, x, vconstn(g, n, n == 16 ? -120.0 : -104.0));
+	V low = fcmp(g, LLVMRealOLT, x, vconstn(g, n, -86.0));
+	V xc = vmax(g, x, vconstn(g, n, -86.0));
 	xc = sel(g, fcmp(g, LLVMRealOLT, xc, vconstn(g, n, 88.0)), xc, vconstn(g, n, 88.0));
 	V k = vun(g, "llvm.rint", fmul(g, xc, vconstn(g, n, 1.4426950408889634)));
 	V r = vfma(g, fneg(g, k), vconstn(g, n, hi), xc);
@@ -131,19 +155,15 @@ static V vexp(cg *g, V x)
 	for (int i = 6; i >= 0; i--)
 		p = vfma(g, p, r, vconstn(g, n, C[i]));
 	if (n == 16) {
-		V args[5] = {p, k, c_undef(vfn(g, n)), LLVMConstInt(t_i16(g), 0xffff, 0),
-			     c_i32(g, 4)};
+		/* k in [-124, 127], p in [0.7, 1.5]: 2^k p is a normal float */
+		V keep = bitcast(g, LLVMBuildNot(g->b, low, ""), t_i16(g));
+		V args[5] = {p, k, vconstn(g, n, 0.0), keep, c_i32(g, 4)};
 		return call_intrinsic(g, "llvm.x86.avx512.mask.scalef.ps.512", NULL, NULL, args, 5);
 	}
-	V low = fcmp(g, LLVMRealOLT, x, vconstn(g, n, -104.0));
 	V ki = LLVMBuildFPToSI(g->b, k, vi, "");
-	V k1 = ashr(g, ki, splat_i32(g, n, 1)), k2 = sub(g, ki, k1);
-	V s1 = bitcast(g, shl(g, add(g, k1, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
-		       vfn(g, n));
-	V s2 = bitcast(g, shl(g, add(g, k2, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
-		       vfn(g, n));
-	V y = fmul(g, fmul(g, p, s1), s2);
-	return sel(g, low, vconstn(g, n, 0.0), y);
+	V s = bitcast(g, shl(g, add(g, ki, splat_i32(g, n, 127)), splat_i32(g, n, 23)),
+		      vfn(g, n));
+	return sel(g, low, vconstn(g, n, 0.0), fmul(g, p, s));
 }
 
 /* The sum (or max) of v's lanes, by halves. */
@@ -194,6 +214,25 @@ static void sstore(cg *g, int s, fz_dtype d, V off, V x)
 	      (unsigned)fz_dtype_size(d));
 }
 
+/* The VW floats x rounded to dtype d once, stored at element off of slot s
+ * (bf16: round to nearest even on the bits, a NaN kept quiet, as
+ * cg_to_storage does for one lane). */
+static void vstore(cg *g, int s, fz_dtype d, V off, V x)
+{
+	V p = cg_elem_ptr(g, s, d, off), y = x;
+	if (d == FZ_F16) {
+		y = LLVMBuildFPTrunc(g->b, x, t_vec(t_f16(g), VW), "");
+	} else if (d == FZ_BF16) {
+		V u = bitcast(g, x, t_vec(t_i32(g), VW)), sh = splat_i32(g, VW, 16);
+		V hi = lshr(g, u, sh);
+		V lsb = and_(g, hi, splat_i32(g, VW, 1));
+		V r = lshr(g, add(g, u, add(g, lsb, splat_i32(g, VW, 0x7fff))), sh);
+		V q = or_(g, hi, splat_i32(g, VW, 0x40));
+		y = trunc_(g, sel(g, fcmp(g, LLVMRealUNO, x, x), q, r), t_vec(t_i16(g), VW));
+	}
+	store(g, y, p, (unsigned)fz_dtype_size(d));
+}
+
 /* n floats of stack, on a cache line of their own: rows of 64 floats
  * start lines too, so no vector of 16 straddles two. */
 static V scratch(cg *g, int n)
@@ -208,6 +247,23 @@ static V at(cg *g, V base, V i) { return gep(g, t_f32(g), base, i); }
 static V ci(cg *g, int64_t x) { return c_int(g->ity, x); }
 
 static V umin(cg *g, V a, V b) { return sel(g, icmp(g, LLVMIntULT, a, b), a, b); }
+
+/* Rows [0, n) of scratch X [rows][len] (len a multiple of VW), each times
+ * rs[r] where rs is given, into slot s from element `first`: a block's o,
+ * dq, dk or dv, rounded once to the slot's dtype. */
+static void store_rows(cg *g, int s, fz_dtype d, V first, int64_t len, V n, V X,
+		       const V *rs)
+{
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), n, ci(g, 1));
+	V src = mul(g, R.iv, ci(g, len)), dst = add(g, first, src);
+	V f = rs ? splat(g, load(g, t_f32(g), at(g, *rs, R.iv), 4)) : NULL;
+	for (int64_t e = 0; e < len; e += VW) {
+		V x = load(g, vf(g), at(g, X, add(g, src, ci(g, e))), 4);
+		vstore(g, s, d, add(g, dst, ci(g, e)), f ? fmul(g, x, f) : x);
+	}
+	cg_loop_end(g, &R);
+}
 
 /* Phis for loop-carried values in L's head, started from init; the body
  * then uses ph and hands the next values to loop_next. */
@@ -444,6 +500,8 @@ typedef struct ak {
 	fz_dtype dt;
 	int64_t D, DV;
 	int rw; /* floats per vector of the rows' softmax: gemm_lanes */
+	bool mask_free; /* emitting a block where the bool mask is all true */
+	bool mask_tri;  /* ... or exactly the lower triangle (keys j <= i) */
 } ak;
 
 /* Rows [0, n) of slot s from element `first`, `len` floats each (a
@@ -517,7 +575,7 @@ static int gemm_lanes(cg *g)
 
 /* The MR x nv vector tile of C at rows m0, columns n0 (see gemm_s). */
 static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, int64_t ldb,
-		      V C, int64_t ldc, V m0, V n0, int64_t kn, bool acc, V rs)
+		      V C, int64_t ldc, V m0, V n0, V k0, V k1, bool acc, V rs)
 {
 	T vt = t_vec(t_f32(g), (unsigned)gw);
 	cg_loop LK;
@@ -533,7 +591,7 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
 				init[r * nv + h] = fmul(g, init[r * nv + h],
 					splatn(g, gw, load(g, t_f32(g), at(g, rs, add(g, m0, ci(g, r))), 4)));
 		}
-	cg_loop_begin(g, &LK, ci(g, 0), ci(g, kn), ci(g, 1));
+	cg_loop_begin(g, &LK, k0, k1, ci(g, 1));
 	loop_phis(g, &LK, na, init, ph);
 	V k = LK.iv;
 	V bp = add(g, mul(g, k, ci(g, ldb)), n0);
@@ -552,6 +610,16 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
 		store(g, ph[i], cp[i], 4);
 }
 
+/* The part of a block product that a causal diagonal block needs (its
+ * query rows and keys start at one index, so key j > row i is hidden, and
+ * its p and ds there are 0): */
+typedef enum tri {
+	TRI_NONE,
+	TRI_N,   /* C's row m needs columns n <= m (S = Q Kt, dP = dO Vt) */
+	TRI_KLO, /* C's row m sums k <= m (O += P V, dQ += dS K) */
+	TRI_KHI, /* C's row m sums k >= m (dV += Pt dO, dK += dSt Q) */
+} tri;
+
 /* C[m][n] (+)= sum over k < kn of A[m am + k ak] B[k ldb + n], m < M, n < N
  * (M a multiple of MR, N of NR), f32 scratch all: the block products of
  * every pass (S = Q Kt, dP = dO Vt, O += P V, dQ += dS K, dV += Pt dO,
@@ -560,23 +628,39 @@ static void gemm_tile(cg *g, int gw, int nv, V A, int64_t am, int64_t ak, V B, i
  * nv vector loads of B and MR broadcasts of A feed MR nv fmas. With
  * AVX-512 (32 registers of 16 floats) the tiles are 4 x 4 vectors (16
  * accumulators, 8 loads per 16 fmas) and a narrower one for what is left
- * of N; with AVX2 (16 registers of 8) 4 x 2. */
+ * of N; with AVX2 (16 registers of 8) 4 x 2.
+ *
+ * t (a diagonal block) leaves out what is 0 there: TRI_N takes the rows
+ * in groups of gw, group c's tiles only c + 1 vectors wide (M a multiple
+ * of gw; columns beyond are not written, and the rows' pass reads none of
+ * them: row_loops); TRI_KLO and TRI_KHI cut each tile's k loop at its
+ * rows. About 60% of the full product's fmas at BQ = BK = 64. */
 static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
-		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs)
+		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
 {
 	int gw = gemm_lanes(g), nvm = gw == 16 ? 4 : 2;
-	int64_t nmain = N / (nvm * gw) * (nvm * gw);
-	int tail = (int)((N - nmain) / gw);
-	cg_loop LM, LN;
-	cg_loop_begin(g, &LM, ci(g, 0), ci(g, M), ci(g, MR));
-	if (nmain > 0) {
-		cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
-		gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, kn, acc, rs);
-		cg_loop_end(g, &LN);
+	int groups = t == TRI_N ? (int)(M / gw) : 1;
+	FZ_ASSERT(t != TRI_N || M % gw == 0);
+	for (int c = 0; c < groups; c++) {
+		int64_t m0 = t == TRI_N ? c * gw : 0, m1 = t == TRI_N ? m0 + gw : M;
+		int64_t n = t == TRI_N && (c + 1) * gw < N ? (c + 1) * gw : N;
+		int64_t nmain = n / (nvm * gw) * (nvm * gw);
+		int tail = (int)((n - nmain) / gw);
+		cg_loop LM, LN;
+		cg_loop_begin(g, &LM, ci(g, m0), ci(g, m1), ci(g, MR));
+		V k0 = t == TRI_KHI ? LM.iv : ci(g, 0);
+		V k1 = t == TRI_KLO ? umin(g, add(g, LM.iv, ci(g, MR)), ci(g, kn)) : ci(g, kn);
+		if (nmain > 0) {
+			cg_loop_begin(g, &LN, ci(g, 0), ci(g, nmain), ci(g, nvm * gw));
+			gemm_tile(g, gw, nvm, A, am, ak, B, ldb, C, ldc, LM.iv, LN.iv, k0, k1,
+				  acc, rs);
+			cg_loop_end(g, &LN);
+		}
+		if (tail > 0)
+			gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain),
+				  k0, k1, acc, rs);
+		cg_loop_end(g, &LM);
 	}
-	if (tail > 0)
-		gemm_tile(g, gw, tail, A, am, ak, B, ldb, C, ldc, LM.iv, ci(g, nmain), kn, acc, rs);
-	cg_loop_end(g, &LM);
 }
 
 /* A vector of ity in n lanes: x + (0, 1, ..., n - 1). */
@@ -589,14 +673,24 @@ static V iota_from(cg *g, int n, V x)
 }
 
 static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
-		 int64_t M, int64_t N, int64_t kn, bool acc, V rs)
+		 int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
 {
-	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs);
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs, t);
 }
 
 bool cg_attn_simple(const fz_attn *A)
 {
 	return !A->decomposed && !A->mask && A->softcap == 0;
+}
+
+/* Simple scores here: cg_attn_simple, or a bool mask and nothing else in
+ * a block where the mask is all true (mask_free). */
+static bool simple(const ak *K)
+{
+	const fz_attn *A = K->A;
+	return cg_attn_simple(A) ||
+	       (K->mask_free && !A->decomposed && A->softcap == 0 && A->mask &&
+		A->mask->type.dtype == FZ_BOOL);
 }
 
 /* Each rule hides a half plane of (i, j), so two corners decide: the last
@@ -617,43 +711,248 @@ LLVMValueRef cg_attn_block_whole(cg *g, const fz_attn *A, V i0, V i1, V j0, V j1
 static V block_full(ak *K, V i0, V i1, V kb)
 {
 	cg *g = K->g;
-	if (!cg_attn_simple(K->A))
+	if (!simple(K))
 		return c_i1(g, 0);
 	return cg_attn_block_whole(g, K->A, i0, i1, kb, add(g, kb, ci(g, BK)));
 }
 
-/* Emits rows(K, arg, true) where full holds, rows(K, arg, false) where
- * not: a block without masks gets the row loop without them. */
-static void by_fullness(ak *K, V full, void (*rows)(ak *, void *, bool), void *arg)
+/* fn(K, arg, x), then on to join, with what it memoized and its index
+ * arithmetic forgotten (the other arms do not see them). */
+static void arm(ak *K, void (*fn)(ak *, void *, bool), void *arg, bool x,
+		LLVMBasicBlockRef join)
 {
 	cg *g = K->g;
-	if (LLVMIsConstant(full)) {
-		rows(K, arg, LLVMConstIntGetZExtValue(full) != 0);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	fn(K, arg, x);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+}
+
+/* Emits fn(K, arg, true) where i1 c holds, fn(K, arg, false) where not
+ * (only the one where c is a constant): a block without masks gets the
+ * row loop without them, a diagonal block its triangular products. */
+static void by_cond(ak *K, V c, void (*fn)(ak *, void *, bool), void *arg)
+{
+	cg *g = K->g;
+	if (LLVMIsConstant(c)) {
+		fn(K, arg, LLVMConstIntGetZExtValue(c) != 0);
 		return;
 	}
-	LLVMBasicBlockRef yes = block(g, "attn.full"), no = block(g, "attn.masked"),
-			  join = block(g, "attn.rows");
-	cond_br(g, full, yes, no);
+	LLVMBasicBlockRef yes = block(g, "attn.yes"), no = block(g, "attn.no"),
+			  join = block(g, "attn.join");
+	cond_br(g, c, yes, no);
 	at_end(g, yes);
-	rows(K, arg, true);
-	br(g, join);
+	arm(K, fn, arg, true, join);
 	at_end(g, no);
-	rows(K, arg, false);
-	br(g, join);
+	arm(K, fn, arg, false, join);
 	at_end(g, join);
+}
+
+/* An i1: the block of keys from kb is the causal diagonal block of the
+ * block of rows from i0 (BQ = BK: the same indices), whose keys j > i are
+ * hidden (whatever else hides them). Constant false without causal. */
+static V block_diag(ak *K, V i0, V kb)
+{
+	return K->A->causal ? icmp(K->g, LLVMIntEQ, i0, kb) : c_i1(K->g, 0);
+}
+
+/* ---- blocks of a bool mask ------------------------------------------------
+ * A bool mask that is a region input (HF's Llama under torch.compile hands
+ * SDPA its causal mask as a [B, 1, T, T] tensor, never is_causal) hides
+ * keys the kernel cannot see coming; read per lane it made every block
+ * the masked kind, and no block was skipped. So each block is first
+ * classified by one pass over its mask bytes, a row of BK of them at a
+ * time (64 bytes, one vector compare): all false, the block is skipped;
+ * all true, it is a block without the mask (mask_free: simple scores
+ * when the mask is all there is); on a diagonal (i0 = kb), exactly the
+ * lower triangle, it is a causal diagonal block without the mask (its
+ * triangle only); anything else, as before. The length, causal and
+ * window rules (hidden_at) hold in every kind as ever. */
+
+enum { BLOCK_SKIP, BLOCK_FREE, BLOCK_FREE_DIAG, BLOCK_MIXED };
+
+/* Whether blocks are classified: a bool mask, a region input, whose rows
+ * run along the keys (its last extent Tk, not a broadcast 1). */
+static bool mask_blocks(const ak *K)
+{
+	const fz_attn *A = K->A;
+	if (!A->mask || A->decomposed || A->in_mask < 0 || A->mask->type.dtype != FZ_BOOL ||
+	    A->mask->type.rank < 1)
+		return false;
+	/* and (so that a row of the block lies inside it) each of its
+	 * extents from the head on is 1 or the one it stands for */
+	const fz_type *mt = &A->mask->type;
+	fz_ext full[3] = {A->hq, A->tq, A->tk};
+	for (int d = mt->rank - 1, f = 2; d >= 0 && f >= 0; d--, f--) {
+		fz_ext e = mt->dims[d];
+		bool one = fz_ext_is_const(e) && e.c == 1;
+		if ((f == 2 && one) || (!one && !fz_ext_eq(e, full[f])))
+			return false;
+	}
+	return BK == 64;
+}
+
+/* The element offset of the mask at (b, h, i, j): its own row-major
+ * extents, aligned to [batch..., Hq, Tq, Tk] from the right, broadcast
+ * extents of 1 read at 0. */
+static V mask_offset(ak *K, V b, V h, V i, V j)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	const fz_value *mv = A->mask;
+	int r = A->n_batch + 3, mr = mv->type.rank;
+	cg_ix bix[FZ_MAX_RANK];
+	if (A->n_batch > 0) {
+		const fz_type *qt = &g->r->nodes[0]->in[0]->type; /* q has the batch dims */
+		fz_type bt = {0};
+		bt.rank = A->n_batch;
+		for (int d = 0; d < A->n_batch; d++)
+			bt.dims[d] = qt->dims[d];
+		cg_delinearize(g, &bt, b, 1, bix);
+	}
+	V off = ci(g, 0);
+	for (int d = 0; d < mr; d++) {
+		int sd = r - mr + d;
+		fz_ext e = mv->type.dims[d];
+		V x = sd < A->n_batch ? cg_ix_value(g, bix[sd]) : sd == A->n_batch ? h :
+		      sd == A->n_batch + 1 ? i : j;
+		if (fz_ext_is_const(e) && e.c == 1)
+			x = ci(g, 0);
+		off = add(g, mul(g, off, cg_ext(g, e)), x);
+	}
+	return off;
+}
+
+/* The block's kind (an i32 of the enum above) for rows [i0, i0 + nrows)
+ * of head h and keys [kb, kb + nk): a partial block of keys (nk < BK) is
+ * BLOCK_MIXED, unread. */
+static V classify(ak *K, V b, V h, V i0, V nrows, V kb, V nk)
+{
+	cg *g = K->g;
+	T i64 = t_i64(g), v8 = t_vec(t_i8(g), BK);
+	LLVMBasicBlockRef scan = block(g, "attn.scan"), done = block(g, "attn.kind"),
+			  entry = current(g);
+	V whole = icmp(g, LLVMIntEQ, nk, ci(g, BK));
+	cond_br(g, whole, scan, done);
+	at_end(g, scan);
+	cg_loop R;
+	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+	V init[3] = {c_i64(g, 0), c_i64(g, -1), c_i1(g, 1)}, ph[3];
+	loop_phis(g, &R, 3, init, ph);
+	V r = R.iv;
+	V off = mask_offset(K, b, h, add(g, i0, r), kb);
+	V bytes = load(g, v8, cg_elem_ptr(g, K->A->in_mask, FZ_BOOL, off), 1);
+	V bits = bitcast(g, icmp(g, LLVMIntNE, bytes, LLVMConstNull(v8)), i64);
+	/* the lower triangle of row r: keys 0..r (r < 64 here) */
+	V r64 = LLVMBuildZExtOrBitCast(g->b, r, i64, "");
+	V tri = sub(g, shl(g, c_i64(g, 2), r64), c_i64(g, 1));
+	tri = sel(g, icmp(g, LLVMIntUGE, r64, c_i64(g, 63)), c_i64(g, -1), tri);
+	V next[3] = {or_(g, ph[0], bits), and_(g, ph[1], bits),
+		     and_(g, ph[2], icmp(g, LLVMIntEQ, bits, tri))};
+	loop_next(g, 3, ph, next);
+	cg_loop_end(g, &R);
+	V none = icmp(g, LLVMIntEQ, ph[0], c_i64(g, 0));
+	V all = icmp(g, LLVMIntEQ, ph[1], c_i64(g, -1));
+	V diag = and_(g, ph[2], icmp(g, LLVMIntEQ, i0, kb));
+	V kind = sel(g, none, c_i32(g, BLOCK_SKIP),
+		     sel(g, all, c_i32(g, BLOCK_FREE),
+			 sel(g, diag, c_i32(g, BLOCK_FREE_DIAG), c_i32(g, BLOCK_MIXED))));
+	LLVMBasicBlockRef scanned = current(g);
+	br(g, done);
+	at_end(g, done);
+	V k = phi(g, t_i32(g));
+	phi_add(k, c_i32(g, BLOCK_MIXED), entry);
+	phi_add(k, kind, scanned);
+	return k;
+}
+
+/* An arm of by_kind: fn by the causal rule's diagonal (by_cond), then on
+ * to join, forgetting what it memoized (as arm). */
+static void diag_arm(ak *K, V i0, V kb, void (*fn)(ak *, void *, bool), void *arg,
+		     LLVMBasicBlockRef join)
+{
+	cg *g = K->g;
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	by_cond(K, block_diag(K, i0, kb), fn, arg);
+	br(g, join);
+	cg_memo_pop(g, mark);
+	g->n_cse = cse;
+}
+
+/* fn(K, arg, diag) for the block of keys from kb against rows [i0, i0 +
+ * nrows) of head h: diag where it is a causal diagonal block (by the
+ * causal rule, or with mask blocks by its mask), mask_free where the mask
+ * is all true there; nothing where the mask hides it all. */
+static void by_kind(ak *K, V b, V h, V i0, V nrows, V kb, V nk,
+		    void (*fn)(ak *, void *, bool), void *arg)
+{
+	cg *g = K->g;
+	if (!mask_blocks(K)) {
+		by_cond(K, block_diag(K, i0, kb), fn, arg);
+		return;
+	}
+	V kind = classify(K, b, h, i0, nrows, kb, nk);
+	LLVMBasicBlockRef join = block(g, "attn.next"), free_ = block(g, "attn.free"),
+			  fdiag = block(g, "attn.freediag"), mixed = block(g, "attn.mixed");
+	LLVMValueRef sw = LLVMBuildSwitch(g->b, kind, mixed, 3);
+	LLVMAddCase(sw, c_i32(g, BLOCK_SKIP), join);
+	LLVMAddCase(sw, c_i32(g, BLOCK_FREE), free_);
+	LLVMAddCase(sw, c_i32(g, BLOCK_FREE_DIAG), fdiag);
+	K->mask_free = true;
+	at_end(g, free_);
+	diag_arm(K, i0, kb, fn, arg, join);
+	at_end(g, fdiag);
+	K->mask_tri = true;
+	arm(K, fn, arg, true, join);
+	K->mask_tri = false;
+	K->mask_free = false;
+	at_end(g, mixed);
+	diag_arm(K, i0, kb, fn, arg, join);
+	at_end(g, join);
+}
+
+/* A row's pass over the block: body(K, arg, r, nc, full) for row r's
+ * first nc vectors of K->rw keys. */
+typedef void rowfn(ak *K, void *arg, V r, int nc, bool full);
+
+enum { ROWS_FULL, ROWS_MASKED, ROWS_DIAG };
+
+/* body over rows [0, nrows): every vector of BK keys, with (ROWS_MASKED)
+ * or without (ROWS_FULL) the masks; or (ROWS_DIAG, a diagonal block) in
+ * groups of K->rw rows, group c masked over its first c + 1 vectors only,
+ * the others lying wholly above the diagonal (hidden, and not computed:
+ * gemm_s's TRI_N). */
+static void row_loops(ak *K, V nrows, int mode, rowfn *body, void *arg)
+{
+	cg *g = K->g;
+	int rw = K->rw, nc = BK / rw;
+	cg_loop R;
+	if (mode != ROWS_DIAG) {
+		cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
+		body(K, arg, R.iv, nc, mode == ROWS_FULL);
+		cg_loop_end(g, &R);
+		return;
+	}
+	for (int c = 0; c < nc; c++) {
+		cg_loop_begin(g, &R, ci(g, c * rw), umin(g, ci(g, (c + 1) * rw), nrows), ci(g, 1));
+		body(K, arg, R.iv, c + 1, false);
+		cg_loop_end(g, &R);
+	}
 }
 
 /* The logits (and, with dlg, their derivatives) of row r of S [..][BK],
  * keys from kb, in vectors of K->rw. Simple scores are computed here in
  * whole vectors (with full, no mask at all); anything else lane by lane
  * through cg_attn_scores, the expression emitter's way. */
-static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V *dlg)
+static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, int nc, bool full, V *lg,
+		       V *dlg)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
-	int rw = K->rw, nc = BK / rw;
+	int rw = K->rw;
 	V vs = vconstn(g, rw, A->scale);
-	if (cg_attn_simple(A)) {
+	if (simple(K)) {
 		V vi = splatn(g, rw, i), ninf = vconstn(g, rw, -INFINITY);
 		V tkv = splatn(g, rw, cg_ext(g, A->tk)), vw = splatn(g, rw, ci(g, A->window));
 		for (int c = 0; c < nc; c++) {
@@ -665,6 +964,8 @@ static void row_logits(ak *K, V S, V r, V b, V h, V i, V kb, bool full, V *lg, V
 				continue;
 			V j = iota_from(g, rw, add(g, kb, ci(g, c * rw)));
 			V hidden = hidden_at(g, A, j, vi, tkv, vw);
+			if (K->mask_tri) /* the mask, known: the causal rule */
+				hidden = or_(g, hidden, icmp(g, LLVMIntUGT, j, vi));
 			lg[c] = sel(g, hidden, ninf, lg[c]);
 			if (dlg)
 				dlg[c] = sel(g, hidden, vconstn(g, rw, 0.0), vs);
@@ -749,21 +1050,43 @@ static void key_blocks(ak *K, const qitem *Q, cg_loop *KB, V *kb, V *nk)
 	*nk = umin(g, ci(g, BK), sub(g, cg_ext(g, K->A->tk), *kb));
 }
 
-/* The forward's rows of one block of keys (by_fullness's rows). */
-typedef struct frows {
-	const qitem *Q;
-	V S, Ms, Ls, Al, kb;
-} frows;
+/* A block's rows: the diagonal block's triangle (diag), else every row,
+ * without masks where full holds (by_cond). */
+typedef struct rowsel {
+	rowfn *body;
+	void *arg;
+	V nrows;
+} rowsel;
 
-static void fwd_rows(ak *K, void *arg, bool full)
+static void rows_by_fullness(ak *K, void *arg, bool full)
+{
+	rowsel *R = arg;
+	row_loops(K, R->nrows, full ? ROWS_FULL : ROWS_MASKED, R->body, R->arg);
+}
+
+static void block_rows(ak *K, bool diag, V full, rowsel *R)
+{
+	if (diag)
+		row_loops(K, R->nrows, ROWS_DIAG, R->body, R->arg);
+	else
+		by_cond(K, full, rows_by_fullness, R);
+}
+
+/* One block of keys of a forward item: its scratch and where it lies. */
+typedef struct fblock {
+	const qitem *Q;
+	V Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk;
+} fblock;
+
+/* Row r's online softmax over the block's first nc vectors of keys: S's
+ * row becomes p, Al[r] the rescaling of O. */
+static void fwd_row(ak *K, void *arg, V r, int nc, bool full)
 {
 	cg *g = K->g;
-	frows *F = arg;
-	int rw = K->rw, nc = BK / rw;
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), F->Q->nrows, ci(g, 1));
-	V r = R.iv, lg[16];
-	row_logits(K, F->S, r, F->Q->b, F->Q->h, add(g, F->Q->i0, r), F->kb, full, lg, NULL);
+	fblock *F = arg;
+	int rw = K->rw;
+	V lg[16];
+	row_logits(K, F->S, r, F->Q->b, F->Q->h, add(g, F->Q->i0, r), F->kb, nc, full, lg, NULL);
 	V bm = lg[0];
 	for (int c = 1; c < nc; c++)
 		bm = vmax(g, bm, lg[c]);
@@ -782,7 +1105,23 @@ static void fwd_rows(ak *K, void *arg, bool full)
 	store(g, fadd(g, fmul(g, lold, alpha), hreduce(g, psum, false)), at(g, F->Ls, r), 4);
 	store(g, mnew, at(g, F->Ms, r), 4);
 	store(g, alpha, at(g, F->Al, r), 4);
-	cg_loop_end(g, &R);
+}
+
+/* The block's keys and values; S = Q Kt, the rows' softmax, O = Al O +
+ * P V. */
+static void fwd_block(ak *K, void *arg, bool diag)
+{
+	cg *g = K->g;
+	fblock *F = arg;
+	int64_t D = K->D, DV = K->DV;
+	load_rows(K, K->sk, mul(g, add(g, F->Q->kbase, F->kb), ci(g, D)), D, F->nk, BK, NULL, F->Kt);
+	load_rows(K, K->sv, mul(g, add(g, F->Q->vbase, F->kb), ci(g, DV)), DV, F->nk, BK, F->Vs,
+		  NULL);
+	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, BK, D, false, NULL, diag ? TRI_N : TRI_NONE);
+	rowsel R = {fwd_row, F, F->Q->nrows};
+	block_rows(K, diag, diag ? NULL : block_full(K, F->Q->i0, F->Q->i1, F->kb), &R);
+	gemm(g, F->S, BK, F->Vs, DV, F->Os, DV, BQ, DV, BK, true, F->Al,
+	     diag ? TRI_KLO : TRI_NONE);
 }
 
 static void kernel_fwd(ak *K)
@@ -806,27 +1145,16 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &R);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
-	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, NULL, Kt);
-	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, Vs, NULL);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-	/* per row: online softmax; S becomes p, Al the rescaling of O */
-	frows F = {&Q, S, Ms, Ls, Al, kb};
-	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), fwd_rows, &F);
-	gemm(g, S, BK, Vs, DV, Os, DV, BQ, DV, BK, true, Al);
+	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk};
+	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, fwd_block, &F);
 	cg_loop_end(g, &KB);
-	/* o / l, lse */
+	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
 		V r = R.iv, row = add(g, Q.rowbase, r);
 		V l = load(g, t_f32(g), at(g, Ls, r), 4);
 		V empty = fcmp(g, LLVMRealOEQ, l, c_f32(g, 0.0));
-		V inv = sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l));
-		if (A->out_o >= 0)
-			for (int64_t e = 0; e < DV; e++) {
-				V x = load(g, t_f32(g), at(g, Os, add(g, mul(g, r, ci(g, DV)), ci(g, e))), 4);
-				sstore(g, K->so, K->dt, add(g, mul(g, row, ci(g, DV)), ci(g, e)),
-				       fmul(g, x, inv));
-			}
+		store(g, sel(g, empty, c_f32(g, 0.0), fdiv(g, c_f32(g, 1.0), l)), at(g, Al, r), 4);
 		if (A->out_lse >= 0) {
 			V m = load(g, t_f32(g), at(g, Ms, r), 4);
 			V lse = fadd(g, m, cg_math_unary(g, FZ_OP_LOG, sel(g, empty, c_f32(g, 1.0), l)));
@@ -834,28 +1162,33 @@ static void kernel_fwd(ak *K)
 		}
 	}
 	cg_loop_end(g, &R);
+	if (A->out_o >= 0)
+		store_rows(g, K->so, K->dt, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, Os, &Al);
 	cg_loop_end(g, &W);
 }
 
-/* The backward's rows of one block of keys (by_fullness's rows): p and
- * ds of rows [0, nrows) from S and dP; S becomes ds (dq pass), or p with
- * dP ds (keep_p, the dk/dv pass). */
-typedef struct grows {
-	V S, dP, LSE, DI, b, h, i0, nrows, kb;
-	bool keep_p;
-} grows;
+/* One block of keys against one block of query rows in the backward:
+ * scratch, and where it lies. Qs, dOs [BQ][D], [BQ][DV]; Kt, Vt the
+ * block's keys and values transposed; Ks [BK][D] (dq pass) the keys;
+ * dX [BQ][D] (dq) or dKs, dVs [BK][D], [BK][DV] (dk/dv) the sums. */
+typedef struct gblock {
+	V Qs, dOs, Kt, Vt, Ks, dQs, dKs, dVs, S, dP, LSE, DI;
+	V b, h, i0, nrows, rowbase; /* rows [i0, i0 + nrows) of head h; their row */
+	V kb, nk, krow;             /* keys [kb, kb + nk); kb's row in k and v */
+	bool keep_p; /* the dk/dv pass: S becomes p, dP ds (else S ds) */
+} gblock;
 
-static void grad_rows(ak *K, void *arg, bool full)
+/* Row r's p and ds over the block's first nc vectors of keys, from S and
+ * dP. */
+static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 {
 	cg *g = K->g;
-	grows *G = arg;
-	int rw = K->rw, nc = BK / rw;
-	bool simple = cg_attn_simple(K->A);
-	cg_loop R;
-	cg_loop_begin(g, &R, ci(g, 0), G->nrows, ci(g, 1));
-	V r = R.iv, lg[16], dl[16];
-	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, full, lg,
-		   simple ? NULL : dl);
+	gblock *G = arg;
+	int rw = K->rw;
+	bool simple_ = simple(K);
+	V lg[16], dl[16];
+	row_logits(K, G->S, r, G->b, G->h, add(g, G->i0, r), G->kb, nc, full, lg,
+		   simple_ ? NULL : dl);
 	/* a row that saw no key has lse -inf: +inf in its place gives p 0 */
 	V lse = load(g, t_f32(g), at(g, G->LSE, r), 4);
 	lse = sel(g, fcmp(g, LLVMRealOEQ, lse, c_f32(g, -INFINITY)), c_f32(g, INFINITY), lse);
@@ -866,7 +1199,7 @@ static void grad_rows(ak *K, void *arg, bool full)
 		V p = vexp(g, fsub(g, lg[c], vl));
 		/* simple scores: d logit / d s is the scale where p is not 0 */
 		V ds = fmul(g, fmul(g, p, fsub(g, dp, vd)),
-			    simple ? vconstn(g, rw, K->A->scale) : dl[c]);
+			    simple_ ? vconstn(g, rw, K->A->scale) : dl[c]);
 		if (G->keep_p) {
 			store(g, p, at(g, G->S, o), 4);
 			store(g, ds, at(g, G->dP, o), 4);
@@ -874,7 +1207,6 @@ static void grad_rows(ak *K, void *arg, bool full)
 			store(g, ds, at(g, G->S, o), 4);
 		}
 	}
-	cg_loop_end(g, &R);
 }
 
 /* lse and di = do . o of the rows of a query block into LSE, DI. */
@@ -889,43 +1221,77 @@ static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
 	cg_loop_end(g, &R);
 }
 
+/* The block's keys and values (dq pass) or rows of q and do, lse and di
+ * (dk/dv pass); S = Q Kt and dP = dO Vt, the rows' p and ds (rows past
+ * nrows: q and do are 0 there, so S and dP are 0, and so are p and ds);
+ * then dQ += dS K, or dV += Pt dO and dK += dSt Q (P and dS read down
+ * their columns). */
+static void grad_block(ak *K, void *arg, bool diag)
+{
+	cg *g = K->g;
+	gblock *G = arg;
+	int64_t D = K->D, DV = K->DV;
+	if (G->keep_p) {
+		load_rows(K, K->sq, mul(g, G->rowbase, ci(g, D)), D, G->nrows, BQ, G->Qs, NULL);
+		load_rows(K, K->sdo, mul(g, G->rowbase, ci(g, DV)), DV, G->nrows, BQ, G->dOs, NULL);
+		row_stats(K, G->rowbase, G->nrows, G->LSE, G->DI);
+	} else {
+		load_rows(K, K->sk, mul(g, G->krow, ci(g, D)), D, G->nk, BK, G->Ks, G->Kt);
+		load_rows(K, K->sv, mul(g, G->krow, ci(g, DV)), DV, G->nk, BK, NULL, G->Vt);
+	}
+	tri tn = diag ? TRI_N : TRI_NONE;
+	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, BK, D, false, NULL, tn);
+	gemm(g, G->dOs, DV, G->Vt, BK, G->dP, BK, BQ, BK, DV, false, NULL, tn);
+	rowsel R = {grad_row, G, G->nrows};
+	block_rows(K, diag, diag ? NULL : block_full(K, G->i0, add(g, G->i0, G->nrows), G->kb),
+		   &R);
+	if (!G->keep_p) {
+		gemm(g, G->S, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+		     diag ? TRI_KLO : TRI_NONE);
+		return;
+	}
+	gemm_s(g, G->S, 1, BK, G->dOs, DV, G->dVs, DV, BK, DV, BQ, true, NULL,
+	       diag ? TRI_KHI : TRI_NONE);
+	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
+	       diag ? TRI_KHI : TRI_NONE);
+}
+
 static void kernel_dq(ak *K)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
-	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
-	V Kt = scratch(g, (int)D * BK), Ks = scratch(g, BK * (int)D), Vt = scratch(g, (int)DV * BK);
-	V dQs = scratch(g, BQ * (int)D), LSE = scratch(g, BQ), DI = scratch(g, BQ);
-	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	cg_loop W, R, KB;
+	gblock G = {0};
+	G.Qs = scratch(g, BQ * (int)D);
+	G.dOs = scratch(g, BQ * (int)DV);
+	G.Kt = scratch(g, (int)D * BK);
+	G.Ks = scratch(g, BK * (int)D);
+	G.Vt = scratch(g, (int)DV * BK);
+	G.dQs = scratch(g, BQ * (int)D);
+	G.LSE = scratch(g, BQ);
+	G.DI = scratch(g, BQ);
+	G.S = scratch(g, BQ * BK);
+	G.dP = scratch(g, BQ * BK);
+	cg_loop W, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
-	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
-	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, dOs, NULL);
-	zero(g, dQs, BQ * D);
-	row_stats(K, Q.rowbase, Q.nrows, LSE, DI);
+	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, G.Qs, NULL);
+	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, G.dOs, NULL);
+	zero(g, G.dQs, BQ * D);
+	row_stats(K, Q.rowbase, Q.nrows, G.LSE, G.DI);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
-	load_rows(K, K->sk, mul(g, add(g, Q.kbase, kb), ci(g, D)), D, nk, BK, Ks, Kt);
-	load_rows(K, K->sv, mul(g, add(g, Q.vbase, kb), ci(g, DV)), DV, nk, BK, NULL, Vt);
-	gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-	gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
-	/* S becomes ds (rows past nrows: q and do are 0 there, so S and dP
-	 * are 0, and ds stays 0) */
-	grows G = {S, dP, LSE, DI, Q.b, Q.h, Q.i0, Q.nrows, kb, false};
-	by_fullness(K, block_full(K, Q.i0, Q.i1, kb), grad_rows, &G);
-	gemm(g, S, BK, Ks, D, dQs, D, BQ, D, BK, true, NULL);
+	G.b = Q.b;
+	G.h = Q.h;
+	G.i0 = Q.i0;
+	G.nrows = Q.nrows;
+	G.kb = kb;
+	G.nk = nk;
+	G.krow = add(g, Q.kbase, kb); /* k's and v's rows are one */
+	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, grad_block, &G);
 	cg_loop_end(g, &KB);
-	int odq = g->r->n_in + A->out_dq;
-	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
-	{
-		V row = add(g, Q.rowbase, R.iv);
-		for (int64_t e = 0; e < D; e++)
-			sstore(g, odq, K->dt, add(g, mul(g, row, ci(g, D)), ci(g, e)),
-			       load(g, t_f32(g), at(g, dQs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
-	}
-	cg_loop_end(g, &R);
+	store_rows(g, g->r->n_in + A->out_dq, K->dt, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows,
+		   G.dQs, NULL);
 	cg_loop_end(g, &W);
 }
 
@@ -934,59 +1300,54 @@ static void kernel_dkv(ak *K)
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
-	V Kt = scratch(g, (int)D * BK), Vt = scratch(g, (int)DV * BK);
-	V dKs = scratch(g, BK * (int)D), dVs = scratch(g, BK * (int)DV);
-	V Qs = scratch(g, BQ * (int)D), dOs = scratch(g, BQ * (int)DV);
-	V S = scratch(g, BQ * BK), dP = scratch(g, BQ * BK);
-	V LSE = scratch(g, BQ), DI = scratch(g, BQ);
+	gblock G = {0};
+	G.Kt = scratch(g, (int)D * BK);
+	G.Vt = scratch(g, (int)DV * BK);
+	G.dKs = scratch(g, BK * (int)D);
+	G.dVs = scratch(g, BK * (int)DV);
+	G.Qs = scratch(g, BQ * (int)D);
+	G.dOs = scratch(g, BQ * (int)DV);
+	G.S = scratch(g, BQ * BK);
+	G.dP = scratch(g, BQ * BK);
+	G.LSE = scratch(g, BQ);
+	G.DI = scratch(g, BQ);
+	G.keep_p = true;
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W, G, QB, R;
+	cg_loop W, GR, QB;
 	V bk, kb;
 	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
 	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
 	V krow = add(g, mul(g, bk, tk), kb);
-	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, Kt);
-	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, Vt);
-	zero(g, dKs, BK * D);
-	zero(g, dVs, BK * DV);
+	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, G.Kt);
+	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, G.Vt);
+	zero(g, G.dKs, BK * D);
+	zero(g, G.dVs, BK * DV);
 	V qlo, qhi;
 	cg_attn_query_range(g, A, kb, add(g, kb, nk), &qlo, &qhi);
-	cg_loop_begin(g, &G, ci(g, 0), ci(g, A->group), ci(g, 1));
-	V h = add(g, mul(g, hk, ci(g, A->group)), G.iv);
+	cg_loop_begin(g, &GR, ci(g, 0), ci(g, A->group), ci(g, 1));
+	V h = add(g, mul(g, hk, ci(g, A->group)), GR.iv);
 	V bh = add(g, mul(g, b, hq), h);
 	cg_loop_begin(g, &QB, mul(g, udiv(g, qlo, ci(g, BQ)), ci(g, BQ)), qhi, ci(g, BQ));
 	{
 		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
-		V rowbase = add(g, mul(g, bh, tq), i0);
-		load_rows(K, K->sq, mul(g, rowbase, ci(g, D)), D, nrows, BQ, Qs, NULL);
-		load_rows(K, K->sdo, mul(g, rowbase, ci(g, DV)), DV, nrows, BQ, dOs, NULL);
-		row_stats(K, rowbase, nrows, LSE, DI);
-		gemm(g, Qs, D, Kt, BK, S, BK, BQ, BK, D, false, NULL);
-		gemm(g, dOs, DV, Vt, BK, dP, BK, BQ, BK, DV, false, NULL);
-		/* S becomes p and dP ds (rows past nrows: 0, as q and do are) */
-		grows GR = {S, dP, LSE, DI, b, h, i0, nrows, kb, true};
-		by_fullness(K, block_full(K, i0, add(g, i0, nrows), kb), grad_rows, &GR);
-		/* dV += P^T dO, dK += dS^T Q: P and dS read down their columns */
-		gemm_s(g, S, 1, BK, dOs, DV, dVs, DV, BK, DV, BQ, true, NULL);
-		gemm_s(g, dP, 1, BK, Qs, D, dKs, D, BK, D, BQ, true, NULL);
+		G.b = b;
+		G.h = h;
+		G.i0 = i0;
+		G.nrows = nrows;
+		G.rowbase = add(g, mul(g, bh, tq), i0);
+		G.kb = kb;
+		G.nk = nk;
+		by_kind(K, b, h, i0, nrows, kb, nk, grad_block, &G);
 	}
 	cg_loop_end(g, &QB);
-	cg_loop_end(g, &G);
-	int odk = g->r->n_in + A->out_dk, odv = g->r->n_in + A->out_dv;
-	cg_loop_begin(g, &R, ci(g, 0), nk, ci(g, 1));
-	{
-		V kr = add(g, krow, R.iv);
-		if (A->out_dk >= 0)
-			for (int64_t e = 0; e < D; e++)
-				sstore(g, odk, K->dt, add(g, mul(g, kr, ci(g, D)), ci(g, e)),
-				       load(g, t_f32(g), at(g, dKs, add(g, mul(g, R.iv, ci(g, D)), ci(g, e))), 4));
-		if (A->out_dv >= 0)
-			for (int64_t e = 0; e < DV; e++)
-				sstore(g, odv, K->dt, add(g, mul(g, kr, ci(g, DV)), ci(g, e)),
-				       load(g, t_f32(g), at(g, dVs, add(g, mul(g, R.iv, ci(g, DV)), ci(g, e))), 4));
-	}
-	cg_loop_end(g, &R);
+	cg_loop_end(g, &GR);
+	if (A->out_dk >= 0)
+		store_rows(g, g->r->n_in + A->out_dk, K->dt, mul(g, krow, ci(g, D)), D, nk, G.dKs,
+			   NULL);
+	if (A->out_dv >= 0)
+		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, G.dVs,
+			   NULL);
 	cg_loop_end(g, &W);
 }
 
@@ -1016,7 +1377,7 @@ void cg_attention(cg *g)
 			(long long)A.d, (long long)A.dv);
 		return;
 	}
-	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g)};
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
 		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;

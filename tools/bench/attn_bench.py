@@ -31,6 +31,19 @@ issue's goal: >= 1.0).
                                                   forward and backward, fusec's
                                                   attention, attention_dq and
                                                   attention_dkv (one trace each)
+    tools/bench/attn_bench.py --small             a training step's short sequences
+                                                  (issue 25.3): B=4, H 4 and 16,
+                                                  T 128 and 512, D 64 and 128,
+                                                  f32 and bf16, 20 rounds
+
+--mask gives the causal rule as a bool tensor [B, 1, T, T] instead: torch's
+attn_mask and fusec's mask operand (a trace input), as HF's Llama hands SDPA
+its mask under torch.compile (the kernels then read the mask block by block).
+
+--B, --H (query heads; the kv heads keep the case's ratio), --T and --D take
+comma-separated lists; every combination runs. At short sequences one step
+is a few milliseconds, so --small takes more rounds (and several steps per
+round, --reps) for a steady median.
 
 Writes tools/bench/results/attn_bench-<host>-<utc time>.json (or --out) and
 prints a table. Run from the repository root with a built tree (build/) and
@@ -63,75 +76,106 @@ CASES = {
 }
 
 
-def trace_text(B, H, HKV, T, D, dt):
+def rule(B, T, mask):
+    """(the trace parameter, the causal rule as attention arguments)"""
+    if mask:
+        return ", m: bool[%d, 1, %d, %d]" % (B, T, T), ", m"
+    return "", ", causal=true"
+
+
+def sdpa(q, k, v, mask):
+    """torch's SDPA, causal by is_causal or by the bool tensor mask"""
+    gqa = k.shape[1] != q.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def trace_text(B, H, HKV, T, D, dt, mask=False):
     q = "%s[%d, %d, %d, %d]" % (dt, B, H, T, D)
     kv = "%s[%d, %d, %d, %d]" % (dt, B, HKV, T, D)
-    return ("trace attn(q: %s, k: %s, v: %s, do: %s) {\n"
-            "  o, lse = attention(q, k, v, causal=true)\n"
-            "  dq = attention_dq(q, k, v, o, lse, do, causal=true)\n"
-            "  dk, dv = attention_dkv(q, k, v, o, lse, do, causal=true)\n"
-            "  return o, dq, dk, dv\n}\n" % (q, kv, kv, q))
+    mp, c = rule(B, T, mask)
+    return ("trace attn(q: %s, k: %s, v: %s, do: %s%s) {\n"
+            "  o, lse = attention(q, k, v%s)\n"
+            "  dq = attention_dq(q, k, v, o, lse, do%s)\n"
+            "  dk, dv = attention_dkv(q, k, v, o, lse, do%s)\n"
+            "  return o, dq, dk, dv\n}\n" % (q, kv, kv, q, mp, c, c, c))
 
 
-def pass_traces(B, H, HKV, T, D, dt):
+def pass_traces(B, H, HKV, T, D, dt, mask=False):
     """fusec's three passes, one trace each (the --parts breakdown)."""
     q = "%s[%d, %d, %d, %d]" % (dt, B, H, T, D)
     kv = "%s[%d, %d, %d, %d]" % (dt, B, HKV, T, D)
     lse = "f32[%d, %d, %d]" % (B, H, T)
-    args = "q: %s, k: %s, v: %s, o: %s, lse: %s, do: %s" % (q, kv, kv, q, lse, q)
+    mp, c = rule(B, T, mask)
+    args = "q: %s, k: %s, v: %s, o: %s, lse: %s, do: %s%s" % (q, kv, kv, q, lse, q, mp)
     return {
-        "fwd": "trace fwd(q: %s, k: %s, v: %s) {\n  o, lse = attention(q, k, v, causal=true)\n"
-               "  return o, lse\n}\n" % (q, kv, kv),
-        "dq": "trace dq(%s) {\n  dq = attention_dq(q, k, v, o, lse, do, causal=true)\n"
-              "  return dq\n}\n" % args,
-        "dkv": "trace dkv(%s) {\n  dk, dv = attention_dkv(q, k, v, o, lse, do, causal=true)\n"
-               "  return dk, dv\n}\n" % args,
+        "fwd": "trace fwd(q: %s, k: %s, v: %s%s) {\n  o, lse = attention(q, k, v%s)\n"
+               "  return o, lse\n}\n" % (q, kv, kv, mp, c),
+        "dq": "trace dq(%s) {\n  dq = attention_dq(q, k, v, o, lse, do%s)\n"
+              "  return dq\n}\n" % (args, c),
+        "dkv": "trace dkv(%s) {\n  dk, dv = attention_dkv(q, k, v, o, lse, do%s)\n"
+               "  return dk, dv\n}\n" % (args, c),
     }
 
 
-def run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds):
+def run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds, reps=1, m=None):
     """Median ms of each pass alone, interleaved round by round."""
-    progs = {n: fusec.Program(t, device="cpu") for n, t in pass_traces(B, H, HKV, T, D, dt).items()}
-    o, lse = progs["fwd"](q, k, v)
-    args = {"fwd": (q, k, v), "dq": (q, k, v, o, lse, do), "dkv": (q, k, v, o, lse, do)}
+    progs = {n: fusec.Program(t, device="cpu")
+             for n, t in pass_traces(B, H, HKV, T, D, dt, m is not None).items()}
+    ms = () if m is None else (m,)
+    o, lse = progs["fwd"](q, k, v, *ms)
+    args = {"fwd": (q, k, v) + ms, "dq": (q, k, v, o, lse, do) + ms,
+            "dkv": (q, k, v, o, lse, do) + ms}
     ts = {n: [] for n in ("torch_fwd", "torch_bwd", "fwd", "dq", "dkv")}
     for r in range(rounds + 1):
-        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-        t0 = time.perf_counter()
-        oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=HKV != H)
-        t1 = time.perf_counter()
-        oo.backward(do)
-        t2 = time.perf_counter()
-        got = {"torch_fwd": t1 - t0, "torch_bwd": t2 - t1}
+        got = {"torch_fwd": 0.0, "torch_bwd": 0.0}
+        for _ in range(reps):
+            qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+            t0 = time.perf_counter()
+            oo = sdpa(qq, kk, vv, m)
+            t1 = time.perf_counter()
+            oo.backward(do)
+            t2 = time.perf_counter()
+            got["torch_fwd"] += (t1 - t0) / reps
+            got["torch_bwd"] += (t2 - t1) / reps
         for n, p in progs.items():
             t0 = time.perf_counter()
-            p(*args[n])
-            got[n] = time.perf_counter() - t0
+            for _ in range(reps):
+                p(*args[n])
+            got[n] = (time.perf_counter() - t0) / reps
         if r:  # the first round warms up
             for n, x in got.items():
                 ts[n].append(x)
     return {n: statistics.median(x) * 1e3 for n, x in ts.items()}
 
 
-def run_case(name, B, T, D, rounds, parts=False):
-    H, HKV, dt, tdt = CASES[name]
+def run_case(name, B, T, D, rounds, parts=False, H=0, reps=1, mask=False):
+    H0, HKV, dt, tdt = CASES[name]
+    if H:  # the case's ratio of query to kv heads, at H query heads
+        HKV, H = max(1, H * HKV // H0), H
+    else:
+        H = H0
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, T, D, generator=g).to(tdt)
     k = torch.randn(B, HKV, T, D, generator=g).to(tdt)
     v = torch.randn(B, HKV, T, D, generator=g).to(tdt)
     do = torch.randn(B, H, T, D, generator=g).to(tdt)
+    m = None
+    if mask:
+        m = torch.ones(T, T, dtype=torch.bool).tril().expand(B, 1, T, T).contiguous()
+    ms = () if m is None else (m,)
 
     def torch_step():
         qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True,
-                                           enable_gqa=HKV != H)
+        o = sdpa(qq, kk, vv, m)
         o.backward(do)
         return o, qq.grad, kk.grad, vv.grad
 
-    prog = fusec.Program(trace_text(B, H, HKV, T, D, dt), device="cpu")
+    prog = fusec.Program(trace_text(B, H, HKV, T, D, dt, mask), device="cpu")
 
     def fusec_step():
-        return prog(q, k, v, do)
+        return prog(q, k, v, do, *ms)
 
     # warm up and compare once
     ref = torch_step()
@@ -143,51 +187,74 @@ def run_case(name, B, T, D, rounds, parts=False):
     tt, tf = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        torch_step()
+        for _ in range(reps):
+            torch_step()
         t1 = time.perf_counter()
-        fusec_step()
+        for _ in range(reps):
+            fusec_step()
         t2 = time.perf_counter()
-        tt.append(t1 - t0)
-        tf.append(t2 - t1)
+        tt.append((t1 - t0) / reps)
+        tf.append((t2 - t1) / reps)
     r = {"case": name, "B": B, "H": H, "HKV": HKV, "T": T, "D": D, "dtype": dt,
+         "mask": bool(mask),
          "torch_ms": statistics.median(tt) * 1e3, "fusec_ms": statistics.median(tf) * 1e3,
          "torch_ms_all": [x * 1e3 for x in tt], "fusec_ms_all": [x * 1e3 for x in tf],
          "rel_err": errs}
     r["torch_over_fusec"] = r["torch_ms"] / r["fusec_ms"]
     if parts:
-        r["parts_ms"] = run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds)
+        r["parts_ms"] = run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds, reps, m)
     return r
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="attn_bench.py", description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--B", type=int, default=1)
-    ap.add_argument("--T", type=int, default=2048)
-    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--B", default="1")
+    ap.add_argument("--H", default="0", help="query heads (0: the case's 16)")
+    ap.add_argument("--T", default="2048")
+    ap.add_argument("--D", default="64")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=1, help="steps per round")
+    ap.add_argument("--small", action="store_true",
+                    help="B=4, H=4,16, T=128,512, D=64,128, f32 and bf16, 20 rounds")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads (fusec: FUSEC_THREADS); 0: all")
+    ap.add_argument("--mask", action="store_true",
+                    help="the causal rule as a bool tensor [B, 1, T, T] (HF's Llama)")
     ap.add_argument("--parts", action="store_true",
                     help="also time each pass alone (torch fwd, bwd; fusec fwd, dq, dkv)")
     ap.add_argument("--note", default="", help="a note kept in the JSON (the machine's load)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.small:
+        a.B, a.H, a.T, a.D = "4", "4,16", "128,512", "64,128"
+        if a.cases == ",".join(CASES):
+            a.cases = "f32,bf16"
+        a.rounds = max(a.rounds, 20)
     if a.threads:
         torch.set_num_threads(a.threads)
         os.environ["FUSEC_THREADS"] = str(a.threads)
     load0 = os.getloadavg()
     results = []
-    print("%-10s %10s %10s %8s  %s" % ("case", "torch ms", "fusec ms", "t/f", "rel err (o dq dk dv)"))
+    ints = lambda x: [int(v) for v in x.split(",")]  # noqa: E731
+    print("%-10s %3s %3s %5s %4s %10s %10s %8s  %s" % (
+        "case", "B", "H", "T", "D", "torch ms", "fusec ms", "t/f", "rel err (o dq dk dv)"))
     for name in a.cases.split(","):
-        r = run_case(name, a.B, a.T, a.D, a.rounds, a.parts)
-        results.append(r)
-        e = r["rel_err"]
-        print("%-10s %10.1f %10.1f %8.2f  %.1e %.1e %.1e %.1e" % (
-            name, r["torch_ms"], r["fusec_ms"], r["torch_over_fusec"],
-            e["o"], e["dq"], e["dk"], e["dv"]))
-        if a.parts:
-            print("  parts ms: " + "  ".join("%s %.1f" % kv for kv in r["parts_ms"].items()))
+        for B in ints(a.B):
+            for H in ints(a.H):
+                for T in ints(a.T):
+                    for D in ints(a.D):
+                        r = run_case(name, B, T, D, a.rounds, a.parts, H, a.reps,
+                                     a.mask)
+                        results.append(r)
+                        e = r["rel_err"]
+                        print("%-10s %3d %3d %5d %4d %10.2f %10.2f %8.2f  %.1e %.1e %.1e %.1e" % (
+                            name, B, r["H"], T, D, r["torch_ms"], r["fusec_ms"],
+                            r["torch_over_fusec"], e["o"], e["dq"], e["dk"], e["dv"]),
+                            flush=True)
+                        if a.parts:
+                            print("  parts ms: " + "  ".join(
+                                "%s %.2f" % kv for kv in r["parts_ms"].items()), flush=True)
     load1 = os.getloadavg()
     geo = math.exp(sum(math.log(r["torch_over_fusec"]) for r in results) / len(results))
     print("geomean torch/fusec: %.2f (load %.1f -> %.1f)" % (geo, load0[0], load1[0]))

@@ -9,8 +9,10 @@ Per (length, head dim, dtype), the file holds:
   - the primitive forward and backward in one trace (o, lse = attention;
     dq = attention_dq; dk, dv = attention_dkv), in the variants: plain,
     causal, GQA 4:1 (4 query heads per kv head) causal, a bool padding
-    mask [B, 1, 1, T] with a causal mask, a sliding window of 16 keys, and
-    softcap 30 with a float mask;
+    mask [B, 1, 1, T] with a causal mask, a sliding window of 16 keys,
+    softcap 30 with a float mask, and a bool mask [B, 1, T, T] made in the
+    trace (causal, and the last quarter of the keys hidden: HF's Llama
+    hands SDPA its causal mask so), which the kernels read block by block;
   - the decomposed forward eager attention writes (matmul, scale, where on
     an iota causal mask, softmax, matmul), which the partitioner makes the
     same region.
@@ -39,9 +41,16 @@ def cases(T, D, dt, B, H):
         ("pad", H, H, ", pad: bool[%d, 1, 1, %d]" % (B, T), ", pad", ", causal=true"),
         ("window", H, H, "", "", ", causal=true, window=16"),
         ("softcap", H, H, ", bias: %s[%d, %d]" % (dt, T, T), ", bias", ", softcap=30.0"),
+        ("bmask", H, H, "", ", m", ""),
     ]
     for name, hq, hk, mparam, marg, attrs in variants:
         w("trace %s_%s(%s%s) {\n" % (name, tag, qkv(hq, hk), mparam))
+        if name == "bmask":
+            w("  i = iota(length=%d, dtype=i64)\n" % T)
+            w("  c = ge(reshape(i, shape=[%d, 1]), reshape(i, shape=[1, %d]))\n" % (T, T))
+            w("  keep = lt(reshape(i, shape=[1, %d]), %d)\n" % (T, T - T // 4))
+            w("  m = broadcast_in_dim(logical_and(c, keep), shape=[%d, 1, %d, %d], "
+              "dims=[2, 3])\n" % (B, T, T))
         w("  o, lse = attention(q, k, v%s%s)\n" % (marg, attrs))
         w("  dq = attention_dq(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
         w("  dk, dv = attention_dkv(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
