@@ -121,7 +121,9 @@
                               * stash in a stack scratch, casts to
                               * f16/bf16 round once; 16: host column
                               * walks store the domain's outputs; 17: host
-                              * attention exp without underflow) */
+                              * attention exp without underflow, vector
+                              * stores, causal diagonal blocks by their
+                              * triangle, bool mask blocks classified) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
