@@ -658,7 +658,7 @@ static V stored(cg *g, V x, fz_dtype d)
  * values with !nontemporal (g->stream, set by the skeleton around the
  * stores that write a value nobody in the kernel reads back: pointwise
  * outputs, a row's tail; not the stash or the keep, which the tail
- * reads, nor a serial scatter's copy, which its adds read). Only whole
+ * reads, nor a scatter's copy, which its adds read). Only whole
  * aligned lane groups of 16 bytes or more stream (LLVM makes them movntps
  * or movntdq; an unaligned or scalar store would not be one). Streaming
  * stores are weakly ordered: the function ends in an sfence, so that
@@ -668,7 +668,7 @@ static V stored(cg *g, V x, fz_dtype d)
 
 bool cg_stream_fits(cg *g)
 {
-	if (g->o.target != FZ_CG_HOST || g->serial || !g->c->triple ||
+	if (g->o.target != FZ_CG_HOST || g->serial || g->by_rows || !g->c->triple ||
 	    strncmp(g->c->triple, "x86_64", 6) != 0)
 		return false;
 	int64_t bytes = 0;

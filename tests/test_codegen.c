@@ -737,6 +737,13 @@ START_TEST(indexing_out_of_range)
 	ck_assert_int_eq(st, FZ_OK);
 	compare_run(src, s, 100000, 1, 1, &st); /* ids up to 99999: caught */
 	ck_assert_int_eq(st, FZ_ERANGE);
+	/* index_add by rows (each part flags what it reads): in, then out */
+	src = "trace f(x: f32[5, 8], ids: i64[T], g: f32[T, 8]) {\n"
+	      "  y = index_add(x, ids, g, dim=0)\n  return y\n}\n";
+	ck_assert_double_le(compare_run(src, s, 5, 1e-6, 1e-6, &st), 1);
+	ck_assert_int_eq(st, FZ_OK);
+	compare_run(src, s, 100000, 1, 1, &st);
+	ck_assert_int_eq(st, FZ_ERANGE);
 	compare_run("trace f(a: i32[6], b: i32[6]) {\n  r = fmod(a, b)\n  return r\n}\n",
 		    (int64_t[]){0}, 1, 1, 1, &st); /* every b is 0 */
 	ck_assert_int_eq(st, FZ_ERANGE);
