@@ -304,7 +304,9 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
  * wait between the copy and the adds, no race), and a bad index is
  * flagged by every part and added nowhere. Every part reads the whole of
  * idx (8 bytes a row of src); rows that many indices name (a padding
- * token's) stay with one part, as they were with part 0. */
+ * token's) stay with one part, as they were with part 0. A large copy
+ * streams (emit.c's "streaming stores"): the adds read back only the rows
+ * idx names. */
 static bool rows_fit(cg *g, const fz_node *ia)
 {
 	const fz_value *src = ia->in[2], *y = ia->out[0];

@@ -1315,6 +1315,17 @@ START_TEST(host_streaming_stores)
 	stream_counts(chain, n);
 	ck_assert_int_ge(n[0], 1);
 	ck_assert_int_ge(n[2], 1);
+	/* index_add of 16 MiB: a scatter by rows streams its copy, a serial
+	 * one (along dim 1) does not */
+	stream_counts("trace f(i: i64[64], s: f32[64, 1024]) {\n"
+		      "  z = full(shape=[4096, 1024], value=0, dtype=f32)\n"
+		      "  y = index_add(z, i, s, dim=0)\n  return y\n}\n", n);
+	ck_assert_int_ge(n[0], 1);
+	ck_assert_int_ge(n[1], 1);
+	stream_counts("trace f(i: i64[64], s: f32[4096, 64]) {\n"
+		      "  z = full(shape=[4096, 1024], value=0, dtype=f32)\n"
+		      "  y = index_add(z, i, s, dim=1)\n  return y\n}\n", n);
+	ck_assert_int_eq(n[0], 0);
 	/* run: the keep's and the chain's scratch, streamed tails (softmax's
 	 * stash is the chain's last pass; a pointwise store is the tail's) */
 	EXACT(add_rms, 0);
