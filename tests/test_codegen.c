@@ -535,6 +535,23 @@ START_TEST(pointwise_math_close)
 }
 END_TEST
 
+/* exp and exp2 at their ends: overflow to inf, subnormal results (one
+ * rounding: codegen/math.c's scale2), underflow to 0, infinities and NaN
+ * (x / 0 and its difference with itself), in f32 and through bf16 */
+START_TEST(pointwise_exp_ends)
+{
+	CLOSE("trace f(x: f32[B, 64]) {\n"
+	      "  a = exp(mul(x, 60.0))\n"
+	      "  b = exp2(mul(x, 80.0))\n"
+	      "  i = div(x, 0.0)\n"
+	      "  c = add(exp(i), exp2(i))\n"
+	      "  d = exp(sub(i, i))\n"
+	      "  return a, b, c, d\n}\n", 2e-6, 9);
+	CLOSE("trace f(x: bf16[B, 64]) {\n"
+	      "  a = exp(mul(x, 60.0))\n  return a\n}\n", 1e-2, 5);
+}
+END_TEST
+
 /* pow by 0, 1, 2 and -1 is one IEEE operation (1, x, x x, 1/x), the
  * correctly rounded result, so it matches the interpreter's f64 pow
  * rounded to f32 bit for bit, specials (NaN base, zeros) included */
@@ -1426,6 +1443,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, pointwise_pow_constant);
+	tcase_add_test(pw, pointwise_exp_ends);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
