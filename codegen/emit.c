@@ -129,8 +129,17 @@ static V round_to(cg *g, V x, fz_dtype d)
 		return fpext(g, fptrunc(g, x, t_f16(g)), t_f32(g));
 	if (d == FZ_BF16 && bf16_native(g))
 		return fpext(g, fptrunc(g, x, t_bf16(g)), t_f32(g));
-	if (d == FZ_BF16)
-		return bf16_to_f32(g, f32_to_bf16(g, x));
+	if (d == FZ_BF16) {
+		/* f32_to_bf16's rounding kept in f32: the low half cleared
+		 * once, not shifted out and back (and the NaN's quiet bit set
+		 * before), an instruction fewer a vector */
+		V u = bitcast(g, x, t_i32(g));
+		V lsb = and_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 1));
+		V r = add(g, u, add(g, lsb, c_i32(g, 0x7fff)));
+		V q = or_(g, u, c_i32(g, 0x400000));
+		r = sel(g, fcmp(g, LLVMRealUNO, x, x), q, r);
+		return bitcast(g, and_(g, r, c_i32(g, (int)0xffff0000u)), t_f32(g));
+	}
 	return x;
 }
 

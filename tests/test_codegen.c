@@ -552,6 +552,31 @@ START_TEST(pointwise_exp_ends)
 }
 END_TEST
 
+/* f32 -> bf16 at its edges, bit for bit: ties to even both ways (1 +
+ * 2^-8 down to 1, 1 + 3 2^-8 up to 1 + 2^-6), a carry into the exponent,
+ * overflow to infinity, infinities, NaN, subnormal results; and bf16 ops
+ * that round the same way (emit.c's round_to) */
+START_TEST(bf16_rounding_edges)
+{
+	EXACT("trace f(x: f32[B, 16]) {\n"
+	      "  z = mul(x, 0.0)\n"
+	      "  a = cast(add(z, 1.00390625), dtype=bf16)\n"
+	      "  b = cast(add(z, 1.01171875), dtype=bf16)\n"
+	      "  c = cast(add(z, 1.99609375), dtype=bf16)\n"
+	      "  d = cast(mul(x, 1.7e38), dtype=bf16)\n"
+	      "  i = div(x, 0.0)\n"
+	      "  e = cast(i, dtype=bf16)\n"
+	      "  n = cast(sub(i, i), dtype=bf16)\n"
+	      "  s = cast(mul(x, 3e-39), dtype=bf16)\n"
+	      "  return a, b, c, d, e, n, s\n}\n", 9);
+	EXACT("trace f(x: bf16[B, 16], y: bf16[B, 16]) {\n"
+	      "  a = mul(x, y)\n"
+	      "  b = add(mul(x, 1e38), mul(y, 1e38))\n"
+	      "  c = mul(mul(x, 1e-30), mul(y, 1e-8))\n"
+	      "  return a, b, c\n}\n", 9);
+}
+END_TEST
+
 /* pow by 0, 1, 2 and -1 is one IEEE operation (1, x, x x, 1/x), the
  * correctly rounded result, so it matches the interpreter's f64 pow
  * rounded to f32 bit for bit, specials (NaN base, zeros) included */
@@ -1444,6 +1469,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
+	tcase_add_test(pw, bf16_rounding_edges);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
