@@ -180,7 +180,9 @@ typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
  * of the grid-stride loops' iterations (elements, or rows), so the parts
  * 0 .. n-1 of one launch, on any threads in any order, together do what
  * the call (0, 1) does. A kernel whose loops cannot be split (index_add's
- * scatter) does everything in part 0 and nothing in the others. */
+ * scatter, but along dim 0 of f32 or f64 lanes, split by the rows of its
+ * result: pointwise.c) does everything in part 0 and nothing in the
+ * others. */
 typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err,
                            int64_t part, int64_t nparts);
 
