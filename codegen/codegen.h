@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 17 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 20 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -120,10 +120,16 @@
                               * streaming stores of large outputs, rows
                               * stash in a stack scratch, casts to
                               * f16/bf16 round once; 16: host column
-                              * walks store the domain's outputs; 17: host
-                              * attention exp without underflow, vector
-                              * stores, causal diagonal blocks by their
-                              * triangle, bool mask blocks classified) */
+                              * walks store the domain's outputs; 17-19
+                              * (two branches of session 8, each its own
+                              * numbers): host attention exp without
+                              * underflow, vector stores, causal diagonal
+                              * blocks by their triangle, bool mask blocks
+                              * classified; the keep stored by the first
+                              * pass that computes it, with the scratch;
+                              * host index_add by rows, exp's scaling by an
+                              * exponent add; bf16 rounding kept in f32;
+                              * 20: both merged) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -179,7 +185,9 @@ typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
  * of the grid-stride loops' iterations (elements, or rows), so the parts
  * 0 .. n-1 of one launch, on any threads in any order, together do what
  * the call (0, 1) does. A kernel whose loops cannot be split (index_add's
- * scatter) does everything in part 0 and nothing in the others. */
+ * scatter, but along dim 0 of f32 or f64 lanes, split by the rows of its
+ * result: pointwise.c) does everything in part 0 and nothing in the
+ * others. */
 typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err,
                            int64_t part, int64_t nparts);
 

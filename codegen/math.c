@@ -92,14 +92,24 @@ static V pow2(cg *g, V p, V k)
 	return bitcast(g, shl(g, e, c_i64(g, 52)), t_f64(g));
 }
 
-/* p * 2^k for k (i32) in [-300, 300] (f32) or [-2100, 2100] (f64): two
- * exact power-of-two factors. */
+/* p * 2^k for p in [0.5, 2) and k (i32) in [-250, 250] (f32) or [-2040,
+ * 2040] (f64): p * 2^k1 by adding k1 to p's exponent field (a normal
+ * number: exact, as the multiplication by 2^k1 it replaces; one
+ * instruction for two), then one multiplication by 2^k2, the only
+ * rounding (a subnormal result) or overflow. */
 static V scale2(cg *g, V p, V k)
 {
 	V k1 = ashr(g, k, c_i32(g, 1)), k2 = sub(g, k, k1);
-	V s1 = pow2(g, p, k1);
 	V s2 = pow2(g, p, k2);
-	return fmul(g, fmul(g, p, s1), s2);
+	V p1;
+	if (!is64(g, p)) {
+		p1 = add(g, bitcast(g, p, t_i32(g)), shl(g, k1, c_i32(g, 23)));
+		p1 = bitcast(g, p1, t_f32(g));
+	} else {
+		V e = shl(g, sext(g, k1, t_i64(g)), c_i64(g, 52));
+		p1 = bitcast(g, add(g, bitcast(g, p, t_i64(g)), e), t_f64(g));
+	}
+	return fmul(g, p1, s2);
 }
 
 /* 1/n!: e^r's Taylor coefficients; f32 takes 8 (truncation 3e-9 on
@@ -109,9 +119,10 @@ static const double EXP_C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
 			       1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600,
 			       1.0 / 6227020800.0};
 
+/* x within [lo, hi]; a NaN stays NaN (exp and exp2 return x for it, and
+ * what they computed from it, poison after fptosi, is not selected) */
 static V clampf(cg *g, V x, double lo, double hi)
 {
-	x = sel(g, isnan_(g, x), kc(x, 0), x);
 	x = sel(g, fcmp(g, LLVMRealOGT, x, kc(x, hi)), kc(x, hi), x);
 	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, lo)), kc(x, lo), x);
 }

@@ -91,9 +91,12 @@ typedef struct rows {
 	 * before it reduced, from chain[k] (NULL: none). */
 	bool chained;
 	const fz_value *chain[64];
-	/* The keep (host): the last pass stores output `keep_o`, which it
-	 * computes anyway, and the tail reads it back (see "the keep"). */
+	/* The keep (host): pass `keep_pass` (counting every pass of the
+	 * row, var_mean's two included; `npass` so far) stores output
+	 * `keep_o`, which it computes anyway, and the passes after it and
+	 * the tail read it back (see "the keep"). */
 	const fz_value *keep_o;
+	int keep_pass, npass;
 	/* The scratch (host): where the stash, the chain and the keep put
 	 * what they store, instead of the output (see "the scratch"); NULL:
 	 * the output. */
@@ -539,8 +542,12 @@ static void keep_store(cg *g, rows *R, V pos, cg_ix (*ix)[FZ_MAX_RANK])
 }
 
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
-	      const fz_value *stash, const fz_value *reload, bool keep)
+	      const fz_value *stash, const fz_value *reload)
 {
+	int no = R->npass++;
+	bool keep = R->keep_o && no == R->keep_pass;
+	if (R->keep_o && no > R->keep_pass) /* the scratch has it: see "the keep" */
+		reload = R->keep_o;
 	accum A[FZ_HOST_ACCS];
 	T t = cg_ctype(g, x->type.dtype);
 	V vals[FZ_VW_MAX];
@@ -567,7 +574,7 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 			V pos = add(g, M.iv, c_int(g->ity, i * R->L));
 			row_lanes(g, R, pos, ix);
 			if (reload)
-				reload_at(g, R, reload, R->stash_o, pos, ix);
+				reload_at(g, R, reload, R->stash_o ? R->stash_o : reload, pos, ix);
 			cg_value(g, x, R->L, ix, vals);
 			acc_step(g, R, &A[i], vals, NULL, mh, ml);
 			if (stash)
@@ -584,7 +591,7 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 		row_loop_begin(g, R, &L);
 	row_lanes(g, R, L.iv, ix);
 	if (reload)
-		reload_at(g, R, reload, R->stash_o, L.iv, ix);
+		reload_at(g, R, reload, R->stash_o ? R->stash_o : reload, L.iv, ix);
 	cg_value(g, x, R->L, ix, vals);
 	acc_step(g, R, &A[0], vals, NULL, mh, ml);
 	if (stash)
@@ -609,9 +616,8 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
 	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
-static void reduce_node(cg *g, rows *R, const fz_node *n, int k, bool last)
+static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 {
-	bool keep = last && R->keep_o;
 	const fz_value *x = n->in[0];
 	if (n->op == FZ_OP_AMAX || n->op == FZ_OP_AMIN)
 		cg_flag_error(g, n, icmp(g, LLVMIntEQ, R->count, c_int(g->ity, 0)));
@@ -620,7 +626,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k, bool last)
 	if (n->op != FZ_OP_VAR_MEAN) {
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
 			   n == R->stash_by || R->chained ? R->stash_o : NULL,
-			   R->chained ? R->chain[k] : NULL, keep);
+			   R->chained ? R->chain[k] : NULL);
 		T rt = cg_ctype(g, x->type.dtype);
 		/* an integer sum accumulates in i64 and is a value of its
 		 * dtype: u8, i8, i32 wrap before the region uses it */
@@ -633,7 +639,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k, bool last)
 	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL, false);
+	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL);
 	V mh, ml;
 	if (t == t_f32(g)) {
 		V s = pair_sum(g, sh, lo, t_f64(g));
@@ -645,7 +651,7 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k, bool last)
 		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
 		ml = c_real(t, 0.0);
 	}
-	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL, keep);
+	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
 	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
 	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
 	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
@@ -829,7 +835,12 @@ static void stash_pick(cg *g, rows *R, const fz_node *last)
  *     and no later pass reads the row; a row's output, a take_along of
  *     the row, would).
  * What the tail reads back is o's value at its own index, rounded to o's
- * dtype when the pass made it: the same as computing it again. */
+ * dtype when the pass made it: the same as computing it again. With the
+ * scratch (below), where no input lies under what the keep stores, the
+ * first pass that computes o stores it and every pass after it reads it
+ * back too: an add + layer_norm's variance pass then loads h instead of
+ * computing it from x and r again (a third of the row's instructions in
+ * bf16: two loads, two widenings, an add and a rounding per element). */
 
 /* v's expression reads a reduced value (or the walk ran out) */
 static bool reads_reduced(const cg *g, const fz_value *v, int *budget)
@@ -875,6 +886,21 @@ static void keep_pick(cg *g, rows *R, const fz_node *last)
 			o = NULL;
 	}
 	R->keep_o = o;
+}
+
+/* The pass that stores the keep: the last, or with the scratch the first
+ * whose operand is made from it (the scratch is the part's own, so no
+ * input lies under it). */
+static void keep_when(cg *g, rows *R, const fz_node *const *reds, int nr)
+{
+	int np = 0, first = -1;
+	for (int k = 0; k < nr; k++) {
+		int b = STASH_WALK;
+		if (first < 0 && made_from(g, reds[k]->in[0], R->keep_o, &b))
+			first = np;
+		np += reds[k]->op == FZ_OP_VAR_MEAN ? 2 : 1;
+	}
+	R->keep_pass = R->scratch && first >= 0 ? first : np - 1;
 }
 
 /* ---- the chain ------------------------------------------------------------------
@@ -1406,9 +1432,11 @@ void cg_rows(cg *g)
 		keep_pick(g, &R, reds[nr - 1]);
 	if (!R.S)
 		scratch_pick(g, &R);
+	if (R.keep_o)
+		keep_when(g, &R, reds, nr);
 
 	for (int i = 0; i < nr && g->st == FZ_OK; i++)
-		reduce_node(g, &R, reds[i], i, i == nr - 1);
+		reduce_node(g, &R, reds[i], i);
 
 	/* row-shaped outputs, then the tail over the row */
 	V leader = icmp(g, LLVMIntEQ, R.tid_in_row, c_int(g->ity, 0));

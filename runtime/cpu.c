@@ -291,12 +291,13 @@ static void launch_part(void *arg, int part, int nparts)
 
 /* Parts for a launch of k: a row kernel's rows (one may be a part), a
  * pointwise kernel's elements (16 Ki a part at least, so that a small
- * launch stays on the calling thread); index_add's scatter runs in part 0
- * alone, so it takes one. */
+ * launch stays on the calling thread); index_add's as a pointwise one's
+ * (its work: the copy's lane groups and src's elements): a scatter along
+ * dim 0 of f32 or f64 splits by the rows of its result, any other runs in
+ * part 0 alone and its other parts return at once (codegen/pointwise.c,
+ * "the scatter by rows"). */
 static int launch_parts(const cpu_device *c, const fz_kernel *k, const int64_t *syms)
 {
-	if (k->sk == FZ_SK_SCATTER)
-		return 1;
 	int64_t w = 0;
 	for (int i = 0; i < k->n_work[0] && i < 8; i++) {
 		int64_t x = fz_ext_eval(k->work[0][i], syms);

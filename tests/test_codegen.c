@@ -535,6 +535,48 @@ START_TEST(pointwise_math_close)
 }
 END_TEST
 
+/* exp and exp2 at their ends: overflow to inf, subnormal results (one
+ * rounding: codegen/math.c's scale2), underflow to 0, infinities and NaN
+ * (x / 0 and its difference with itself), in f32 and through bf16 */
+START_TEST(pointwise_exp_ends)
+{
+	CLOSE("trace f(x: f32[B, 64]) {\n"
+	      "  a = exp(mul(x, 60.0))\n"
+	      "  b = exp2(mul(x, 80.0))\n"
+	      "  i = div(x, 0.0)\n"
+	      "  c = add(exp(i), exp2(i))\n"
+	      "  d = exp(sub(i, i))\n"
+	      "  return a, b, c, d\n}\n", 2e-6, 9);
+	CLOSE("trace f(x: bf16[B, 64]) {\n"
+	      "  a = exp(mul(x, 60.0))\n  return a\n}\n", 1e-2, 5);
+}
+END_TEST
+
+/* f32 -> bf16 at its edges, bit for bit: ties to even both ways (1 +
+ * 2^-8 down to 1, 1 + 3 2^-8 up to 1 + 2^-6), a carry into the exponent,
+ * overflow to infinity, infinities, NaN, subnormal results; and bf16 ops
+ * that round the same way (emit.c's round_to) */
+START_TEST(bf16_rounding_edges)
+{
+	EXACT("trace f(x: f32[B, 16]) {\n"
+	      "  z = mul(x, 0.0)\n"
+	      "  a = cast(add(z, 1.00390625), dtype=bf16)\n"
+	      "  b = cast(add(z, 1.01171875), dtype=bf16)\n"
+	      "  c = cast(add(z, 1.99609375), dtype=bf16)\n"
+	      "  d = cast(mul(x, 1.7e38), dtype=bf16)\n"
+	      "  i = div(x, 0.0)\n"
+	      "  e = cast(i, dtype=bf16)\n"
+	      "  n = cast(sub(i, i), dtype=bf16)\n"
+	      "  s = cast(mul(x, 3e-39), dtype=bf16)\n"
+	      "  return a, b, c, d, e, n, s\n}\n", 9);
+	EXACT("trace f(x: bf16[B, 16], y: bf16[B, 16]) {\n"
+	      "  a = mul(x, y)\n"
+	      "  b = add(mul(x, 1e38), mul(y, 1e38))\n"
+	      "  c = mul(mul(x, 1e-30), mul(y, 1e-8))\n"
+	      "  return a, b, c\n}\n", 9);
+}
+END_TEST
+
 /* pow by 0, 1, 2 and -1 is one IEEE operation (1, x, x x, 1/x), the
  * correctly rounded result, so it matches the interpreter's f64 pow
  * rounded to f32 bit for bit, specials (NaN base, zeros) included */
@@ -736,6 +778,13 @@ START_TEST(indexing_out_of_range)
 	compare_run(src, s, 5, 1, 1, &st);   /* ids in [0, 5): fine */
 	ck_assert_int_eq(st, FZ_OK);
 	compare_run(src, s, 100000, 1, 1, &st); /* ids up to 99999: caught */
+	ck_assert_int_eq(st, FZ_ERANGE);
+	/* index_add by rows (each part flags what it reads): in, then out */
+	src = "trace f(x: f32[5, 8], ids: i64[T], g: f32[T, 8]) {\n"
+	      "  y = index_add(x, ids, g, dim=0)\n  return y\n}\n";
+	ck_assert_double_le(compare_run(src, s, 5, 1e-6, 1e-6, &st), 1);
+	ck_assert_int_eq(st, FZ_OK);
+	compare_run(src, s, 100000, 1, 1, &st);
 	ck_assert_int_eq(st, FZ_ERANGE);
 	compare_run("trace f(a: i32[6], b: i32[6]) {\n  r = fmod(a, b)\n  return r\n}\n",
 		    (int64_t[]){0}, 1, 1, 1, &st); /* every b is 0 */
@@ -1308,10 +1357,99 @@ START_TEST(host_streaming_stores)
 	stream_counts(chain, n);
 	ck_assert_int_ge(n[0], 1);
 	ck_assert_int_ge(n[2], 1);
+	/* index_add of 16 MiB: a scatter by rows streams its copy, a serial
+	 * one (along dim 1) does not */
+	stream_counts("trace f(i: i64[64], s: f32[64, 1024]) {\n"
+		      "  z = full(shape=[4096, 1024], value=0, dtype=f32)\n"
+		      "  y = index_add(z, i, s, dim=0)\n  return y\n}\n", n);
+	ck_assert_int_ge(n[0], 1);
+	ck_assert_int_ge(n[1], 1);
+	stream_counts("trace f(i: i64[64], s: f32[4096, 64]) {\n"
+		      "  z = full(shape=[4096, 1024], value=0, dtype=f32)\n"
+		      "  y = index_add(z, i, s, dim=1)\n  return y\n}\n", n);
+	ck_assert_int_eq(n[0], 0);
 	/* run: the keep's and the chain's scratch, streamed tails (softmax's
 	 * stash is the chain's last pass; a pointwise store is the tail's) */
 	EXACT(add_rms, 0);
 	CLOSE(chain, 1e-5, 0);
+#endif
+}
+END_TEST
+
+/* The blocks of a host kernel that load from input buffer 0 and from
+ * input buffer 1 (a pointer the entry block loads from that slot of the
+ * buffer array, the first parameter). */
+typedef struct loads_of {
+	int blocks[2];
+} loads_of;
+
+static bool from_buffer(LLVMValueRef p, LLVMValueRef bufs, int in)
+{
+	while (LLVMIsAGetElementPtrInst(p))
+		p = LLVMGetOperand(p, 0);
+	if (!LLVMIsALoadInst(p))
+		return false;
+	LLVMValueRef slot = LLVMGetOperand(p, 0);
+	if (slot == bufs)
+		return in == 0;
+	return LLVMIsAGetElementPtrInst(slot) && LLVMGetOperand(slot, 0) == bufs &&
+	       LLVMIsAConstantInt(LLVMGetOperand(slot, 1)) &&
+	       LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) == (unsigned long long)in * 8;
+}
+
+static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	loads_of *a = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
+			continue;
+		LLVMValueRef bufs = LLVMGetParam(f, 0);
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb)) {
+			bool any[2] = {false, false};
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i))
+				for (int in = 0; in < 2; in++)
+					any[in] = any[in] || (LLVMIsALoadInst(i) &&
+						  from_buffer(LLVMGetOperand(i, 0), bufs, in));
+			a->blocks[0] += any[0];
+			a->blocks[1] += any[1];
+		}
+	}
+	return FZ_OK;
+}
+
+/* An add + layer_norm with both results as outputs, on the host: the keep
+ * (h) goes to the scratch in the mean's pass, and the variance's pass and
+ * the tail read it back, so x and r are read by the first pass alone (its
+ * loop of four turns and its loop of the rest: two blocks; the variance's
+ * pass computing h again read them in two more). Results bit-exact
+ * (reduction.c, "the keep"). */
+START_TEST(host_keep_first_pass)
+{
+#if defined(__x86_64__)
+	static const char src[] =
+		"trace f(x: bf16[2048, 2048], r: bf16[2048, 2048], w: bf16[2048], b: bf16[2048]) {\n"
+		"  h = add(x, r)\n"
+		"  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n  return h, y\n}\n";
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	loads_of a = {{0, 0}};
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
+					  count_buffer_loads, &a, NULL), FZ_OK);
+	for (int in = 0; in < 2; in++) {
+		ck_assert_int_ge(a.blocks[in], 1);
+		ck_assert_int_le(a.blocks[in], 2);
+	}
+	fz_compiler_free(c);
+	fz_module_free(m);
+	EXACT(src, 0);
 #endif
 }
 END_TEST
@@ -1332,6 +1470,8 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, pointwise_pow_constant);
+	tcase_add_test(pw, pointwise_exp_ends);
+	tcase_add_test(pw, bf16_rounding_edges);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
@@ -1340,6 +1480,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(rd, scan_lengths);
 	tcase_add_test(rd, select_rows);
 	tcase_add_test(rd, host_streaming_stores);
+	tcase_add_test(rd, host_keep_first_pass);
 	suite_add_tcase(s, rd);
 	TCase *ix = tcase_create("indexing");
 	tcase_add_test(ix, indexing_take_and_index_add);
