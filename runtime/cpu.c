@@ -38,6 +38,9 @@
  * it. Its pool has fz_exec_options.threads threads, else $FUSEC_THREADS,
  * else as many as the CPUs this process may run on, as the program that
  * opens it asks; programs that open it while it lives share that pool.
+ * In a process that has an OpenMP runtime loaded (PyTorch's), the pool
+ * runs its jobs on that runtime's team rather than on threads of its own
+ * (pool.c says why, and what it costs on a crowded machine).
  */
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdint.h>

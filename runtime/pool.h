@@ -14,7 +14,8 @@
  *     fz_pool_free(p);
  *
  * Jobs from several threads at once run one after the other (a job holds
- * the pool); a part that starts a job of its own runs it inline, in order.
+ * the pool; on an OpenMP team, side by side, each caller on a team of its
+ * own); a part that starts a job of its own runs it inline, in order.
  */
 #ifndef FUSEC_RUNTIME_POOL_H
 #define FUSEC_RUNTIME_POOL_H
@@ -29,6 +30,9 @@ fz_status fz_pool_new(int threads, fz_pool **out, char **err);
 void fz_pool_free(fz_pool *p);
 /* Threads that run a job's parts, the caller's included. */
 int fz_pool_threads(const fz_pool *p);
+/* Whose threads those are: "own" (the pool's) or "openmp" (the team of
+ * the OpenMP runtime already in the process; pool.c says when). */
+const char *fz_pool_kind(const fz_pool *p);
 /* Runs fn(arg, i, nparts) for every i in [0, nparts) across the pool. */
 void fz_pool_run(fz_pool *p, int nparts, fz_pool_fn fn, void *arg);
 /* How many parts to cut `items` units of work into, at least `min_items`

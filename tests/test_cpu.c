@@ -36,6 +36,21 @@
 
 /* ---- the pool --------------------------------------------------------------------- */
 
+/* The pool tests run twice (loop tests, _i): on fusec's own threads, and
+ * on the OpenMP team of a process that has libgomp loaded, as PyTorch's
+ * does (pool.c). Each test runs in a process of its own. */
+static const char *pool_kind_for(int i)
+{
+	if (i == 0) {
+		setenv("FUSEC_POOL", "own", 1);
+		return "own";
+	}
+	unsetenv("FUSEC_POOL");
+	ck_assert_msg(dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL),
+		      "libgomp.so.1: %s", dlerror());
+	return "openmp";
+}
+
 typedef struct count_job {
 	atomic_int hits[64];
 	atomic_int calls;
@@ -52,10 +67,12 @@ static void count_part(void *arg, int part, int nparts)
 
 START_TEST(pool_every_part_once)
 {
+	const char *kind = pool_kind_for(_i);
 	for (int threads = 1; threads <= 4; threads++) {
 		fz_pool *p = NULL;
 		ck_assert_int_eq(fz_pool_new(threads, &p, NULL), FZ_OK);
 		ck_assert_int_eq(fz_pool_threads(p), threads);
+		ck_assert_str_eq(fz_pool_kind(p), threads > 1 ? kind : "own");
 		for (int rep = 0; rep < 300; rep++) {
 			int n = 1 + rep % 64;
 			count_job j;
@@ -98,8 +115,10 @@ static void outer_part(void *arg, int part, int nparts)
 
 START_TEST(pool_nested_runs_inline)
 {
+	const char *kind = pool_kind_for(_i);
 	fz_pool *p = NULL;
 	ck_assert_int_eq(fz_pool_new(3, &p, NULL), FZ_OK);
+	ck_assert_str_eq(fz_pool_kind(p), kind);
 	nest_job j = {p, 0};
 	fz_pool_run(p, 7, outer_part, &j);
 	ck_assert_int_eq(atomic_load(&j.inner), 35);
@@ -122,8 +141,10 @@ static void *submitter(void *arg)
 
 START_TEST(pool_two_callers)
 {
+	const char *kind = pool_kind_for(_i);
 	fz_pool *p = NULL;
 	ck_assert_int_eq(fz_pool_new(3, &p, NULL), FZ_OK);
+	ck_assert_str_eq(fz_pool_kind(p), kind);
 	pthread_t a, b;
 	void *ra, *rb;
 	pthread_create(&a, NULL, submitter, p);
@@ -808,9 +829,9 @@ static Suite *cpu_suite(void)
 {
 	Suite *s = suite_create("cpu");
 	TCase *tc = tcase_create("pool");
-	tcase_add_test(tc, pool_every_part_once);
-	tcase_add_test(tc, pool_nested_runs_inline);
-	tcase_add_test(tc, pool_two_callers);
+	tcase_add_loop_test(tc, pool_every_part_once, 0, 2);
+	tcase_add_loop_test(tc, pool_nested_runs_inline, 0, 2);
+	tcase_add_loop_test(tc, pool_two_callers, 0, 2);
 	tcase_add_test(tc, pool_parts_bounds);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("parts");
