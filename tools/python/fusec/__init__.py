@@ -205,10 +205,7 @@ class _HostOutput:
     __slots__ = ("_alloc", "_dlpack", "_release", "_from", "_args", "_data",
                  "_pdata")
 
-    def __init__(self, lib, torch, shape, dname):
-        n = _lib.DTYPE_SIZE[dname]
-        for e in shape:
-            n *= e
+    def __init__(self, lib, torch, shape, dname, n):
         self._alloc, self._dlpack = lib.fz_host_alloc, lib.fz_host_block_dlpack
         self._release = lib.fz_host_release
         import torch.utils.dlpack
@@ -242,8 +239,8 @@ def _host_output(lib, torch, shape, dname):
     n = _lib.DTYPE_SIZE[dname]
     for e in shape:
         n *= e
-    return _HostOutput(lib, torch, shape, dname) if n >= HOST_CACHE_MIN \
-        else None
+    return _HostOutput(lib, torch, shape, dname, n) \
+        if n >= HOST_CACHE_MIN else None
 
 
 def host_cache_stats():
