@@ -156,17 +156,20 @@ int fz_cpu_count(void)
 	return n > 0 ? (int)n : 1;
 }
 
-/* Takes parts of the job (fn, arg, nparts) until none is left. */
-static void take_parts(fz_pool *p, fz_pool_fn fn, void *arg, int nparts)
+/* Takes parts of the job (fn, arg, nparts) from the counter next until
+ * none is left; with finished (fusec's own threads), counts each part
+ * returned and wakes the caller at the last. */
+static void take_parts(fz_pool *p, atomic_int *next, atomic_int *finished, fz_pool_fn fn,
+		       void *arg, int nparts)
 {
 	fz_pool *outer = running;
 	running = p;
 	for (;;) {
-		int i = atomic_fetch_add(&p->next, 1);
+		int i = atomic_fetch_add(next, 1);
 		if (i >= nparts)
 			break;
 		fn(arg, i, nparts);
-		if (atomic_fetch_add(&p->finished, 1) + 1 == nparts) {
+		if (finished && atomic_fetch_add(finished, 1) + 1 == nparts) {
 			pthread_mutex_lock(&p->mu);
 			pthread_cond_broadcast(&p->done);
 			pthread_mutex_unlock(&p->mu);
@@ -196,7 +199,7 @@ static void *worker(void *arg)
 		void *a = p->arg;
 		int nparts = p->nparts;
 		pthread_mutex_unlock(&p->mu);
-		take_parts(p, fn, a, nparts);
+		take_parts(p, &p->next, &p->finished, fn, a, nparts);
 		pthread_mutex_lock(&p->mu);
 		if (--p->active == 0)
 			pthread_cond_broadcast(&p->done);
@@ -300,8 +303,10 @@ int fz_pool_parts(const fz_pool *p, int64_t items, int64_t min_items)
 	return n < 1 ? 1 : n > most ? most : (int)n;
 }
 
-/* A job on the OpenMP team: each of its threads takes parts from one
- * counter, as fz_pool's own threads do. */
+/* A job on the OpenMP team: each of its threads takes parts as fz_pool's
+ * own threads do, from a counter of the job's own (jobs of several
+ * callers may run at once, each on its team); GOMP_parallel's return is
+ * the wait for the last. */
 typedef struct omp_job {
 	fz_pool *p;
 	fz_pool_fn fn;
@@ -313,11 +318,7 @@ typedef struct omp_job {
 static void omp_body(void *data)
 {
 	omp_job *j = data;
-	fz_pool *outer = running;
-	running = j->p;
-	for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->nparts;)
-		j->fn(j->arg, i, j->nparts);
-	running = outer;
+	take_parts(j->p, &j->next, NULL, j->fn, j->arg, j->nparts);
 }
 
 void fz_pool_run(fz_pool *p, int nparts, fz_pool_fn fn, void *arg)
@@ -349,7 +350,7 @@ void fz_pool_run(fz_pool *p, int nparts, fz_pool_fn fn, void *arg)
 	atomic_fetch_add(&p->gen, 1);
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->mu);
-	take_parts(p, fn, arg, nparts);
+	take_parts(p, &p->next, &p->finished, fn, arg, nparts);
 	spin_until(p, NULL, 0, &p->finished, nparts);
 	pthread_mutex_lock(&p->mu);
 	while (atomic_load(&p->finished) < nparts)
