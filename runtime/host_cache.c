@@ -120,6 +120,20 @@ static void *map_block(size_t size)
 	return (void *)a;
 }
 
+/* A block of a new mapping of size bytes, or NULL. */
+static fz_host_block *new_block(size_t size)
+{
+	fz_host_block *b = calloc(1, sizeof *b);
+	if (!b)
+		return NULL;
+	if (!(b->data = map_block(size))) {
+		free(b);
+		return NULL;
+	}
+	b->size = size;
+	return b;
+}
+
 static void unlink_block(fz_host_block *b)
 {
 	if (b->prev)
@@ -181,22 +195,13 @@ fz_host_block *fz_host_alloc(size_t bytes, void **data)
 	}
 	st.misses++;
 	pthread_mutex_unlock(&mu);
-	b = calloc(1, sizeof *b);
-	if (b && !(b->data = map_block(size))) {
-		free(b);
-		b = NULL;
-	}
+	b = new_block(size);
 	if (!b) {
 		/* no memory: give back what is cached, and try once more */
 		fz_host_cache_empty();
-		if (!(b = calloc(1, sizeof *b)))
+		if (!(b = new_block(size)))
 			return NULL;
-		if (!(b->data = map_block(size))) {
-			free(b);
-			return NULL;
-		}
 	}
-	b->size = size;
 	pthread_mutex_lock(&mu);
 	st.live_bytes += size;
 	pthread_mutex_unlock(&mu);
