@@ -577,6 +577,40 @@ START_TEST(bf16_rounding_edges)
 }
 END_TEST
 
+/* f32 -> bf16 of subnormal inputs, bit for bit: the host's vcvtneps2bf16
+ * takes a subnormal for zero, and emit.c's f32_to_bf16_host works around
+ * it. Ties to even at the subnormals (0x00008000 down to 0, 0x00018000 up
+ * to 0x0002, 0x807e8000 down to 0x807e), ties and a carry into the
+ * smallest normal (0x007f8000, 0x007fffff -> 0x0080), a plain subnormal
+ * (0x00012345 -> 0x0001); a negative one rounding to -0 and a rounded -0,
+ * told from +0 by their reciprocals (-inf); and bf16 ops with subnormal
+ * operands and results (round_to's host form), a tie among them (the mean
+ * of 0x0001 and 0x0002). */
+START_TEST(bf16_subnormal_conversions)
+{
+	EXACT("trace f(x: f32[B, 16]) {\n"
+	      "  z = mul(x, 0.0)\n"
+	      "  a = cast(add(z, 4.591774807899561e-41), dtype=bf16)\n"
+	      "  b = cast(add(z, 1.3775324423698682e-40), dtype=bf16)\n"
+	      "  c = cast(add(z, -1.1617190263985888e-38), dtype=bf16)\n"
+	      "  d = cast(add(z, 1.170902576014388e-38), dtype=bf16)\n"
+	      "  e = cast(add(z, 1.1754942106924411e-38), dtype=bf16)\n"
+	      "  h = cast(add(z, 1.0448781999237998e-40), dtype=bf16)\n"
+	      "  n = cast(add(mul(z, 0.0), -3.587324068671532e-43), dtype=bf16)\n"
+	      "  r = div(1.0, cast(n, dtype=f32))\n"
+	      "  nz = cast(neg(sub(z, z)), dtype=bf16)\n"
+	      "  rz = div(1.0, cast(nz, dtype=f32))\n"
+	      "  return a, b, c, d, e, h, r, rz\n}\n", 9);
+	EXACT("trace f(x: bf16[B, 2]) {\n"
+	      "  i = iota(length=2, dtype=bf16)\n"
+	      "  v = add(mul(x, 0.0), add(mul(i, 9.183549615799121e-41), 9.183549615799121e-41))\n"
+	      "  m = mean(v, dims=[1])\n"
+	      "  p = mul(v, 1.5)\n"
+	      "  q = mul(x, 1e-38)\n"
+	      "  return m, p, q\n}\n", 9);
+}
+END_TEST
+
 /* pow by 0, 1, 2 and -1 is one IEEE operation (1, x, x x, 1/x), the
  * correctly rounded result, so it matches the interpreter's f64 pow
  * rounded to f32 bit for bit, specials (NaN base, zeros) included */
@@ -1469,6 +1503,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_statistics);
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
+	tcase_add_test(pw, bf16_subnormal_conversions);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, bf16_rounding_edges);
