@@ -130,7 +130,8 @@
                               * host index_add by rows, exp's scaling by an
                               * exponent add; bf16 rounding kept in f32;
                               * 20: both merged; 21 is s9-attn's; 22:
-                              * host bf16 by vcvtneps2bf16 with AVX512-BF16) */
+                              * host bf16 by vcvtneps2bf16 with AVX512-BF16,
+                              * f32 tanh a rational function) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -535,6 +535,23 @@ START_TEST(pointwise_math_close)
 }
 END_TEST
 
+/* f32 tanh (codegen/math.c's rational form, 5.3 ulp at most) within 2e-7
+ * (1 + |tanh|) over [-12, 12], where it is 1 - 2^-22 from the clamp at 7.9
+ * on; relatively near 0 (scaled back from 1e-30 and from a subnormal
+ * 1e-40); +-1 at the infinities, NaN at NaN */
+START_TEST(pointwise_tanh_close)
+{
+	CLOSE("trace f(x: f32[B, 64]) {\n"
+	      "  a = tanh(mul(x, 6.0))\n"
+	      "  b = tanh(mul(x, 0.3))\n"
+	      "  c = div(tanh(mul(x, 1e-30)), 1e-30)\n"
+	      "  d = div(tanh(mul(x, 1e-40)), 1e-40)\n"
+	      "  i = div(x, 0.0)\n"
+	      "  e = add(tanh(i), tanh(sub(i, i)))\n"
+	      "  return a, b, c, d, e\n}\n", 2e-7, 33);
+}
+END_TEST
+
 /* exp and exp2 at their ends: overflow to inf, subnormal results (one
  * rounding: codegen/math.c's scale2), underflow to 0, infinities and NaN
  * (x / 0 and its difference with itself), in f32 and through bf16 */
@@ -1504,6 +1521,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, bf16_subnormal_conversions);
+	tcase_add_test(pw, pointwise_tanh_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, bf16_rounding_edges);
