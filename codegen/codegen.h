@@ -131,7 +131,8 @@
                               * exponent add; bf16 rounding kept in f32;
                               * 20: both merged; 21 is s9-attn's; 22:
                               * host bf16 by vcvtneps2bf16 with AVX512-BF16,
-                              * f32 tanh a rational function) */
+                              * f32 tanh a rational function, iota lanes as
+                              * one vector) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
