@@ -132,7 +132,8 @@
                               * 20: both merged; 21 is s9-attn's; 22:
                               * host bf16 by vcvtneps2bf16 with AVX512-BF16,
                               * f32 tanh a rational function, iota lanes as
-                              * one vector) */
+                              * one vector, f32 exp's degree-6 polynomial and
+                              * rounding by 1.5 2^23) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -9,9 +9,10 @@
  * budget next to it; all stay within a few ulp of f32, far inside the f32
  * tolerance of 1e-5 relative that `run --check` applies:
  *
- *   exp     x = k ln2 + r, |r| <= ln2/2 (Cody-Waite with fma), degree-7
- *           Taylor for e^r (truncation 3e-9), scaled by 2^k in two steps so
- *           that k down to -150 reaches the subnormals
+ *   exp     x = k ln2 + r, |r| <= ln2/2 (Cody-Waite with fma), a degree-6
+ *           polynomial for e^r fitted for relative error (3.1e-9; f64:
+ *           degree-13 Taylor), scaled by 2^k in two steps so that k down
+ *           to -150 reaches the subnormals
  *   exp2    k = rint(x), r = (x - k) ln2 (exact subtraction), as exp
  *   expm1   degree-9 Taylor below |x| < ln2/2 (no cancellation), exp - 1
  *           above
@@ -129,6 +130,15 @@ static V clampf(cg *g, V x, double lo, double hi)
 	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, lo)), kc(x, lo), x);
 }
 
+/* e^r on |r| <= ln2/2 for f32: 1 + r + r^2 (c2 + c3 r + ... + c6 r^4),
+ * c2..c6 fitted for the least relative error (3.1e-9 in exact
+ * arithmetic), one fma fewer than the degree-7 Taylor polynomial it
+ * replaces (3e-9); the whole of expf_ in f32 with fma then rounds within
+ * 0.88 ulp of exp (0.93 with Taylor), on 20 million points of [-87, 88.7]. */
+static const double EXP32_C[] = {1.0, 1.0, 0.49999993433583884, 0.1666652043379395,
+				 0.04166839072024309, 0.00836874093784797,
+				 0.0013814522761762496};
+
 static V expf_(cg *g, V x)
 {
 	const double ln2 = 0.69314718055994530942;
@@ -137,11 +147,24 @@ static V expf_(cg *g, V x)
 	double hi = d ? ln2 : (double)(float)ln2;
 	double lo = d ? 2.3190468138462996e-17 : (double)(float)(ln2 - hi);
 	V xc = d ? clampf(g, x, -746.0, 710.0) : clampf(g, x, -104.0, 89.0);
-	V k = un(g, "llvm.rint", fmul(g, xc, kc(x, 1.4426950408889634)));
+	V k, ki, p;
+	if (d) {
+		k = un(g, "llvm.rint", fmul(g, xc, kc(x, 1.4426950408889634)));
+		ki = fptosi(g, k, t_i32(g));
+	} else {
+		/* k = x log2(e) rounded to an integer by adding 1.5 2^23, whose
+		 * ulp is 1, in the fma (exact: |x log2 e| < 2^22) and taking it
+		 * off again; the integer is the sum's low mantissa bits, so no
+		 * rint and no conversion (two p0-only instructions for 16
+		 * lanes) */
+		V t = fma3(g, xc, kc(x, 1.4426950408889634), kc(x, 12582912.0));
+		k = fsub_exact(g, t, kc(x, 12582912.0));
+		ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
+	}
 	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
 	r = fma3(g, fneg(g, k), kc(x, lo), r);
-	V p = poly(g, r, EXP_C, d ? 14 : 8);
-	V y = scale2(g, p, fptosi(g, k, t_i32(g)));
+	p = d ? poly(g, r, EXP_C, 14) : poly(g, r, EXP32_C, 7);
+	V y = scale2(g, p, ki);
 	return sel(g, isnan_(g, x), x, y);
 }
 

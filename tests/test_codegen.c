@@ -538,9 +538,15 @@ END_TEST
 /* f32 tanh (codegen/math.c's rational form, 5.3 ulp at most) within 2e-7
  * (1 + |tanh|) over [-12, 12], where it is 1 - 2^-22 from the clamp at 7.9
  * on; relatively near 0 (scaled back from 1e-30 and from a subnormal
- * 1e-40); +-1 at the infinities, NaN at NaN */
-START_TEST(pointwise_tanh_close)
+ * 1e-40); +-1 at the infinities, NaN at NaN. f32 exp (0.88 ulp) within
+ * 2e-7 relative over [-80, 80] (a tenth of pointwise_math_close's
+ * tolerance, which the old Taylor form met too). */
+START_TEST(pointwise_exp_tanh_close)
 {
+	double w = compare_run("trace f(x: f32[B, 64]) {\n"
+			       "  a = exp(mul(x, 40.0))\n  b = exp(x)\n"
+			       "  return a, b\n}\n", (int64_t[]){33}, 7, 2e-7, 0, NULL);
+	ck_assert_msg(w <= 1, "exp: worst error %g x 2e-7 relative", w);
 	CLOSE("trace f(x: f32[B, 64]) {\n"
 	      "  a = tanh(mul(x, 6.0))\n"
 	      "  b = tanh(mul(x, 0.3))\n"
@@ -1521,7 +1527,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
 	tcase_add_test(pw, bf16_subnormal_conversions);
-	tcase_add_test(pw, pointwise_tanh_close);
+	tcase_add_test(pw, pointwise_exp_tanh_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, bf16_rounding_edges);
