@@ -304,16 +304,19 @@ static V sincosf_(cg *g, V x, bool cosine)
 }
 
 /* tanh of an f32 value: x P(x^2) / Q(x^2) on x clamped to +-7.9053
- * (where the quotient reaches 1 - 2^-22, tanh's f32 neighbour of 1 from
- * 7.9 on), P of degree 6 and Q of degree 3 in x^2: Eigen's and
- * TensorFlow's rational tanh, its coefficients divided by Q's constant
- * term so that P(0) and Q(0) are 1 and x P(x^2) keeps all of a tiny or
- * subnormal x's bits (no branch for small x). 5.3 ulp at most (3.3e-7
- * relative, at 7.5; 3.4 ulp below 1e-3) against f64 tanh over 4.4 million
- * f32 points from 1e-45 to 12, checked in f32 arithmetic with fma. A NaN
+ * (past it the quotient at the clamp, 1 - 2.7e-7, within 5 ulp of tanh,
+ * which rounds to 1 from 9.01), P of degree 6 and Q of degree 3 in x^2:
+ * Eigen's and TensorFlow's rational tanh, its coefficients divided by Q's
+ * constant term (P(0) and Q(0) near 1); x itself where |x| < 2.9e-4, which
+ * is tanh(x) correctly rounded (x^3/3 is below half an ulp of x there):
+ * the quotient's P(0) of 1 - 1.3e-7 would put a small tanh(x) an ulp
+ * inside x, and a comparison of the two (test_difftest's random DAGs
+ * make them) would then go the other way than the interpreter's. 5.3 ulp
+ * at most (3.3e-7 relative, at 7.5) against f64 tanh over 4.4 million f32
+ * points from 1e-45 to 12, checked in f32 arithmetic with fma. A NaN
  * passes through the clamp and the polynomials. Ten fma, two
- * multiplications and one division, where expm1's two branches (a Taylor
- * polynomial and exp) and a division cost three times that:
+ * multiplications, a division and a select, where expm1's two branches
+ * (a Taylor polynomial and exp) and a division cost three times that:
  * gelu(approximate=tanh) is mostly its tanh. */
 static V tanh32(cg *g, V x)
 {
@@ -325,7 +328,8 @@ static V tanh32(cg *g, V x)
 				   0.00024486609330362513};
 	V xc = clampf(g, x, -7.90531110763549805, 7.90531110763549805);
 	V z = fmul(g, xc, xc);
-	return fdiv(g, fmul(g, xc, poly(g, z, P, 7)), poly(g, z, Q, 4));
+	V t = fdiv(g, fmul(g, xc, poly(g, z, P, 7)), poly(g, z, Q, 4));
+	return sel(g, fcmp(g, LLVMRealOLT, un(g, "llvm.fabs", x), kc(x, 2.9e-4)), x, t);
 }
 
 static V tanhf_(cg *g, V x)
