@@ -28,6 +28,7 @@ struct fz_compiler {
 	char diag[1024];     /* the last LLVM error diagnostic */
 	int counter;         /* makes host symbol names unique */
 	int vector_bytes;    /* host: widest vector register the JIT may use */
+	bool host_bf16;      /* host: AVX512-BF16's vcvtneps2bf16 (emit.c) */
 };
 fz_status cg_nvptx_init(fz_compiler *c, char **err);
 fz_status cg_host_init(fz_compiler *c, char **err);

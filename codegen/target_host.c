@@ -82,6 +82,7 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 	c->vector_bytes = feat && strstr(feat, "+avx512f") && strstr(feat, "+avx512bw") &&
 			  strstr(feat, "+avx512vl") && strstr(feat, "+avx512dq") ? 64 :
 			  feat && strstr(feat, "+avx2") ? 32 : 16;
+	c->host_bf16 = c->vector_bytes == 64 && feat && strstr(feat, "+avx512bf16");
 	c->tm = LLVMCreateTargetMachine(target, c->triple, cpu, feat,
 					LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 					LLVMCodeModelJITDefault);

@@ -535,6 +535,35 @@ START_TEST(pointwise_math_close)
 }
 END_TEST
 
+/* f32 tanh (codegen/math.c's rational form, 5.3 ulp at most) within 2e-7
+ * (1 + |tanh|) over [-12, 12], 1 - 2.7e-7 from the clamp at 7.9 on;
+ * relatively near 0 (scaled back from 1e-30 and from a subnormal 1e-40),
+ * exactly x below 2.9e-4; +-1 at the infinities, NaN at NaN. f32 exp
+ * (0.88 ulp) within 2e-7 relative over [-80, 80] (a tenth of
+ * pointwise_math_close's tolerance, which the old Taylor form met too). */
+START_TEST(pointwise_exp_tanh_close)
+{
+	double w = compare_run("trace f(x: f32[B, 64]) {\n"
+			       "  a = exp(mul(x, 40.0))\n  b = exp(x)\n"
+			       "  return a, b\n}\n", (int64_t[]){33}, 7, 2e-7, 0, NULL);
+	ck_assert_msg(w <= 1, "exp: worst error %g x 2e-7 relative", w);
+	CLOSE("trace f(x: f32[B, 64]) {\n"
+	      "  a = tanh(mul(x, 6.0))\n"
+	      "  b = tanh(mul(x, 0.3))\n"
+	      "  c = div(tanh(mul(x, 1e-30)), 1e-30)\n"
+	      "  d = div(tanh(mul(x, 1e-40)), 1e-40)\n"
+	      "  i = div(x, 0.0)\n"
+	      "  e = add(tanh(i), tanh(sub(i, i)))\n"
+	      "  return a, b, c, d, e\n}\n", 2e-7, 33);
+	/* below 2.9e-4 tanh(x) rounds to x, and is x: a comparison of the two
+	 * goes as the interpreter's (test_difftest found one that did not) */
+	EXACT("trace f(x: f32[B, 64]) {\n"
+	      "  a = tanh(mul(x, 1.4e-4))\n"
+	      "  b = lt(a, mul(x, 1.4e-4))\n"
+	      "  return a, b\n}\n", 33);
+}
+END_TEST
+
 /* exp and exp2 at their ends: overflow to inf, subnormal results (one
  * rounding: codegen/math.c's scale2), underflow to 0, infinities and NaN
  * (x / 0 and its difference with itself), in f32 and through bf16 */
@@ -574,6 +603,40 @@ START_TEST(bf16_rounding_edges)
 	      "  b = add(mul(x, 1e38), mul(y, 1e38))\n"
 	      "  c = mul(mul(x, 1e-30), mul(y, 1e-8))\n"
 	      "  return a, b, c\n}\n", 9);
+}
+END_TEST
+
+/* f32 -> bf16 of subnormal inputs, bit for bit: the host's vcvtneps2bf16
+ * takes a subnormal for zero, and emit.c's f32_to_bf16_host works around
+ * it. Ties to even at the subnormals (0x00008000 down to 0, 0x00018000 up
+ * to 0x0002, 0x807e8000 down to 0x807e), ties and a carry into the
+ * smallest normal (0x007f8000, 0x007fffff -> 0x0080), a plain subnormal
+ * (0x00012345 -> 0x0001); a negative one rounding to -0 and a rounded -0,
+ * told from +0 by their reciprocals (-inf); and bf16 ops with subnormal
+ * operands and results (round_to's host form), a tie among them (the mean
+ * of 0x0001 and 0x0002). */
+START_TEST(bf16_subnormal_conversions)
+{
+	EXACT("trace f(x: f32[B, 16]) {\n"
+	      "  z = mul(x, 0.0)\n"
+	      "  a = cast(add(z, 4.591774807899561e-41), dtype=bf16)\n"
+	      "  b = cast(add(z, 1.3775324423698682e-40), dtype=bf16)\n"
+	      "  c = cast(add(z, -1.1617190263985888e-38), dtype=bf16)\n"
+	      "  d = cast(add(z, 1.170902576014388e-38), dtype=bf16)\n"
+	      "  e = cast(add(z, 1.1754942106924411e-38), dtype=bf16)\n"
+	      "  h = cast(add(z, 1.0448781999237998e-40), dtype=bf16)\n"
+	      "  n = cast(add(mul(z, 0.0), -3.587324068671532e-43), dtype=bf16)\n"
+	      "  r = div(1.0, cast(n, dtype=f32))\n"
+	      "  nz = cast(neg(sub(z, z)), dtype=bf16)\n"
+	      "  rz = div(1.0, cast(nz, dtype=f32))\n"
+	      "  return a, b, c, d, e, h, r, rz\n}\n", 9);
+	EXACT("trace f(x: bf16[B, 2]) {\n"
+	      "  i = iota(length=2, dtype=bf16)\n"
+	      "  v = add(mul(x, 0.0), add(mul(i, 9.183549615799121e-41), 9.183549615799121e-41))\n"
+	      "  m = mean(v, dims=[1])\n"
+	      "  p = mul(v, 1.5)\n"
+	      "  q = mul(x, 1e-38)\n"
+	      "  return m, p, q\n}\n", 9);
 }
 END_TEST
 
@@ -1469,6 +1532,8 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, seed_operand_statistics);
 	tcase_add_test(pw, seed_operand_compiles_once);
 	tcase_add_test(pw, pointwise_math_close);
+	tcase_add_test(pw, bf16_subnormal_conversions);
+	tcase_add_test(pw, pointwise_exp_tanh_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, bf16_rounding_edges);
