@@ -33,6 +33,7 @@
 
 #include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
+#include <xxhash.h>
 
 #include "cache.h"
 #include "codegen.h"
@@ -69,10 +70,16 @@ void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 		snprintf(emu, sizeof emu, "emu-sm_%d%s%s-", o->sm,
 			 (unsigned)o->emu_fault < FZ_EMU_FAULT_COUNT ? fault[o->emu_fault] : "+?",
 			 o->emu_idx64 ? "+idx64" : "");
+	/* the CPU's name and its features: a VM can mask features of the CPU
+	 * it names (avx512_bf16, which host code uses where it is there), and
+	 * an object made where they were would fault where they are not */
 	char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
-	snprintf(buf, n, "%shost-%s-%s", emu, triple ? triple : "?", cpu ? cpu : "?");
+	char *feat = LLVMGetHostCPUFeatures();
+	snprintf(buf, n, "%shost-%s-%s-%016llx", emu, triple ? triple : "?", cpu ? cpu : "?",
+		 (unsigned long long)XXH3_64bits(feat ? feat : "", feat ? strlen(feat) : 0));
 	LLVMDisposeMessage(triple);
 	LLVMDisposeMessage(cpu);
+	LLVMDisposeMessage(feat);
 }
 
 size_t fz_cache_spec(const fz_cg_options *o, const fz_region *r, uint8_t *buf,

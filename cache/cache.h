@@ -350,8 +350,10 @@ struct fz_compiler;
 struct fz_cg_options;
 
 /* The key's target for a compiler's options: "sm_90", or for the host
- * "host-TRIPLE-CPU" (host code is tuned to the CPU it is built on), or
- * for the emulated GPU "emu-sm_90[+fault-F][+idx64]-host-TRIPLE-CPU". */
+ * "host-TRIPLE-CPU-FEATURES" (host code is tuned to the CPU it is built
+ * on; FEATURES: 16 hex digits hashing LLVM's list of the CPU's features),
+ * or for the emulated GPU "emu-sm_90[+fault-F][+idx64]-host-TRIPLE-CPU-
+ * FEATURES". */
 void fz_cache_target(const struct fz_cg_options *o, char *buf, size_t n);
 /* The specialization bytes for compiling region r with options o: 32-bit
  * indexing, vectorization, one layout and alignment class per input. */

@@ -77,8 +77,9 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 	 * memory (swiglu bf16 4096^2: 58 instructions per 8 elements in ymm,
 	 * 59 per 16 in zmm; llvm-mca for Sapphire Rapids 3.7 and 2.4 cycles
 	 * an element; 1.5x the speed at one thread, measured). Else 256-bit (AVX2): 32 bytes, so bf16
-	 * data widens to a full register of f32. The host CPU name is in the
-	 * cache key, so an object never meets another machine. */
+	 * data widens to a full register of f32. The host CPU's name and a
+	 * hash of its features are in the cache key (cache/build.c), so an
+	 * object never meets another machine. */
 	c->vector_bytes = feat && strstr(feat, "+avx512f") && strstr(feat, "+avx512bw") &&
 			  strstr(feat, "+avx512vl") && strstr(feat, "+avx512dq") ? 64 :
 			  feat && strstr(feat, "+avx2") ? 32 : 16;
