@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "attention.h"
 
 
 
@@ -337,11 +338,35 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
  * trace alone, never on the sizes, so that `fusec compile` at symbolic
  * sizes keys the kernels a run at bound sizes asks for. False: out of
  * memory. */
-static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
+/* Whether the view chain of r's input x may fold into attention region r:
+ * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
+ * lse, not kv heads read unrepeated), which the host's kernels read at
+ * any strides with the head dim contiguous (fz_attn.stride). */
+static bool attn_operand_in(const fz_region *r, const fz_value *x)
+{
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		if (fz_ops[n->op].cls != FZ_CLASS_ATTENTION)
+			continue;
+		int nm = n->op == FZ_OP_ATTENTION ? 3 : 6;
+		for (int k = 0; k < nm; k++)
+			if (k != 4 && n->in[k] == x && (k == 1 || k == 2 ?
+							fz_attn_operand(r, n, k) == x : true))
+				return true;
+	}
+	return false;
+}
+
+static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r,
+			     bool host)
 {
 	ki->src = *r;
-	/* attention reads q, k and v contiguous, where the runner staged them */
-	if (!p->view_of || r->kind == FZ_REGION_ATTENTION)
+	/* attention: the host's kernels read q, k, v, o and do through
+	 * permutes and reshapes (the [B, T, H, D] projections seen as [B, H,
+	 * T, D]); other targets read them contiguous, where the runner
+	 * staged them */
+	bool attn = r->kind == FZ_REGION_ATTENTION;
+	if (!p->view_of || (attn && !host))
 		return true;
 	int cap = 0;
 	for (int i = 0; i < r->n_in; i++)
@@ -368,7 +393,7 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 			if (!seen)
 				nodes[n_pre++] = n;
 		}
-		if (!ok || !strided)
+		if (!ok || !strided || (attn && !attn_operand_in(r, r->in[i])))
 			n_pre = first;
 		/* walked from v to its base: the ops in the order they run */
 		for (int j = first, k = n_pre - 1; j < k; j++, k--) {
@@ -403,6 +428,13 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 	ki->src.nodes = nodes;
 	ki->src.n_in = n_in;
 	ki->src.in = ki->ins;
+	fz_attn A;
+	if (attn && !fz_attn_describe(p->trace, &ki->src, &A, NULL, 0)) {
+		/* strides the kernels do not take: staged as before */
+		free(nodes);
+		ki->folded = NULL;
+		ki->src = *r;
+	}
 	return true;
 }
 
@@ -799,7 +831,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		int vec = vectorize_of(&vw, r);
 		for (int w = 0; w < n_widths; w++) {
 			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, r->n_in);
-			if (!ki || !kinst_fold_views(ki, p, r))
+			if (!ki || !kinst_fold_views(ki, p, r, cx->o.cg.target == FZ_CG_HOST))
 				goto oom;
 			if (w == 0)
 				ks->whole[r->id] = ki;
