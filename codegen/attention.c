@@ -1224,6 +1224,8 @@ typedef struct gblock {
 	                                 * head hk); their row in lse */
 	V kb, nk;                       /* keys [kb, kb + nk) */
 	bool keep_p; /* the dk/dv pass: S becomes p, dP ds (else S ds) */
+	int sdq;     /* the one pass (FZ_ATTN_BWD): dq's slot, f32, summed in
+	              * place (else -1) */
 } gblock;
 
 /* Row r's p and ds over the block's first nc vectors of keys, from S and
@@ -1306,6 +1308,16 @@ static void grad_block(ak *K, void *arg, bool diag)
 	       diag ? TRI_KHI : TRI_NONE);
 	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
 	       diag ? TRI_KHI : TRI_NONE);
+	if (G->sdq < 0)
+		return;
+	/* the one pass: dQ += dS K on the rows' sums so far (f32, in dq's
+	 * buffer: this work item alone writes them), in the order the dq
+	 * pass adds them: the same sums, bit for bit */
+	V first = mul(g, G->rowbase, ci(g, D));
+	load_rows(K, G->sdq, first, ci(g, D), D, G->nrows, BQ, G->dQs, NULL);
+	gemm(g, G->dP, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+	     diag ? TRI_KLO : TRI_NONE);
+	store_rows(g, G->sdq, FZ_F32, first, D, G->nrows, G->dQs, NULL);
 }
 
 static void kernel_dq(ak *K)
@@ -1314,6 +1326,7 @@ static void kernel_dq(ak *K)
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
 	gblock G = {0};
+	G.sdq = -1;
 	G.Qs = scratch(g, BQ * (int)D);
 	G.dOs = scratch(g, BQ * (int)DV);
 	G.Kt = scratch(g, (int)D * BK);
@@ -1347,12 +1360,21 @@ static void kernel_dq(ak *K)
 	cg_loop_end(g, &W);
 }
 
-static void kernel_dkv(ak *K)
+/* The dk/dv pass: a work item per (batch, kv head, block of keys). With
+ * `one` (FZ_ATTN_BWD, f32), the whole backward in one pass: a work item
+ * per (batch, kv head) walks its blocks of keys in order, and each block
+ * pair adds dS K to dq as well (grad_block), so S and dP are made once
+ * for the three products (5 block products a pair, not 7); dq's rows are
+ * this item's alone, so no two threads add to one. */
+static void kernel_dkv(ak *K, bool one)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
 	gblock G = {0};
+	G.sdq = one ? g->r->n_in + A->out_dq : -1;
+	if (one)
+		G.Ks = scratch(g, BK * (int)D), G.dQs = scratch(g, BQ * (int)D);
 	G.Kt = scratch(g, (int)D * BK);
 	G.Vt = scratch(g, (int)DV * BK);
 	G.dKs = scratch(g, BK * (int)D);
@@ -1365,13 +1387,26 @@ static void kernel_dkv(ak *K)
 	G.DI = scratch(g, BQ);
 	G.keep_p = true;
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W, GR, QB;
+	cg_loop W, GR, QB, KB;
 	V bk, kb;
-	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
+	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), one ? ci(g, 1) : tk,
+		  one ? 1 : BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
+	if (one) {
+		/* dq of the item's query heads zeroed, then its blocks of keys */
+		cg_loop Z;
+		V rows = mul(g, ci(g, A->group), tq);
+		V first = mul(g, mul(g, add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), tq),
+			      ci(g, D));
+		cg_loop_begin(g, &Z, ci(g, 0), mul(g, rows, ci(g, D / VW)), ci(g, 1));
+		vstore(g, G.sdq, FZ_F32, add(g, first, mul(g, Z.iv, ci(g, VW))), vconst(g, 0.0));
+		cg_loop_end(g, &Z);
+		cg_loop_begin(g, &KB, ci(g, 0), tk, ci(g, BK));
+		kb = KB.iv;
+	}
 	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
 	V krow = add(g, mul(g, bk, tk), kb);
-	load_opnd(K, FZ_ATTN_K, b, hk, kb, nk, BK, NULL, G.Kt);
+	load_opnd(K, FZ_ATTN_K, b, hk, kb, nk, BK, G.Ks, G.Kt);
 	load_opnd(K, FZ_ATTN_V, b, hk, kb, nk, BK, NULL, G.Vt);
 	zero(g, G.dKs, BK * D);
 	zero(g, G.dVs, BK * DV);
@@ -1401,6 +1436,8 @@ static void kernel_dkv(ak *K)
 	if (A->out_dv >= 0)
 		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, G.dVs,
 			   NULL);
+	if (one)
+		cg_loop_end(g, &KB);
 	cg_loop_end(g, &W);
 }
 
@@ -1415,8 +1452,9 @@ void cg_attention(cg *g)
 	g->k->sk = FZ_SK_ATTENTION;
 	g->k->n_work[0] = 1;
 	fz_ext w;
-	if (!fz_ext_mul(A.batch, A.pass == FZ_ATTN_DKV ? A.hkv : A.hq, &w) ||
-	    !fz_ext_mul(w, A.pass == FZ_ATTN_DKV ? A.tk : A.tq, &w))
+	bool kv = A.pass == FZ_ATTN_DKV || A.pass == FZ_ATTN_BWD;
+	if (!fz_ext_mul(A.batch, kv ? A.hkv : A.hq, &w) ||
+	    !fz_ext_mul(w, kv ? A.tk : A.tq, &w))
 		w = A.batch;
 	g->k->work[0][0] = w;
 	if (cg_gpu(g)) {
@@ -1435,6 +1473,11 @@ void cg_attention(cg *g)
 			(long long)A.d, (long long)A.dv);
 		return;
 	}
+	if (A.pass == FZ_ATTN_BWD && A.dtype != FZ_F32) {
+		cg_fail(g, FZ_EUNSUPPORTED, A.op, "the host's one backward pass sums dq "
+			"in its f32 output (here %s)", fz_dtype_name(A.dtype));
+		return;
+	}
 	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
@@ -1451,7 +1494,8 @@ void cg_attention(cg *g)
 	switch (A.pass) {
 	case FZ_ATTN_FWD: kernel_fwd(&K); break;
 	case FZ_ATTN_DQ: kernel_dq(&K); break;
-	case FZ_ATTN_DKV: kernel_dkv(&K); break;
+	case FZ_ATTN_DKV: kernel_dkv(&K, false); break;
+	case FZ_ATTN_BWD: kernel_dkv(&K, true); break;
 	}
 	cg_function_end(g);
 }

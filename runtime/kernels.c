@@ -171,6 +171,7 @@ static void kinst_free(fz_kinst *ki)
 	if (ki) {
 		fz_canon_free(ki->cn);
 		free(ki->folded);
+		free(ki->pair);
 	}
 	free(ki);
 }
@@ -187,6 +188,7 @@ void fz_kset_free(fz_kset *ks)
 	free(ks->whole);
 	free(ks->ops);
 	free(ks->copy);
+	free(ks->joined);
 	free(ks);
 }
 
@@ -355,6 +357,40 @@ static bool attn_operand_in(const fz_region *r, const fz_value *x)
 				return true;
 	}
 	return false;
+}
+
+/* Attention regions r and r2 as one region for the host's one backward
+ * pass (fz_attn_describe's FZ_ATTN_BWD in f32 at head dims the kernels
+ * take): the region, its arrays after it, in one malloc; its nodes NULL
+ * when the two are not such a pair. NULL: out of memory. */
+static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_region *r2)
+{
+	int nn = r->n_nodes + r2->n_nodes, ni = r->n_in + r2->n_in, no = r->n_out + r2->n_out;
+	fz_region *two = calloc(1, sizeof *two + sizeof(void *) * (size_t)(nn + ni + no));
+	if (!two)
+		return NULL;
+	fz_node **nodes = (fz_node **)(two + 1);
+	fz_value **in = (fz_value **)(nodes + nn), **out = in + ni;
+	*two = *r;
+	two->nodes = nodes;
+	two->in = in;
+	two->out = out;
+	two->n_nodes = two->n_in = two->n_out = 0;
+	const fz_region *rs[2] = {r, r2};
+	for (int k = 0; k < 2; k++) {
+		for (int j = 0; j < rs[k]->n_nodes; j++)
+			nodes[two->n_nodes++] = rs[k]->nodes[j];
+		for (int j = 0; j < rs[k]->n_in; j++)
+			if (!in_list(in, two->n_in, rs[k]->in[j]))
+				in[two->n_in++] = rs[k]->in[j];
+		for (int j = 0; j < rs[k]->n_out; j++)
+			out[two->n_out++] = rs[k]->out[j];
+	}
+	fz_attn A;
+	if (!fz_attn_describe(p->trace, two, &A, NULL, 0) || A.pass != FZ_ATTN_BWD ||
+	    A.dtype != FZ_F32 || A.d % 16 || A.dv % 16 || A.d > 512 || A.dv > 512)
+		two->nodes = NULL;
+	return two;
 }
 
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r,
@@ -807,7 +843,8 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	ks->whole = calloc((size_t)p->n_regions + 1, sizeof *ks->whole);
 	ks->ops = calloc((size_t)p->n_regions + 1, sizeof *ks->ops);
 	ks->copy = calloc((size_t)t->n_values + 1, sizeof *ks->copy);
-	if (!ks->whole || !ks->ops || !ks->copy)
+	ks->joined = calloc((size_t)p->n_regions + 1, sizeof *ks->joined);
+	if (!ks->whole || !ks->ops || !ks->copy || !ks->joined)
 		goto oom;
 	bool bound = true;
 	for (int s = 0; s < t->n_syms; s++)
@@ -823,15 +860,45 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	if (views_eval(p, at, &vw) != FZ_OK)
 		goto oom;
 	/* 1-3: whole regions and reshape copies */
+	bool host = cx->o.cg.target == FZ_CG_HOST;
 	for (int i = 0; i < p->n_regions; i++) {
 		const fz_region *r = p->regions[p->order[i]];
 		if (!fz_region_is_kernel(r->kind))
 			continue;
 		cx->st.regions++;
-		int vec = vectorize_of(&vw, r);
+		if (ks->joined[r->id])
+			continue;
+		/* attention_dq and attention_dkv of one set of operands, next to
+		 * each other: one kernel for both on the host */
+		fz_region *two = NULL;
+		if (host && r->kind == FZ_REGION_ATTENTION) {
+			int j = i + 1;
+			while (j < p->n_regions && p->regions[p->order[j]]->kind == FZ_REGION_VIEW)
+				j++;
+			const fz_region *r2 = j < p->n_regions ? p->regions[p->order[j]] : NULL;
+			if (r2 && r2->kind == FZ_REGION_ATTENTION) {
+				if (!(two = attn_pair(p, r, r2)))
+					goto oom;
+				if (!two->nodes) {
+					free(two);
+					two = NULL;
+				} else {
+					ks->joined[r2->id] = true;
+				}
+			}
+		}
+		const fz_region *src = two ? two : r;
+		int vec = vectorize_of(&vw, src);
 		for (int w = 0; w < n_widths; w++) {
-			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, r->n_in);
-			if (!ki || !kinst_fold_views(ki, p, r, cx->o.cg.target == FZ_CG_HOST))
+			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, src->n_in);
+			if (!ki) {
+				free(two);
+				goto oom;
+			}
+			/* the first instance owns the pair's arrays */
+			ki->pair = two;
+			two = NULL;
+			if (!kinst_fold_views(ki, p, src, host))
 				goto oom;
 			if (w == 0)
 				ks->whole[r->id] = ki;
@@ -875,6 +942,13 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			continue;
 		const fz_region *r = p->regions[ki->region];
 		bool main_width = ks->whole[r->id] == ki;
+		if (ks->whole[r->id]->pair) { /* attn_pair takes only what compiles */
+			fz_set_err(err, fz_strdup_printf("region %d: the one attention "
+				"backward pass does not compile: %s", r->id,
+				cx->first_unsupported ? cx->first_unsupported : "?"));
+			st = FZ_EUNSUPPORTED;
+			break;
+		}
 		if (main_width && !(ks->ops[r->id] = calloc((size_t)r->n_nodes + 1,
 							   sizeof(fz_kinst *))))
 			goto oom;
