@@ -386,8 +386,11 @@ static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_re
 		for (int j = 0; j < rs[k]->n_out; j++)
 			out[two->n_out++] = rs[k]->out[j];
 	}
+	/* the same inputs (not, say, dq reading kv heads unrepeated where
+	 * dkv, whose dk is returned repeated, reads them repeated) */
+	bool same = r->n_in == r2->n_in && two->n_in == r->n_in;
 	fz_attn A;
-	if (!fz_attn_describe(p->trace, two, &A, NULL, 0) || A.pass != FZ_ATTN_BWD ||
+	if (!same || !fz_attn_describe(p->trace, two, &A, NULL, 0) || A.pass != FZ_ATTN_BWD ||
 	    A.dtype != FZ_F32 || A.d % 16 || A.dv % 16 || A.d > 512 || A.dv > 512)
 		two->nodes = NULL;
 	return two;
