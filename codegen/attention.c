@@ -58,9 +58,25 @@
  * Other vectors (loads, transposes, stores) are 8 floats. D and Dv must be
  * multiples of 16. A trace's own score modification (a mask, softcap, the
  * decomposed form) is per lane through cg_value, which the SLP vectorizer
- * packs where it can. The backward is two passes (dq; dk and dv: two
- * regions) that both recompute S and dP: 7 block products where
- * FlashAttention-2's one pass needs 5.
+ * packs where it can.
+ *
+ * Operands where they lie: q, k, v, o and do are read at the strides
+ * fz_attn.stride gives (opnd_at), the head dim contiguous, so the [B, T,
+ * H D] projections the exporter hands over as permuted [B, H, T, D] views
+ * are read in place (kernels.c folds the views into the region); no
+ * staging copy runs before the kernel.
+ *
+ * The backward is two passes (dq; dk and dv: two regions) that both
+ * recompute S and dP, 7 block products where FlashAttention-2's one pass
+ * needs 5; except where both regions read the same operands in f32 and
+ * sit next to each other in the plan (a training step's backward): the
+ * runner gives the two one kernel (kernels.c's attn_pair, FZ_ATTN_BWD),
+ * and kernel_dkv's one-pass mode has a work item per (batch, kv head)
+ * walk its key blocks and add dS K into dq (f32, in place: the item owns
+ * those rows, so no two threads add to one) beside dV and dK, 5 products a
+ * block pair, the sums in the dq pass's order (bit for bit its result).
+ * B=4, H=4, T=128, D=64, f32, one thread: dq 0.76 + dk/dv 0.82 ms before,
+ * one pass about 1.1 ms.
  */
 #include <math.h>
 #include <stdio.h>

@@ -24,9 +24,11 @@
  * same way). It is all a code generator needs:
  *
  *   - buffers: bufs[A.in_q] ... are region inputs, bufs[n_in + A.out_o] ...
- *     outputs, all contiguous row-major in the shapes below (the runtime
- *     stages strided views). An index -1 is absent: out_lse is -1 when
- *     nothing reads the log-sum-exp (the decomposed form has none);
+ *     outputs, contiguous row-major in the shapes below, except that on
+ *     the host q, k, v, o and do may be views of their inputs inside the
+ *     region (A.stride; the runtime stages strided views for the GPU).
+ *     An index -1 is absent: out_lse is -1 when nothing reads the
+ *     log-sum-exp (the decomposed form has none);
  *   - shapes: q [batch..., Hq, Tq, D], k [batch..., Hkv, Tk, D],
  *     v [batch..., Hkv, Tk, Dv], o and do [batch..., Hq, Tq, Dv], lse f32
  *     [batch..., Hq, Tq]; dq, dk, dv as q, k, v. The batch dims flatten to

@@ -8,8 +8,12 @@
  *
  *   1. enumerate   each kernel region, with the strided views it reads
  *                  folded in (kinst_fold_views: it reads their bases, so
- *                  no gather runs before it); the copy kernel of every
- *                  reshape that is not a view at these sizes;
+ *                  no gather runs before it; on the host attention's q,
+ *                  k, v, o and do too); on the host, attention_dq and
+ *                  attention_dkv of the same operands next to each other
+ *                  as one kernel (attn_pair: the one backward pass); the
+ *                  copy kernel of every reshape that is not a view at
+ *                  these sizes, its input's views folded in;
  *   2. variant     32-bit indexing when every value of the trace has fewer
  *                  than 2^31/8 elements (unbound sizes: both widths), and
  *                  vectorized when every buffer the kernel reads will be
