@@ -332,8 +332,9 @@ START_TEST(attention_strided_one_backward)
 					       &pin[i][((b * ATT + t) * h + hh) * ATD], ATD * 4);
 	}
 	for (int k = 0; k < 5; k++) {
-		so[k] = aligned_alloc(64, (size_t)no[k] * 4);
-		co[k] = aligned_alloc(64, (size_t)no[k] * 4);
+		size_t bytes = ((size_t)no[k] * 4 + 63) / 64 * 64;
+		so[k] = aligned_alloc(64, bytes);
+		co[k] = aligned_alloc(64, bytes);
 	}
 	const int64_t ps[4][4] = {{ATB, ATT, ATH * ATD}, {ATB, ATT, ATK * ATD}, {ATB, ATT, ATK * ATD},
 				  {ATB, ATT, ATH * ATD}};
