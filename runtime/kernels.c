@@ -921,16 +921,6 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 				goto oom;
 			kinst_one_op(ki, n, -1);
 			ki->variant += vectorize_of(&vw, &ki->src);
-			/* a reshape of a strided view (attention's dv, a rotary
-			 * gradient, permuted back to [B, T, H D]) reads the view's
-			 * base: one copy, not a gather and then the copy */
-			fz_value *in1[1] = {ki->ins[0]};
-			fz_region one = ki->src;
-			one.in = in1;
-			if (n->n_in == 1 && !kinst_fold_views(ki, p, &one, host))
-				goto oom;
-			if (!ki->folded)
-				ki->src.in = ki->ins;
 			if (w == 0)
 				ks->copy[v] = ki;
 		}
