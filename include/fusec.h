@@ -315,6 +315,11 @@ FZ_API fz_status fz_exec_profile(fz_exec *x, int reset, char **out);
  * with LLVM), on every thread: a framework reads it before and after a
  * step to count what the step compiled. */
 FZ_API int64_t fz_kernel_builds(void);
+/* The BLAS the CPU target's matrix products run on while a "cpu" program
+ * exists ("openblas (SkylakeX)", "mkl (already in the process)", "none":
+ * the built-in loop), NULL when none does; valid until that program's
+ * fz_exec_free. */
+FZ_API const char *fz_cpu_blas(void);
 
 /* Host memory for outputs, from a process-wide cache of released blocks.
  * A caller that hands every run fresh memory for its outputs (torch.empty

@@ -30,6 +30,22 @@
  * the library loads, and taken out of the environment again right after.
  * fz_blas_name says which kernels run ("openblas (SkylakeX)").
  *
+ * MKL, where the process has it already. PyTorch's CPU build carries
+ * Intel's MKL inside libtorch_cpu.so and exports its Fortran and service
+ * symbols; aten::mm runs on it. So when fusec runs inside such a process
+ * (the torch.compile backend, fusec.Program) and finds a loaded object
+ * exporting sgemm_, dgemm_ and MKL_Set_Num_Threads_Local (walking the
+ * loaded objects with dl_iterate_phdr; fusec never loads MKL itself), its
+ * products run there too, on the threads aten::mm would use: in the
+ * Llama step of tools/bench/step_bench.py (hidden 256, T=128) the
+ * products ran at 282 GFLOP/s on two threads against OpenBLAS's 263 in
+ * the same run, the same at one thread (143 and 145). The thread count
+ * goes through MKL_Set_Num_Threads_Local, the C entry, which takes its
+ * count by value and returns the thread's previous setting (restored
+ * after each call); the lower-case mkl_set_num_threads_local that MKL
+ * also exports is the Fortran entry, taking a pointer. $FUSEC_BLAS
+ * naming a library (libopenblas.so.0) skips the search.
+ *
  * Threads. The BLAS is told to use one thread (openblas_set_num_threads,
  * bli_thread_set_num_threads) and the product is split across the CPU
  * target's own pool: a second pool of spinning BLAS threads would fight
@@ -44,6 +60,12 @@
  * (openblas_get_parallel() == 0: libblas.so.3 or libopenblas.so.0 can be
  * that build through Debian's alternatives), every product runs whole on
  * the calling thread under one lock per process.
+ * MKL splits a product across its own OpenMP threads better than slices
+ * would (it packs each operand once), and those threads are the team the
+ * pool runs on inside PyTorch (pool.c), so there a product short of
+ * batches is one call on the calling thread with MKL told the pool's
+ * thread count, and batched products go to the pool a batch at a time
+ * with MKL told one thread each.
  * The work is cut into units: whole batches when there are enough of them
  * (attention's B*H products), else slices of at least 256 rows of one
  * product (a linear layer over B*T tokens), else slices of columns; one
@@ -66,6 +88,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +114,7 @@ struct fz_blas {
 	dgemm_fn dgemm;
 	pthread_mutex_t mu;    /* guards scratch: one widened product at a time */
 	bool sequential;       /* not safe to call from two threads at once */
+	int (*mkl_threads)(int); /* MKL's MKL_Set_Num_Threads_Local, or NULL */
 	pthread_mutex_t seq_mu; /* then: one product at a time */
 	void *scratch;
 	size_t cap;
@@ -159,6 +183,32 @@ static bool try_open(fz_blas *b, const char *file, const char *name, const char 
 	return true;
 }
 
+/* dl_iterate_phdr's walk: the first loaded object that exports MKL's
+ * sgemm_ and its C thread control. */
+static int find_mkl(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	fz_blas *b = arg;
+	if (!info->dlpi_name || !info->dlpi_name[0])
+		return 0;
+	void *dl = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
+	if (!dl)
+		return 0;
+	sgemm_fn s = (sgemm_fn)dlsym(dl, "sgemm_");
+	dgemm_fn d = (dgemm_fn)dlsym(dl, "dgemm_");
+	int (*threads)(int) = (int (*)(int))dlsym(dl, "MKL_Set_Num_Threads_Local");
+	if (!s || !d || !threads) {
+		dlclose(dl);
+		return 0;
+	}
+	b->dl = dl;
+	b->sgemm = s;
+	b->dgemm = d;
+	b->mkl_threads = threads;
+	b->name = "mkl (already in the process)";
+	return 1;
+}
+
 fz_status fz_blas_open(fz_blas **out, char **err)
 {
 	*out = NULL;
@@ -179,6 +229,7 @@ fz_status fz_blas_open(fz_blas **out, char **err)
 				 "openblas" : "blas", strstr(env, "blis") ?
 				 "bli_thread_set_num_threads" : "openblas_set_num_threads");
 	} else {
+		dl_iterate_phdr(find_mkl, b);
 		for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !b->dl; i++)
 			try_open(b, libs[i].file, libs[i].name, libs[i].threads);
 	}
@@ -262,6 +313,7 @@ typedef struct job {
 	float *y32;                   /* f32 result before rounding, or NULL */
 	int64_t a_elems, b_elems;     /* what the widen pass converts */
 	bool plain;                   /* no BLAS, or integers: the loop */
+	int blas_threads;             /* MKL's threads for each unit, or 0 */
 } job;
 
 /* Element offsets of batch t in a and b. */
@@ -385,8 +437,11 @@ static void run_unit(void *arg, int part, int nparts)
 				memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 			return;
 		}
+		int prev = J->blas_threads ? J->b->mkl_threads(J->blas_threads) : 0;
 		J->b->dgemm(tb, ta, &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
 			    (const double *)m->a + aoff, &lda, &beta, y + r0 * N + c0, &ldc);
+		if (J->blas_threads)
+			J->b->mkl_threads(prev);
 		return;
 	}
 	/* f32 directly into y; bf16 and f16 into the f32 panel, then rounded */
@@ -400,8 +455,11 @@ static void run_unit(void *arg, int part, int nparts)
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 	} else {
+		int prev = J->blas_threads ? J->b->mkl_threads(J->blas_threads) : 0;
 		J->b->sgemm(tb, ta, &nn, &mm, &kk, &one, B + boff, &ldb, A + aoff, &lda,
 			    &beta, y + r0 * N + c0, &ldc);
+		if (J->blas_threads)
+			J->b->mkl_threads(prev);
 	}
 	if (J->y32)
 		for (int64_t i = r0; i < r1; i++)
@@ -484,7 +542,10 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * slices, the product is cut so that the smaller operand is the one
 	 * packed again. One thread takes the product whole. */
 	int64_t want = 4 * (int64_t)T;
-	if (nb < want && T > 1) {
+	bool whole = !plain && b->mkl_threads && nb < want;
+	if (!plain && b->mkl_threads)
+		J.blas_threads = whole ? T : 1;
+	if (nb < want && T > 1 && !whole) {
 		int64_t per = (want + nb - 1) / nb, least = (T + nb - 1) / nb;
 		int64_t rows = M / 64 > 0 ? M / 64 : 1, cols = N / 64 > 0 ? N / 64 : 1;
 		if (rows >= per && cols >= per)
@@ -533,7 +594,12 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 						m->region, (long long)nb);
 		return FZ_EUNSUPPORTED;
 	}
-	fz_pool_run(pool, (int)units, run_unit, &J);
+	if (whole) {
+		for (int64_t t = 0; t < nb; t++)
+			run_unit(&J, (int)t, (int)nb);
+	} else {
+		fz_pool_run(pool, (int)units, run_unit, &J);
+	}
 	if (locked)
 		pthread_mutex_unlock(&b->mu);
 	return FZ_OK;

@@ -2,7 +2,8 @@
  * blas.h: matrix products on the CPU through a BLAS opened at run time.
  *
  *     fz_blas *b;
- *     fz_blas_open(&b, &err);                 OpenBLAS, else BLIS, else any
+ *     fz_blas_open(&b, &err);                 the process's MKL, else OpenBLAS,
+ *                                             else BLIS, else any
  *                                             libblas.so.3, else none
  *     fz_cpu_matmul(b, pool, &mm, &err);      one fz_matmul across the pool
  *     fz_blas_close(b);
@@ -22,13 +23,15 @@
 
 typedef struct fz_blas fz_blas;
 
-/* Opens $FUSEC_BLAS (a library path) if set, else the first of
- * libopenblas.so.0, libblis.so.4, libblas.so.3 that exports sgemm_ and
+/* Opens $FUSEC_BLAS (a library path) if set, else MKL where a loaded
+ * object already exports it (PyTorch's libtorch_cpu.so), else the first
+ * of libopenblas.so.0, libblis.so.4, libblas.so.3 that exports sgemm_ and
  * dgemm_. Finding none is not an error: fz_blas_name says "none" and
  * products use the built-in loop. FZ_ENOMEM only. */
 fz_status fz_blas_open(fz_blas **out, char **err);
 void fz_blas_close(fz_blas *b);
-/* "openblas", "blis", "blas" (another libblas.so.3), or "none". */
+/* "openblas (CORE)", "mkl (already in the process)", "blis", "blas"
+ * (another libblas.so.3), or "none". */
 const char *fz_blas_name(const fz_blas *b);
 
 /* y = a · op(b) (+ bias) as m describes, the work split across pool

@@ -119,6 +119,14 @@ static fz_status cpu_open(const fz_exec_options *o, fz_device **out, char **err)
 	return FZ_OK;
 }
 
+const char *fz_cpu_blas(void)
+{
+	pthread_mutex_lock(&cpu_mu);
+	const char *name = cpu_dev ? fz_blas_name(cpu_dev->blas) : NULL;
+	pthread_mutex_unlock(&cpu_mu);
+	return name;
+}
+
 #define THP_BYTES ((uintptr_t)2 << 20)  /* an x86-64 huge page */
 
 /* Huge pages for the whole huge pages inside p[0..n), if n is large. */

@@ -274,6 +274,35 @@ static int slot_into(builder *B, int rs, const fz_layout *lay, size_t es)
 	return add_slot(B, r.base, r.idx, r.off + lay->offset * (int64_t)es);
 }
 
+static int need(builder *B, const fz_value *v);
+
+/* Where view v's elements lie: rs, the slot they are read from, and lay,
+ * their layout there. Through the whole chain of views from v's root
+ * where strides express it; else, when v's operand is itself a view, in
+ * that operand's contiguous copy (its gather, or its own copy), through
+ * v's own step. A reshape of a permute is then one gather of the permute
+ * and no copy kernel after it, and a reshape or a transpose of that is
+ * read where it lies (the Llama backward's reshape(reshape(permute(dq)))
+ * and its transpose for the weight gradient's product were a gather and
+ * three copies). false: v itself needs a copy kernel. kernels.c's
+ * views_eval predicts the same. */
+static bool view_at(builder *B, const fz_value *v, int *rs, fz_layout *lay)
+{
+	const fz_program *p = B->p;
+	if (fz_view_eval(p, v, B->syms, lay) == FZ_OK) {
+		*rs = B->pp->vslot[fz_view_root(p, (fz_value *)v)->id];
+		return true;
+	}
+	const fz_node *n = p->view_of[v->id]->node;
+	const fz_value *src = n->in[0];
+	fz_layout in;
+	if (!p->view_of[src->id])
+		return false; /* v's own step over a value's storage */
+	*rs = need(B, src);
+	return *rs >= 0 && fz_layout_contiguous(src, B->syms, &in) &&
+	       fz_meta_layout(n, B->syms, &in, lay);
+}
+
 /* The slot of v's elements, contiguous: emits the copy of a strided view
  * or the copy kernel of a reshape that is not a view, the first time. */
 static int need(builder *B, const fz_value *v)
@@ -290,7 +319,8 @@ static int need(builder *B, const fz_value *v)
 		return -1;
 	}
 	fz_layout lay;
-	if (fz_view_eval(p, v, B->syms, &lay) != FZ_OK) {
+	int rs;
+	if (!view_at(B, v, &rs, &lay)) {
 		const fz_kinst *ki = B->pp->ks->copy[v->id];
 		if (!ki) {
 			fail(B, FZ_EINVAL, fz_strdup_printf("value #%d: no copy kernel "
@@ -300,11 +330,10 @@ static int need(builder *B, const fz_value *v)
 		add_kernel(B, ki); /* sets vslot[v] */
 		return pp->vslot[v->id];
 	}
-	fz_value *root = fz_view_root(p, (fz_value *)v);
-	int rs = pp->vslot[root->id];
 	if (rs < 0) {
 		fail(B, FZ_EINVAL, fz_strdup_printf("value #%d is a view of #%d, "
-			"which has no storage", v->id, root->id));
+			"which has no storage", v->id,
+			fz_view_root(p, (fz_value *)v)->id));
 		return -1;
 	}
 	size_t es = fz_dtype_size(v->type.dtype);
@@ -372,8 +401,9 @@ static int matrix_in_place(builder *B, const fz_value *v, fz_layout *lay, int64_
 {
 	const fz_program *p = B->p;
 	pplan *pp = B->pp;
+	int rs;
 	if (pp->vslot[v->id] >= 0 || !p->view_of || !p->view_of[v->id] ||
-	    fz_view_eval(p, v, B->syms, lay) != FZ_OK)
+	    !view_at(B, v, &rs, lay))
 		return -1;
 	int r = lay->rank;
 	if (r < 2 || fz_layout_is_contiguous(lay))
@@ -393,8 +423,6 @@ static int matrix_in_place(builder *B, const fz_value *v, fz_layout *lay, int64_
 	} else {
 		return -1;
 	}
-	const fz_value *root = fz_view_root(p, (fz_value *)v);
-	int rs = pp->vslot[root->id];
 	return rs < 0 ? -1 : slot_into(B, rs, lay, fz_dtype_size(v->type.dtype));
 }
 
@@ -1259,6 +1287,14 @@ fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
 					      s->mm.a_trans ? " (a transposed)" : "",
 					      s->mm.b_trans ? " (b transposed)" : "",
 					      (long long)nb);
+			} else if (s->kind == S_KERNEL && s->ki->region < 0 &&
+				   s->ki->src.n_nodes == 1 && s->ki->node[0]->n_out == 1) {
+				/* a reshape that no strides express: by its value */
+				const fz_value *v = s->ki->node[0]->out[0];
+				char ty[96];
+				fz_buf_printf(&b, "0\treshape copy of %s %s\n",
+					      v->name ? v->name : "(unnamed)",
+					      fz_type_str(x->t, &v->type, ty, sizeof ty));
 			} else if (s->kind == S_KERNEL) {
 				fz_buf_printf(&b, "0\t%s of %d ops\n",
 					      fz_region_kind_names[s->ki->src.kind],

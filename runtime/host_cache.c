@@ -29,7 +29,9 @@
  * A block reaches PyTorch as a DLPack tensor whose deleter releases it, so
  * the memory comes back when the last view of the tensor dies, on
  * whatever thread that is (autograd's included): one mutex guards the
- * lists and the counters.
+ * lists and the counters. A fork takes that mutex first (pthread_atfork),
+ * so a child (a DataLoader's worker) never starts with it held by a
+ * thread the child does not have, which would hang its first output.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 #include <pthread.h>
@@ -74,6 +76,7 @@ struct fz_host_block {
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static fz_host_block *head, *tail;  /* released, most recent first */
 static fz_host_stats st;
 static int limit_set;
@@ -176,10 +179,15 @@ static void ensure_limit(void)
 	}
 }
 
+static void fork_lock(void) { pthread_mutex_lock(&mu); }
+static void fork_unlock(void) { pthread_mutex_unlock(&mu); }
+static void handle_forks(void) { pthread_atfork(fork_lock, fork_unlock, fork_unlock); }
+
 fz_host_block *fz_host_alloc(size_t bytes, void **data)
 {
 	size_t size = size_class(bytes);
 	*data = NULL;
+	pthread_once(&fork_once, handle_forks);
 	pthread_mutex_lock(&mu);
 	ensure_limit();
 	fz_host_block *b = head;

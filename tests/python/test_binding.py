@@ -197,6 +197,41 @@ class TestPrepared(unittest.TestCase):
         fusec.empty_host_cache()
         self.assertEqual(fusec.host_cache_stats()["cached_bytes"], 0)
 
+    def test_products_on_the_process_mkl(self):
+        # PyTorch's CPU build carries MKL (aten::mm runs on it): fusec's
+        # products inside this process run there too, and leave MKL's
+        # thread setting of the calling thread as they found it
+        p = fusec.Program("trace mm(a: f32[M, K], b: f32[K, N], "
+                          "c: bf16[3, M, K], d: bf16[3, K, N]) {\n"
+                          "  y = matmul(a, b)\n  z = matmul(c, d)\n"
+                          "  return y, z\n}\n", device="cpu")
+        a, b = torch.randn(300, 200), torch.randn(200, 260)
+        c = torch.randn(3, 300, 200).bfloat16()
+        d = torch.randn(3, 200, 260).bfloat16()
+        if not torch.backends.mkl.is_available():
+            y, z = p(a, b, c, d)
+            self.assertNotIn("mkl", fusec.cpu_blas())
+            self.skipTest("this PyTorch has no MKL")
+        import ctypes
+        import os
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib",
+                                       "libtorch_cpu.so"))
+        before = lib.MKL_Get_Max_Threads()
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = lib.MKL_Get_Max_Threads()
+            y, z = p(a, b, c, d)
+            self.assertEqual(lib.MKL_Get_Max_Threads(), one)
+        finally:
+            torch.set_num_threads(threads)
+        self.assertEqual(lib.MKL_Get_Max_Threads(), before)
+        self.assertTrue(fusec.cpu_blas().startswith("mkl"), fusec.cpu_blas())
+        torch.testing.assert_close(y, a @ b, rtol=1e-4, atol=1e-4)
+        # bf16: f32 sums of exact products, rounded once (as torch's CPU mm)
+        want = (c.float() @ d.float()).bfloat16()
+        torch.testing.assert_close(z, want, rtol=1e-2, atol=1e-2)
+
     def test_strided_inputs_in_place(self):
         p = fusec.Program(RMS, device="cpu")
         big = torch.randn(8, 10)

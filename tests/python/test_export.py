@@ -31,6 +31,19 @@ class TestMappings(unittest.TestCase):
                 torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
         self.assertIn("linear(", t)
 
+    def test_elementwise_in_the_computed_operands_shape(self):
+        # t + rows(x).view(...): computed in the rows' shape [8, 16], t
+        # reshaped to it, so the add can join the rows' kernel
+        rows = lambda x: (x - x.amax(1, keepdim=True)).exp()  # noqa: E731
+        t = run(lambda x, g: g + rows(x).view(2, 4, 16),
+                torch.randn(8, 16), torch.randn(2, 4, 16))
+        self.assertRegex(t, r"= reshape\(g, shape=\[8, 16\]\)")
+        self.assertNotRegex(t, r"add\(g,")
+        # both operands computed: the op keeps its own shape
+        t = run(lambda x, y: (y * 2) + rows(x).view(2, 4, 16),
+                torch.randn(8, 16), torch.randn(2, 4, 16))
+        self.assertNotRegex(t, r"reshape\(mul[_0-9a-z]*, shape=\[8, 16\]\)")
+
     def test_promotion_casts(self):
         t = run(lambda x, y, i: (x * y + i, (i / 2)),
                 torch.randn(3, 4), torch.randn(4).bfloat16(),

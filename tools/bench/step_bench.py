@@ -186,8 +186,10 @@ class Profile:
         inside = sum(lib.values())
         top.sort(key=lambda x: -x[0])
         per = 1.0 / steps
+        import fusec
         return {
             "step_s": step_s,
+            "blas": fusec.cpu_blas(),
             "program_calls_per_step": self.calls * per,
             "library_s": inside * per,
             "library_kernel_s": lib["kernel"] * per,
@@ -337,12 +339,12 @@ def show_steady(r):
     print(line, flush=True)
     p = r.get("fusec_profile")
     if p:
-        print("   fusec: library %.1f ms (matmul %.1f ms at %s GFLOP/s, "
+        print("   fusec: library %.1f ms (matmul %.1f ms at %s GFLOP/s on %s, "
               "kernels %.1f, copies %.1f), Python calls +%.1f ms over %d "
               "calls, outside programs %.1f ms" % (
                   1e3 * p["library_s"], 1e3 * p["library_matmul_s"],
                   "%.0f" % p["matmul_gflops"] if p["matmul_gflops"] else "-",
-                  1e3 * p["library_kernel_s"], 1e3 * p["library_copy_s"],
+                  p.get("blas"), 1e3 * p["library_kernel_s"], 1e3 * p["library_copy_s"],
                   1e3 * p["python_call_overhead_s"],
                   p["program_calls_per_step"],
                   1e3 * p["outside_programs_s"]), flush=True)

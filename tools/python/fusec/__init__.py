@@ -48,7 +48,8 @@ from . import _lib
 from ._lib import DTYPES, FusecLibraryError  # noqa: F401
 
 __all__ = ["Program", "FusecError", "FusecLibraryError", "DEVICES",
-           "host_cache_stats", "empty_host_cache", "set_host_cache_limit"]
+           "host_cache_stats", "empty_host_cache", "set_host_cache_limit",
+           "cpu_blas"]
 
 DEVICES = ("reference", "cpu", "cuda", "emu", "auto")
 
@@ -251,6 +252,15 @@ def host_cache_stats():
     s = _lib.HostStats()
     lib.fz_host_cache_stats(ctypes.byref(s))
     return {k: int(getattr(s, k)) for k, _ in _lib.HostStats._fields_}
+
+
+def cpu_blas():
+    """The BLAS the "cpu" device's matrix products run on while a program
+    of that device exists (None when none does): OpenBLAS in a plain
+    process, the MKL that PyTorch's CPU build carries when it is already
+    loaded (as aten::mm does), "none" for the built-in loop."""
+    name = _lib.load().fz_cpu_blas()
+    return name.decode() if name else None
 
 
 def empty_host_cache():

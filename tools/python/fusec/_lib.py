@@ -143,6 +143,7 @@ def _declare(lib):
         "fz_host_cache_stats": (None, [ctypes.POINTER(HostStats)]),
         "fz_host_cache_set_limit": (None, [ctypes.c_size_t]),
         "fz_host_cache_empty": (None, []),
+        "fz_cpu_blas": (ctypes.c_char_p, []),
     }
     missing = []
     for name, (res, args) in sigs.items():

@@ -79,6 +79,7 @@ class _Writer:
         self.fulls = {}       # name of a full -> (value, dtype)
         self.sizes = {}       # symbol -> int, for Dynamo's symbolic sizes
         self.random = None    # Draws, where random ops may be written
+        self.reshaped = {}    # name of a reshape -> its operand (a V)
 
     # names and statements
     def fresh(self, hint):
@@ -206,9 +207,11 @@ class _Writer:
         shape = tuple(shape)
         if v.shape == shape:
             return v
-        return self.emit("reshape", [v],
-                         [("shape", self.shape_attr(shape, True))],
-                         v.dtype, shape)
+        r = self.emit("reshape", [v],
+                      [("shape", self.shape_attr(shape, True))],
+                      v.dtype, shape)
+        self.reshaped[r.name] = v
+        return r
 
     def broadcast(self, v, shape):
         shape = tuple(shape)
@@ -324,6 +327,14 @@ class _Writer:
         if dtype is None:
             dtype = tens[0].dtype
         shape = _bcast(*[t.shape for t in tens])
+        home = self._home_shape(tens, shape)
+        if home is not None:
+            # in the shape of the one computed operand, the parameters
+            # reshaped to it (free views), then back: see _home_shape
+            ops = [self.reshaped[o.name] if o.name in self.reshaped else
+                   self.reshape(o, home) if isinstance(o, V) else o
+                   for o in operands]
+            return self.reshape(self.ew(op, ops, dtype, out_dtype), shape)
         args = []
         for o in operands:
             if isinstance(o, V):
@@ -333,6 +344,29 @@ class _Writer:
         if out_dtype is None:
             out_dtype = "bool" if op in _CMP else dtype
         return self.emit(op, args, [], out_dtype, shape)
+
+    def _home_shape(self, tens, shape):
+        """The shape an elementwise op over tens is better computed in, or
+        None. When one operand is a reshape of a value X computed in this
+        trace and every other is a parameter of the op's own shape (no
+        broadcast), the op is computed in X's shape: the parameters are
+        reshaped to it (views of an input) and the result back. A kernel
+        that made X can then go on to the op: the partitioner fuses
+        elementwise work into a normalization only in the shape of its
+        rows, and AOTAutograd's backward of a loss over logits viewed as
+        [B*T, V] adds the logits' tangent, [B, T, V], to the gradient
+        the cross-entropy's rows make in [B*T, V] (a separate add over
+        the whole [B, T, V] otherwise)."""
+        if len(tens) < 2 or any(t.shape != shape for t in tens):
+            return None
+        params = set(self.param_names)
+        mine = [t for t in tens if t.name not in params]
+        if len(mine) != 1 or mine[0].name not in self.reshaped:
+            return None
+        x = self.reshaped[mine[0].name]
+        if x.name in params or _numel(x.shape) != _numel(shape):
+            return None
+        return x.shape
 
     def reduce(self, op, v, dims, keepdim, dtype=None):
         dims = sorted(set(d % v.rank for d in dims)) if v.rank else []
