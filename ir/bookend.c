@@ -216,6 +216,30 @@ static bool is_view_op(fz_opcode op)
 	return fz_ops[op].cls == FZ_CLASS_META && op != FZ_OP_CAT;
 }
 
+/* The views peeled already that read v (output edge: they were peeled
+ * first, over v as the region would have written it, contiguous): are
+ * they still views, and still accepted by their readers, with v laid out
+ * as l? A reshape of a permute is no view of the permute's operand, so
+ * the permute under a peeled reshape stays in its kernel, which writes
+ * the permuted value once (else the reshape's reader, a product, found
+ * no strides for it and the runner gathered the permute every run). */
+static bool peeled_readers_keep(bk *s, const fz_value *v, int r, const fz_layout *l,
+				int depth)
+{
+	s->p->work += 1 + s->cons_start[v->id + 1] - s->cons_start[v->id];
+	for (int c = s->cons_start[v->id]; c < s->cons_start[v->id + 1]; c++) {
+		const fz_node *u = s->t->nodes[s->cons[c]];
+		fz_layout ul;
+		if (!s->peeled[u->id] || s->p->region_of[u->id] != r)
+			continue;
+		if (depth > 16 || !fz_meta_layout(u, s->p->probe_sizes, l, &ul) ||
+		    !readers_accept(s, u->out[0], r, &ul) ||
+		    !peeled_readers_keep(s, u->out[0], r, &ul, depth + 1))
+			return false;
+	}
+	return true;
+}
+
 /* Peels n off region r as a view of its operand's buffer. */
 static bool try_view(bk *s, const fz_node *n, int r)
 {
@@ -224,7 +248,8 @@ static bool try_view(bk *s, const fz_node *n, int r)
 	if (!probe_layout(s, x, &inp) || !fz_meta_layout(n, s->p->probe_sizes, &inp,
 							  &outp))
 		return false;
-	if (!readers_accept(s, n->out[0], r, &outp))
+	if (!readers_accept(s, n->out[0], r, &outp) ||
+	    !peeled_readers_keep(s, n->out[0], r, &outp, 0))
 		return false;
 	if (fz_view_eval(s->p, x, s->p->sym_sizes, &in) != FZ_OK ||
 	    !fz_meta_layout(n, s->p->sym_sizes, &in, &out))

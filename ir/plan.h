@@ -111,7 +111,7 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * passes produce. (2: dead ops in no region, attention regions, an output
  * placed only over an input it is computed from. 3: attention ops read
  * repeated kv heads unrepeated.) */
-#define FZ_PLAN_VERSION 3
+#define FZ_PLAN_VERSION 4
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol

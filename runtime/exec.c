@@ -274,35 +274,6 @@ static int slot_into(builder *B, int rs, const fz_layout *lay, size_t es)
 	return add_slot(B, r.base, r.idx, r.off + lay->offset * (int64_t)es);
 }
 
-static int need(builder *B, const fz_value *v);
-
-/* Where view v's elements lie: rs, the slot they are read from, and lay,
- * their layout there. Through the whole chain of views from v's root
- * where strides express it; else, when v's operand is itself a view, in
- * that operand's contiguous copy (its gather, or its own copy), through
- * v's own step. A reshape of a permute is then one gather of the permute
- * and no copy kernel after it, and a reshape or a transpose of that is
- * read where it lies (the Llama backward's reshape(reshape(permute(dq)))
- * and its transpose for the weight gradient's product were a gather and
- * three copies). false: v itself needs a copy kernel. kernels.c's
- * views_eval predicts the same. */
-static bool view_at(builder *B, const fz_value *v, int *rs, fz_layout *lay)
-{
-	const fz_program *p = B->p;
-	if (fz_view_eval(p, v, B->syms, lay) == FZ_OK) {
-		*rs = B->pp->vslot[fz_view_root(p, (fz_value *)v)->id];
-		return true;
-	}
-	const fz_node *n = p->view_of[v->id]->node;
-	const fz_value *src = n->in[0];
-	fz_layout in;
-	if (!p->view_of[src->id])
-		return false; /* v's own step over a value's storage */
-	*rs = need(B, src);
-	return *rs >= 0 && fz_layout_contiguous(src, B->syms, &in) &&
-	       fz_meta_layout(n, B->syms, &in, lay);
-}
-
 /* The slot of v's elements, contiguous: emits the copy of a strided view
  * or the copy kernel of a reshape that is not a view, the first time. */
 static int need(builder *B, const fz_value *v)
@@ -319,8 +290,7 @@ static int need(builder *B, const fz_value *v)
 		return -1;
 	}
 	fz_layout lay;
-	int rs;
-	if (!view_at(B, v, &rs, &lay)) {
+	if (fz_view_eval(p, v, B->syms, &lay) != FZ_OK) {
 		const fz_kinst *ki = B->pp->ks->copy[v->id];
 		if (!ki) {
 			fail(B, FZ_EINVAL, fz_strdup_printf("value #%d: no copy kernel "
@@ -330,10 +300,11 @@ static int need(builder *B, const fz_value *v)
 		add_kernel(B, ki); /* sets vslot[v] */
 		return pp->vslot[v->id];
 	}
+	fz_value *root = fz_view_root(p, (fz_value *)v);
+	int rs = pp->vslot[root->id];
 	if (rs < 0) {
 		fail(B, FZ_EINVAL, fz_strdup_printf("value #%d is a view of #%d, "
-			"which has no storage", v->id,
-			fz_view_root(p, (fz_value *)v)->id));
+			"which has no storage", v->id, root->id));
 		return -1;
 	}
 	size_t es = fz_dtype_size(v->type.dtype);
@@ -401,9 +372,8 @@ static int matrix_in_place(builder *B, const fz_value *v, fz_layout *lay, int64_
 {
 	const fz_program *p = B->p;
 	pplan *pp = B->pp;
-	int rs;
 	if (pp->vslot[v->id] >= 0 || !p->view_of || !p->view_of[v->id] ||
-	    !view_at(B, v, &rs, lay))
+	    fz_view_eval(p, v, B->syms, lay) != FZ_OK)
 		return -1;
 	int r = lay->rank;
 	if (r < 2 || fz_layout_is_contiguous(lay))
@@ -423,6 +393,8 @@ static int matrix_in_place(builder *B, const fz_value *v, fz_layout *lay, int64_
 	} else {
 		return -1;
 	}
+	const fz_value *root = fz_view_root(p, (fz_value *)v);
+	int rs = pp->vslot[root->id];
 	return rs < 0 ? -1 : slot_into(B, rs, lay, fz_dtype_size(v->type.dtype));
 }
 

@@ -204,10 +204,8 @@ void fz_kset_free(fz_kset *ks)
  * evaluated at these sizes (a reshape that must be copied). */
 typedef struct views {
 	int *at;            /* value id -> index in lay, -1: not a view */
-	fz_layout *lay;     /* in the chain's root, or in via's copy */
+	fz_layout *lay;
 	bool *ok;
-	bool *chain;        /* lay is through the whole chain from the root */
-	int *via;           /* else the operand whose copy it is read in */
 } views;
 
 static void views_free(views *w)
@@ -215,8 +213,6 @@ static void views_free(views *w)
 	free(w->at);
 	free(w->lay);
 	free(w->ok);
-	free(w->chain);
-	free(w->via);
 	memset(w, 0, sizeof *w);
 }
 
@@ -232,9 +228,7 @@ static fz_status views_eval(const fz_program *p, const int64_t *syms, views *w)
 	w->at = malloc(sizeof *w->at * ((size_t)t->n_values + 1));
 	w->lay = malloc(sizeof *w->lay * ((size_t)n + 1));
 	w->ok = malloc(sizeof *w->ok * ((size_t)n + 1));
-	w->chain = malloc(sizeof *w->chain * ((size_t)n + 1));
-	w->via = malloc(sizeof *w->via * ((size_t)n + 1));
-	if (!w->at || !w->lay || !w->ok || !w->chain || !w->via) {
+	if (!w->at || !w->lay || !w->ok) {
 		views_free(w);
 		return FZ_ENOMEM;
 	}
@@ -251,20 +245,10 @@ static fz_status views_eval(const fz_program *p, const int64_t *syms, views *w)
 		if (j == -2) /* not in id order: the general walk */
 			ok = fz_view_eval(p, src, syms, &in) == FZ_OK;
 		else if (j >= 0)
-			ok = w->chain[j] && (in = w->lay[j], true);
+			ok = w->ok[j] && (in = w->lay[j], true);
 		else
 			ok = fz_layout_contiguous(src, syms, &in);
-		w->chain[k] = ok && fz_meta_layout(vw->node, syms, &in, &w->lay[k]);
-		w->ok[k] = w->chain[k];
-		w->via[k] = -1;
-		/* exec.c's view_at: a view of a view that strides do not
-		 * express is read in that view's contiguous copy */
-		if (!w->chain[k] && p->view_of[src->id] &&
-		    fz_layout_contiguous(src, syms, &in) &&
-		    fz_meta_layout(vw->node, syms, &in, &w->lay[k])) {
-			w->ok[k] = true;
-			w->via[k] = src->id;
-		}
+		w->ok[k] = ok && fz_meta_layout(vw->node, syms, &in, &w->lay[k]);
 		w->at[v] = k++;
 	}
 	return FZ_OK;
@@ -274,23 +258,20 @@ static fz_status views_eval(const fz_program *p, const int64_t *syms, views *w)
  * blocks and parameters are (the runner copies a parameter that is not),
  * a strided view is gathered into an arena block, a reshape that is not a
  * view is copied into one; a contiguous view points into its root at its
- * offset, or into the copy of the view it is read through (via), at its
- * offset there. exec.c binds exactly what this predicts. Unbound sizes: judged
+ * offset. exec.c binds exactly what this predicts. Unbound sizes: judged
  * at the plan's probe sizes. */
-static bool value_aligned(const fz_program *p, const views *w, const fz_value *v)
+static bool value_aligned(const views *w, const fz_value *v)
 {
 	int k = w->at ? w->at[v->id] : -1;
 	if (k < 0 || !w->ok[k] || !fz_layout_is_contiguous(&w->lay[k]))
 		return true;
-	if (w->lay[k].offset * (int64_t)fz_dtype_size(v->type.dtype) % 16)
-		return false;
-	return w->via[k] < 0 || value_aligned(p, w, p->trace->values[w->via[k]]);
+	return w->lay[k].offset * (int64_t)fz_dtype_size(v->type.dtype) % 16 == 0;
 }
 
-static int vectorize_of(const fz_program *p, const views *w, const fz_region *r)
+static int vectorize_of(const views *w, const fz_region *r)
 {
 	for (int i = 0; i < r->n_in; i++)
-		if (!value_aligned(p, w, r->in[i]))
+		if (!value_aligned(w, r->in[i]))
 			return 0;
 	return 1;
 }
@@ -914,7 +895,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			}
 		}
 		const fz_region *src = two ? two : r;
-		int vec = vectorize_of(p, &vw, src);
+		int vec = vectorize_of(&vw, src);
 		for (int w = 0; w < n_widths; w++) {
 			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, src->n_in);
 			if (!ki) {
@@ -939,7 +920,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!ki)
 				goto oom;
 			kinst_one_op(ki, n, -1);
-			ki->variant += vectorize_of(p, &vw, &ki->src);
+			ki->variant += vectorize_of(&vw, &ki->src);
 			if (w == 0)
 				ks->copy[v] = ki;
 		}
@@ -988,7 +969,7 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			if (!oi)
 				goto oom;
 			kinst_one_op(oi, r->nodes[j], r->id);
-			oi->variant += vectorize_of(p, &vw, &oi->src);
+			oi->variant += vectorize_of(&vw, &oi->src);
 			if (main_width)
 				ks->ops[r->id][j] = oi;
 		}

@@ -231,25 +231,25 @@ START_TEST(transposed_a_in_place)
 }
 END_TEST
 
-/* reshape(permute(e)) is no strided view of e: the permute is gathered
- * and the reshape read in the gather. A view of that view (a reshape,
- * then the transpose a weight gradient's product reads, as the Llama
- * backward does with its permuted dq) is read there too: one gather, no
- * copy kernel (there were a gather and three copies), and the product
- * right. */
-static const char *copied_view_src =
+/* reshape(permute(e)) is no strided view of e: the kernel that makes e
+ * writes the permute (bookend.c keeps it in the kernel), and the reshape,
+ * a second reshape and the transpose a weight gradient's product reads
+ * (as the Llama backward does with its permuted dq) are views of that.
+ * When the permute was peeled into a view too, the runner gathered it and
+ * copied each view after it: a gather and three copies a run. */
+static const char *permuted_view_src =
 	"trace t(x: f32[2, 3, 4], w: f32[3, 5]) {\n"
 	"  e = mul(x, 2)\n"
 	"  r = reshape(permute(e, dims=[1, 0, 2]), shape=[3, 1, 8])\n"
 	"  y = matmul(permute(reshape(r, shape=[3, 8]), dims=[1, 0]), w)\n"
-	"  return y, e\n"
+	"  return y\n"
 	"}\n";
 
-START_TEST(view_of_a_copied_view)
+START_TEST(permute_under_a_reshape_is_written)
 {
-	fz_module *m = parse(copied_view_src);
+	fz_module *m = parse(permuted_view_src);
 	fz_exec *x = prepare_profiled(fz_module_trace(m, 0));
-	float xv[24], w[15], y[40], e[24];
+	float xv[24], w[15], y[40];
 	for (int i = 0; i < 24; i++)
 		xv[i] = (float)(i % 7) - 2.5f;
 	for (int i = 0; i < 15; i++)
@@ -257,11 +257,10 @@ START_TEST(view_of_a_copied_view)
 	fz_tensor in[2] = {
 		{.data = xv, .dtype = FZ_F32, .rank = 3, .shape = {2, 3, 4}, .strides = {12, 4, 1}},
 		{.data = w, .dtype = FZ_F32, .rank = 2, .shape = {3, 5}, .strides = {5, 1}}};
-	fz_tensor out[2] = {
-		{.data = y, .dtype = FZ_F32, .rank = 2, .shape = {8, 5}, .strides = {5, 1}},
-		{.data = e, .dtype = FZ_F32, .rank = 3, .shape = {2, 3, 4}, .strides = {12, 4, 1}}};
+	fz_tensor out[1] = {
+		{.data = y, .dtype = FZ_F32, .rank = 2, .shape = {8, 5}, .strides = {5, 1}}};
 	char *err = NULL;
-	ck_assert_msg(fz_exec_run(x, NULL, in, 2, out, 2, NULL, &err) == FZ_OK, "run: %s",
+	ck_assert_msg(fz_exec_run(x, NULL, in, 2, out, 1, NULL, &err) == FZ_OK, "run: %s",
 		      err ? err : "?");
 	/* r[t, 0, b * 4 + d] = 2 x[b, t, d]; y[j, c] = sum_t r[t, j] w[t, c] */
 	for (int j = 0; j < 8; j++)
@@ -273,11 +272,9 @@ START_TEST(view_of_a_copied_view)
 		}
 	char *prof = NULL;
 	ck_assert_int_eq(fz_exec_profile(x, 0, &prof), FZ_OK);
-	const char *gather = strstr(prof, "\tcopy\t");
-	ck_assert_msg(gather && !strstr(gather + 1, "\tcopy\t") &&
-		      !strstr(prof, "reshape copy") &&
+	ck_assert_msg(!strstr(prof, "\tcopy\t") && !strstr(prof, "reshape copy") &&
 		      strstr(prof, "f32 8x3x5 (a transposed) x1"), "%s", prof);
-	ck_assert_int_eq(fz_exec_stats_of(x)->steps, 3);
+	ck_assert_int_eq(fz_exec_stats_of(x)->steps, 2);
 	fz_free(prof);
 	fz_exec_free(x);
 	fz_module_free(m);
@@ -828,7 +825,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(c, outputs_in_place);
 	tcase_add_test(c, outputs_views_in_place);
 	tcase_add_test(c, transposed_a_in_place);
-	tcase_add_test(c, view_of_a_copied_view);
+	tcase_add_test(c, permute_under_a_reshape_is_written);
 	tcase_add_test(c, strided_and_misaligned_inputs);
 	tcase_add_test(c, attention_strided_one_backward);
 	tcase_add_test(c, plan_lru);
