@@ -58,9 +58,25 @@
  * Other vectors (loads, transposes, stores) are 8 floats. D and Dv must be
  * multiples of 16. A trace's own score modification (a mask, softcap, the
  * decomposed form) is per lane through cg_value, which the SLP vectorizer
- * packs where it can. The backward is two passes (dq; dk and dv: two
- * regions) that both recompute S and dP: 7 block products where
- * FlashAttention-2's one pass needs 5.
+ * packs where it can.
+ *
+ * Operands where they lie: q, k, v, o and do are read at the strides
+ * fz_attn.stride gives (opnd_at), the head dim contiguous, so the [B, T,
+ * H D] projections the exporter hands over as permuted [B, H, T, D] views
+ * are read in place (kernels.c folds the views into the region); no
+ * staging copy runs before the kernel.
+ *
+ * The backward is two passes (dq; dk and dv: two regions) that both
+ * recompute S and dP, 7 block products where FlashAttention-2's one pass
+ * needs 5; except where both regions read the same operands in f32 and
+ * sit next to each other in the plan (a training step's backward): the
+ * runner gives the two one kernel (kernels.c's attn_pair, FZ_ATTN_BWD),
+ * and kernel_dkv's one-pass mode has a work item per (batch, kv head)
+ * walk its key blocks and add dS K into dq (f32, in place: the item owns
+ * those rows, so no two threads add to one) beside dV and dK, 5 products a
+ * block pair, the sums in the dq pass's order (bit for bit its result).
+ * B=4, H=4, T=128, D=64, f32, one thread: dq 0.76 + dk/dv 0.82 ms before,
+ * one pass about 1.1 ms.
  */
 #include <math.h>
 #include <stdio.h>
@@ -397,8 +413,7 @@ void cg_attn_scores(cg *g, const fz_attn *A, V b, V h, V i, cg_ix j0, int nl,
 		bt.rank = A->n_batch;
 		if (!A->decomposed) {
 			/* the mask may lack batch dims; the q operand has them */
-			const fz_node *n = g->r->nodes[0];
-			qt = &n->in[0]->type;
+			qt = &A->op->in[0]->type;
 		}
 		for (int d = 0; d < A->n_batch; d++)
 			bt.dims[d] = qt->dims[d];
@@ -504,11 +519,53 @@ typedef struct ak {
 	bool mask_tri;  /* ... or exactly the lower triangle (keys j <= i) */
 } ak;
 
-/* Rows [0, n) of slot s from element `first`, `len` floats each (a
- * multiple of VW), into scratch X [rows][len] (rows from n to `cap` zero):
- * a block of q, k, v or do rows. With Xt, the rows go transposed into
- * Xt [len][cap] instead. */
-static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V Xt)
+/* The element offset of row t of head h of batch item b of operand w
+ * (FZ_ATTN_Q ...) where it lies: fz_attn.stride, the operand possibly a
+ * permuted view of a projection's [B, T, H D] (the decomposed form's are
+ * row-major in A's extents). */
+static V opnd_at(ak *K, int w, V b, V h, V t)
+{
+	cg *g = K->g;
+	const fz_attn *A = K->A;
+	bool kv = w == FZ_ATTN_K || w == FZ_ATTN_V;
+	if (A->decomposed) {
+		int64_t len = w == FZ_ATTN_Q || w == FZ_ATTN_K ? K->D : K->DV;
+		V hh = cg_ext(g, kv ? A->hkv : A->hq), tt = cg_ext(g, kv ? A->tk : A->tq);
+		return mul(g, add(g, mul(g, add(g, mul(g, b, hh), h), tt), t), ci(g, len));
+	}
+	const fz_ext *st = A->stride[w];
+	int nb = A->n_batch;
+	V off = add(g, mul(g, h, cg_ext(g, st[nb])), mul(g, t, cg_ext(g, st[nb + 1])));
+	if (nb == 1)
+		return add(g, off, mul(g, b, cg_ext(g, st[0])));
+	if (nb > 1) {
+		fz_type bt = {0};
+		cg_ix bix[FZ_MAX_RANK];
+		bt.rank = nb;
+		for (int d = 0; d < nb; d++)
+			bt.dims[d] = A->op->in[0]->type.dims[d];
+		cg_delinearize(g, &bt, b, 1, bix);
+		for (int d = 0; d < nb; d++)
+			off = add(g, off, mul(g, cg_ix_value(g, bix[d]), cg_ext(g, st[d])));
+	}
+	return off;
+}
+
+/* The elements from one row of operand w to the next. */
+static V opnd_ld(ak *K, int w)
+{
+	const fz_attn *A = K->A;
+	if (A->decomposed)
+		return ci(K->g, w == FZ_ATTN_Q || w == FZ_ATTN_K ? K->D : K->DV);
+	return cg_ext(K->g, A->stride[w][A->n_batch + 1]);
+}
+
+
+/* Rows [0, n) of slot s, the first at element `first`, the others `ld`
+ * elements apart, `len` floats each (a multiple of VW), into scratch
+ * X [rows][len] (rows from n to `cap` zero): a block of q, k, v or do
+ * rows. With Xt, the rows go transposed into Xt [len][cap] instead. */
+static void load_rows(ak *K, int s, V first, V ld, int64_t len, V n, int cap, V X, V Xt)
 {
 	cg *g = K->g;
 	cg_loop L;
@@ -519,7 +576,7 @@ static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V X
 		for (int u = 0; u < step; u++) {
 			V r = add(g, L.iv, ci(g, u));
 			V valid = icmp(g, LLVMIntULT, r, n);
-			V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ci(g, len)));
+			V row = add(g, first, mul(g, sel(g, valid, r, ci(g, 0)), ld));
 			x[u] = sel(g, valid, vload(g, s, K->dt, add(g, row, ci(g, d))),
 				   vconst(g, 0.0));
 			if (X)
@@ -547,6 +604,16 @@ static void load_rows(ak *K, int s, V first, int64_t len, V n, int cap, V X, V X
 			store(g, x[l], at(g, Xt, add(g, ci(g, (d + l) * cap), L.iv)), 4);
 	}
 	cg_loop_end(g, &L);
+}
+
+/* Rows [t, t + n) of head h of item b of operand w into scratch (as
+ * load_rows). */
+static void load_opnd(ak *K, int w, V b, V h, V t, V n, int cap, V X, V Xt)
+{
+	int s = w == FZ_ATTN_Q ? K->sq : w == FZ_ATTN_K ? K->sk : w == FZ_ATTN_V ? K->sv :
+		w == FZ_ATTN_O ? K->so : K->sdo;
+	int64_t len = w == FZ_ATTN_Q || w == FZ_ATTN_K ? K->D : K->DV;
+	load_rows(K, s, opnd_at(K, w, b, h, t), opnd_ld(K, w), len, n, cap, X, Xt);
 }
 
 static void zero(cg *g, V X, int64_t n)
@@ -804,7 +871,7 @@ static V mask_offset(ak *K, V b, V h, V i, V j)
 	int r = A->n_batch + 3, mr = mv->type.rank;
 	cg_ix bix[FZ_MAX_RANK];
 	if (A->n_batch > 0) {
-		const fz_type *qt = &g->r->nodes[0]->in[0]->type; /* q has the batch dims */
+		const fz_type *qt = &A->op->in[0]->type; /* q has the batch dims */
 		fz_type bt = {0};
 		bt.rank = A->n_batch;
 		for (int d = 0; d < A->n_batch; d++)
@@ -1018,23 +1085,20 @@ static void work_loop(cg *g, cg_loop *L, V outer, V len, int blk, V *o, V *first
 
 /* Where a work item over query rows [i0, i0 + BQ) of head h reads. */
 typedef struct qitem {
-	V b, h, bh, i0, i1, nrows, kbase, vbase, rowbase;
+	V b, h, hk, bh, i0, i1, nrows, rowbase; /* rowbase: the row of o, lse, dq */
 } qitem;
 
 static void query_item(ak *K, cg_loop *W, qitem *Q)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
-	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
+	V hq = cg_ext(g, A->hq), tq = cg_ext(g, A->tq);
 	work_loop(g, W, mul(g, cg_ext(g, A->batch), hq), tq, BQ, &Q->bh, &Q->i0);
 	Q->b = udiv(g, Q->bh, hq);
 	Q->h = urem(g, Q->bh, hq);
-	V hk = udiv(g, Q->h, ci(g, A->group));
+	Q->hk = udiv(g, Q->h, ci(g, A->group));
 	Q->i1 = umin(g, add(g, Q->i0, ci(g, BQ)), tq);
 	Q->nrows = sub(g, Q->i1, Q->i0);
-	V kvh = add(g, mul(g, Q->b, cg_ext(g, A->hkv)), hk);
-	Q->kbase = mul(g, kvh, tk);
-	Q->vbase = Q->kbase;
 	Q->rowbase = add(g, mul(g, Q->bh, tq), Q->i0);
 }
 
@@ -1114,9 +1178,8 @@ static void fwd_block(ak *K, void *arg, bool diag)
 	cg *g = K->g;
 	fblock *F = arg;
 	int64_t D = K->D, DV = K->DV;
-	load_rows(K, K->sk, mul(g, add(g, F->Q->kbase, F->kb), ci(g, D)), D, F->nk, BK, NULL, F->Kt);
-	load_rows(K, K->sv, mul(g, add(g, F->Q->vbase, F->kb), ci(g, DV)), DV, F->nk, BK, F->Vs,
-		  NULL);
+	load_opnd(K, FZ_ATTN_K, F->Q->b, F->Q->hk, F->kb, F->nk, BK, NULL, F->Kt);
+	load_opnd(K, FZ_ATTN_V, F->Q->b, F->Q->hk, F->kb, F->nk, BK, F->Vs, NULL);
 	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, BK, D, false, NULL, diag ? TRI_N : TRI_NONE);
 	rowsel R = {fwd_row, F, F->Q->nrows};
 	block_rows(K, diag, diag ? NULL : block_full(K, F->Q->i0, F->Q->i1, F->kb), &R);
@@ -1136,7 +1199,7 @@ static void kernel_fwd(ak *K)
 	cg_loop W, R, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
-	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, Qs, NULL);
+	load_opnd(K, FZ_ATTN_Q, Q.b, Q.h, Q.i0, Q.nrows, BQ, Qs, NULL);
 	zero(g, Os, BQ * DV);
 	cg_loop_begin(g, &R, ci(g, 0), ci(g, BQ), ci(g, 1));
 	store(g, c_f32(g, -INFINITY), at(g, Ms, R.iv), 4);
@@ -1173,9 +1236,12 @@ static void kernel_fwd(ak *K)
  * dX [BQ][D] (dq) or dKs, dVs [BK][D], [BK][DV] (dk/dv) the sums. */
 typedef struct gblock {
 	V Qs, dOs, Kt, Vt, Ks, dQs, dKs, dVs, S, dP, LSE, DI;
-	V b, h, i0, nrows, rowbase; /* rows [i0, i0 + nrows) of head h; their row */
-	V kb, nk, krow;             /* keys [kb, kb + nk); kb's row in k and v */
+	V b, h, hk, i0, nrows, rowbase; /* rows [i0, i0 + nrows) of head h (kv
+	                                 * head hk); their row in lse */
+	V kb, nk;                       /* keys [kb, kb + nk) */
 	bool keep_p; /* the dk/dv pass: S becomes p, dP ds (else S ds) */
+	int sdq;     /* the one pass (FZ_ATTN_BWD): dq's slot, f32, summed in
+	              * place (else -1) */
 } gblock;
 
 /* Row r's p and ds over the block's first nc vectors of keys, from S and
@@ -1209,15 +1275,19 @@ static void grad_row(ak *K, void *arg, V r, int nc, bool full)
 	}
 }
 
-/* lse and di = do . o of the rows of a query block into LSE, DI. */
-static void row_stats(ak *K, V rowbase, V nrows, V LSE, V DI)
+/* lse and di = do . o of the rows [i0, i0 + nrows) of head h of item b
+ * (lse's row rowbase the first) into LSE, DI. */
+static void row_stats(ak *K, V b, V h, V i0, V rowbase, V nrows, V LSE, V DI)
 {
 	cg *g = K->g;
 	cg_loop R;
+	V d0 = opnd_at(K, FZ_ATTN_DO, b, h, i0), dld = opnd_ld(K, FZ_ATTN_DO);
+	V o0 = opnd_at(K, FZ_ATTN_O, b, h, i0), old = opnd_ld(K, FZ_ATTN_O);
 	cg_loop_begin(g, &R, ci(g, 0), nrows, ci(g, 1));
-	V row = add(g, rowbase, R.iv), off = mul(g, row, ci(g, K->DV));
+	V row = add(g, rowbase, R.iv);
 	store(g, sload(g, K->slse, FZ_F32, row), at(g, LSE, R.iv), 4);
-	store(g, dot_rows(K, K->sdo, off, K->so, off, K->DV), at(g, DI, R.iv), 4);
+	store(g, dot_rows(K, K->sdo, add(g, d0, mul(g, R.iv, dld)), K->so,
+			  add(g, o0, mul(g, R.iv, old)), K->DV), at(g, DI, R.iv), 4);
 	cg_loop_end(g, &R);
 }
 
@@ -1232,12 +1302,12 @@ static void grad_block(ak *K, void *arg, bool diag)
 	gblock *G = arg;
 	int64_t D = K->D, DV = K->DV;
 	if (G->keep_p) {
-		load_rows(K, K->sq, mul(g, G->rowbase, ci(g, D)), D, G->nrows, BQ, G->Qs, NULL);
-		load_rows(K, K->sdo, mul(g, G->rowbase, ci(g, DV)), DV, G->nrows, BQ, G->dOs, NULL);
-		row_stats(K, G->rowbase, G->nrows, G->LSE, G->DI);
+		load_opnd(K, FZ_ATTN_Q, G->b, G->h, G->i0, G->nrows, BQ, G->Qs, NULL);
+		load_opnd(K, FZ_ATTN_DO, G->b, G->h, G->i0, G->nrows, BQ, G->dOs, NULL);
+		row_stats(K, G->b, G->h, G->i0, G->rowbase, G->nrows, G->LSE, G->DI);
 	} else {
-		load_rows(K, K->sk, mul(g, G->krow, ci(g, D)), D, G->nk, BK, G->Ks, G->Kt);
-		load_rows(K, K->sv, mul(g, G->krow, ci(g, DV)), DV, G->nk, BK, NULL, G->Vt);
+		load_opnd(K, FZ_ATTN_K, G->b, G->hk, G->kb, G->nk, BK, G->Ks, G->Kt);
+		load_opnd(K, FZ_ATTN_V, G->b, G->hk, G->kb, G->nk, BK, NULL, G->Vt);
 	}
 	tri tn = diag ? TRI_N : TRI_NONE;
 	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, BK, D, false, NULL, tn);
@@ -1254,6 +1324,16 @@ static void grad_block(ak *K, void *arg, bool diag)
 	       diag ? TRI_KHI : TRI_NONE);
 	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
 	       diag ? TRI_KHI : TRI_NONE);
+	if (G->sdq < 0)
+		return;
+	/* the one pass: dQ += dS K on the rows' sums so far (f32, in dq's
+	 * buffer: this work item alone writes them), in the order the dq
+	 * pass adds them: the same sums, bit for bit */
+	V first = mul(g, G->rowbase, ci(g, D));
+	load_rows(K, G->sdq, first, ci(g, D), D, G->nrows, BQ, G->dQs, NULL);
+	gemm(g, G->dP, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+	     diag ? TRI_KLO : TRI_NONE);
+	store_rows(g, G->sdq, FZ_F32, first, D, G->nrows, G->dQs, NULL);
 }
 
 static void kernel_dq(ak *K)
@@ -1262,6 +1342,7 @@ static void kernel_dq(ak *K)
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
 	gblock G = {0};
+	G.sdq = -1;
 	G.Qs = scratch(g, BQ * (int)D);
 	G.dOs = scratch(g, BQ * (int)DV);
 	G.Kt = scratch(g, (int)D * BK);
@@ -1275,19 +1356,19 @@ static void kernel_dq(ak *K)
 	cg_loop W, KB;
 	qitem Q;
 	query_item(K, &W, &Q);
-	load_rows(K, K->sq, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows, BQ, G.Qs, NULL);
-	load_rows(K, K->sdo, mul(g, Q.rowbase, ci(g, DV)), DV, Q.nrows, BQ, G.dOs, NULL);
+	load_opnd(K, FZ_ATTN_Q, Q.b, Q.h, Q.i0, Q.nrows, BQ, G.Qs, NULL);
+	load_opnd(K, FZ_ATTN_DO, Q.b, Q.h, Q.i0, Q.nrows, BQ, G.dOs, NULL);
 	zero(g, G.dQs, BQ * D);
-	row_stats(K, Q.rowbase, Q.nrows, G.LSE, G.DI);
+	row_stats(K, Q.b, Q.h, Q.i0, Q.rowbase, Q.nrows, G.LSE, G.DI);
 	V kb, nk;
 	key_blocks(K, &Q, &KB, &kb, &nk);
 	G.b = Q.b;
 	G.h = Q.h;
+	G.hk = Q.hk;
 	G.i0 = Q.i0;
 	G.nrows = Q.nrows;
 	G.kb = kb;
 	G.nk = nk;
-	G.krow = add(g, Q.kbase, kb); /* k's and v's rows are one */
 	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, grad_block, &G);
 	cg_loop_end(g, &KB);
 	store_rows(g, g->r->n_in + A->out_dq, K->dt, mul(g, Q.rowbase, ci(g, D)), D, Q.nrows,
@@ -1295,12 +1376,21 @@ static void kernel_dq(ak *K)
 	cg_loop_end(g, &W);
 }
 
-static void kernel_dkv(ak *K)
+/* The dk/dv pass: a work item per (batch, kv head, block of keys). With
+ * `one` (FZ_ATTN_BWD, f32), the whole backward in one pass: a work item
+ * per (batch, kv head) walks its blocks of keys in order, and each block
+ * pair adds dS K to dq as well (grad_block), so S and dP are made once
+ * for the three products (5 block products a pair, not 7); dq's rows are
+ * this item's alone, so no two threads add to one. */
+static void kernel_dkv(ak *K, bool one)
 {
 	cg *g = K->g;
 	const fz_attn *A = K->A;
 	int64_t D = K->D, DV = K->DV;
 	gblock G = {0};
+	G.sdq = one ? g->r->n_in + A->out_dq : -1;
+	if (one)
+		G.Ks = scratch(g, BK * (int)D), G.dQs = scratch(g, BQ * (int)D);
 	G.Kt = scratch(g, (int)D * BK);
 	G.Vt = scratch(g, (int)DV * BK);
 	G.dKs = scratch(g, BK * (int)D);
@@ -1313,14 +1403,27 @@ static void kernel_dkv(ak *K)
 	G.DI = scratch(g, BQ);
 	G.keep_p = true;
 	V hq = cg_ext(g, A->hq), hkv = cg_ext(g, A->hkv), tq = cg_ext(g, A->tq), tk = cg_ext(g, A->tk);
-	cg_loop W, GR, QB;
+	cg_loop W, GR, QB, KB;
 	V bk, kb;
-	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), tk, BK, &bk, &kb);
+	work_loop(g, &W, mul(g, cg_ext(g, A->batch), hkv), one ? ci(g, 1) : tk,
+		  one ? 1 : BK, &bk, &kb);
 	V b = udiv(g, bk, hkv), hk = urem(g, bk, hkv);
+	if (one) {
+		/* dq of the item's query heads zeroed, then its blocks of keys */
+		cg_loop Z;
+		V rows = mul(g, ci(g, A->group), tq);
+		V first = mul(g, mul(g, add(g, mul(g, b, hq), mul(g, hk, ci(g, A->group))), tq),
+			      ci(g, D));
+		cg_loop_begin(g, &Z, ci(g, 0), mul(g, rows, ci(g, D / VW)), ci(g, 1));
+		vstore(g, G.sdq, FZ_F32, add(g, first, mul(g, Z.iv, ci(g, VW))), vconst(g, 0.0));
+		cg_loop_end(g, &Z);
+		cg_loop_begin(g, &KB, ci(g, 0), tk, ci(g, BK));
+		kb = KB.iv;
+	}
 	V nk = umin(g, ci(g, BK), sub(g, tk, kb));
 	V krow = add(g, mul(g, bk, tk), kb);
-	load_rows(K, K->sk, mul(g, krow, ci(g, D)), D, nk, BK, NULL, G.Kt);
-	load_rows(K, K->sv, mul(g, krow, ci(g, DV)), DV, nk, BK, NULL, G.Vt);
+	load_opnd(K, FZ_ATTN_K, b, hk, kb, nk, BK, G.Ks, G.Kt);
+	load_opnd(K, FZ_ATTN_V, b, hk, kb, nk, BK, NULL, G.Vt);
 	zero(g, G.dKs, BK * D);
 	zero(g, G.dVs, BK * DV);
 	V qlo, qhi;
@@ -1333,6 +1436,7 @@ static void kernel_dkv(ak *K)
 		V i0 = QB.iv, nrows = sub(g, umin(g, add(g, i0, ci(g, BQ)), tq), i0);
 		G.b = b;
 		G.h = h;
+		G.hk = hk;
 		G.i0 = i0;
 		G.nrows = nrows;
 		G.rowbase = add(g, mul(g, bh, tq), i0);
@@ -1348,6 +1452,8 @@ static void kernel_dkv(ak *K)
 	if (A->out_dv >= 0)
 		store_rows(g, g->r->n_in + A->out_dv, K->dt, mul(g, krow, ci(g, DV)), DV, nk, G.dVs,
 			   NULL);
+	if (one)
+		cg_loop_end(g, &KB);
 	cg_loop_end(g, &W);
 }
 
@@ -1362,11 +1468,17 @@ void cg_attention(cg *g)
 	g->k->sk = FZ_SK_ATTENTION;
 	g->k->n_work[0] = 1;
 	fz_ext w;
-	if (!fz_ext_mul(A.batch, A.pass == FZ_ATTN_DKV ? A.hkv : A.hq, &w) ||
-	    !fz_ext_mul(w, A.pass == FZ_ATTN_DKV ? A.tk : A.tq, &w))
+	bool kv = A.pass == FZ_ATTN_DKV || A.pass == FZ_ATTN_BWD;
+	if (!fz_ext_mul(A.batch, kv ? A.hkv : A.hq, &w) ||
+	    !fz_ext_mul(w, kv ? A.tk : A.tq, &w))
 		w = A.batch;
 	g->k->work[0][0] = w;
 	if (cg_gpu(g)) {
+		if (A.views || A.pass == FZ_ATTN_BWD) {
+			cg_fail(g, FZ_EUNSUPPORTED, A.op, "the GPU attention kernels read "
+				"their operands contiguous, one pass a region");
+			return;
+		}
 		cg_attention_gpu(g, &A);
 		return;
 	}
@@ -1375,6 +1487,11 @@ void cg_attention(cg *g)
 			"f32, f16 and bf16 with head dims that are multiples of %d "
 			"up to 512 (here %s, %lld and %lld)", NR, fz_dtype_name(A.dtype),
 			(long long)A.d, (long long)A.dv);
+		return;
+	}
+	if (A.pass == FZ_ATTN_BWD && A.dtype != FZ_F32) {
+		cg_fail(g, FZ_EUNSUPPORTED, A.op, "the host's one backward pass sums dq "
+			"in its f32 output (here %s)", fz_dtype_name(A.dtype));
 		return;
 	}
 	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false};
@@ -1393,7 +1510,8 @@ void cg_attention(cg *g)
 	switch (A.pass) {
 	case FZ_ATTN_FWD: kernel_fwd(&K); break;
 	case FZ_ATTN_DQ: kernel_dq(&K); break;
-	case FZ_ATTN_DKV: kernel_dkv(&K); break;
+	case FZ_ATTN_DKV: kernel_dkv(&K, false); break;
+	case FZ_ATTN_BWD: kernel_dkv(&K, true); break;
 	}
 	cg_function_end(g);
 }

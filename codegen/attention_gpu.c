@@ -1198,6 +1198,8 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 		k->work[0][0] = A->tk;
 		ok = ok && fz_ext_mul(A->batch, A->hkv, &w);
 		break;
+	case FZ_ATTN_BWD: /* the host's alone: cg_attention turns it away */
+		break;
 	}
 	if (!ok) {
 		cg_fail(g, FZ_EUNSUPPORTED, A->first, "attention's tiles at head dims %lld "
@@ -1217,6 +1219,7 @@ void cg_attention_gpu(cg *g, const fz_attn *A)
 	case FZ_ATTN_FWD: f32 ? kernel_fwd_f32(&G) : kernel_fwd(&G); break;
 	case FZ_ATTN_DQ: f32 ? kernel_dq_f32(&G) : kernel_dq(&G); break;
 	case FZ_ATTN_DKV: f32 ? kernel_dkv_f32(&G) : kernel_dkv(&G); break;
+	case FZ_ATTN_BWD: break;
 	}
 	cg_function_end(g);
 }

@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 22 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 23 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -129,11 +129,14 @@
                               * pass that computes it, with the scratch;
                               * host index_add by rows, exp's scaling by an
                               * exponent add; bf16 rounding kept in f32;
-                              * 20: both merged; 21 is s9-attn's; 22:
-                              * host bf16 by vcvtneps2bf16 with AVX512-BF16,
-                              * f32 tanh a rational function, iota lanes as
-                              * one vector, f32 exp's degree-6 polynomial and
-                              * rounding by 1.5 2^23) */
+                              * 20: both merged; 21: host attention reads
+                              * strided operands, and one pass does
+                              * attention_dq and attention_dkv (s9-attn);
+                              * 22: host bf16 by vcvtneps2bf16 with
+                              * AVX512-BF16, f32 tanh a rational function,
+                              * iota lanes as one vector, f32 exp's degree-6
+                              * polynomial and rounding by 1.5 2^23
+                              * (s9-rows); 23: both merged) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

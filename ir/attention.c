@@ -270,6 +270,121 @@ const fz_value *fz_attn_operand(const fz_region *R, const fz_node *n, int k)
 	return x && index_in(R->in, R->n_in, x) >= 0 ? x : v;
 }
 
+static bool ext1(fz_ext e) { return fz_ext_is_const(e) && e.c == 1; }
+
+static bool in_region(const fz_region *R, const fz_node *n)
+{
+	for (int i = 0; n && i < R->n_nodes; i++)
+		if (R->nodes[i] == n)
+			return true;
+	return false;
+}
+
+/* y's strides from x's across reshape n (x -> y), the way emit.c's
+ * reshape_ix maps indices: the dims of extent 1 left out, equal extents
+ * matched from the back and then from the front, and the middle of y laid
+ * over the middle of x, which must lie one dim after another. */
+static bool reshape_strides(const fz_type *xt, const fz_ext *xs, const fz_type *yt,
+			    fz_ext *ys)
+{
+	int xd[FZ_MAX_RANK], yd[FZ_MAX_RANK], nx = 0, ny = 0;
+	for (int d = 0; d < xt->rank; d++)
+		if (!ext1(xt->dims[d]))
+			xd[nx++] = d;
+	for (int d = 0; d < yt->rank; d++) {
+		ys[d] = fz_ext_const(0);
+		if (!ext1(yt->dims[d]))
+			yd[ny++] = d;
+	}
+	int px = 0, py = 0;
+	while (nx > px && ny > py && fz_ext_eq(xt->dims[xd[nx - 1]], yt->dims[yd[ny - 1]]))
+		ys[yd[--ny]] = xs[xd[--nx]];
+	while (px < nx && py < ny && fz_ext_eq(xt->dims[xd[px]], yt->dims[yd[py]]))
+		ys[yd[py++]] = xs[xd[px++]];
+	if (px == nx)
+		return true; /* the rest of y: extents of 1 at run time */
+	for (int k = px; k + 1 < nx; k++) {
+		fz_ext want;
+		if (!fz_ext_mul(xs[xd[k + 1]], xt->dims[xd[k + 1]], &want) ||
+		    !fz_ext_eq(want, xs[xd[k]]))
+			return false;
+	}
+	fz_ext s = xs[xd[nx - 1]];
+	for (int k = ny - 1; k >= py; k--) {
+		ys[yd[k]] = s;
+		if (!fz_ext_mul(s, yt->dims[yd[k]], &s))
+			return false;
+	}
+	return true;
+}
+
+static bool view_strides(const fz_region *R, const fz_value *v, int *in, fz_ext *st,
+			 int depth)
+{
+	const fz_type *t = &v->type;
+	if ((*in = index_in(R->in, R->n_in, v)) >= 0) {
+		fz_ext s = fz_ext_const(1);
+		for (int d = t->rank - 1; d >= 0; d--) {
+			st[d] = s;
+			if (!fz_ext_mul(s, t->dims[d], &s))
+				return false;
+		}
+		return true;
+	}
+	const fz_node *n = v->def;
+	if (depth > 16 || !in_region(R, n) || n->n_in != 1)
+		return false;
+	fz_ext xs[FZ_MAX_RANK];
+	const fz_value *x = n->in[0];
+	if (!view_strides(R, x, in, xs, depth + 1))
+		return false;
+	const fz_attrs *a = &n->attrs;
+	switch (n->op) {
+	case FZ_OP_PERMUTE:
+		for (int d = 0; d < t->rank; d++)
+			st[d] = xs[a->dims[d]];
+		return true;
+	case FZ_OP_BROADCAST_IN_DIM:
+		for (int d = 0; d < t->rank; d++)
+			st[d] = fz_ext_const(0);
+		for (int i = 0; i < x->type.rank; i++)
+			if (!ext1(x->type.dims[i]))
+				st[a->dims[i]] = xs[i];
+		return true;
+	case FZ_OP_RESHAPE:
+	case FZ_OP_SQUEEZE:
+	case FZ_OP_UNSQUEEZE:
+		return reshape_strides(&x->type, xs, t, st);
+	default:
+		return false;
+	}
+}
+
+bool fz_attn_view_strides(const fz_region *R, const fz_value *v, int *in, fz_ext *st)
+{
+	*in = -1;
+	if (!view_strides(R, v, in, st, 0)) {
+		*in = -1;
+		return false;
+	}
+	return true;
+}
+
+/* A view op that may make an operand of the primitive in its region. */
+static bool operand_view(const fz_node *n)
+{
+	return n->op == FZ_OP_PERMUTE || n->op == FZ_OP_RESHAPE || n->op == FZ_OP_SQUEEZE ||
+	       n->op == FZ_OP_UNSQUEEZE || n->op == FZ_OP_BROADCAST_IN_DIM;
+}
+
+/* Operand x of the primitive: its region input and strides (the head
+ * dim's 1). */
+static bool operand(const fz_region *R, const fz_value *x, int *in, fz_ext *st)
+{
+	return fz_attn_view_strides(R, x, in, st) &&
+	       fz_ext_eq(st[x->type.rank - 1], fz_ext_const(1));
+}
+
 /* Do the nodes of M alone read value v (besides `except` readers)? */
 static bool read_only_in(const match *M, const fz_value *v)
 {
@@ -572,29 +687,58 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 	memset(A, 0, sizeof *A);
 	A->in_q = A->in_k = A->in_v = A->in_mask = A->in_o = A->in_lse = A->in_do = -1;
 	A->out_o = A->out_lse = A->out_dq = A->out_dk = A->out_dv = -1;
-	const fz_node *prim = NULL, *m2 = NULL;
+	const fz_node *prim = NULL, *dq = NULL, *m2 = NULL;
 	for (int i = 0; i < R->n_nodes; i++) {
 		const fz_node *nd = R->nodes[i];
-		if (fz_ops[nd->op].cls == FZ_CLASS_ATTENTION)
-			prim = nd;
+		if (fz_ops[nd->op].cls == FZ_CLASS_ATTENTION) {
+			if (prim && dq)
+				return why_not(why, n, "three attention ops share a region");
+			if (prim)
+				dq = nd;
+			else
+				prim = nd;
+		}
 		if (nd->op == FZ_OP_MATMUL && index_in(R->out, R->n_out, nd->out[0]) >= 0)
 			m2 = nd;
 	}
+	if (dq) {
+		/* attention_dq and attention_dkv of one set of operands (the
+		 * host's one backward pass, kernels.c): prim the dkv */
+		if (prim->op == FZ_OP_ATTENTION_DQ) {
+			const fz_node *x = prim;
+			prim = dq;
+			dq = x;
+		}
+		bool same = prim->op == FZ_OP_ATTENTION_DKV && dq->op == FZ_OP_ATTENTION_DQ &&
+			    prim->n_in == dq->n_in && prim->attrs.scale == dq->attrs.scale &&
+			    prim->attrs.softcap == dq->attrs.softcap &&
+			    prim->attrs.causal == dq->attrs.causal &&
+			    prim->attrs.window == dq->attrs.window;
+		for (int k = 0; same && k < prim->n_in; k++)
+			same = fz_attn_operand(R, prim, k) == fz_attn_operand(R, dq, k);
+		if (!same)
+			return why_not(why, n, "attention_dq and attention_dkv of "
+				       "other operands share a region");
+	}
 	if (prim) {
 		/* alone; or, reading repeated kv heads unrepeated (fz_attn_fold_find),
-		 * attention_dkv with the sums of dk and dv over each group */
+		 * attention_dkv with the sums of dk and dv over each group; with
+		 * the views that make its operands from the region's inputs (a
+		 * runner's folding) */
 		const fz_value *kx = fz_attn_operand(R, prim, 1);
 		const fz_value *vx = fz_attn_operand(R, prim, 2);
 		bool folded = kx != prim->in[1];
 		const fz_node *sums[2] = {NULL, NULL};
 		for (int i = 0; i < R->n_nodes; i++) {
 			const fz_node *nd = R->nodes[i];
-			if (nd == prim)
+			if (nd == prim || nd == dq)
 				continue;
 			/* a reshape of dk or dv to [.., Hkv, g, T, D], or its sum */
 			const fz_node *rs = nd->op == FZ_OP_SUM ? nd->in[0]->def : nd;
 			int r = rs && rs->op == FZ_OP_RESHAPE && rs->in[0]->def == prim ?
 				rs->in[0]->out_index : -1;
+			if (r < 0 && operand_view(nd))
+				continue; /* checked by operand() below */
 			if (!folded || prim->op != FZ_OP_ATTENTION_DKV || r < 0)
 				return why_not(why, n, "an attention op shares its region");
 			if (nd == rs)
@@ -611,23 +755,32 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 		      index_in(R->out, R->n_out, prim->out[1]) >= 0)))
 			return why_not(why, n, "k and v are not read alike");
 		const fz_attrs *a = &prim->attrs;
-		A->pass = prim->op == FZ_OP_ATTENTION ? FZ_ATTN_FWD :
+		A->pass = dq ? FZ_ATTN_BWD : prim->op == FZ_OP_ATTENTION ? FZ_ATTN_FWD :
 			  prim->op == FZ_OP_ATTENTION_DQ ? FZ_ATTN_DQ : FZ_ATTN_DKV;
 		A->dtype = prim->in[0]->type.dtype;
+		A->op = prim;
 		shapes(A, &prim->in[0]->type, &kx->type, &vx->type);
 		A->scale = a->scale;
 		A->softcap = a->softcap;
 		A->causal = a->causal;
 		A->window = a->window;
-		A->in_q = index_in(R->in, R->n_in, prim->in[0]);
-		A->in_k = index_in(R->in, R->n_in, kx);
-		A->in_v = index_in(R->in, R->n_in, vx);
+		bool ok = operand(R, prim->in[0], &A->in_q, A->stride[FZ_ATTN_Q]) &&
+			  operand(R, kx, &A->in_k, A->stride[FZ_ATTN_K]) &&
+			  operand(R, vx, &A->in_v, A->stride[FZ_ATTN_V]);
 		int nm = A->pass == FZ_ATTN_FWD ? 3 : 6;
 		if (A->pass != FZ_ATTN_FWD) {
-			A->in_o = index_in(R->in, R->n_in, prim->in[3]);
+			ok = ok && operand(R, prim->in[3], &A->in_o, A->stride[FZ_ATTN_O]) &&
+			     operand(R, prim->in[5], &A->in_do, A->stride[FZ_ATTN_DO]);
 			A->in_lse = index_in(R->in, R->n_in, prim->in[4]);
-			A->in_do = index_in(R->in, R->n_in, prim->in[5]);
 		}
+		if (!ok)
+			return why_not(why, n, "an operand is not a view of a region input "
+				       "with its head dim contiguous");
+		bool bwd = A->pass != FZ_ATTN_FWD;
+		const fz_value *opv[5] = {prim->in[0], kx, vx, bwd ? prim->in[3] : NULL,
+					  bwd ? prim->in[5] : NULL};
+		for (int w = 0; w < (bwd ? 5 : 3); w++)
+			A->views |= index_in(R->in, R->n_in, opv[w]) < 0;
 		if (prim->n_in > nm) {
 			A->mask = prim->in[nm];
 			A->in_mask = index_in(R->in, R->n_in, A->mask);
@@ -638,6 +791,7 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 		switch (A->pass) {
 		case FZ_ATTN_FWD: A->out_o = o0; A->out_lse = o1; break;
 		case FZ_ATTN_DQ: A->out_dq = o0; break;
+		case FZ_ATTN_BWD: A->out_dq = index_in(R->out, R->n_out, dq->out[0]); /* fallthrough */
 		case FZ_ATTN_DKV: A->out_dk = o0; A->out_dv = o1; break;
 		}
 		return true;
@@ -683,6 +837,10 @@ bool fz_attn_describe(const fz_trace *t, const fz_region *R, fz_attn *A,
 	A->last = M.m2;
 	if (A->in_q < 0 || A->in_k < 0 || A->in_v < 0 || A->out_o < 0)
 		return why_not(why, n, "q, k, v or o is not where the region has it");
+	int in;
+	fz_attn_view_strides(R, M.q, &in, A->stride[FZ_ATTN_Q]);
+	fz_attn_view_strides(R, M.k, &in, A->stride[FZ_ATTN_K]);
+	fz_attn_view_strides(R, M.v, &in, A->stride[FZ_ATTN_V]);
 	return true;
 }
 

@@ -24,9 +24,11 @@
  * same way). It is all a code generator needs:
  *
  *   - buffers: bufs[A.in_q] ... are region inputs, bufs[n_in + A.out_o] ...
- *     outputs, all contiguous row-major in the shapes below (the runtime
- *     stages strided views). An index -1 is absent: out_lse is -1 when
- *     nothing reads the log-sum-exp (the decomposed form has none);
+ *     outputs, contiguous row-major in the shapes below, except that on
+ *     the host q, k, v, o and do may be views of their inputs inside the
+ *     region (A.stride; the runtime stages strided views for the GPU).
+ *     An index -1 is absent: out_lse is -1 when nothing reads the
+ *     log-sum-exp (the decomposed form has none);
  *   - shapes: q [batch..., Hq, Tq, D], k [batch..., Hkv, Tk, D],
  *     v [batch..., Hkv, Tk, Dv], o and do [batch..., Hq, Tq, Dv], lse f32
  *     [batch..., Hq, Tq]; dq, dk, dv as q, k, v. The batch dims flatten to
@@ -72,7 +74,12 @@ typedef enum fz_attn_pass {
 	FZ_ATTN_FWD,  /* o (and lse) */
 	FZ_ATTN_DQ,   /* dq */
 	FZ_ATTN_DKV,  /* dk and dv */
+	FZ_ATTN_BWD,  /* dq, dk and dv: attention_dq and attention_dkv of the
+	               * same operands in one region (the host's one pass) */
 } fz_attn_pass;
+
+/* The operands a strided view may feed (fz_attn.stride). */
+enum { FZ_ATTN_Q, FZ_ATTN_K, FZ_ATTN_V, FZ_ATTN_O, FZ_ATTN_DO };
 
 typedef struct fz_attn {
 	fz_attn_pass pass;
@@ -97,6 +104,13 @@ typedef struct fz_attn {
 
 	/* region slots: an index into R->in, R->out; -1 when absent */
 	int in_q, in_k, in_v, in_mask, in_o, in_lse, in_do;
+	/* where the primitive reads q, k, v, o and do (FZ_ATTN_Q ...): the
+	 * region input in_q ... itself, row-major, or a view of it made by
+	 * view ops inside the region (a runner folds a permuted projection
+	 * in: kernels.c), at these strides in elements, one per dim of the
+	 * operand (monomials over the symbols; the head dim's is 1) */
+	fz_ext stride[5][FZ_MAX_RANK];
+	bool views;            /* some operand is such a view */
 	int out_o, out_lse, out_dq, out_dk, out_dv;
 
 	/* the mask operand (primitive), a region input: bool (false hides) or
@@ -113,6 +127,8 @@ typedef struct fz_attn {
 	fz_dtype p_dtype;       /* the probabilities are rounded to it before
 	                         * the second product (the softmax's result) */
 	const fz_node *first, *last; /* the two products */
+	const fz_node *op;      /* the primitive (attention_dkv in FZ_ATTN_BWD);
+	                         * NULL in the decomposed form */
 } fz_attn;
 
 /* Fills A from attention region R of t; false (with a reason in why) when
@@ -144,6 +160,14 @@ int fz_attn_match(const fz_trace *t, const fz_node *m2, int *ids, int max);
  * and groups the sums with the op. The count of folded ops, -1 when out
  * of memory. */
 int fz_attn_fold_find(const fz_trace *t, fz_attn_fold *folds);
+
+/* The strides (elements, monomials over the symbols) at which value v,
+ * made inside region R from one of R's inputs by view ops (permute,
+ * reshape, squeeze, unsqueeze, broadcast_in_dim), reads that input, laid
+ * out row-major; *in its index in R->in. v an input itself: row-major.
+ * False when v is made otherwise, or a reshape merges dims that do not lie
+ * one after another. */
+bool fz_attn_view_strides(const fz_region *R, const fz_value *v, int *in, fz_ext *st);
 
 /* The value region R reads for operand k of its node n: n->in[k], or for
  * a folded attention op's k and v the unrepeated value R reads instead. */

@@ -660,6 +660,8 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 			add_collective(&B, reg);
 			break;
 		default:
+			if (pp->ks->joined[reg->id])
+				break; /* an earlier region's kernel made its values */
 			if (pp->ks->ops[reg->id])
 				for (int j = 0; j < reg->n_nodes; j++) {
 					/* a product of an attention region the

@@ -8,8 +8,12 @@
  *
  *   1. enumerate   each kernel region, with the strided views it reads
  *                  folded in (kinst_fold_views: it reads their bases, so
- *                  no gather runs before it); the copy kernel of every
- *                  reshape that is not a view at these sizes;
+ *                  no gather runs before it; on the host attention's q,
+ *                  k, v, o and do too); on the host, attention_dq and
+ *                  attention_dkv of the same operands next to each other
+ *                  as one kernel (attn_pair: the one backward pass); the
+ *                  copy kernel of every reshape that is not a view at
+ *                  these sizes;
  *   2. variant     32-bit indexing when every value of the trace has fewer
  *                  than 2^31/8 elements (unbound sizes: both widths), and
  *                  vectorized when every buffer the kernel reads will be
@@ -47,6 +51,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "attention.h"
 
 
 
@@ -170,6 +175,7 @@ static void kinst_free(fz_kinst *ki)
 	if (ki) {
 		fz_canon_free(ki->cn);
 		free(ki->folded);
+		free(ki->pair);
 	}
 	free(ki);
 }
@@ -186,6 +192,7 @@ void fz_kset_free(fz_kset *ks)
 	free(ks->whole);
 	free(ks->ops);
 	free(ks->copy);
+	free(ks->joined);
 	free(ks);
 }
 
@@ -337,11 +344,72 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
  * trace alone, never on the sizes, so that `fusec compile` at symbolic
  * sizes keys the kernels a run at bound sizes asks for. False: out of
  * memory. */
-static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r)
+/* Whether the view chain of r's input x may fold into attention region r:
+ * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
+ * lse, not kv heads read unrepeated), which the host's kernels read at
+ * any strides with the head dim contiguous (fz_attn.stride). */
+static bool attn_operand_in(const fz_region *r, const fz_value *x)
+{
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		if (fz_ops[n->op].cls != FZ_CLASS_ATTENTION)
+			continue;
+		int nm = n->op == FZ_OP_ATTENTION ? 3 : 6;
+		for (int k = 0; k < nm; k++)
+			if (k != 4 && n->in[k] == x && (k == 1 || k == 2 ?
+							fz_attn_operand(r, n, k) == x : true))
+				return true;
+	}
+	return false;
+}
+
+/* Attention regions r and r2 as one region for the host's one backward
+ * pass (fz_attn_describe's FZ_ATTN_BWD in f32 at head dims the kernels
+ * take): the region, its arrays after it, in one malloc; its nodes NULL
+ * when the two are not such a pair. NULL: out of memory. */
+static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_region *r2)
+{
+	int nn = r->n_nodes + r2->n_nodes, ni = r->n_in + r2->n_in, no = r->n_out + r2->n_out;
+	fz_region *two = calloc(1, sizeof *two + sizeof(void *) * (size_t)(nn + ni + no));
+	if (!two)
+		return NULL;
+	fz_node **nodes = (fz_node **)(two + 1);
+	fz_value **in = (fz_value **)(nodes + nn), **out = in + ni;
+	*two = *r;
+	two->nodes = nodes;
+	two->in = in;
+	two->out = out;
+	two->n_nodes = two->n_in = two->n_out = 0;
+	const fz_region *rs[2] = {r, r2};
+	for (int k = 0; k < 2; k++) {
+		for (int j = 0; j < rs[k]->n_nodes; j++)
+			nodes[two->n_nodes++] = rs[k]->nodes[j];
+		for (int j = 0; j < rs[k]->n_in; j++)
+			if (!in_list(in, two->n_in, rs[k]->in[j]))
+				in[two->n_in++] = rs[k]->in[j];
+		for (int j = 0; j < rs[k]->n_out; j++)
+			out[two->n_out++] = rs[k]->out[j];
+	}
+	/* the same inputs (not, say, dq reading kv heads unrepeated where
+	 * dkv, whose dk is returned repeated, reads them repeated) */
+	bool same = r->n_in == r2->n_in && two->n_in == r->n_in;
+	fz_attn A;
+	if (!same || !fz_attn_describe(p->trace, two, &A, NULL, 0) || A.pass != FZ_ATTN_BWD ||
+	    A.dtype != FZ_F32 || A.d % 16 || A.dv % 16 || A.d > 512 || A.dv > 512)
+		two->nodes = NULL;
+	return two;
+}
+
+static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r,
+			     bool host)
 {
 	ki->src = *r;
-	/* attention reads q, k and v contiguous, where the runner staged them */
-	if (!p->view_of || r->kind == FZ_REGION_ATTENTION)
+	/* attention: the host's kernels read q, k, v, o and do through
+	 * permutes and reshapes (the [B, T, H, D] projections seen as [B, H,
+	 * T, D]); other targets read them contiguous, where the runner
+	 * staged them */
+	bool attn = r->kind == FZ_REGION_ATTENTION;
+	if (!p->view_of || (attn && !host))
 		return true;
 	int cap = 0;
 	for (int i = 0; i < r->n_in; i++)
@@ -368,7 +436,7 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 			if (!seen)
 				nodes[n_pre++] = n;
 		}
-		if (!ok || !strided)
+		if (!ok || !strided || (attn && !attn_operand_in(r, r->in[i])))
 			n_pre = first;
 		/* walked from v to its base: the ops in the order they run */
 		for (int j = first, k = n_pre - 1; j < k; j++, k--) {
@@ -403,6 +471,13 @@ static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region 
 	ki->src.nodes = nodes;
 	ki->src.n_in = n_in;
 	ki->src.in = ki->ins;
+	fz_attn A;
+	if (attn && !fz_attn_describe(p->trace, &ki->src, &A, NULL, 0)) {
+		/* strides the kernels do not take: staged as before */
+		free(nodes);
+		ki->folded = NULL;
+		ki->src = *r;
+	}
 	return true;
 }
 
@@ -775,7 +850,8 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	ks->whole = calloc((size_t)p->n_regions + 1, sizeof *ks->whole);
 	ks->ops = calloc((size_t)p->n_regions + 1, sizeof *ks->ops);
 	ks->copy = calloc((size_t)t->n_values + 1, sizeof *ks->copy);
-	if (!ks->whole || !ks->ops || !ks->copy)
+	ks->joined = calloc((size_t)p->n_regions + 1, sizeof *ks->joined);
+	if (!ks->whole || !ks->ops || !ks->copy || !ks->joined)
 		goto oom;
 	bool bound = true;
 	for (int s = 0; s < t->n_syms; s++)
@@ -791,15 +867,45 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 	if (views_eval(p, at, &vw) != FZ_OK)
 		goto oom;
 	/* 1-3: whole regions and reshape copies */
+	bool host = cx->o.cg.target == FZ_CG_HOST;
 	for (int i = 0; i < p->n_regions; i++) {
 		const fz_region *r = p->regions[p->order[i]];
 		if (!fz_region_is_kernel(r->kind))
 			continue;
 		cx->st.regions++;
-		int vec = vectorize_of(&vw, r);
+		if (ks->joined[r->id])
+			continue;
+		/* attention_dq and attention_dkv of one set of operands, next to
+		 * each other: one kernel for both on the host */
+		fz_region *two = NULL;
+		if (host && r->kind == FZ_REGION_ATTENTION) {
+			int j = i + 1;
+			while (j < p->n_regions && p->regions[p->order[j]]->kind == FZ_REGION_VIEW)
+				j++;
+			const fz_region *r2 = j < p->n_regions ? p->regions[p->order[j]] : NULL;
+			if (r2 && r2->kind == FZ_REGION_ATTENTION) {
+				if (!(two = attn_pair(p, r, r2)))
+					goto oom;
+				if (!two->nodes) {
+					free(two);
+					two = NULL;
+				} else {
+					ks->joined[r2->id] = true;
+				}
+			}
+		}
+		const fz_region *src = two ? two : r;
+		int vec = vectorize_of(&vw, src);
 		for (int w = 0; w < n_widths; w++) {
-			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, r->n_in);
-			if (!ki || !kinst_fold_views(ki, p, r))
+			fz_kinst *ki = kinst_new(ks, r->id, -1, widths[w] + vec, src->n_in);
+			if (!ki) {
+				free(two);
+				goto oom;
+			}
+			/* the first instance owns the pair's arrays */
+			ki->pair = two;
+			two = NULL;
+			if (!kinst_fold_views(ki, p, src, host))
 				goto oom;
 			if (w == 0)
 				ks->whole[r->id] = ki;
@@ -843,6 +949,13 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 			continue;
 		const fz_region *r = p->regions[ki->region];
 		bool main_width = ks->whole[r->id] == ki;
+		if (ks->whole[r->id]->pair) { /* attn_pair takes only what compiles */
+			fz_set_err(err, fz_strdup_printf("region %d: the one attention "
+				"backward pass does not compile: %s", r->id,
+				cx->first_unsupported ? cx->first_unsupported : "?"));
+			st = FZ_EUNSUPPORTED;
+			break;
+		}
 		if (main_width && !(ks->ops[r->id] = calloc((size_t)r->n_nodes + 1,
 							   sizeof(fz_kinst *))))
 			goto oom;

@@ -35,6 +35,8 @@ typedef struct fz_kinst {
 	fz_node *node[1];           /* src's nodes when it is one op */
 	fz_node **folded;           /* src's nodes when strided views are
 	                             * folded in (malloc) */
+	void *pair;                 /* two regions' nodes, inputs and outputs
+	                             * when it computes both (malloc) */
 	int region;                 /* plan region id (-1: a reshape copy) */
 	int op;                     /* -1: the whole region; else the op's index */
 	int variant;                /* idx32 * 2 + vectorize */
@@ -51,6 +53,10 @@ typedef struct fz_kset {
 	fz_kinst **whole;           /* per region id: its kernel, or NULL */
 	fz_kinst ***ops;            /* per region id: per op when split, or NULL */
 	fz_kinst **copy;            /* per value id: a reshape's copy, or NULL */
+	bool *joined;               /* per region id: made by the kernel of an
+	                             * earlier region (the host's one attention
+	                             * backward pass for attention_dq and
+	                             * attention_dkv: kernels.c) */
 	int n_inst, cap_inst;
 	fz_kinst **inst;            /* every instance, in plan order */
 	bool idx32;                 /* the index width chosen (bound sizes) */

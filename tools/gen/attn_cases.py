@@ -13,6 +13,10 @@ Per (length, head dim, dtype), the file holds:
     softcap 30 with a float mask, and a bool mask [B, 1, T, T] made in the
     trace (causal, and the last quarter of the keys hidden: HF's Llama
     hands SDPA its causal mask so), which the kernels read block by block;
+  - the same forward and backward with q, k, v and do the projections'
+    [B, T, H D] seen as [B, H, T, D] (reshape, permute: what the exporter
+    hands the ops), GQA 4:1 causal with a bool mask [B, 1, T, T], which
+    the CPU's kernels read where they lie;
   - the decomposed forward eager attention writes (matmul, scale, where on
     an iota causal mask, softmax, matmul), which the partitioner makes the
     same region.
@@ -55,6 +59,21 @@ def cases(T, D, dt, B, H):
         w("  dq = attention_dq(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
         w("  dk, dv = attention_dkv(q, k, v, o, lse, do%s%s)\n" % (marg, attrs))
         w("  return o, lse, dq, dk, dv\n}\n")
+    # operands through permutes of [B, T, H D] projections
+    hk = H // G if H >= G else 1
+    w("trace strided_%s(qp: %s[%d, %d, %d], kp: %s[%d, %d, %d], vp: %s[%d, %d, %d], "
+      "dop: %s[%d, %d, %d]) {\n" % (tag, dt, B, T, H * D, dt, B, T, hk * D, dt, B, T,
+                                   hk * D, dt, B, T, H * D))
+    for x, h in (("q", H), ("k", hk), ("v", hk), ("do", H)):
+        w("  %s = permute(reshape(%sp, shape=[%d, %d, %d, %d]), dims=[0, 2, 1, 3])\n"
+          % (x, x, B, T, h, D))
+    w("  i = iota(length=%d, dtype=i64)\n" % T)
+    w("  c = ge(reshape(i, shape=[%d, 1]), reshape(i, shape=[1, %d]))\n" % (T, T))
+    w("  m = broadcast_in_dim(c, shape=[%d, 1, %d, %d], dims=[2, 3])\n" % (B, T, T))
+    w("  o, lse = attention(q, k, v, m, scale=0.125)\n")
+    w("  dq = attention_dq(q, k, v, o, lse, do, m, scale=0.125)\n")
+    w("  dk, dv = attention_dkv(q, k, v, o, lse, do, m, scale=0.125)\n")
+    w("  return o, lse, dq, dk, dv\n}\n")
     # the decomposed form, with an iota causal mask and a scale
     w("trace eager_%s(%s) {\n" % (tag, qkv(H, H)))
     w("  i = iota(length=%d, dtype=i64)\n" % T)
