@@ -333,17 +333,6 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
 	return false;
 }
 
-/* Region r as its kernel computes it, with the strided views it reads
- * folded in. A view the runner would otherwise gather into the arena
- * before the launch (a weight broadcast over the rows of a layer_norm, a
- * bias over a batch, a transposed operand) becomes the meta ops that make
- * it from its base, so the kernel reads the base where its data lies and
- * no copy runs: broadcast_in_dim, permute, slice and reshape are index
- * arithmetic to the skeletons. A view made by reshapes alone stays an
- * input (it points into its base at no cost). The choice depends on the
- * trace alone, never on the sizes, so that `fusec compile` at symbolic
- * sizes keys the kernels a run at bound sizes asks for. False: out of
- * memory. */
 /* Whether the view chain of r's input x may fold into attention region r:
  * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
  * lse, not kv heads read unrepeated), which the host's kernels read at
@@ -400,6 +389,19 @@ static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_re
 	return two;
 }
 
+/* Region r as its kernel computes it, with the strided views it reads
+ * folded in. A view the runner would otherwise gather into the arena
+ * before the launch (a weight broadcast over the rows of a layer_norm, a
+ * bias over a batch, a transposed operand) becomes the meta ops that make
+ * it from its base, so the kernel reads the base where its data lies and
+ * no copy runs: broadcast_in_dim, permute, slice and reshape are index
+ * arithmetic to the skeletons. A view made by reshapes alone stays an
+ * input (it points into its base at no cost). On the host an attention
+ * region's q, k, v, o and do fold too (attn_operand_in), unless the
+ * strides that makes are ones its kernels do not take. The choice
+ * depends on the trace alone, never on the sizes, so that `fusec
+ * compile` at symbolic sizes keys the kernels a run at bound sizes asks
+ * for. False: out of memory. */
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r,
 			     bool host)
 {
