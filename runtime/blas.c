@@ -404,10 +404,8 @@ static void unit_range(const job *J, int64_t u, int64_t *t, int64_t *lo, int64_t
 	*hi = *lo + chunk < ext ? *lo + chunk : ext;
 }
 
-static void run_unit(void *arg, int part, int nparts)
+static void unit(const job *J, int part)
 {
-	(void)nparts;
-	const job *J = arg;
 	const fz_matmul *m = J->m;
 	int64_t t, lo, hi, ao, bo;
 	unit_range(J, part, &t, &lo, &hi);
@@ -437,11 +435,8 @@ static void run_unit(void *arg, int part, int nparts)
 				memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 			return;
 		}
-		int prev = J->blas_threads ? J->b->mkl_threads(J->blas_threads) : 0;
 		J->b->dgemm(tb, ta, &nn, &mm, &kk, &one, (const double *)m->b + boff, &ldb,
 			    (const double *)m->a + aoff, &lda, &beta, y + r0 * N + c0, &ldc);
-		if (J->blas_threads)
-			J->b->mkl_threads(prev);
 		return;
 	}
 	/* f32 directly into y; bf16 and f16 into the f32 panel, then rounded */
@@ -455,15 +450,24 @@ static void run_unit(void *arg, int part, int nparts)
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
 	} else {
-		int prev = J->blas_threads ? J->b->mkl_threads(J->blas_threads) : 0;
 		J->b->sgemm(tb, ta, &nn, &mm, &kk, &one, B + boff, &ldb, A + aoff, &lda,
 			    &beta, y + r0 * N + c0, &ldc);
-		if (J->blas_threads)
-			J->b->mkl_threads(prev);
 	}
 	if (J->y32)
 		for (int64_t i = r0; i < r1; i++)
 			from_f32(m->y, m->dtype, yo + i * N + c0, y + i * N + c0, nn);
+}
+
+/* Unit `part` on this thread, with MKL told J->blas_threads threads for
+ * it (this thread's setting given back after). */
+static void run_unit(void *arg, int part, int nparts)
+{
+	(void)nparts;
+	const job *J = arg;
+	int prev = J->blas_threads ? J->b->mkl_threads(J->blas_threads) : 0;
+	unit(J, part);
+	if (J->blas_threads)
+		J->b->mkl_threads(prev);
 }
 
 /* The widening pass: part p of n converts its share of a, then of b. */
