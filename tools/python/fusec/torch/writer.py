@@ -65,7 +65,7 @@ class _Writer:
         self.lines = []
         self.env = {}
         self.used = set()
-        self.param_names = param_names
+        self.params = set(param_names)  # the parameters' names
         self.node = None
         self.unmapped = []
         self.refused = []
@@ -359,12 +359,11 @@ class _Writer:
         the whole [B, T, V] otherwise)."""
         if len(tens) < 2 or any(t.shape != shape for t in tens):
             return None
-        params = set(self.param_names)
-        mine = [t for t in tens if t.name not in params]
+        mine = [t for t in tens if t.name not in self.params]
         if len(mine) != 1 or mine[0].name not in self.reshaped:
             return None
         x = self.reshaped[mine[0].name]
-        if x.name in params or _numel(x.shape) != _numel(shape):
+        if x.name in self.params or _numel(x.shape) != _numel(shape):
             return None
         return x.shape
 
