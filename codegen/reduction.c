@@ -65,6 +65,7 @@
 
 #include "cg.h"
 #include "llvm.h"
+#include "onehot.h"
 
 typedef struct rows {
 	const fz_type *D;
@@ -1025,6 +1026,118 @@ static void scratch_get(cg *g, rows *R, const fz_value *v, V pos, cg_ix (*ix)[FZ
 	cg_value_given(g, v, R->L, ix, vals);
 }
 
+/* ---- the pick ---------------------------------------------------------------------
+ * A sum over a one-hot select (ir/onehot.h: cross-entropy's backward sums
+ * where(eq(iota_j, t), -1, 0) * w along the row) is no pass: its value is
+ * computed at the row, from x's own expression at two indices of the row,
+ * H at j = t (clamped into the row) and Z at j != t, as ir/onehot.c's
+ * rule says: (0 <= t < n ? H : 0) + (some j != t ? Z : 0), Z being 0 or
+ * NaN. The walks of fz_onehot_find stop at the region's inputs, so the
+ * rule reads only what the region holds. A pass over 32000 elements of
+ * cross-entropy's row (a fifth of its instructions) becomes a dozen
+ * scalar ones. Every factor of x but the select is constant along j, so
+ * the two evaluations read no element of the row: only the row's own
+ * values (t, the weight), and the iota at the two indices. */
+
+static bool leaf_in(void *g, const fz_value *v)
+{
+	return region_input(g, v);
+}
+
+static void pick_node(cg *g, rows *R, const fz_node *n, const fz_onehot *oh)
+{
+	const fz_value *x = n->in[0];
+	int d = oh->dim, rank = R->D->rank;
+	cg_ix ix[1][FZ_MAX_RANK], hx[1][FZ_MAX_RANK], zx[1][FZ_MAX_RANK];
+	for (int k = 0; k < rank; k++)
+		ix[0][k] = R->red[k] ? cg_ix_zero() : g->row[k];
+	V t;
+	cg_value(g, oh->index, 1, ix, &t); /* an i64 compute value */
+	V zero = c_i64(g, 0), one = c_i64(g, 1);
+	V ne = zext_or_trunc(g, cg_ext(g, R->D->dims[d]), t_i64(g));
+	V in = and_(g, icmp(g, LLVMIntSGE, t, zero), icmp(g, LLVMIntSLT, t, ne));
+	V two = icmp(g, LLVMIntSGE, ne, c_i64(g, 2));
+	/* a j other than t exists: n >= 2, or t outside a row of n >= 1 */
+	V other = or_(g, two, and_(g, xor_(g, in, c_i1(g, 1)),
+				  icmp(g, LLVMIntSGE, ne, one)));
+	V jh = sel(g, in, t, zero);
+	V jz = zext(g, and_(g, and_(g, in, two), icmp(g, LLVMIntEQ, t, zero)), t_i64(g));
+	memcpy(hx, ix, sizeof ix);
+	memcpy(zx, ix, sizeof ix);
+	hx[0][d] = cg_ix_of(zext_or_trunc(g, jh, g->ity), 1);
+	zx[0][d] = cg_ix_of(zext_or_trunc(g, jz, g->ity), 1);
+	V h, z;
+	cg_value(g, x, 1, hx, &h);
+	cg_value(g, x, 1, zx, &z);
+	if (g->st != FZ_OK)
+		return;
+	fz_dtype dt = n->out[0]->type.dtype;
+	if (fz_dtype_is_float(dt)) {
+		V fz = c_real(type_of(h), 0.0);
+		V r = fadd_exact(g, sel(g, in, h, fz), sel(g, other, z, fz));
+		g->red[n->out[0]->id] = cg_round_half(g, r, dt);
+	} else {
+		V iz = c_int(type_of(h), 0);
+		g->red[n->out[0]->id] = cg_wrap_int(g, add(g, sel(g, in, h, iz),
+							   sel(g, other, z, iz)), dt);
+	}
+}
+
+/* ---- row invariants ---------------------------------------------------------------
+ * What the row's elements read through a broadcast along the reduced dims
+ * (cross-entropy's target and weight, a norm's per-row scale read from an
+ * input) is one value per row, but the passes and the tail loaded it at
+ * every step: LLVM may not hoist a load above the tail's stores, which
+ * could write where it reads for all it knows. So such values are
+ * computed once, at the row's start, where the emitter's memo hands them
+ * to every pass and the tail (the broadcast reads its operand at the
+ * row's kept indices and index 0 of each stretched dim, the same index
+ * at every step). Taken for operands made of region inputs, constants,
+ * meta and elementwise ops only: no reduced value (not known yet), no
+ * indexing op (its range check must not fire for a row with no
+ * elements), a walk of at most INV_WALK nodes each. */
+#define INV_WALK 32
+
+static bool plain_operand(const cg *g, const fz_value *v, int *budget)
+{
+	if (--*budget < 0 || g->is_red[v->id])
+		return false;
+	if (region_input(g, v) || !v->def)
+		return true;
+	fz_opclass c = fz_ops[v->def->op].cls;
+	if (c != FZ_CLASS_UNARY && c != FZ_CLASS_BINARY && c != FZ_CLASS_TERNARY &&
+	    c != FZ_CLASS_META && c != FZ_CLASS_CREATION)
+		return false;
+	for (int i = 0; i < v->def->n_in; i++)
+		if (!plain_operand(g, v->def->in[i], budget))
+			return false;
+	return true;
+}
+
+static void row_invariants(cg *g, rows *R)
+{
+	const fz_region *r = g->r;
+	cg_ix ix[1][FZ_MAX_RANK];
+	for (int k = 0; k < R->D->rank; k++)
+		ix[0][k] = R->red[k] ? cg_ix_zero() : g->row[k];
+	for (int i = 0; i < r->n_nodes && g->st == FZ_OK; i++) {
+		const fz_node *n = r->nodes[i];
+		const fz_value *y = n->out[0], *x = n->in ? n->in[0] : NULL;
+		cg_ix tmp[FZ_MAX_RANK];
+		if (n->op != FZ_OP_BROADCAST_IN_DIM || classify(g, R, y, tmp) != 2 ||
+		    (x->def && fz_ops[x->def->op].cls == FZ_CLASS_CREATION))
+			continue;
+		bool stretched = true;
+		for (int k = 0; k < n->attrs.n_dims && stretched; k++)
+			stretched = !R->red[n->attrs.dims[k]] || ext_is1(x->type.dims[k]);
+		int budget = INV_WALK;
+		if (!stretched || !plain_operand(g, x, &budget))
+			continue;
+		V v;
+		cg_value(g, y, 1, ix, &v);
+	}
+}
+
 /* ---- columns (host) -------------------------------------------------------------
  * An outer reduction (sum over dim 0: a bias's or a norm weight's
  * gradient) keeps the innermost dim, so its rows are columns: one thread
@@ -1346,6 +1459,17 @@ void cg_rows(cg *g)
 	for (int i = 0; i < nr; i++)
 		for (int j = 0; j < reds[i]->n_out; j++)
 			g->is_red[reds[i]->out[j]->id] = true;
+	/* the picks (computed at the row) and the passes */
+	fz_onehot oh[64];
+	bool is_pick[64];
+	const fz_node *passes[64];
+	int np = 0, npick = 0;
+	for (int i = 0; i < nr; i++) {
+		is_pick[i] = fz_onehot_find(reds[i], leaf_in, g, &oh[i]);
+		npick += is_pick[i];
+		if (!is_pick[i])
+			passes[np++] = reds[i];
+	}
 
 	fz_ext K, Rn;
 	if (!fz_type_numel(&R.kt, &K) || !fz_type_numel(&R.rt, &Rn)) {
@@ -1383,7 +1507,7 @@ void cg_rows(cg *g)
 		return;
 	}
 	R.count = cg_ext(g, Rn);
-	if (cols_fit(g, &R, reds, nr)) {
+	if (!npick && cols_fit(g, &R, reds, nr)) {
 		cg_cols(g, &R, reds, nr);
 		cg_function_end(g);
 		return;
@@ -1424,19 +1548,24 @@ void cg_rows(cg *g)
 	for (int i = 0; i < R.kt.rank; i++)
 		g->row[R.kd[i]] = kix[i];
 	g->row_valid = true;
+	row_invariants(g, &R);
 	if (R.S)
 		row_regs(g, &R);
-	else if (!chain_pick(g, &R, reds, nr) && g->o.target == FZ_CG_HOST)
-		stash_pick(g, &R, reds[nr - 1]);
-	if (!R.S && !R.chained && !R.stash_o && g->o.target == FZ_CG_HOST)
-		keep_pick(g, &R, reds[nr - 1]);
+	else if (np && !chain_pick(g, &R, passes, np) && g->o.target == FZ_CG_HOST)
+		stash_pick(g, &R, passes[np - 1]);
+	if (np && !R.S && !R.chained && !R.stash_o && g->o.target == FZ_CG_HOST)
+		keep_pick(g, &R, passes[np - 1]);
 	if (!R.S)
 		scratch_pick(g, &R);
 	if (R.keep_o)
-		keep_when(g, &R, reds, nr);
+		keep_when(g, &R, passes, np);
 
-	for (int i = 0; i < nr && g->st == FZ_OK; i++)
-		reduce_node(g, &R, reds[i], i);
+	for (int i = 0, k = 0; i < nr && g->st == FZ_OK; i++) {
+		if (is_pick[i])
+			pick_node(g, &R, reds[i], &oh[i]);
+		else
+			reduce_node(g, &R, reds[i], k++);
+	}
 
 	/* row-shaped outputs, then the tail over the row */
 	V leader = icmp(g, LLVMIntEQ, R.tid_in_row, c_int(g->ity, 0));
