@@ -87,6 +87,13 @@ typedef struct rows {
 	 * reduces, `stash_v`, into output `stash_o`; the tail reads it back. */
 	const fz_node *stash_by;
 	const fz_value *stash_v, *stash_o;
+	/* The rescale (host): the tail's exp(y - c), c a row value and
+	 * stash_v = exp(y), is stash_v * exp(-c) (see "the rescale");
+	 * rescale_f is exp(-c) at the row, rescale_bad says the row must
+	 * compute exp itself. NULL: none. */
+	const fz_node *rescale_e;
+	const fz_value *rescale_c;
+	V rescale_f, rescale_bad;
 	/* The chain (see "the chain"): every pass stores what it reduces in
 	 * stash_o, and each pass but the first reads back the value the pass
 	 * before it reduced, from chain[k] (NULL: none). */
@@ -626,7 +633,8 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	V lo = NULL;
 	if (n->op != FZ_OP_VAR_MEAN) {
 		V r = pass(g, R, n->op, x, NULL, NULL, &lo,
-			   n == R->stash_by || R->chained ? R->stash_o : NULL,
+			   n == R->stash_by || R->chained ?
+			   (R->stash_o ? R->stash_o : R->stash_v) : NULL,
 			   R->chained ? R->chain[k] : NULL);
 		T rt = cg_ctype(g, x->type.dtype);
 		/* an integer sum accumulates in i64 and is a value of its
@@ -788,6 +796,117 @@ static bool reads_domain_input(const cg *g, const rows *R, const fz_value *o,
 	return false;
 }
 
+/* ---- the rescale (host) ----------------------------------------------------------
+ * Cross-entropy's backward takes exp of log_softmax in its tail:
+ * exp((x - max) - log(sum)), where the last pass summed exp(x - max) at
+ * every index already. exp(y - c) = exp(y) * exp(-c): with exp(y) stashed
+ * (v) and c one value per row, the tail multiplies by exp(-c), computed
+ * once per row, instead of taking an exp per element again (a third of
+ * the tail's instructions). Taken when the last pass's value v is
+ * exp(y) in f32 or f64 (no rounding to a half type between), a node of
+ * the tail is exp(sub(y, c)) of v's dtype with c constant along the
+ * reduced dims (ir/onehot.h's walk), and the row is kept: in an output
+ * (the stash's rule) or in the scratch (which then needs no streaming:
+ * nothing else holds v).
+ *
+ * The product is within a few ulps of the exp itself where nothing
+ * overflows or falls to subnormals: exp(-c) is in [2^-93, 1] for c in
+ * [0, 64], and v * exp(-c) is then exact to 1.5 ulps past v's own error,
+ * or below v where v is subnormal (an error under 2^-126 absolute). Two
+ * cases are not: a row whose c is outside [0, 64] (or NaN), and a v that
+ * overflowed (y > 88.7, where exp(y - c) may be finite). There the step
+ * computes exp(y - c) itself: a branch per step, on the row's flag or
+ * any lane of v infinite, that is never taken in log_softmax's tail
+ * (y <= 0 and 0 <= c <= log n). NaN goes through the product as it goes
+ * through the exp. */
+#define RESCALE_MAX_C 64.0
+
+static bool leaf_in(void *g, const fz_value *v);
+static bool made_from(const cg *g, const fz_value *v, const fz_value *o, int *budget);
+static bool scratch_fits(cg *g, const rows *R, fz_dtype d, bool stream);
+
+static const fz_node *rescale_find(cg *g, rows *R, const fz_value *v,
+				   const fz_value **c)
+{
+	const fz_region *r = g->r;
+	fz_dtype d = v->type.dtype;
+	if (!v->def || v->def->op != FZ_OP_EXP || (d != FZ_F32 && d != FZ_F64))
+		return NULL;
+	const fz_value *y = v->def->in[0];
+	for (int i = 0; i < r->n_nodes; i++) {
+		const fz_node *n = r->nodes[i];
+		const fz_value *z = n->op == FZ_OP_EXP ? n->in[0] : NULL;
+		cg_ix tmp[FZ_MAX_RANK];
+		if (!z || n->out[0] == v || n->out[0]->type.dtype != d ||
+		    classify(g, R, n->out[0], tmp) != 2 || region_input(g, z) ||
+		    !z->def || z->def->op != FZ_OP_SUB || z->def->in[0] != y)
+			continue;
+		bool inv = true;
+		for (int k = 0; k < R->D->rank && inv; k++)
+			inv = !R->red[k] || fz_invariant_along(z->def->in[1], k, leaf_in, g);
+		bool used = false;
+		for (int k = 0; k < r->n_out && inv && !used; k++) {
+			int b = STASH_WALK;
+			used = classify(g, R, r->out[k], tmp) == 2 &&
+			       made_from(g, r->out[k], n->out[0], &b);
+		}
+		if (inv && used) {
+			*c = z->def->in[1];
+			return n;
+		}
+	}
+	return NULL;
+}
+
+/* At the row, before the tail: exp(-c) and the row's flag. */
+static void rescale_row(cg *g, rows *R)
+{
+	cg_ix ix[1][FZ_MAX_RANK];
+	for (int k = 0; k < R->D->rank; k++)
+		ix[0][k] = R->red[k] ? cg_ix_zero() : g->row[k];
+	V c;
+	cg_value(g, R->rescale_c, 1, ix, &c);
+	T t = type_of(c);
+	R->rescale_f = cg_math_unary(g, FZ_OP_EXP, fneg(g, c));
+	V ok = and_(g, fcmp(g, LLVMRealOGE, c, c_real(t, 0.0)),
+		    fcmp(g, LLVMRealOLE, c, c_real(t, RESCALE_MAX_C)));
+	R->rescale_bad = xor_(g, ok, c_i1(g, 1));
+}
+
+/* In the tail's step at lanes ix (v memoized there by the reload): the
+ * exp's lanes, as v * exp(-c) or, on the rare branch, computed. */
+static void rescale_step(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	int L = R->L;
+	const fz_value *e = R->rescale_e->out[0];
+	V v[FZ_VW_MAX], fast[FZ_VW_MAX], slow[FZ_VW_MAX];
+	cg_value(g, R->stash_v, L, ix, v);
+	T t = type_of(v[0]);
+	V inf = c_real(t, INFINITY), bad = R->rescale_bad;
+	for (int l = 0; l < L; l++) {
+		fast[l] = fmul_exact(g, v[l], R->rescale_f);
+		bad = or_(g, bad, fcmp(g, LLVMRealOEQ, v[l], inf));
+	}
+	LLVMBasicBlockRef pre = current(g), sb = block(g, "rescale.exp"),
+			  join = block(g, "rescale.done");
+	cond_br(g, bad, sb, join);
+	at_end(g, sb);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	cg_value(g, e, L, ix, slow);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	cg_memo_pop(g, mark); /* what the branch computed lives there */
+	g->n_cse = cse;
+	V out[FZ_VW_MAX];
+	for (int l = 0; l < L; l++) {
+		out[l] = phi(g, t);
+		phi_add(out[l], fast[l], pre);
+		phi_add(out[l], slow[l], end);
+	}
+	cg_value_given(g, e, L, ix, out);
+}
+
 static void stash_pick(cg *g, rows *R, const fz_node *last)
 {
 	const fz_region *r = g->r;
@@ -811,11 +930,15 @@ static void stash_pick(cg *g, rows *R, const fz_node *last)
 		    reads_domain_input(g, R, r->out[i], v, &b2))
 			o = NULL;
 	}
-	if (!o)
+	const fz_value *c = NULL;
+	const fz_node *e = rescale_find(g, R, v, &c);
+	if (!o && !(e && scratch_fits(g, R, v->type.dtype, false)))
 		return;
 	R->stash_by = last;
 	R->stash_v = v;
-	R->stash_o = o;
+	R->stash_o = o; /* NULL: the scratch alone holds it */
+	R->rescale_e = e;
+	R->rescale_c = c;
 }
 
 /* ---- the keep (host) ------------------------------------------------------------
@@ -979,17 +1102,34 @@ static bool chain_pick(cg *g, rows *R, const fz_node *const *reds, int nr)
  * every output, the keep's included (stored by the tail then). */
 #define FZ_HOST_SCRATCH_BYTES (256 << 10)
 
+/* A row of values of dtype d fits a scratch (and the region streams, where
+ * stream asks). */
+static bool scratch_fits(cg *g, const rows *R, fz_dtype d, bool stream)
+{
+	fz_ext n;
+	if (!fz_dtype_is_float(d) || (stream && !cg_stream_fits(g)) ||
+	    g->o.target != FZ_CG_HOST ||
+	    !fz_type_numel(&R->rt, &n) || !fz_ext_is_const(n) || n.c <= 0)
+		return false;
+	T t = cg_ctype(g, d);
+	int64_t es = t == t_f64(g) ? 8 : 4;
+	return n.c * es <= FZ_HOST_SCRATCH_BYTES && (t == t_f32(g) || t == t_f64(g));
+}
+
 static void scratch_pick(cg *g, rows *R)
 {
 	const fz_value *o = R->stash_o ? R->stash_o : R->keep_o;
+	/* the rescale's stash, in no output: the scratch, streaming or not */
+	bool alone = !o && R->stash_v;
+	if (alone)
+		o = R->stash_v;
+	if (!o || !scratch_fits(g, R, o->type.dtype, !alone)) {
+		FZ_ASSERT(!alone); /* stash_pick asked scratch_fits */
+		return;
+	}
 	fz_ext n;
-	if (!o || !fz_dtype_is_float(o->type.dtype) || !cg_stream_fits(g) ||
-	    !fz_type_numel(&R->rt, &n) || !fz_ext_is_const(n) || n.c <= 0)
-		return;
+	fz_type_numel(&R->rt, &n);
 	T t = cg_ctype(g, o->type.dtype);
-	int64_t es = t == t_f64(g) ? 8 : 4;
-	if (n.c * es > FZ_HOST_SCRATCH_BYTES || (t != t_f32(g) && t != t_f64(g)))
-		return;
 	/* in the entry block: one slot for the whole part */
 	LLVMBasicBlockRef here = current(g);
 	at_end(g, g->entry);
@@ -1553,7 +1693,7 @@ void cg_rows(cg *g)
 		row_regs(g, &R);
 	else if (np && !chain_pick(g, &R, passes, np) && g->o.target == FZ_CG_HOST)
 		stash_pick(g, &R, passes[np - 1]);
-	if (np && !R.S && !R.chained && !R.stash_o && g->o.target == FZ_CG_HOST)
+	if (np && !R.S && !R.chained && !R.stash_v && g->o.target == FZ_CG_HOST)
 		keep_pick(g, &R, passes[np - 1]);
 	if (!R.S)
 		scratch_pick(g, &R);
@@ -1597,12 +1737,16 @@ void cg_rows(cg *g)
 		for (int k = 0; k < R.S && g->st == FZ_OK; k++)
 			tail_step(g, &R, &R.ix[k * R.L], R.valid[k]);
 	} else if (n_tail && g->st == FZ_OK) {
+		if (R.rescale_e)
+			rescale_row(g, &R);
 		cg_loop L;
 		row_loop_begin(g, &R, &L);
 		cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
 		row_lanes(g, &R, L.iv, ix);
-		if (R.stash_o)
-			reload_at(g, &R, R.stash_v, R.stash_o, L.iv, ix);
+		if (R.stash_v)
+			reload_at(g, &R, R.stash_v, R.stash_o ? R.stash_o : R.stash_v, L.iv, ix);
+		if (R.rescale_e)
+			rescale_step(g, &R, ix);
 		if (R.keep_o)
 			reload_at(g, &R, R.keep_o, R.keep_o, L.iv, ix);
 		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {

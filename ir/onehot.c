@@ -157,6 +157,13 @@ static bool one_hot(walk *w, const fz_value *x, int p, const fz_value **t)
 	return false;
 }
 
+bool fz_invariant_along(const fz_value *v, int dim,
+			bool (*leaf)(void *ctx, const fz_value *v), void *ctx)
+{
+	walk w = {leaf, ctx, WALK};
+	return invariant(&w, v, dim);
+}
+
 bool fz_onehot_find(const fz_node *n, bool (*leaf)(void *ctx, const fz_value *v),
 		    void *ctx, fz_onehot *out)
 {

@@ -33,4 +33,10 @@ typedef struct fz_onehot {
 bool fz_onehot_find(const fz_node *n, bool (*leaf)(void *ctx, const fz_value *v),
                     void *ctx, fz_onehot *out);
 
+/* v's value does not vary along its dim `dim` (the rule above: a full, a
+ * broadcast that stretches it, an extent of 1, elementwise ops of such);
+ * leaf as above. The row skeleton's rescale asks it of a row value. */
+bool fz_invariant_along(const fz_value *v, int dim,
+                        bool (*leaf)(void *ctx, const fz_value *v), void *ctx);
+
 #endif
