@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 23 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 25 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -136,7 +136,10 @@
                               * AVX512-BF16, f32 tanh a rational function,
                               * iota lanes as one vector, f32 exp's degree-6
                               * polynomial and rounding by 1.5 2^23
-                              * (s9-rows); 23: both merged) */
+                              * (s9-rows); 23: both merged; 25: a sum
+                              * over a one-hot select picked at the row,
+                              * row invariants once per row, the tail's
+                              * exp(y - c) from the stashed exp(y)) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -213,6 +216,9 @@ typedef struct fz_kernel {
 	char names[2][64];
 	int n_work[2];
 	fz_ext work[2][8];     /* iterations per entry: the max of these */
+	int row_passes;        /* rows: loops over each row's elements before
+	                        * its tail (reduction.c; set when built, 0 in
+	                        * a kernel the cache loaded) */
 	int smem;              /* bytes of dynamic shared memory a launch of an
 	                        * entry gives it (0: none; over
 	                        * FZ_TILE_STATIC_MAX, the function's limit is

@@ -1706,6 +1706,7 @@ void cg_rows(cg *g)
 		else
 			reduce_node(g, &R, reds[i], k++);
 	}
+	g->k->row_passes = R.npass;
 
 	/* row-shaped outputs, then the tail over the row */
 	V leader = icmp(g, LLVMIntEQ, R.tid_in_row, c_int(g->ity, 0));

@@ -86,13 +86,16 @@ static void free_tensors(fz_tensor *t, int n)
 
 /* Runs src's first trace on generated code and on the interpreter; the
  * worst error over all outputs relative to (atol + rtol |want|). */
-static double compare_run(const char *src, const int64_t *syms, int64_t bound,
-			  double rtol, double atol, fz_status *st_out)
+static double compare_run_with(const char *src, const int64_t *syms, int64_t bound,
+			       double rtol, double atol, fz_status *st_out,
+			       void (*adjust)(fz_tensor *in, int n_in))
 {
 	fz_module *m = parse(src);
 	fz_trace *t = fz_module_trace(m, 0);
 	int n_in = fz_trace_param_count(t), n_out = fz_trace_output_count(t);
 	fz_tensor *in = inputs(t, syms, bound);
+	if (adjust)
+		adjust(in, n_in);
 	fz_tensor *got = calloc((size_t)n_out, sizeof *got);
 	fz_tensor *want = calloc((size_t)n_out, sizeof *want);
 	char *err = NULL;
@@ -128,6 +131,12 @@ static double compare_run(const char *src, const int64_t *syms, int64_t bound,
 	free_tensors(want, st == FZ_OK ? n_out : 0);
 	fz_module_free(m);
 	return worst;
+}
+
+static double compare_run(const char *src, const int64_t *syms, int64_t bound,
+			  double rtol, double atol, fz_status *st_out)
+{
+	return compare_run_with(src, syms, bound, rtol, atol, st_out, NULL);
 }
 
 #define EXACT(src, ...) do { \
@@ -1517,6 +1526,164 @@ START_TEST(host_keep_first_pass)
 }
 END_TEST
 
+/* ---- the pick, the row invariants, the rescale (reduction.c) ----------------------- */
+
+/* The most passes over a row that any kernel of the trace makes. */
+static fz_status max_passes(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	int *n = ud;
+	if (k->row_passes > *n)
+		*n = k->row_passes;
+	return FZ_OK;
+}
+
+/* Blocks of the host kernels named `name` (reduction.c names the rescale's
+ * branch "rescale.exp"). */
+static fz_status count_named(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	int *n = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb))
+			n[0] += strcmp(LLVMGetBasicBlockName(bb), "rescale.exp") == 0;
+	return FZ_OK;
+}
+
+static int host_kernels(const char *src, const int64_t *syms, fz_kernel_fn fn)
+{
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	int n = 0;
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), syms, -1, fn, &n, NULL),
+			 FZ_OK);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	return n;
+}
+
+/* Cross-entropy forward and backward as the exporter writes it (tools/
+ * python: the scatter of -1 at the target, summed along the row again). */
+#define CE_TRACE(DT) \
+	"trace ce(logits: " DT "[64, 1000], target: i64[64]) {\n" \
+	"  logits_f32 = cast(logits, dtype=f32)\n" \
+	"  log_softmax_v = log_softmax(logits_f32, dim=1)\n" \
+	"  ne_v = ne(target, -100)\n" \
+	"  where_v = where(ne_v, target, full(shape=[], value=0, dtype=i64))\n" \
+	"  gather = take_along(log_softmax_v, unsqueeze(where_v, dim=1), dim=1)\n" \
+	"  neg_v = neg(squeeze(gather, dims=[1]))\n" \
+	"  where_1 = where(ne_v, neg_v, full(shape=[], value=0, dtype=f32))\n" \
+	"  sum_1_f32 = cast(sum(cast(ne_v, dtype=i64), dims=[0]), dtype=f32)\n" \
+	"  div_v = div(sum(where_1, dims=[0]), sum_1_f32)\n" \
+	"  div_1 = div(full(shape=[], value=1, dtype=f32), sum_1_f32)\n" \
+	"  unsqueeze_1 = unsqueeze(target, dim=1)\n" \
+	"  ne_3 = ne(unsqueeze_1, -100)\n" \
+	"  where_2 = where(ne_3, unsqueeze_1, full(shape=[], value=0, dtype=i64))\n" \
+	"  full_like_1 = full(shape=[64, 1000], value=0, dtype=f32)\n" \
+	"  scatter_1 = reshape(iota(length=1000, dtype=i64), shape=[1, 1000])\n" \
+	"  scatter_3 = where(eq(scatter_1, where_2), -1, full_like_1)\n" \
+	"  where_3 = where(ne_3, div_1, full(shape=[], value=0, dtype=f32))\n" \
+	"  mul_v = mul(scatter_3, where_3)\n" \
+	"  sum_3 = sum(mul_v, dims=[1], keepdim=true)\n" \
+	"  sub_v = sub(mul_v, mul(exp(log_softmax_v), sum_3))\n" \
+	"  dx = cast(sub_v, dtype=" DT ")\n" \
+	"  return div_v, dx\n}\n"
+
+/* Targets at 0, n - 1 and the ignore index among random ones. */
+static void ce_targets(fz_tensor *in, int n_in)
+{
+	ck_assert_int_eq(n_in, 2);
+	int64_t *t = in[1].data;
+	for (int64_t r = 0; r < in[1].shape[0]; r++)
+		t[r] = r % 4 == 0 ? 0 : r % 4 == 1 ? 999 : r % 8 == 2 ? -100 : (r * 389) % 1000;
+}
+
+/* The sum over the one-hot is no pass: the softmax's two are all the rows
+ * make (three before), and the results are the interpreter's; the
+ * tail's exp of log_softmax comes from the stash (its branch exists). */
+START_TEST(rows_onehot_pick)
+{
+	static const char ce32[] = CE_TRACE("f32"), ce16[] = CE_TRACE("bf16");
+	int64_t none[1] = {0};
+	ck_assert_int_eq(host_kernels(ce32, none, max_passes), 2);
+	ck_assert_int_eq(host_kernels(ce16, none, max_passes), 2);
+	ck_assert_int_ge(host_kernels(ce32, none, count_named), 1);
+	ck_assert_double_le(compare_run_with(ce32, none, 7, 1e-5, 1e-5, NULL, ce_targets), 1);
+	ck_assert_double_le(compare_run_with(ce16, none, 7, 1e-2, 1e-2, NULL, ce_targets), 1);
+	/* the raw form: targets out of the row (t >= V, -100), a row weight
+	 * of inf (its sum is NaN: 0 * inf in the other terms), rows of 1, 2,
+	 * 3 and 40, a float and an integer sum: no pass at all */
+	static const char raw[] =
+		"trace f(t: i64[R], w: f32[R], k: i64[R]) {\n"
+		"  tt = unsqueeze(where(eq(t, 6), -100, t), dim=1)\n"
+		"  ww = unsqueeze(where(eq(t, 5), inf, w), dim=1)\n"
+		"  i = reshape(iota(length=V, dtype=i64), shape=[1, V])\n"
+		"  hot = eq(i, tt)\n"
+		"  s = sum(mul(where(hot, 2.5, full(shape=[R, V], value=0, dtype=f32)), ww), dims=[1])\n"
+		"  n = sum(where(hot, unsqueeze(mul(k, 3), dim=1), full(shape=[R, V], value=0, dtype=i64)), dims=[1], keepdim=true)\n"
+		"  return s, n\n}\n";
+	for (int64_t v = 1; v <= 40; v = v < 3 ? v + 1 : 40) {
+		int64_t syms[2] = {37, v};
+		ck_assert_int_eq(host_kernels(raw, syms, max_passes), 0);
+		EXACT(raw, 37, v);
+		if (v == 40)
+			break;
+	}
+}
+END_TEST
+
+/* A row value made from an input (a per-row temperature) is loaded once
+ * per row, not in every pass and in the tail: its load is in one block
+ * (reduction.c, "row invariants"). */
+START_TEST(rows_invariant_loaded_once)
+{
+	static const char src[] =
+		"trace f(x: f32[64, 4096], tau: f32[64]) {\n"
+		"  y = softmax(mul(x, unsqueeze(exp(tau), dim=1)), dim=1)\n"
+		"  return y\n}\n";
+	int64_t none[1] = {0};
+	loads_of a = {{0, 0}};
+	fz_module *m = parse(src);
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), none, -1,
+					  count_buffer_loads, &a, NULL), FZ_OK);
+	fz_compiler_free(c);
+	fz_module_free(m);
+	ck_assert_int_eq(a.blocks[0], 1); /* tau */
+	ck_assert_int_ge(a.blocks[1], 2); /* x: the max's pass and the sum's */
+	CLOSE(src, 1e-5, 0);
+}
+END_TEST
+
+/* The rescale's branch: rows whose c is outside [0, 64] and steps whose
+ * exp(y) overflowed (y = 50 x up to 100) compute exp(y - c) themselves;
+ * the others multiply the stashed exp(y) by exp(-c). */
+START_TEST(rows_rescale_edges)
+{
+	static const char src[] =
+		"trace f(x: f32[16, 256], u: f32[16]) {\n"
+		"  y = mul(x, 50)\n"
+		"  s = sum(exp(y), dims=[1], keepdim=true)\n"
+		"  c = unsqueeze(mul(u, 40), dim=1)\n"
+		"  e = exp(sub(y, c))\n"
+		"  return s, e\n}\n";
+	int64_t none[1] = {0};
+	ck_assert_int_ge(host_kernels(src, none, count_named), 1);
+	CLOSE(src, 1e-5, 0);
+}
+END_TEST
+
 static Suite *codegen_suite(void)
 {
 	Suite *s = suite_create("codegen");
@@ -1546,6 +1713,9 @@ static Suite *codegen_suite(void)
 	tcase_add_test(rd, select_rows);
 	tcase_add_test(rd, host_streaming_stores);
 	tcase_add_test(rd, host_keep_first_pass);
+	tcase_add_test(rd, rows_onehot_pick);
+	tcase_add_test(rd, rows_rescale_edges);
+	tcase_add_test(rd, rows_invariant_loaded_once);
 	suite_add_tcase(s, rd);
 	TCase *ix = tcase_create("indexing");
 	tcase_add_test(ix, indexing_take_and_index_add);

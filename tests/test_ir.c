@@ -17,6 +17,7 @@
 
 #include "fusec.h"
 #include "ir.h"
+#include "onehot.h"
 
 static fz_module *parse(const char *src)
 {
@@ -437,6 +438,92 @@ START_TEST(printed_names_avoid_user_names)
 }
 END_TEST
 
+/* ---- a sum over a one-hot select (ir/onehot.c) ---- */
+
+/* Whether the trace's last sum is a one-hot pick; its index's name. */
+static bool last_sum_picks(const char *src, const char **index)
+{
+	fz_module *m = parse(src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	const fz_node *n = NULL;
+	for (int i = 0; i < t->n_nodes; i++)
+		if (t->nodes[i]->op == FZ_OP_SUM)
+			n = t->nodes[i];
+	ck_assert_ptr_nonnull(n);
+	fz_onehot oh;
+	bool yes = fz_onehot_find(n, NULL, NULL, &oh);
+	if (yes) {
+		ck_assert_int_eq(oh.dim, n->attrs.dims[0]);
+		ck_assert(oh.index->type.dtype == FZ_I64 || oh.index->type.dtype == FZ_I32);
+		*index = oh.index->def && oh.index->def->in[0]->name ?
+			 oh.index->def->in[0]->name : "?";
+	}
+	fz_module_free(m);
+	return yes;
+}
+
+#define ONEHOT_HEAD "trace f(t: i64[8], w: f32[8], x: f32[8, 16]) {\n" \
+	"  i = reshape(iota(length=16, dtype=i64), shape=[1, 16])\n" \
+	"  tt = unsqueeze(t, dim=1)\n" \
+	"  wt = unsqueeze(w, dim=1)\n" \
+	"  z = full(shape=[8, 16], value=0, dtype=f32)\n"
+
+START_TEST(onehot_sum_found)
+{
+	/* the exporter's form, both operand orders of eq and of mul, no
+	 * keepdim, a select of a row value, an i32 iota */
+	static const char *yes[] = {
+		ONEHOT_HEAD "  oh = where(eq(i, tt), -1, z)\n"
+		"  r = sum(mul(oh, wt), dims=[1], keepdim=true)\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(tt, i), wt, z)\n"
+		"  r = sum(mul(wt, mul(oh, 2)), dims=[1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), exp(wt), z)\n"
+		"  r = sum(oh, dims=[1])\n  return r\n}\n",
+		"trace f(t: i32[8]) {\n"
+		"  i = iota(length=16, dtype=i32)\n"
+		"  oh = where(eq(i, unsqueeze(t, dim=1)), 3, full(shape=[8, 16], value=0, dtype=i32))\n"
+		"  r = sum(oh, dims=[1])\n  return r\n}\n",
+	};
+	for (size_t k = 0; k < sizeof yes / sizeof yes[0]; k++) {
+		const char *ix = NULL;
+		ck_assert_msg(last_sum_picks(yes[k], &ix), "case %zu", k);
+		ck_assert_str_eq(ix, k == 3 ? "?" : "tt");
+	}
+}
+END_TEST
+
+START_TEST(onehot_sum_refused)
+{
+	/* not one-hot (ne; a nonzero else), a value or a factor that varies
+	 * along the row, the iota along the kept dim, two reduced dims, a
+	 * float iota, amax */
+	static const char *no[] = {
+		ONEHOT_HEAD "  oh = where(ne(i, tt), -1, z)\n"
+		"  r = sum(mul(oh, wt), dims=[1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), -1, add(z, 1))\n"
+		"  r = sum(mul(oh, wt), dims=[1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), x, z)\n"
+		"  r = sum(mul(oh, wt), dims=[1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), -1, z)\n"
+		"  r = sum(mul(oh, x), dims=[1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), -1, z)\n"
+		"  r = sum(mul(oh, wt), dims=[0])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, tt), -1, z)\n"
+		"  r = sum(mul(oh, wt), dims=[0, 1])\n  return r\n}\n",
+		ONEHOT_HEAD "  oh = where(eq(i, add(tt, i)), -1, z)\n"
+		"  r = sum(oh, dims=[1])\n  return r\n}\n",
+		"trace f(t: f32[8], w: f32[8]) {\n"
+		"  i = iota(length=16, dtype=f32)\n"
+		"  oh = where(eq(i, unsqueeze(t, dim=1)), -1, full(shape=[8, 16], value=0, dtype=f32))\n"
+		"  r = sum(oh, dims=[1])\n  return r\n}\n",
+	};
+	for (size_t k = 0; k < sizeof no / sizeof no[0]; k++) {
+		const char *ix = NULL;
+		ck_assert_msg(!last_sum_picks(no[k], &ix), "case %zu", k);
+	}
+}
+END_TEST
+
 static Suite *ir_suite(void)
 {
 	Suite *s = suite_create("ir");
@@ -457,6 +544,11 @@ static Suite *ir_suite(void)
 	tcase_add_test(tc, verifier_catches_missing_return);
 	tcase_add_test(tc, verifier_catches_unwaited_future);
 	tcase_add_test(tc, world_size_shapes_collectives);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("onehot");
+	tcase_add_test(tc, onehot_sum_found);
+	tcase_add_test(tc, onehot_sum_refused);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("printer");
