@@ -5,6 +5,9 @@
  * shape, the domain D. The kept dims of D are rows (K of them), the reduced
  * dims a row's elements (R). For each row, in order:
  *
+ *   0. what the row's elements read through a broadcast along the reduced
+ *      dims (a target, a per-row weight) is computed once, at the row's
+ *      start (see "row invariants");
  *   1. every reduction, in the region's order, is a pass over the row: each
  *      thread accumulates its elements (lanes of 16 bytes along the row when
  *      the innermost dim is reduced and its extent allows), the lanes are
@@ -21,7 +24,10 @@
  *      reads them from the row's registers. On the host the last pass
  *      may stash what it reduces in an output for the tail (see "the
  *      stash"), and in a chain of 3 or more looping passes every pass
- *      does, for the next (see "the chain").
+ *      does, for the next (see "the chain"); the tail's exp(y - c) is then
+ *      the stashed exp(y) times exp(-c) (see "the rescale"). A sum over a
+ *      one-hot select (ir/onehot.h: cross-entropy's backward) is no pass:
+ *      its value is picked at the row (see "the pick").
  *   2. outputs of the row's shape (a loss per row, a mean kept for backward)
  *      are computed at the row's index and stored by one thread;
  *   3. outputs of D's shape are a last pass over the row (the normalization
@@ -94,6 +100,10 @@ typedef struct rows {
 	const fz_node *rescale_e;
 	const fz_value *rescale_c;
 	V rescale_f, rescale_bad;
+	/* The picks' operands (see "the pick"): x along dim d is h at index
+	 * tj (ity; all ones where no index is hot), z elsewhere. */
+	struct { const fz_value *x; int d; V h, z, tj; } pk[8];
+	int npk;
 	/* The chain (see "the chain"): every pass stores what it reduces in
 	 * stash_o, and each pass but the first reads back the value the pass
 	 * before it reduced, from chain[k] (NULL: none). */
@@ -1211,6 +1221,13 @@ static void pick_node(cg *g, rows *R, const fz_node *n, const fz_onehot *oh)
 	cg_value(g, x, 1, zx, &z);
 	if (g->st != FZ_OK)
 		return;
+	if (R->npk < 8) {
+		R->pk[R->npk].x = x;
+		R->pk[R->npk].d = d;
+		R->pk[R->npk].h = h;
+		R->pk[R->npk].z = z;
+		R->pk[R->npk++].tj = sel(g, in, zext_or_trunc(g, t, g->ity), c_int(g->ity, -1));
+	}
 	fz_dtype dt = n->out[0]->type.dtype;
 	if (fz_dtype_is_float(dt)) {
 		V fz = c_real(type_of(h), 0.0);
@@ -1220,6 +1237,44 @@ static void pick_node(cg *g, rows *R, const fz_node *n, const fz_onehot *oh)
 		V iz = c_int(type_of(h), 0);
 		g->red[n->out[0]->id] = cg_wrap_int(g, add(g, sel(g, in, h, iz),
 							   sel(g, other, z, iz)), dt);
+	}
+}
+
+/* In the tail's step at lanes ix: a pick's operand x, where the tail
+ * reads it (cross-entropy's gradient is the one-hot product itself, less
+ * softmax times the pick), is h at the hot index and z elsewhere: a
+ * compare of the lanes' indices with the row's and a select, where
+ * computing it compared 64-bit iota lanes and multiplied (ten
+ * instructions a step of 16 lanes, four now). The same values x's
+ * expression gives: every factor but the select is the same at every j. */
+static void pick_lanes(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
+{
+	int L = R->L;
+	for (int k = 0; k < R->npk; k++) {
+		int d = R->pk[k].d;
+		T it = t_vec(g->ity, (unsigned)L), vt = t_vec(type_of(R->pk[k].h), (unsigned)L);
+		/* consecutive lanes (the reduced dim innermost): lane l is hot
+		 * where l == tj - j0, one broadcast and one compare */
+		bool seq = true;
+		for (int l = 1; l < L; l++)
+			seq = seq && ix[l][d].b == ix[0][d].b && ix[l][d].o == ix[0][d].o + l;
+		V j = c_undef(it), tv = R->pk[k].tj;
+		if (seq) {
+			V lanes[FZ_VW_MAX];
+			for (int l = 0; l < L; l++)
+				lanes[l] = c_int(g->ity, l);
+			j = LLVMConstVector(lanes, (unsigned)L);
+			tv = sub(g, tv, cg_ix_value(g, ix[0][d]));
+		} else {
+			for (int l = 0; l < L; l++)
+				j = insert(g, j, cg_ix_value(g, ix[l][d]), (unsigned)l);
+		}
+		V hot = icmp(g, LLVMIntEQ, j, bcast(g, it, tv, L));
+		V xv = sel(g, hot, bcast(g, vt, R->pk[k].h, L), bcast(g, vt, R->pk[k].z, L));
+		V out[FZ_VW_MAX];
+		for (int l = 0; l < L; l++)
+			out[l] = extract(g, xv, (unsigned)l);
+		cg_value_given(g, R->pk[k].x, L, ix, out);
 	}
 }
 
@@ -1748,6 +1803,7 @@ void cg_rows(cg *g)
 			reload_at(g, &R, R.stash_v, R.stash_o ? R.stash_o : R.stash_v, L.iv, ix);
 		if (R.rescale_e)
 			rescale_step(g, &R, ix);
+		pick_lanes(g, &R, ix);
 		if (R.keep_o)
 			reload_at(g, &R, R.keep_o, R.keep_o, L.iv, ix);
 		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
