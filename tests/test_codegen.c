@@ -1196,18 +1196,29 @@ static char *chain_src(int n)
 	return s;
 }
 
+/* The blocks of kernel k named `name` (NULL: none); its instructions are
+ * added to *insts. */
+static int walk_blocks(const fz_kernel *k, const char *name, int *insts)
+{
+	int named = 0;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb)) {
+			named += name && strcmp(LLVMGetBasicBlockName(bb), name) == 0;
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i))
+				++*insts;
+		}
+	return named;
+}
+
 static fz_status count_insts(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
 	(void)r;
 	(void)op;
 	(void)err;
 	int *n = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
-		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb))
-			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
-			     i = LLVMGetNextInstruction(i))
-				n[0]++;
+	walk_blocks(k, NULL, &n[0]);
 	n[1]++;
 	return FZ_OK;
 }
@@ -1368,18 +1379,25 @@ static fz_status count_stream(const fz_region *r, int op, fz_kernel *k, void *ud
 	return FZ_OK;
 }
 
-static void stream_counts(const char *src, int n[3])
+/* Compiles src's first trace for the host at syms (NULL: none), handing
+ * each kernel to fn with ud. */
+static void host_compile(const char *src, const int64_t *syms, fz_kernel_fn fn, void *ud)
 {
 	fz_module *m = parse(src);
 	fz_cg_options o;
 	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
 	fz_compiler *c;
 	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
-	n[0] = n[1] = n[2] = 0;
-	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
-					  count_stream, n, NULL), FZ_OK);
+	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), syms, -1, fn, ud, NULL),
+			 FZ_OK);
 	fz_compiler_free(c);
 	fz_module_free(m);
+}
+
+static void stream_counts(const char *src, int n[3])
+{
+	n[0] = n[1] = n[2] = 0;
+	host_compile(src, NULL, count_stream, n);
 }
 
 /* On an x86 host a region that writes 16 MiB or more stores its final
@@ -1507,20 +1525,12 @@ START_TEST(host_keep_first_pass)
 		"trace f(x: bf16[2048, 2048], r: bf16[2048, 2048], w: bf16[2048], b: bf16[2048]) {\n"
 		"  h = add(x, r)\n"
 		"  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n  return h, y\n}\n";
-	fz_module *m = parse(src);
-	fz_cg_options o;
-	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
-	fz_compiler *c;
-	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
 	loads_of a = {{0, 0}};
-	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
-					  count_buffer_loads, &a, NULL), FZ_OK);
+	host_compile(src, NULL, count_buffer_loads, &a);
 	for (int in = 0; in < 2; in++) {
 		ck_assert_int_ge(a.blocks[in], 1);
 		ck_assert_int_le(a.blocks[in], 2);
 	}
-	fz_compiler_free(c);
-	fz_module_free(m);
 	EXACT(src, 0);
 #endif
 }
@@ -1547,26 +1557,15 @@ static fz_status count_named(const fz_region *r, int op, fz_kernel *k, void *ud,
 	(void)r;
 	(void)op;
 	(void)err;
-	int *n = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
-		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb))
-			n[0] += strcmp(LLVMGetBasicBlockName(bb), "rescale.exp") == 0;
+	int *n = ud, insts = 0;
+	*n += walk_blocks(k, "rescale.exp", &insts);
 	return FZ_OK;
 }
 
 static int host_kernels(const char *src, const int64_t *syms, fz_kernel_fn fn)
 {
-	fz_module *m = parse(src);
-	fz_cg_options o;
-	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
-	fz_compiler *c;
-	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
 	int n = 0;
-	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), syms, -1, fn, &n, NULL),
-			 FZ_OK);
-	fz_compiler_free(c);
-	fz_module_free(m);
+	host_compile(src, syms, fn, &n);
 	return n;
 }
 
@@ -1649,17 +1648,8 @@ START_TEST(rows_invariant_loaded_once)
 		"trace f(x: f32[64, 4096], tau: f32[64]) {\n"
 		"  y = softmax(mul(x, unsqueeze(exp(tau), dim=1)), dim=1)\n"
 		"  return y\n}\n";
-	int64_t none[1] = {0};
 	loads_of a = {{0, 0}};
-	fz_module *m = parse(src);
-	fz_cg_options o;
-	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
-	fz_compiler *c;
-	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
-	ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), none, -1,
-					  count_buffer_loads, &a, NULL), FZ_OK);
-	fz_compiler_free(c);
-	fz_module_free(m);
+	host_compile(src, NULL, count_buffer_loads, &a);
 	ck_assert_int_eq(a.blocks[0], 1); /* tau */
 	ck_assert_int_ge(a.blocks[1], 2); /* x: the max's pass and the sum's */
 	CLOSE(src, 1e-5, 0);
