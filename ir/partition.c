@@ -17,7 +17,9 @@
  *     one). Smaller values feeding broadcasts, and larger ones read through
  *     a slice, stay inside as index arithmetic and are never written;
  *   - take and index_add make an indexing group; index_add scatters, so
- *     nothing may consume its result in the same kernel; take_along joins a
+ *     nothing may consume its result in the same kernel but elementwise
+ *     work at its shape where it runs along dim 0 (the host writes it by
+ *     rows, each row once: see scatter_follower); take_along joins a
  *     normalization only as a row gather (one element of the row, along the
  *     reduced dim), which is what cross_entropy needs;
  *   - the cycle test walks forward from the producer group's consumers,
@@ -308,6 +310,43 @@ static bool used_outside(part *s, int v, int ra, int rb)
 
 static bool can_merge_within(part *s, int ra, int rb);
 
+/* May rb, a consumer of ra's index_add, join ra? Where index_add runs
+ * along dim 0, the host writes its result by rows, each row once, from x's
+ * row and the rows of src the index's inverse names (codegen/pointwise.c,
+ * "the scatter as a gather"), and then elementwise work at the result's
+ * shape can take each row's sums where they are, in registers: an
+ * embedding's backward, index_add(zeros f32, idx, dy) and its cast to
+ * bf16, then writes only the bf16 gradient, never the f32 table (131 MB
+ * written and read again for a 32000 x 1024 table). So rb may join when
+ * every node of it is elementwise, or a constant, at the result's shape.
+ * (The GPU's scatter adds with atomics into its result and cannot; its
+ * code generator turns such a region away, and the runtime runs it one
+ * op a kernel.) */
+static bool scatter_follower(part *s, int ra, int rb)
+{
+	const fz_trace *t = s->t;
+	if (s->g[rb].flags || s->g[rb].red >= 0)
+		return false;
+	const fz_node *ia = NULL;
+	for (int n = ra; n >= 0 && !ia; n = s->g[n].next) {
+		if (++s->spent > WALK_BUDGET)
+			return false;
+		if (s->nodes[n].op == FZ_OP_INDEX_ADD)
+			ia = t->nodes[n];
+	}
+	if (!ia || ia->attrs.dim != 0)
+		return false;
+	for (int n = rb; n >= 0; n = s->g[n].next) {
+		const fz_node *nd = t->nodes[n];
+		if (++s->spent > WALK_BUDGET ||
+		    !(fz_op_is_elementwise(nd->op) ||
+		      fz_ops[nd->op].cls == FZ_CLASS_CREATION) ||
+		    !fz_same_shape(&nd->out[0]->type, &ia->out[0]->type))
+			return false;
+	}
+	return true;
+}
+
 /* May groups ra (a producer) and rb (its consumer) become one? Every step
  * it takes counts against the attempt's budget (WALK_BUDGET): past it, the
  * answer is no. */
@@ -325,7 +364,9 @@ static bool can_merge_within(part *s, int ra, int rb)
 	int fa = s->g[ra].flags, fb = s->g[rb].flags;
 	if ((fa | fb) & G_FIXED)
 		return false;
-	if (fa & G_INDEX_ADD) /* a scatter's result is read by a later kernel */
+	/* a scatter's result is read by a later kernel, but by an
+	 * elementwise follower (see scatter_follower) */
+	if ((fa & G_INDEX_ADD) && !scatter_follower(s, ra, rb))
 		return false;
 	/* a group of only meta ops and constants read by other groups too is
 	 * left alone until they all join: merging it into one of them would

@@ -110,8 +110,9 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * loads a program an older one made. Bump it with any change to what the
  * passes produce. (2: dead ops in no region, attention regions, an output
  * placed only over an input it is computed from. 3: attention ops read
- * repeated kv heads unrepeated.) */
-#define FZ_PLAN_VERSION 4
+ * repeated kv heads unrepeated. 5: elementwise followers of an index_add
+ * along dim 0 in its region.) */
+#define FZ_PLAN_VERSION 5
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
