@@ -347,6 +347,86 @@ static bool scatter_follower(part *s, int ra, int rb)
 	return true;
 }
 
+/* The region's two parts for targets that do not gather (see plan.h):
+ * which nodes depend on the index_add's result, then each part's nodes,
+ * inputs (read, not made there) and outputs (read by the other part, or
+ * the region's). */
+static bool in_list(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
+static bool made_in(const fz_region *R, const fz_value *v)
+{
+	for (int i = 0; i < R->n_nodes; i++)
+		if (v->def == R->nodes[i])
+			return true;
+	return false;
+}
+
+fz_region *fz_scatter_split(const fz_region *r, bool *oom)
+{
+	const fz_value *y = NULL;
+	int n = r->n_nodes, cap = n;
+	for (int j = 0; j < n; j++) {
+		const fz_node *a = r->nodes[j];
+		cap += a->n_in + a->n_out;
+		for (int i = 0; i < n && !y && a->op == FZ_OP_INDEX_ADD; i++)
+			for (int k = 0; k < r->nodes[i]->n_in; k++)
+				if (r->nodes[i]->in[k] == a->out[0])
+					y = a->out[0];
+	}
+	if (!y)
+		return NULL;
+	fz_region *two = calloc(1, 2 * sizeof *two + sizeof(void *) * 2 * (size_t)cap + (size_t)n);
+	if (!two) {
+		*oom = true;
+		return NULL;
+	}
+	fz_node **nodes = (fz_node **)(two + 2);
+	bool *dep = (bool *)(nodes + 2 * cap); /* per node: reads y, at a remove */
+	for (int j = 0; j < n; j++) {
+		const fz_node *a = r->nodes[j];
+		for (int k = 0; k < a->n_in && !dep[j]; k++) {
+			dep[j] = a->in[k] == y;
+			for (int i = 0; i < j && !dep[j]; i++)
+				dep[j] = dep[i] && a->in[k]->def == r->nodes[i];
+		}
+	}
+	for (int h = 0; h < 2; h++) {
+		fz_region *R = &two[h];
+		*R = *r;
+		R->kind = h ? FZ_REGION_POINTWISE : r->kind;
+		R->nodes = nodes + h * cap;
+		R->n_nodes = R->n_in = R->n_out = 0;
+		for (int j = 0; j < n; j++)
+			if (dep[j] == h)
+				R->nodes[R->n_nodes++] = r->nodes[j];
+		R->in = (fz_value **)R->nodes + R->n_nodes;
+		for (int j = 0; j < R->n_nodes; j++)
+			for (int k = 0; k < R->nodes[j]->n_in; k++) {
+				fz_value *v = R->nodes[j]->in[k];
+				if (!made_in(R, v) && !in_list(R->in, R->n_in, v))
+					R->in[R->n_in++] = v;
+			}
+		/* what the other part reads, and the region's outputs */
+		R->out = R->in + R->n_in;
+		for (int j = 0; j < n; j++)
+			for (int k = 0; dep[j] != h && k < r->nodes[j]->n_in; k++) {
+				fz_value *v = r->nodes[j]->in[k];
+				if (made_in(R, v) && !in_list(R->out, R->n_out, v))
+					R->out[R->n_out++] = v;
+			}
+		for (int i = 0; i < r->n_out; i++)
+			if (made_in(R, r->out[i]) && !in_list(R->out, R->n_out, r->out[i]))
+				R->out[R->n_out++] = r->out[i];
+	}
+	return two;
+}
+
 /* May groups ra (a producer) and rb (its consumer) become one? Every step
  * it takes counts against the attempt's budget (WALK_BUDGET): past it, the
  * answer is no. */

@@ -308,6 +308,15 @@ fz_status fz_comm_scatter(fz_program *p);
 fz_status fz_comm_bucket(fz_program *p);
 fz_status fz_memplan(fz_program *p);
 
+/* A region whose elementwise work reads its index_add's result (an
+ * embedding's backward and its cast: partition.c's scatter_follower),
+ * which only the host's skeleton takes whole (it gathers by rows), as two
+ * regions for the other targets, the form they had before the two were
+ * one: the nodes that do not depend on the result (the scatter and what it
+ * reads), then those that do: two regions in one malloc, freed at once. NULL
+ * where r has no such index_add, or out of memory (*oom). */
+fz_region *fz_scatter_split(const fz_region *r, bool *oom);
+
 /* The trace with its nodes in the order the program runs them (regions in
  * scheduled order, each region's nodes in order): a trace that parses back
  * and plans to the same order. */
