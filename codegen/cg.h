@@ -70,6 +70,8 @@ typedef struct cg {
 	LLVMValueRef err;
 	LLVMValueRef part, nparts; /* host: which chunk of the grid (ity) */
 	bool serial;          /* host: part 0 does all (cg_host_chunk) */
+	const fz_node *by_rows; /* host: index_add split by rows of its
+	                        * result (pointwise.c, "the scatter by rows") */
 	LLVMValueRef scratch; /* host: the kernel's scratch block (bufs[n_in +
 	                       * n_out], where k->n_scratch; pointwise.c's "the
 	                       * scatter as a gather") */

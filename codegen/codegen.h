@@ -137,9 +137,9 @@
                               * iota lanes as one vector, f32 exp's degree-6
                               * polynomial and rounding by 1.5 2^23
                               * (s9-rows); 23: both merged; 24: host
-                              * index_add along dim 0 as a gather by
-                              * rows of its result through the index's
-                              * inverse, elementwise followers fused,
+                              * index_add along dim 0 into rows of 16 or
+                              * more as a gather by rows of its result
+                              * through the index's inverse, elementwise followers fused,
                               * with a scratch block (s10-emb)) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
@@ -197,8 +197,8 @@ typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
  * of the grid-stride loops' iterations (elements, or rows), so the parts
  * 0 .. n-1 of one launch, on any threads in any order, together do what
  * the call (0, 1) does. A kernel whose loops cannot be split (index_add's
- * scatter along a dim other than 0; along dim 0 it is split by the rows of
- * its result: pointwise.c) does everything in part 0 and nothing in the
+ * scatter, but along dim 0 of f32 or f64 lanes or into wide rows, split
+ * by the rows of its result: pointwise.c) does everything in part 0 and nothing in the
  * others. */
 typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err,
                            int64_t part, int64_t nparts);

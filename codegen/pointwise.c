@@ -35,9 +35,11 @@
  * around the byte); f16 and bf16 round at every add, as PyTorch's atomics on
  * the GPU and the host's loop here do); on the host both loops run in order
  * in one function, all of it in part 0 of a launch (the adds must follow
- * the copy and may not race), but for a scatter along dim 0, which the
- * host turns into a gather by the rows of the result, each row written
- * once, elementwise followers included (see "the scatter as a gather").
+ * the copy and may not race), but for a scatter along dim 0: into rows of
+ * 16 elements or more the host turns it into a gather by the rows of the
+ * result, each row written once, elementwise followers included (see "the
+ * scatter as a gather"); narrower rows of f32 or f64 lanes the parts split
+ * by the rows of the result (see "the scatter by rows").
  */
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +118,14 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	work.c /= L;
 	add_work(g, 0, work);
 	V iters = cg_ext(g, work), gid, gsz;
-	if (g->o.target == FZ_CG_HOST) {
+	if (g->by_rows && fz_same_shape(ty, &g->by_rows->out[0]->type)) {
+		/* the part's rows of index_add's result, those it adds into */
+		V r0, r1, per = udiv(g, iters, cg_ext(g, ty->dims[0]));
+		cg_host_chunk(g, cg_ext(g, ty->dims[0]), &r0, &r1);
+		gid = mul(g, r0, per);
+		iters = mul(g, r1, per);
+		gsz = c_int(g->ity, 1);
+	} else if (g->o.target == FZ_CG_HOST) {
 		/* this part's contiguous chunk of the lane groups */
 		cg_host_chunk(g, iters, &gid, &iters);
 		gsz = c_int(g->ity, 1);
@@ -286,13 +295,105 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 	return true;
 }
 
+/* ---- the scatter by rows (host) ---------------------------------------------------
+ * A scatter along dim 0 of f32 or f64 lanes into rows narrower than a
+ * gather takes (fz_index_add_gathers: under 16 elements), which part 0 of
+ * a launch did alone, the copy too, the other threads idle. The host
+ * splits it by the rows of the result y instead: part p copies its chunk of y's rows [r0, r1) from x
+ * (cg_host_chunk over the rows, the copy's group_loop the same), then
+ * walks every row n of src in order, reads idx[n] and adds row n into y
+ * when the index falls in [r0, r1). So each element of y gets its adds
+ * from one part, in src's order, as the serial loop adds them (the same
+ * f32 sums, bit for bit), a part adds only into rows it copied itself (no
+ * wait between the copy and the adds, no race), and a bad index is
+ * flagged by every part and added nowhere. Every part reads the whole of
+ * idx (8 bytes a row of src); rows that many indices name (a padding
+ * token's) stay with one part, as they were with part 0. A large copy
+ * streams (emit.c's "streaming stores"): the adds read back only the rows
+ * idx names. */
+static bool rows_fit(cg *g, const fz_node *ia)
+{
+	const fz_value *src = ia->in[2], *y = ia->out[0];
+	int last = src->type.rank - 1;
+	fz_dtype d = y->type.dtype;
+	return g->o.target == FZ_CG_HOST && ia->attrs.dim == 0 && last >= 1 &&
+	       (d == FZ_F32 || d == FZ_F64) && src->type.dtype == d &&
+	       cg_lanes_fit(g, cg_lanes_for(g), src->type.dims[last]) >= 2;
+}
+
+static void scatter_rows(cg *g, const fz_node *ia)
+{
+	const fz_value *idx = ia->in[1], *src = ia->in[2], *y = ia->out[0];
+	int last = src->type.rank - 1;
+	fz_dtype d = y->type.dtype;
+	int L = cg_lanes_fit(g, cg_lanes_for(g), src->type.dims[last]);
+	if (L > g->k->vec)
+		g->k->vec = L;
+	fz_type rest = src->type; /* a row of src */
+	rest.rank--;
+	memmove(rest.dims, rest.dims + 1, sizeof rest.dims[0] * (size_t)rest.rank);
+	fz_ext rn;
+	if (!fz_type_numel(&rest, &rn)) {
+		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
+		return;
+	}
+	V E = cg_ext(g, y->type.dims[0]), r0, r1;
+	cg_host_chunk(g, E, &r0, &r1);
+	T i64 = t_i64(g);
+	V E64 = zext_or_trunc(g, E, i64), lo = zext_or_trunc(g, r0, i64),
+	  hi = zext_or_trunc(g, r1, i64);
+	V per = udiv(g, cg_ext(g, rn), c_int(g->ity, L));
+	cg_loop Ln;
+	cg_loop_begin(g, &Ln, c_int(g->ity, 0), cg_ext(g, src->type.dims[0]),
+		      c_int(g->ity, 1));
+	cg_ix K[1][FZ_MAX_RANK];
+	K[0][0] = cg_ix_of(Ln.iv, 1);
+	V k;
+	cg_value(g, idx, 1, K, &k);
+	cg_flag_error(g, ia, icmp(g, LLVMIntUGE, k, E64));
+	LLVMBasicBlockRef row = block(g, "scatter.row"), next = block(g, "scatter.next");
+	cond_br(g, and_(g, icmp(g, LLVMIntUGE, k, lo), icmp(g, LLVMIntULT, k, hi)), row, next);
+	at_end(g, row);
+	V kk = zext_or_trunc(g, k, g->ity);
+	cg_loop Lc;
+	cg_loop_begin(g, &Lc, c_int(g->ity, 0), per, c_int(g->ity, 1));
+	cg_ix R[FZ_MAX_RANK], J[FZ_VW_MAX][FZ_MAX_RANK];
+	cg_delinearize(g, &rest, mul(g, Lc.iv, c_int(g->ity, L)), L, R);
+	J[0][0] = K[0][0];
+	memcpy(&J[0][1], R, sizeof R[0] * (size_t)rest.rank);
+	for (int l = 1; l < L; l++) {
+		memcpy(J[l], J[0], sizeof J[0]);
+		J[l][last].o += l;
+	}
+	V v[FZ_VW_MAX];
+	cg_value(g, src, L, J, v);
+	cg_ix I[FZ_MAX_RANK], lin;
+	memcpy(I, J[0], sizeof I);
+	I[0] = cg_ix_of(kk, 1);
+	cg_linear(g, &y->type, I, &lin);
+	unsigned es = (unsigned)fz_dtype_size(d);
+	V p = cg_access_ptr(g, g->slot[y->id], d, cg_ix_value(g, lin), L, true, es);
+	T vt = t_vec(cg_stype(g, d), (unsigned)L);
+	V sv = c_undef(vt);
+	for (int l = 0; l < L; l++)
+		sv = insert(g, sv, v[l], (unsigned)l);
+	store(g, fadd(g, load(g, vt, p, es), sv), p, es);
+	cg_loop_end(g, &Lc);
+	br(g, next);
+	at_end(g, next);
+	cg_loop_end(g, &Ln);
+}
+
 /* ---- the scatter as a gather (host) ----------------------------------------------
  * An embedding's backward is index_add(zeros f32, idx, dy, dim=0) and a
  * cast to bf16: 8192 rows of 1024 added into a table of 32000 rows. As a
  * scatter it wrote the f32 table (131 MB of zeros), added into it, and a
  * second kernel read it all again to write 65 MB of bf16: 54% of a copy's
- * bandwidth for what reads 17 MB and writes 65. The host turns every
- * index_add along dim 0 around instead: each row of the result y is
+ * bandwidth for what reads 17 MB and writes 65. The host turns index_add
+ * along dim 0 around instead (into rows of 16 elements or more,
+ * fz_index_add_gathers; the inverse's words, a few a row, would outweigh
+ * narrower ones: a million rows of one f32 took 7 times the serial
+ * scatter's time): each row of the result y is
  * written once, from x's row and the rows of src that idx sends there,
  * summed in registers; elementwise work at y's shape in the same region
  * (the cast: ir/partition.c's scatter_follower) takes the sums where they
@@ -521,6 +622,10 @@ static void scatter_loop(cg *g, const fz_node *ia)
 		return;
 	}
 	add_work(g, cg_gpu(g) ? 1 : 0, numel);
+	if (g->by_rows) {
+		scatter_rows(g, ia);
+		return;
+	}
 	if (scatter_lanes(g, ia, numel))
 		return;
 	if (cg_gpu(g) && d == FZ_BOOL) {
@@ -564,7 +669,7 @@ static void scatter_loop(cg *g, const fz_node *ia)
 
 void cg_scatter(cg *g, const fz_node *ia)
 {
-	if (g->o.target == FZ_CG_HOST && ia->attrs.dim == 0) {
+	if (g->o.target == FZ_CG_HOST && fz_index_add_gathers(ia)) {
 		gather_rows(g, ia);
 		return;
 	}
@@ -573,7 +678,7 @@ void cg_scatter(cg *g, const fz_node *ia)
 			if (g->r->nodes[j]->in[a] == ia->out[0]) {
 				cg_fail(g, FZ_EUNSUPPORTED, ia, "the result of index_add is "
 					"read inside its own region (only the host's "
-					"gather along dim 0 takes that)");
+					"gather by rows takes that)");
 				return;
 			}
 	if (g->slot[ia->out[0]->id] < g->r->n_in) {
@@ -581,8 +686,10 @@ void cg_scatter(cg *g, const fz_node *ia)
 		return;
 	}
 	/* On the host both loops are one function: the scatter must follow
-	 * the whole copy and its adds must not race, so part 0 runs it all */
-	g->serial = g->o.target == FZ_CG_HOST;
+	 * the whole copy and its adds must not race, so part 0 runs it all,
+	 * or each part its rows (see "the scatter by rows") */
+	g->by_rows = rows_fit(g, ia) ? ia : NULL;
+	g->serial = g->o.target == FZ_CG_HOST && !g->by_rows;
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
 		all_groups(g, ia, NULL);

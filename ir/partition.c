@@ -18,8 +18,8 @@
  *     a slice, stay inside as index arithmetic and are never written;
  *   - take and index_add make an indexing group; index_add scatters, so
  *     nothing may consume its result in the same kernel but elementwise
- *     work at its shape where it runs along dim 0 (the host writes it by
- *     rows, each row once: see scatter_follower); take_along joins a
+ *     work at its shape where the host writes it by rows, each row once
+ *     (along dim 0: see scatter_follower); take_along joins a
  *     normalization only as a row gather (one element of the row, along the
  *     reduced dim), which is what cross_entropy needs;
  *   - the cycle test walks forward from the producer group's consumers,
@@ -311,9 +311,10 @@ static bool used_outside(part *s, int v, int ra, int rb)
 static bool can_merge_within(part *s, int ra, int rb);
 
 /* May rb, a consumer of ra's index_add, join ra? Where index_add runs
- * along dim 0, the host writes its result by rows, each row once, from x's
- * row and the rows of src the index's inverse names (codegen/pointwise.c,
- * "the scatter as a gather"), and then elementwise work at the result's
+ * along dim 0 into rows of 16 elements or more (fz_index_add_gathers), the
+ * host writes its result by rows, each row once, from x's row and the rows
+ * of src the index's inverse names (codegen/pointwise.c, "the scatter as
+ * a gather"), and then elementwise work at the result's
  * shape can take each row's sums where they are, in registers: an
  * embedding's backward, index_add(zeros f32, idx, dy) and its cast to
  * bf16, then writes only the bf16 gradient, never the f32 table (131 MB
@@ -334,7 +335,7 @@ static bool scatter_follower(part *s, int ra, int rb)
 		if (s->nodes[n].op == FZ_OP_INDEX_ADD)
 			ia = t->nodes[n];
 	}
-	if (!ia || ia->attrs.dim != 0)
+	if (!ia || !fz_index_add_gathers(ia))
 		return false;
 	for (int n = rb; n >= 0; n = s->g[n].next) {
 		const fz_node *nd = t->nodes[n];
