@@ -137,7 +137,7 @@
                               * iota lanes as one vector, f32 exp's degree-6
                               * polynomial and rounding by 1.5 2^23
                               * (s9-rows); 23: both merged; 24: host
-                              * index_add along dim 0 into rows of 16 or
+                              * index_add along dim 0 into rows of 64 or
                               * more as a gather by rows of its result
                               * through the index's inverse, elementwise followers fused,
                               * with a scratch block (s10-emb)) */

@@ -36,7 +36,7 @@
  * the GPU and the host's loop here do); on the host both loops run in order
  * in one function, all of it in part 0 of a launch (the adds must follow
  * the copy and may not race), but for a scatter along dim 0: into rows of
- * 16 elements or more the host turns it into a gather by the rows of the
+ * 64 elements or more the host turns it into a gather by the rows of the
  * result, each row written once, elementwise followers included (see "the
  * scatter as a gather"); narrower rows of f32 or f64 lanes the parts split
  * by the rows of the result (see "the scatter by rows").
@@ -297,7 +297,7 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 
 /* ---- the scatter by rows (host) ---------------------------------------------------
  * A scatter along dim 0 of f32 or f64 lanes into rows narrower than a
- * gather takes (fz_index_add_gathers: under 16 elements), which part 0 of
+ * gather takes (fz_index_add_gathers: under 64 elements), which part 0 of
  * a launch did alone, the copy too, the other threads idle. The host
  * splits it by the rows of the result y instead: part p copies its chunk of y's rows [r0, r1) from x
  * (cg_host_chunk over the rows, the copy's group_loop the same), then
@@ -390,9 +390,9 @@ static void scatter_rows(cg *g, const fz_node *ia)
  * scatter it wrote the f32 table (131 MB of zeros), added into it, and a
  * second kernel read it all again to write 65 MB of bf16: 54% of a copy's
  * bandwidth for what reads 17 MB and writes 65. The host turns index_add
- * along dim 0 around instead (into rows of 16 elements or more,
- * fz_index_add_gathers; the inverse's words, a few a row, would outweigh
- * narrower ones: a million rows of one f32 took 7 times the serial
+ * along dim 0 around instead (into rows of 64 elements or more,
+ * fz_index_add_gathers: each row costs a few words of the inverse and a
+ * turn of the loops; a million rows of one f32 took 7 times the serial
  * scatter's time): each row of the result y is
  * written once, from x's row and the rows of src that idx sends there,
  * summed in registers; elementwise work at y's shape in the same region

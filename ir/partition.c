@@ -311,7 +311,7 @@ static bool used_outside(part *s, int v, int ra, int rb)
 static bool can_merge_within(part *s, int ra, int rb);
 
 /* May rb, a consumer of ra's index_add, join ra? Where index_add runs
- * along dim 0 into rows of 16 elements or more (fz_index_add_gathers), the
+ * along dim 0 into rows of 64 elements or more (fz_index_add_gathers), the
  * host writes its result by rows, each row once, from x's row and the rows
  * of src the index's inverse names (codegen/pointwise.c, "the scatter as
  * a gather"), and then elementwise work at the result's

@@ -203,10 +203,10 @@ static const char *part_traces[] = {
 	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
 	"trace k(x: f64[6, 3, 4], i: i64[25], s: f64[25, 3, 4]) {\n"
 	"  y = index_add(mul(x, 2.0), i, s, dim=0)\n  return y\n}\n",
-	"trace m(x: bf16[6, 40], i: i32[20], s: bf16[20, 40]) {\n"
+	"trace m(x: bf16[6, 80], i: i32[20], s: bf16[20, 80]) {\n"
 	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
-	"trace n(i: i64[30], s: bf16[30, 48], w: f32[288]) {\n"
-	"  wf = mul(w, 0.5)\n  x = reshape(wf, shape=[6, 48])\n"
+	"trace n(i: i64[30], s: bf16[30, 96], w: f32[576]) {\n"
+	"  wf = mul(w, 0.5)\n  x = reshape(wf, shape=[6, 96])\n"
 	"  y = cast(mul(index_add(x, i, cast(s, dtype=f32), dim=0), 0.5), dtype=bf16)\n"
 	"  return y, wf\n}\n",
 	/* any other index_add: the scatter runs in part 0 only */

@@ -492,7 +492,7 @@ START_TEST(embedding_indexing)
 	ck_assert_int_eq(p->peak_bytes, (int64_t)32000 * 1024 * 2);
 	check_plan(p);
 	fz_program_free(p);
-	/* along another dim, or into rows under 16 elements (15 here), nothing
+	/* along another dim, or into rows under 64 elements (15 here), nothing
 	 * reads a scatter's result in the kernel that scatters */
 	for (int i = 3; i <= 4; i++) {
 		p = plan(fz_module_trace(m, i));
