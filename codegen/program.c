@@ -4,7 +4,10 @@
  *
  * The trace is planned (ir/plan.h) at the given sizes; symbols left unbound
  * stay kernel parameters, so the modules serve every binding. Each kernel
- * region becomes one module. A region the skeletons cannot take whole
+ * region becomes one module, with the strided views it reads folded in
+ * (fz_region_fold_views) as the runner launches it (the host's one pass
+ * for an adjacent attention_dq and attention_dkv, runtime/kernels.c's
+ * attn_pair, shows as its two regions). A region the skeletons cannot take whole
  * (FZ_EUNSUPPORTED: two reductions over different dims, say) becomes one
  * module per op, or two where a GPU's scatter has elementwise followers
  * (fz_scatter_split), as the runner executes it (runtime/kernels.c), so
@@ -44,8 +47,23 @@ fz_status fz_compile_trace(fz_compiler *c, const fz_trace *t,
 		if (!fz_region_is_kernel(r->kind) ||
 		    (only_region >= 0 && r->id != only_region))
 			continue;
+		/* the region as the runner launches it: the strided views it
+		 * reads folded in (else its code reads a broadcast bias as a
+		 * whole matrix) */
+		fz_region src;
+		fz_node **folded = NULL;
+		fz_value **ins = malloc(sizeof *ins * ((size_t)r->n_in + 1));
+		if (!ins || !fz_region_fold_views(p, r, fz_compiler_options(c)->target ==
+						  FZ_CG_HOST, &src, &folded, ins)) {
+			free(ins);
+			st = FZ_ENOMEM;
+			fz_set_err(err, fz_strdup("out of memory"));
+			break;
+		}
 		char *msg = NULL;
-		st = one(c, t, r, -1, fn, ud, &msg);
+		st = one(c, t, &src, -1, fn, ud, &msg);
+		free(folded);
+		free(ins);
 		if (st != FZ_EUNSUPPORTED) {
 			if (err)
 				*err = msg;

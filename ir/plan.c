@@ -36,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention.h"
 #include "plan.h"
 
 const char *const fz_region_kind_names[FZ_REGION_KIND_COUNT] = {
@@ -566,4 +567,128 @@ void fz_layout_gather(void *dst, const void *src, size_t es, const fz_layout *la
 			idx[k] = 0;
 		}
 	}
+}
+
+/* ---- a kernel region with its views folded in ---- */
+
+static bool fold_in_list(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
+/* Whether the view chain of r's input x may fold into attention region r:
+ * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
+ * lse, not kv heads read unrepeated), which the host's kernels read at
+ * any strides with the head dim contiguous (fz_attn.stride). */
+static bool fold_attn_operand(const fz_region *r, const fz_value *x)
+{
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		if (fz_ops[n->op].cls != FZ_CLASS_ATTENTION)
+			continue;
+		int nm = n->op == FZ_OP_ATTENTION ? 3 : 6;
+		for (int k = 0; k < nm; k++)
+			if (k != 4 && n->in[k] == x && (k == 1 || k == 2 ?
+							fz_attn_operand(r, n, k) == x : true))
+				return true;
+	}
+	return false;
+}
+
+/* Region r as its kernel computes it, with the strided views it reads
+ * folded in. A view the runner would otherwise gather into the arena
+ * before the launch (a weight broadcast over the rows of a layer_norm, a
+ * bias over a batch, a transposed operand) becomes the meta ops that make
+ * it from its base, so the kernel reads the base where its data lies and
+ * no copy runs: broadcast_in_dim, permute, slice and reshape are index
+ * arithmetic to the skeletons. A view made by reshapes alone stays an
+ * input (it points into its base at no cost). On the host an attention
+ * region's q, k, v, o and do fold too (fold_attn_operand), unless the
+ * strides that makes are ones its kernels do not take. The choice
+ * depends on the trace alone, never on the sizes, so that `fusec
+ * compile` at symbolic sizes keys the kernels a run at bound sizes asks
+ * for (plan.h says what it returns). */
+bool fz_region_fold_views(const fz_program *p, const fz_region *r, bool host,
+			  fz_region *out, fz_node ***folded, fz_value **ins)
+{
+	*out = *r;
+	*folded = NULL;
+	/* attention: the host's kernels read q, k, v, o and do through
+	 * permutes and reshapes (the [B, T, H, D] projections seen as [B, H,
+	 * T, D]); other targets read them contiguous, where the runner
+	 * staged them */
+	bool attn = r->kind == FZ_REGION_ATTENTION;
+	if (!p->view_of || (attn && !host))
+		return true;
+	int cap = 0;
+	for (int i = 0; i < r->n_in; i++)
+		for (fz_value *x = r->in[i]; p->view_of[x->id]; x = p->view_of[x->id]->node->in[0])
+			cap++;
+	if (cap == 0)
+		return true;
+	fz_node **nodes = malloc(sizeof *nodes * (size_t)(cap + r->n_nodes));
+	if (!nodes)
+		return false;
+	int n_pre = 0;
+	for (int i = 0; i < r->n_in; i++) {
+		int first = n_pre;
+		bool ok = true, strided = false;
+		for (fz_value *x = r->in[i]; ok && p->view_of[x->id];
+		     x = p->view_of[x->id]->node->in[0]) {
+			fz_node *n = p->view_of[x->id]->node;
+			ok = n->n_in == 1;
+			strided |= n->op != FZ_OP_RESHAPE && n->op != FZ_OP_SQUEEZE &&
+				   n->op != FZ_OP_UNSQUEEZE;
+			bool seen = false;
+			for (int k = 0; k < n_pre && !seen; k++)
+				seen = nodes[k] == n;
+			if (!seen)
+				nodes[n_pre++] = n;
+		}
+		if (!ok || !strided || (attn && !fold_attn_operand(r, r->in[i])))
+			n_pre = first;
+		/* walked from v to its base: the ops in the order they run */
+		for (int j = first, k = n_pre - 1; j < k; j++, k--) {
+			fz_node *tmp = nodes[j];
+			nodes[j] = nodes[k];
+			nodes[k] = tmp;
+		}
+	}
+	if (n_pre == 0) {
+		free(nodes);
+		return true;
+	}
+	memcpy(nodes + n_pre, r->nodes, sizeof *nodes * (size_t)r->n_nodes);
+	/* the inputs now: what the nodes read that no node makes (what r's
+	 * own nodes read from outside r's inputs, r's nodes make) */
+	int n_in = 0;
+	for (int i = 0; i < n_pre + r->n_nodes; i++)
+		for (int k = 0; k < nodes[i]->n_in; k++) {
+			fz_value *v = nodes[i]->in[k];
+			bool made = i >= n_pre && !fold_in_list(r->in, r->n_in, v);
+			for (int j = 0; j < n_pre && !made; j++)
+				made = nodes[j] == v->def;
+			/* each of r's inputs is itself or its view chain's
+			 * base here: at most r->n_in, what ki has room for */
+			if (!made && !fold_in_list(ins, n_in, v)) {
+				FZ_ASSERT(n_in < r->n_in);
+				ins[n_in++] = v;
+			}
+		}
+	*folded = nodes;
+	out->n_nodes = n_pre + r->n_nodes;
+	out->nodes = nodes;
+	out->n_in = n_in;
+	out->in = ins;
+	fz_attn A;
+	if (attn && !fz_attn_describe(p->trace, out, &A, NULL, 0)) {
+		/* strides the kernels do not take: staged as before */
+		free(nodes);
+		*folded = NULL;
+		*out = *r;
+	}
+	return true;
 }

@@ -400,4 +400,14 @@ void fz_program_dump(const fz_program *p, fz_pass pass, fz_buf *b);
 int fz_program_count(const fz_program *p, fz_region_kind k);
 int fz_program_kernels(const fz_program *p);
 
+/* Kernel region r as its kernel computes it, the strided views it reads
+ * (broadcasts, permutes, slices; on the host attention's operands too)
+ * folded in as the ops that make them from their bases, so that no gather
+ * runs before it: what the runner launches (runtime/kernels.c) and `fusec
+ * emit` prints. *out is r with those ops before its nodes, which *folded
+ * holds (malloc'd; NULL, and *out = *r, when nothing folds); ins, with
+ * room for r->n_in values, becomes out->in. False: out of memory. */
+bool fz_region_fold_views(const fz_program *p, const fz_region *r, bool host,
+			  fz_region *out, fz_node ***folded, fz_value **ins);
+
 #endif

@@ -335,24 +335,6 @@ static bool in_list(fz_value *const *vs, int n, const fz_value *v)
 	return false;
 }
 
-/* Whether the view chain of r's input x may fold into attention region r:
- * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
- * lse, not kv heads read unrepeated), which the host's kernels read at
- * any strides with the head dim contiguous (fz_attn.stride). */
-static bool attn_operand_in(const fz_region *r, const fz_value *x)
-{
-	for (int j = 0; j < r->n_nodes; j++) {
-		const fz_node *n = r->nodes[j];
-		if (fz_ops[n->op].cls != FZ_CLASS_ATTENTION)
-			continue;
-		int nm = n->op == FZ_OP_ATTENTION ? 3 : 6;
-		for (int k = 0; k < nm; k++)
-			if (k != 4 && n->in[k] == x && (k == 1 || k == 2 ?
-							fz_attn_operand(r, n, k) == x : true))
-				return true;
-	}
-	return false;
-}
 
 /* Attention regions r and r2 as one region for the host's one backward
  * pass (fz_attn_describe's FZ_ATTN_BWD in f32 at head dims the kernels
@@ -391,98 +373,11 @@ static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_re
 	return two;
 }
 
-/* Region r as its kernel computes it, with the strided views it reads
- * folded in. A view the runner would otherwise gather into the arena
- * before the launch (a weight broadcast over the rows of a layer_norm, a
- * bias over a batch, a transposed operand) becomes the meta ops that make
- * it from its base, so the kernel reads the base where its data lies and
- * no copy runs: broadcast_in_dim, permute, slice and reshape are index
- * arithmetic to the skeletons. A view made by reshapes alone stays an
- * input (it points into its base at no cost). On the host an attention
- * region's q, k, v, o and do fold too (attn_operand_in), unless the
- * strides that makes are ones its kernels do not take. The choice
- * depends on the trace alone, never on the sizes, so that `fusec
- * compile` at symbolic sizes keys the kernels a run at bound sizes asks
- * for. False: out of memory. */
+/* Region r as its kernel computes it: ir/plan.c's fz_region_fold_views. */
 static bool kinst_fold_views(fz_kinst *ki, const fz_program *p, const fz_region *r,
 			     bool host)
 {
-	ki->src = *r;
-	/* attention: the host's kernels read q, k, v, o and do through
-	 * permutes and reshapes (the [B, T, H, D] projections seen as [B, H,
-	 * T, D]); other targets read them contiguous, where the runner
-	 * staged them */
-	bool attn = r->kind == FZ_REGION_ATTENTION;
-	if (!p->view_of || (attn && !host))
-		return true;
-	int cap = 0;
-	for (int i = 0; i < r->n_in; i++)
-		for (fz_value *x = r->in[i]; p->view_of[x->id]; x = p->view_of[x->id]->node->in[0])
-			cap++;
-	if (cap == 0)
-		return true;
-	fz_node **nodes = malloc(sizeof *nodes * (size_t)(cap + r->n_nodes));
-	if (!nodes)
-		return false;
-	int n_pre = 0;
-	for (int i = 0; i < r->n_in; i++) {
-		int first = n_pre;
-		bool ok = true, strided = false;
-		for (fz_value *x = r->in[i]; ok && p->view_of[x->id];
-		     x = p->view_of[x->id]->node->in[0]) {
-			fz_node *n = p->view_of[x->id]->node;
-			ok = n->n_in == 1;
-			strided |= n->op != FZ_OP_RESHAPE && n->op != FZ_OP_SQUEEZE &&
-				   n->op != FZ_OP_UNSQUEEZE;
-			bool seen = false;
-			for (int k = 0; k < n_pre && !seen; k++)
-				seen = nodes[k] == n;
-			if (!seen)
-				nodes[n_pre++] = n;
-		}
-		if (!ok || !strided || (attn && !attn_operand_in(r, r->in[i])))
-			n_pre = first;
-		/* walked from v to its base: the ops in the order they run */
-		for (int j = first, k = n_pre - 1; j < k; j++, k--) {
-			fz_node *tmp = nodes[j];
-			nodes[j] = nodes[k];
-			nodes[k] = tmp;
-		}
-	}
-	if (n_pre == 0) {
-		free(nodes);
-		return true;
-	}
-	memcpy(nodes + n_pre, r->nodes, sizeof *nodes * (size_t)r->n_nodes);
-	/* the inputs now: what the nodes read that no node makes (what r's
-	 * own nodes read from outside r's inputs, r's nodes make) */
-	int n_in = 0;
-	for (int i = 0; i < n_pre + r->n_nodes; i++)
-		for (int k = 0; k < nodes[i]->n_in; k++) {
-			fz_value *v = nodes[i]->in[k];
-			bool made = i >= n_pre && !in_list(r->in, r->n_in, v);
-			for (int j = 0; j < n_pre && !made; j++)
-				made = nodes[j] == v->def;
-			/* each of r's inputs is itself or its view chain's
-			 * base here: at most r->n_in, what ki has room for */
-			if (!made && !in_list(ki->ins, n_in, v)) {
-				FZ_ASSERT(n_in < r->n_in);
-				ki->ins[n_in++] = v;
-			}
-		}
-	ki->folded = nodes;
-	ki->src.n_nodes = n_pre + r->n_nodes;
-	ki->src.nodes = nodes;
-	ki->src.n_in = n_in;
-	ki->src.in = ki->ins;
-	fz_attn A;
-	if (attn && !fz_attn_describe(p->trace, &ki->src, &A, NULL, 0)) {
-		/* strides the kernels do not take: staged as before */
-		free(nodes);
-		ki->folded = NULL;
-		ki->src = *r;
-	}
-	return true;
+	return fz_region_fold_views(p, r, host, &ki->src, &ki->folded, ki->ins);
 }
 
 /* The instance's key: a whole region's (its views folded in, the same at

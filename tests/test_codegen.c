@@ -1323,6 +1323,50 @@ static fz_status max_vec(const fz_region *r, int op, fz_kernel *k, void *ud, cha
 	return FZ_OK;
 }
 
+/* The inputs' ranks of every kernel fz_compile_trace builds. */
+typedef struct in_ranks {
+	int n, rank[8];
+} in_ranks;
+
+static fz_status note_in_ranks(const fz_region *r, int op, fz_kernel *k, void *ud,
+			       char **err)
+{
+	(void)op;
+	(void)k;
+	(void)err;
+	in_ranks *a = ud;
+	for (int i = 0; i < r->n_in && a->n < 8; i++)
+		a->rank[a->n++] = r->in[i]->type.rank;
+	return FZ_OK;
+}
+
+/* fz_compile_trace (`fusec emit`) builds a region as the runner launches
+ * it, with the strided views it reads folded in: a bias broadcast over the
+ * rows is read from its own [64] elements, not from the [B, 64] view that
+ * the runner never makes (emit's code read it as a whole matrix, past the
+ * bias's end). On every target. */
+START_TEST(compile_trace_folds_views)
+{
+	const char *targets[] = {"host", "sm_90", "emu"};
+	for (int i = 0; i < 3; i++) {
+		fz_module *m = parse("trace f(x: f32[B, 64], b: f32[64]) {\n"
+				     "  y = tanh(add(x, b))\n  return y\n}\n");
+		fz_cg_options o;
+		ck_assert_int_eq(fz_cg_options_parse(targets[i], &o, NULL), FZ_OK);
+		fz_compiler *c;
+		ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+		in_ranks a = {0};
+		ck_assert_int_eq(fz_compile_trace(c, fz_module_trace(m, 0), NULL, -1,
+						  note_in_ranks, &a, NULL), FZ_OK);
+		ck_assert_int_eq(a.n, 2);
+		ck_assert_msg((a.rank[0] == 1) != (a.rank[1] == 1),
+			      "%s: input ranks %d and %d", targets[i], a.rank[0], a.rank[1]);
+		fz_compiler_free(c);
+		fz_module_free(m);
+	}
+}
+END_TEST
+
 /* Lanes per thread of a pointwise kernel over [B, 64] elements. */
 static int lanes_of(const char *dtype, const char *target)
 {
@@ -1626,6 +1670,7 @@ static Suite *codegen_suite(void)
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
 	tcase_add_test(px, lanes_by_target);
+	tcase_add_test(px, compile_trace_folds_views);
 	tcase_add_test(px, ptx_targets_and_errors);
 	tcase_add_test(px, ptx_pow_square);
 	tcase_add_test(px, ptx_row_in_registers);
