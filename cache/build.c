@@ -122,6 +122,13 @@ static void meta_text(const fz_kernel *k, fz_buf *b)
 	fz_buf_puts(b, "\n");
 	if (k->smem) /* a line only where a launch needs it */
 		fz_buf_printf(b, "smem %d\n", k->smem);
+	if (k->n_scratch) { /* the same */
+		fz_buf_printf(b, "scratch %d", k->n_scratch);
+		for (int i = 0; i < k->n_scratch && i < 2; i++)
+			fz_buf_printf(b, " %lld:%llx", (long long)k->scratch[i].c,
+				      (unsigned long long)k->scratch[i].syms);
+		fz_buf_puts(b, "\n");
+	}
 	for (int e = 0; e < k->n_entries && e < 2; e++) {
 		fz_buf_printf(b, "work %d %d", e, k->n_work[e]);
 		for (int w = 0; w < k->n_work[e] && w < 8; w++)
@@ -163,6 +170,19 @@ fz_status fz_cache_meta_read(const fz_entry *e, fz_kernel *k)
 		} else if (sscanf(p, "smem %d", &k->smem) == 1) {
 			if (k->smem < 0 || k->smem > FZ_TILE_DYN_MAX)
 				return FZ_EINVAL;
+		} else if (sscanf(p, "scratch %d%n", &k->n_scratch, &n) == 1) {
+			p += n;
+			if (k->n_scratch < 0 || k->n_scratch > 2)
+				return FZ_EINVAL;
+			for (int i = 0; i < k->n_scratch; i++) {
+				long long c;
+				unsigned long long sy;
+				if (sscanf(p, " %lld:%llx%n", &c, &sy, &n) != 2 || c < 0)
+					return FZ_EINVAL;
+				k->scratch[i].c = c;
+				k->scratch[i].syms = sy;
+				p += n;
+			}
 		} else if (sscanf(p, "in %d", &k->n_in) == 1) {
 			ok |= 4;
 		} else if (sscanf(p, "out %d", &k->n_out) == 1) {

@@ -72,6 +72,9 @@ typedef struct cg {
 	bool serial;          /* host: part 0 does all (cg_host_chunk) */
 	const fz_node *by_rows; /* host: index_add split by rows of its
 	                        * result (pointwise.c, "the scatter by rows") */
+	LLVMValueRef scratch; /* host: the kernel's scratch block (bufs[n_in +
+	                       * n_out], where k->n_scratch; pointwise.c's "the
+	                       * scatter as a gather") */
 	bool stream;          /* host: cg_store's vector stores bypass the cache */
 	bool streamed;        /* host: one did (cg_function_end fences them) */
 	int *slot;            /* by value id: index in buf, or -1 */

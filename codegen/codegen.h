@@ -136,10 +136,14 @@
                               * AVX512-BF16, f32 tanh a rational function,
                               * iota lanes as one vector, f32 exp's degree-6
                               * polynomial and rounding by 1.5 2^23
-                              * (s9-rows); 23: both merged; 25: a sum
+                              * (s9-rows); 23: both merged; 24: host
+                              * index_add along dim 0 into rows of 64 or
+                              * more as a gather by rows of its result
+                              * through the index's inverse, elementwise followers fused,
+                              * with a scratch block (s10-emb); 25: a sum
                               * over a one-hot select picked at the row,
                               * row invariants once per row, the tail's
-                              * exp(y - c) from the stashed exp(y)) */
+                              * exp(y - c) from the stashed exp(y) (s10-ce)) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -188,15 +192,16 @@ typedef enum fz_skeleton {
 #define FZ_TILE_BLOCK 128
 typedef enum fz_rowpar { FZ_PAR_THREAD, FZ_PAR_WARP, FZ_PAR_BLOCK } fz_rowpar;
 
-/* The host entry point of a kernel: region inputs then outputs in bufs,
+/* The host entry point of a kernel: region inputs then outputs in bufs
+ * (then its scratch block, where it has one: fz_kernel.scratch),
  * every trace symbol's size in syms, a word that receives 1 + the node
  * id of an op that met a bad index (0 when none), and which part of the
  * kernel's grid to run: part p of n runs the p-th of n contiguous chunks
  * of the grid-stride loops' iterations (elements, or rows), so the parts
  * 0 .. n-1 of one launch, on any threads in any order, together do what
  * the call (0, 1) does. A kernel whose loops cannot be split (index_add's
- * scatter, but along dim 0 of f32 or f64 lanes, split by the rows of its
- * result: pointwise.c) does everything in part 0 and nothing in the
+ * scatter, but along dim 0 of f32 or f64 lanes or into wide rows, split
+ * by the rows of its result: pointwise.c) does everything in part 0 and nothing in the
  * others. */
 typedef void (*fz_host_fn)(void **bufs, const int64_t *syms, int32_t *err,
                            int64_t part, int64_t nparts);
@@ -219,6 +224,12 @@ typedef struct fz_kernel {
 	int row_passes;        /* rows: loops over each row's elements before
 	                        * its tail (reduction.c; set when built, 0 in
 	                        * a kernel the cache loaded) */
+	int n_scratch;         /* host: the kernel's scratch memory, in bytes */
+	fz_ext scratch[2];     /* the sum of these terms at the bound sizes (0
+	                        * terms: none), which a launch hands it after
+	                        * its outputs, in bufs[n_in + n_out], 64-byte
+	                        * aligned (pointwise.c's "the scatter as a
+	                        * gather": an index's inverse) */
 	int smem;              /* bytes of dynamic shared memory a launch of an
 	                        * entry gives it (0: none; over
 	                        * FZ_TILE_STATIC_MAX, the function's limit is

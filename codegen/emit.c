@@ -707,10 +707,8 @@ static V stored(cg *g, V x, fz_dtype d)
  * stores that write a value nobody in the kernel reads back: pointwise
  * outputs, a row's tail; not the stash or the keep, which the tail
  * reads, nor a serial scatter's copy, which part 0's adds read back; a
- * scatter by rows streams its copy: its adds read back only the rows
- * that idx names, an embedding's backward a fourth of its table, and the
- * copy is most of what it writes: 131 MB of zeros, 15.8 -> 6.6 ms at one
- * thread, pointwise.c's "the scatter by rows"). Only whole
+ * scatter along dim 0 streams every row of its result, each written once:
+ * pointwise.c's "the scatter as a gather"). Only whole
  * aligned lane groups of 16 bytes or more stream (LLVM makes them movntps
  * or movntdq; an unaligned or scalar store would not be one). Streaming
  * stores are weakly ordered: the function ends in an sfence, so that
@@ -1730,6 +1728,9 @@ void cg_function_begin(cg *g, const char *name)
 		}
 		for (int i = 0; i < nb; i++)
 			g->buf[i] = load(g, t_ptr(g, 0), gep(g, t_ptr(g, 0), bufs, c_i64(g, i)), 8);
+		if (g->k->n_scratch > 0)
+			g->scratch = load(g, t_ptr(g, 0), gep(g, t_ptr(g, 0), bufs,
+							      c_i64(g, nb)), 8);
 		for (int i = 0; i < g->k->n_syms; i++) {
 			int s = g->k->syms[i];
 			V x = load(g, t_i64(g), gep(g, t_i64(g), syms, c_i64(g, s)), 8);

@@ -35,12 +35,16 @@
  * around the byte); f16 and bf16 round at every add, as PyTorch's atomics on
  * the GPU and the host's loop here do); on the host both loops run in order
  * in one function, all of it in part 0 of a launch (the adds must follow
- * the copy and may not race), but for a scatter along dim 0 of f32 or f64
- * rows, which the parts split by the rows of the result (see "the scatter
- * by rows").
+ * the copy and may not race), but for a scatter along dim 0: into rows of
+ * 64 elements or more the host turns it into a gather by the rows of the
+ * result, each row written once, elementwise followers included (see "the
+ * scatter as a gather"); narrower rows of f32 or f64 lanes the parts split
+ * by the rows of the result (see "the scatter by rows").
  */
 #include <stdlib.h>
 #include <string.h>
+
+#include <llvm-c/Target.h>
 
 #include "cg.h"
 #include "llvm.h"
@@ -148,8 +152,9 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	cg_loop_end(g, &L0);
 }
 
-/* Every output (but skip) in shape groups; index_add's result stores x. */
-static void all_groups(cg *g, const fz_node *ia)
+/* Every output in shape groups but those of shape `skip` (NULL: none);
+ * index_add's result (of ia, where given) stores x. */
+static void all_groups(cg *g, const fz_node *ia, const fz_type *skip)
 {
 	const fz_region *r = g->r;
 	bool *done = calloc((size_t)r->n_out + 1, 1);
@@ -160,7 +165,7 @@ static void all_groups(cg *g, const fz_node *ia)
 		goto out;
 	}
 	for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
-		if (done[i])
+		if (done[i] || (skip && fz_same_shape(&r->out[i]->type, skip)))
 			continue;
 		int n = 0;
 		for (int j = i; j < r->n_out; j++) {
@@ -183,7 +188,7 @@ void cg_pointwise(cg *g)
 {
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
-		all_groups(g, NULL);
+		all_groups(g, NULL, NULL);
 	cg_function_end(g);
 }
 
@@ -291,11 +296,10 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 }
 
 /* ---- the scatter by rows (host) ---------------------------------------------------
- * An embedding's backward is index_add(zeros, idx, dy, dim=0): 8192 rows
- * of 1024 f32 added into a table of 32000 rows, which part 0 of a launch
- * did alone (the copy too: 131 MB of zeros), the other threads idle. The
- * host splits a scatter along dim 0 of f32 or f64 lanes by the rows of the
- * result y instead: part p copies its chunk of y's rows [r0, r1) from x
+ * A scatter along dim 0 of f32 or f64 lanes into rows narrower than a
+ * gather takes (fz_index_add_gathers: under 64 elements), which part 0 of
+ * a launch did alone, the copy too, the other threads idle. The host
+ * splits it by the rows of the result y instead: part p copies its chunk of y's rows [r0, r1) from x
  * (cg_host_chunk over the rows, the copy's group_loop the same), then
  * walks every row n of src in order, reads idx[n] and adds row n into y
  * when the index falls in [r0, r1). So each element of y gets its adds
@@ -380,6 +384,234 @@ static void scatter_rows(cg *g, const fz_node *ia)
 	cg_loop_end(g, &Ln);
 }
 
+/* ---- the scatter as a gather (host) ----------------------------------------------
+ * An embedding's backward is index_add(zeros f32, idx, dy, dim=0) and a
+ * cast to bf16: 8192 rows of 1024 added into a table of 32000 rows. As a
+ * scatter it wrote the f32 table (131 MB of zeros), added into it, and a
+ * second kernel read it all again to write 65 MB of bf16: 54% of a copy's
+ * bandwidth for what reads 17 MB and writes 65. The host turns index_add
+ * along dim 0 around instead (into rows of 64 elements or more,
+ * fz_index_add_gathers: each row costs a few words of the inverse and a
+ * turn of the loops; a million rows of one f32 took 7 times the serial
+ * scatter's time): each row of the result y is
+ * written once, from x's row and the rows of src that idx sends there,
+ * summed in registers; elementwise work at y's shape in the same region
+ * (the cast: ir/partition.c's scatter_follower) takes the sums where they
+ * are, and only the region's outputs are written.
+ *
+ * Which rows of src go to row r is idx's inverse: a stable counting sort
+ * by destination, in the kernel's scratch block (fz_kernel.scratch:
+ * E + N index words, for E rows of y and N of src; runtime/exec.c gives
+ * it). The parts of a launch split y's rows and need no barrier: a part
+ * with rows [r0, r1) sorts only those, in its own words of the block:
+ *
+ *   count   cnt[r] = 0 for r in [r0, r1); for n in 0 .. N-1: k = idx[n],
+ *           flagged where bad (every part flags; nothing adds it),
+ *           below += k < r0, cnt[k]++ where r0 <= k < r1
+ *   offsets cnt[r] = below + the counts of rows r0 .. r-1
+ *   place   for n in 0 .. N-1 in order: pos[cnt[k]++] = n where
+ *           r0 <= k < r1 (pos: the N words after the E counts; the part's
+ *           sources land at pos[below ..], where a sort of all rows would
+ *           put them, so no two parts write one word)
+ *   rows    for r in [r0, r1), for each U lane groups of the row: acc = x
+ *           there; acc += src's row pos[j] there for j from the end of
+ *           row r - 1 (below for r0) to cnt[r], in order; y is acc there,
+ *           and each output at y's shape is stored there
+ *
+ * So each element adds its sources to x in index order, as the serial
+ * scatter does (f16 and bf16 round at each add, integers wrap), bit for
+ * bit; a row no index names is x's (the cast of zero, streamed). A part
+ * reads the whole of idx twice (16 bytes a row of src); each row of src
+ * is read once, U lane groups at a time (4 of 16 lanes: two cache lines
+ * of a bf16 row, which a row of many sources, a padding token's, walks
+ * line by line). Outputs of other shapes (values made before the
+ * index_add that other regions read) are written by group loops first, as
+ * the pointwise skeleton writes them. cpu_bench.py's case (32000 x 1024
+ * from 8192 rows of bf16) at one thread, CPU time (kernel_ab.py, indices
+ * in [0, 97)): 19.8 ms for the two kernels before, 3.8 ms now. */
+static unsigned word_bytes(cg *g) { return LLVMGetIntTypeWidth(g->ity) / 8; }
+
+static V word_load(cg *g, V base, V i)
+{
+	return load(g, g->ity, gep(g, g->ity, base, i), word_bytes(g));
+}
+
+static void word_store(cg *g, V base, V i, V x)
+{
+	store(g, x, gep(g, g->ity, base, i), word_bytes(g));
+}
+
+/* A loop over the rows n of src (its iv), reading k = idx[n] as i64. */
+static V idx_loop_begin(cg *g, const fz_node *ia, cg_loop *L)
+{
+	cg_loop_begin(g, L, c_int(g->ity, 0), cg_ext(g, ia->in[2]->type.dims[0]),
+		      c_int(g->ity, 1));
+	cg_ix K[1][FZ_MAX_RANK];
+	K[0][0] = cg_ix_of(L->iv, 1);
+	V k;
+	cg_value(g, ia->in[1], 1, K, &k);
+	return k;
+}
+
+/* count, offsets, place: the part's rows [r0, r1) of idx's inverse;
+ * returns the slot holding `below`, where the part's sources start. */
+static V inverse(cg *g, const fz_node *ia, V r0, V r1)
+{
+	T i64 = t_i64(g);
+	V E64 = zext_or_trunc(g, cg_ext(g, ia->out[0]->type.dims[0]), i64);
+	V lo = zext_or_trunc(g, r0, i64), hi = zext_or_trunc(g, r1, i64);
+	V zero = c_int(g->ity, 0), one = c_int(g->ity, 1), cnt = g->scratch;
+	V pos = gep(g, g->ity, cnt, cg_ext(g, ia->out[0]->type.dims[0]));
+	unsigned ws = word_bytes(g);
+	cg_loop Lz, Lc, Lo, Lp;
+	cg_loop_begin(g, &Lz, r0, r1, one);
+	word_store(g, cnt, Lz.iv, zero);
+	cg_loop_end(g, &Lz);
+	V below = cg_entry_alloca(g, g->ity), run = cg_entry_alloca(g, g->ity);
+	store(g, zero, below, ws);
+
+	V k = idx_loop_begin(g, ia, &Lc);
+	cg_flag_error(g, ia, icmp(g, LLVMIntUGE, k, E64));
+	store(g, add(g, load(g, g->ity, below, ws),
+		     zext_or_trunc(g, icmp(g, LLVMIntULT, k, lo), g->ity)), below, ws);
+	LLVMBasicBlockRef mine = block(g, "count.mine"), next = block(g, "count.next");
+	cond_br(g, and_(g, icmp(g, LLVMIntUGE, k, lo), icmp(g, LLVMIntULT, k, hi)), mine, next);
+	at_end(g, mine);
+	V kk = zext_or_trunc(g, k, g->ity);
+	word_store(g, cnt, kk, add(g, word_load(g, cnt, kk), one));
+	br(g, next);
+	at_end(g, next);
+	cg_loop_end(g, &Lc);
+
+	store(g, load(g, g->ity, below, ws), run, ws);
+	cg_loop_begin(g, &Lo, r0, r1, one);
+	V c = word_load(g, cnt, Lo.iv), at = load(g, g->ity, run, ws);
+	word_store(g, cnt, Lo.iv, at);
+	store(g, add(g, at, c), run, ws);
+	cg_loop_end(g, &Lo);
+
+	k = idx_loop_begin(g, ia, &Lp);
+	mine = block(g, "place.mine");
+	next = block(g, "place.next");
+	cond_br(g, and_(g, icmp(g, LLVMIntUGE, k, lo), icmp(g, LLVMIntULT, k, hi)), mine, next);
+	at_end(g, mine);
+	kk = zext_or_trunc(g, k, g->ity);
+	at = word_load(g, cnt, kk);
+	word_store(g, pos, at, Lp.iv);
+	word_store(g, cnt, kk, add(g, at, one));
+	br(g, next);
+	at_end(g, next);
+	cg_loop_end(g, &Lp);
+	return below;
+}
+
+static void gather_rows(cg *g, const fz_node *ia)
+{
+	const fz_region *r = g->r;
+	const fz_value *x = ia->in[0], *src = ia->in[2], *y = ia->out[0];
+	fz_dtype d = y->type.dtype;
+	fz_type rest = y->type; /* a row of y */
+	rest.rank--;
+	memmove(rest.dims, rest.dims + 1, sizeof rest.dims[0] * (size_t)rest.rank);
+	fz_ext rn, numel;
+	if (!fz_type_numel(&rest, &rn) || !fz_type_numel(&y->type, &numel)) {
+		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
+		return;
+	}
+	int L = rest.rank ? cg_lanes_fit(g, cg_lanes_for(g), rest.dims[rest.rank - 1]) : 1;
+	int U = 4;
+	while (U > 1 && (rn.c / L) % U)
+		U /= 2;
+	if (L > g->k->vec)
+		g->k->vec = L;
+	fz_ext per = rn, work = numel;
+	per.c /= L * U;
+	work.c /= L;
+	add_work(g, 0, work);
+	/* the inverse's words: E counts, then N positions */
+	g->k->n_scratch = 2;
+	g->k->scratch[0] = y->type.dims[0];
+	g->k->scratch[1] = src->type.dims[0];
+	for (int i = 0; i < 2; i++)
+		g->k->scratch[i].c *= (int64_t)word_bytes(g);
+	cg_function_begin(g, g->k->names[0]);
+	if (g->st != FZ_OK)
+		return;
+	all_groups(g, NULL, &y->type);
+	if (g->st != FZ_OK)
+		return;
+
+	V zero = c_int(g->ity, 0), one = c_int(g->ity, 1), r0, r1;
+	unsigned ws = word_bytes(g);
+	cg_host_chunk(g, cg_ext(g, y->type.dims[0]), &r0, &r1);
+	V below = inverse(g, ia, r0, r1);
+	V pos = gep(g, g->ity, g->scratch, cg_ext(g, y->type.dims[0]));
+	T ct = cg_ctype(g, d);
+	unsigned ca = LLVMABIAlignmentOfType(LLVMGetModuleDataLayout(g->mod), ct);
+	V acc[4][FZ_VW_MAX];
+	for (int u = 0; u < U; u++)
+		for (int l = 0; l < L; l++)
+			acc[u][l] = cg_entry_alloca(g, ct);
+	V start = cg_entry_alloca(g, g->ity);
+	store(g, load(g, g->ity, below, ws), start, ws);
+
+	cg_loop Lr, Lc, Lj;
+	cg_loop_begin(g, &Lr, r0, r1, one);
+	V s = load(g, g->ity, start, ws), e = word_load(g, g->scratch, Lr.iv);
+	store(g, e, start, ws);
+	cg_loop_begin(g, &Lc, zero, cg_ext(g, per), one);
+	cg_ix ix[4][FZ_VW_MAX][FZ_MAX_RANK];
+	for (int u = 0; u < U; u++) {
+		ix[u][0][0] = cg_ix_of(Lr.iv, 1);
+		if (rest.rank)
+			cg_delinearize(g, &rest, mul(g, add(g, mul(g, Lc.iv, c_int(g->ity, U)),
+							    c_int(g->ity, u)),
+						     c_int(g->ity, L)), L, &ix[u][0][1]);
+		for (int l = 1; l < L; l++) {
+			memcpy(ix[u][l], ix[u][0], sizeof ix[u][0]);
+			ix[u][l][rest.rank].o += l;
+		}
+		V v[FZ_VW_MAX];
+		cg_value(g, x, L, ix[u], v);
+		for (int l = 0; l < L; l++)
+			store(g, v[l], acc[u][l], ca);
+	}
+	cg_loop_begin(g, &Lj, s, e, one);
+	V n = word_load(g, pos, Lj.iv);
+	for (int u = 0; u < U; u++) {
+		cg_ix J[FZ_VW_MAX][FZ_MAX_RANK];
+		memcpy(J, ix[u], sizeof J);
+		for (int l = 0; l < L; l++)
+			J[l][0] = cg_ix_of(n, 1);
+		V v[FZ_VW_MAX];
+		cg_value(g, src, L, J, v);
+		for (int l = 0; l < L; l++) {
+			V a = load(g, ct, acc[u][l], ca);
+			V sum = fz_dtype_is_float(d) ? fadd_exact(g, a, v[l]) : add(g, a, v[l]);
+			store(g, cg_from_storage(g, cg_to_storage(g, sum, d), d), acc[u][l], ca);
+		}
+	}
+	cg_loop_end(g, &Lj);
+	g->stream = cg_stream_fits(g); /* each row written once, never read */
+	for (int u = 0; u < U && g->st == FZ_OK; u++) {
+		V a[FZ_VW_MAX];
+		for (int l = 0; l < L; l++)
+			a[l] = load(g, ct, acc[u][l], ca);
+		cg_value_given(g, y, L, ix[u], a);
+		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
+			if (!fz_same_shape(&r->out[i]->type, &y->type))
+				continue;
+			V v[FZ_VW_MAX];
+			cg_value(g, r->out[i], L, ix[u], v);
+			cg_store(g, r->out[i], L, ix[u], v);
+		}
+	}
+	g->stream = false;
+	cg_loop_end(g, &Lc);
+	cg_loop_end(g, &Lr);
+	cg_function_end(g);
+}
+
 static void scatter_loop(cg *g, const fz_node *ia)
 {
 	const fz_value *src = ia->in[2], *y = ia->out[0];
@@ -437,11 +669,16 @@ static void scatter_loop(cg *g, const fz_node *ia)
 
 void cg_scatter(cg *g, const fz_node *ia)
 {
+	if (g->o.target == FZ_CG_HOST && fz_index_add_gathers(ia)) {
+		gather_rows(g, ia);
+		return;
+	}
 	for (int j = 0; j < g->r->n_nodes; j++)
 		for (int a = 0; a < g->r->nodes[j]->n_in; a++)
 			if (g->r->nodes[j]->in[a] == ia->out[0]) {
-				cg_fail(g, FZ_EUNSUPPORTED, ia, "the result of "
-					"index_add is read inside its own region");
+				cg_fail(g, FZ_EUNSUPPORTED, ia, "the result of index_add is "
+					"read inside its own region (only the host's "
+					"gather by rows takes that)");
 				return;
 			}
 	if (g->slot[ia->out[0]->id] < g->r->n_in) {
@@ -455,7 +692,7 @@ void cg_scatter(cg *g, const fz_node *ia)
 	g->serial = g->o.target == FZ_CG_HOST && !g->by_rows;
 	cg_function_begin(g, g->k->names[0]);
 	if (g->st == FZ_OK)
-		all_groups(g, ia);
+		all_groups(g, ia, NULL);
 	if (cg_gpu(g)) {
 		cg_function_end(g);
 		cg_memo_pop(g, 0);

@@ -9,8 +9,9 @@
  * for an adjacent attention_dq and attention_dkv, runtime/kernels.c's
  * attn_pair, shows as its two regions). A region the skeletons cannot take whole
  * (FZ_EUNSUPPORTED: two reductions over different dims, say) becomes one
- * module per op, as the CPU runner executes it (runtime/cpu.c), so that
- * every kernel a run would launch is also what emit shows.
+ * module per op, or two where a GPU's scatter has elementwise followers
+ * (fz_scatter_split), as the runner executes it (runtime/kernels.c), so
+ * that every kernel a run would launch is also what emit shows.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,18 @@ fz_status fz_compile_trace(fz_compiler *c, const fz_trace *t,
 		}
 		free(msg);
 		st = FZ_OK;
-		for (int j = 0; st == FZ_OK && j < r->n_nodes; j++) {
+		/* the scatter, then its followers, as runtime/kernels.c runs them */
+		bool oom = false;
+		fz_region *two = fz_scatter_split(r, &oom);
+		if (oom) {
+			fz_set_err(err, fz_strdup("out of memory"));
+			st = FZ_ENOMEM;
+		}
+		for (int h = 0; two && st == FZ_OK && h < 2; h++)
+			st = one(c, t, &two[h], h ? r->n_nodes - 1 : 0, fn, ud, err);
+		bool split = two || oom;
+		free(two);
+		for (int j = 0; !split && st == FZ_OK && j < r->n_nodes; j++) {
 			fz_node *n = r->nodes[j];
 			fz_value *ins[FZ_MAX_ARGS];
 			int ni = 0;

@@ -17,7 +17,9 @@
  *     one). Smaller values feeding broadcasts, and larger ones read through
  *     a slice, stay inside as index arithmetic and are never written;
  *   - take and index_add make an indexing group; index_add scatters, so
- *     nothing may consume its result in the same kernel; take_along joins a
+ *     nothing may consume its result in the same kernel but elementwise
+ *     work at its shape where the host writes it by rows, each row once
+ *     (along dim 0: see scatter_follower); take_along joins a
  *     normalization only as a row gather (one element of the row, along the
  *     reduced dim), which is what cross_entropy needs;
  *   - the cycle test walks forward from the producer group's consumers,
@@ -308,6 +310,124 @@ static bool used_outside(part *s, int v, int ra, int rb)
 
 static bool can_merge_within(part *s, int ra, int rb);
 
+/* May rb, a consumer of ra's index_add, join ra? Where index_add runs
+ * along dim 0 into rows of 64 elements or more (fz_index_add_gathers), the
+ * host writes its result by rows, each row once, from x's row and the rows
+ * of src the index's inverse names (codegen/pointwise.c, "the scatter as
+ * a gather"), and then elementwise work at the result's
+ * shape can take each row's sums where they are, in registers: an
+ * embedding's backward, index_add(zeros f32, idx, dy) and its cast to
+ * bf16, then writes only the bf16 gradient, never the f32 table (131 MB
+ * written and read again for a 32000 x 1024 table). So rb may join when
+ * every node of it is elementwise, or a constant, at the result's shape.
+ * (The GPU's scatter adds with atomics into its result and cannot; its
+ * code generator turns such a region away, and the runtime runs it one
+ * op a kernel.) */
+static bool scatter_follower(part *s, int ra, int rb)
+{
+	const fz_trace *t = s->t;
+	if (s->g[rb].flags || s->g[rb].red >= 0)
+		return false;
+	const fz_node *ia = NULL;
+	for (int n = ra; n >= 0 && !ia; n = s->g[n].next) {
+		if (++s->spent > WALK_BUDGET)
+			return false;
+		if (s->nodes[n].op == FZ_OP_INDEX_ADD)
+			ia = t->nodes[n];
+	}
+	if (!ia || !fz_index_add_gathers(ia))
+		return false;
+	for (int n = rb; n >= 0; n = s->g[n].next) {
+		const fz_node *nd = t->nodes[n];
+		if (++s->spent > WALK_BUDGET ||
+		    !(fz_op_is_elementwise(nd->op) ||
+		      fz_ops[nd->op].cls == FZ_CLASS_CREATION) ||
+		    !fz_same_shape(&nd->out[0]->type, &ia->out[0]->type))
+			return false;
+	}
+	return true;
+}
+
+/* The region's two parts for targets that do not gather (see plan.h):
+ * which nodes depend on the index_add's result, then each part's nodes,
+ * inputs (read, not made there) and outputs (read by the other part, or
+ * the region's). */
+static bool in_list(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
+static bool made_in(const fz_region *R, const fz_value *v)
+{
+	for (int i = 0; i < R->n_nodes; i++)
+		if (v->def == R->nodes[i])
+			return true;
+	return false;
+}
+
+fz_region *fz_scatter_split(const fz_region *r, bool *oom)
+{
+	const fz_value *y = NULL;
+	int n = r->n_nodes, cap = n;
+	for (int j = 0; j < n; j++) {
+		const fz_node *a = r->nodes[j];
+		cap += a->n_in + a->n_out;
+		for (int i = 0; i < n && !y && a->op == FZ_OP_INDEX_ADD; i++)
+			for (int k = 0; k < r->nodes[i]->n_in; k++)
+				if (r->nodes[i]->in[k] == a->out[0])
+					y = a->out[0];
+	}
+	if (!y)
+		return NULL;
+	fz_region *two = calloc(1, 2 * sizeof *two + sizeof(void *) * 2 * (size_t)cap + (size_t)n);
+	if (!two) {
+		*oom = true;
+		return NULL;
+	}
+	fz_node **nodes = (fz_node **)(two + 2);
+	bool *dep = (bool *)(nodes + 2 * cap); /* per node: reads y, at a remove */
+	for (int j = 0; j < n; j++) {
+		const fz_node *a = r->nodes[j];
+		for (int k = 0; k < a->n_in && !dep[j]; k++) {
+			dep[j] = a->in[k] == y;
+			for (int i = 0; i < j && !dep[j]; i++)
+				dep[j] = dep[i] && a->in[k]->def == r->nodes[i];
+		}
+	}
+	for (int h = 0; h < 2; h++) {
+		fz_region *R = &two[h];
+		*R = *r;
+		R->kind = h ? FZ_REGION_POINTWISE : r->kind;
+		R->nodes = nodes + h * cap;
+		R->n_nodes = R->n_in = R->n_out = 0;
+		for (int j = 0; j < n; j++)
+			if (dep[j] == h)
+				R->nodes[R->n_nodes++] = r->nodes[j];
+		R->in = (fz_value **)R->nodes + R->n_nodes;
+		for (int j = 0; j < R->n_nodes; j++)
+			for (int k = 0; k < R->nodes[j]->n_in; k++) {
+				fz_value *v = R->nodes[j]->in[k];
+				if (!made_in(R, v) && !in_list(R->in, R->n_in, v))
+					R->in[R->n_in++] = v;
+			}
+		/* what the other part reads, and the region's outputs */
+		R->out = R->in + R->n_in;
+		for (int j = 0; j < n; j++)
+			for (int k = 0; dep[j] != h && k < r->nodes[j]->n_in; k++) {
+				fz_value *v = r->nodes[j]->in[k];
+				if (made_in(R, v) && !in_list(R->out, R->n_out, v))
+					R->out[R->n_out++] = v;
+			}
+		for (int i = 0; i < r->n_out; i++)
+			if (made_in(R, r->out[i]) && !in_list(R->out, R->n_out, r->out[i]))
+				R->out[R->n_out++] = r->out[i];
+	}
+	return two;
+}
+
 /* May groups ra (a producer) and rb (its consumer) become one? Every step
  * it takes counts against the attempt's budget (WALK_BUDGET): past it, the
  * answer is no. */
@@ -325,7 +445,9 @@ static bool can_merge_within(part *s, int ra, int rb)
 	int fa = s->g[ra].flags, fb = s->g[rb].flags;
 	if ((fa | fb) & G_FIXED)
 		return false;
-	if (fa & G_INDEX_ADD) /* a scatter's result is read by a later kernel */
+	/* a scatter's result is read by a later kernel, but by an
+	 * elementwise follower (see scatter_follower) */
+	if ((fa & G_INDEX_ADD) && !scatter_follower(s, ra, rb))
 		return false;
 	/* a group of only meta ops and constants read by other groups too is
 	 * left alone until they all join: merging it into one of them would

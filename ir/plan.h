@@ -65,6 +65,25 @@ static inline bool fz_same_shape(const fz_type *a, const fz_type *b)
 	return true;
 }
 
+/* Whether the host writes index_add ia's result by rows, each row once,
+ * from the rows of its source gathered through the index's inverse
+ * (codegen/pointwise.c, "the scatter as a gather"), so that elementwise
+ * work in its region may read the result (partition.c): along dim 0, into
+ * rows of 64 elements or more (or of a symbolic count). Narrower rows are
+ * scattered: each row costs the gather a few words of the inverse and a
+ * turn of its loops (at 16 f32 a row it took 1.2 to 1.4 times the scatter
+ * by rows' time, at 64 about as long, at 256 less). */
+static inline bool fz_index_add_gathers(const fz_node *ia)
+{
+	const fz_type *y = &ia->out[0]->type;
+	if (ia->attrs.dim != 0 || y->rank < 2)
+		return false;
+	int64_t c = 1;
+	for (int d = 1; d < y->rank && c < 64; d++)
+		c = fz_ext_is_const(y->dims[d]) ? c * y->dims[d].c : 64;
+	return c >= 64;
+}
+
 typedef struct fz_region {
 	int id;
 	fz_region_kind kind;
@@ -110,8 +129,9 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * loads a program an older one made. Bump it with any change to what the
  * passes produce. (2: dead ops in no region, attention regions, an output
  * placed only over an input it is computed from. 3: attention ops read
- * repeated kv heads unrepeated.) */
-#define FZ_PLAN_VERSION 4
+ * repeated kv heads unrepeated. 5: elementwise followers of an index_add
+ * along dim 0 in its region.) */
+#define FZ_PLAN_VERSION 5
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
@@ -306,6 +326,15 @@ fz_status fz_comm_prefetch(fz_program *p);
 fz_status fz_comm_scatter(fz_program *p);
 fz_status fz_comm_bucket(fz_program *p);
 fz_status fz_memplan(fz_program *p);
+
+/* A region whose elementwise work reads its index_add's result (an
+ * embedding's backward and its cast: partition.c's scatter_follower),
+ * which only the host's skeleton takes whole (it gathers by rows), as two
+ * regions for the other targets, the form they had before the two were
+ * one: the nodes that do not depend on the result (the scatter and what it
+ * reads), then those that do: two regions in one malloc, freed at once. NULL
+ * where r has no such index_add, or out of memory (*oom). */
+fz_region *fz_scatter_split(const fz_region *r, bool *oom);
 
 /* The trace with its nodes in the order the program runs them (regions in
  * scheduled order, each region's nodes in order): a trace that parses back

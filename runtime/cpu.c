@@ -303,10 +303,11 @@ static void launch_part(void *arg, int part, int nparts)
 /* Parts for a launch of k: a row kernel's rows (one may be a part), a
  * pointwise kernel's elements (16 Ki a part at least, so that a small
  * launch stays on the calling thread); index_add's as a pointwise one's
- * (its work: the copy's lane groups and src's elements): a scatter along
- * dim 0 of f32 or f64 splits by the rows of its result, any other runs in
- * part 0 alone and its other parts return at once (codegen/pointwise.c,
- * "the scatter by rows"). */
+ * (its work: its result's lane groups, or src's elements): along dim 0
+ * into wide rows it is a gather split by the rows of its result
+ * (codegen/pointwise.c, "the scatter as a gather"), into narrower rows of
+ * f32 or f64 lanes a scatter split so ("the scatter by rows"); any other
+ * runs in part 0 alone and its other parts return at once. */
 static int launch_parts(const cpu_device *c, const fz_kernel *k, const int64_t *syms)
 {
 	int64_t w = 0;

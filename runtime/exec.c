@@ -350,6 +350,15 @@ static void add_kernel(builder *B, const fz_kinst *ki)
 		args[i] = need(B, r->in[i]);
 	for (int i = 0; i < r->n_out; i++)
 		args[r->n_in + i] = out_slot(B, r->out[i]);
+	/* a host kernel's scratch (an index's inverse): a staging block of its
+	 * own after its outputs, which no other step reads */
+	const fz_kernel *k = &ki->code->k;
+	if (k->n_scratch > 0) {
+		int64_t bytes = 0;
+		for (int i = 0; i < k->n_scratch && i < 2; i++)
+			bytes += fz_ext_eval(k->scratch[i], B->syms);
+		args[n++] = stage(B, bytes);
+	}
 	step *s = add_step(B, S_KERNEL, ki->region);
 	if (!s)
 		return;
@@ -671,7 +680,8 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 							 .n_nodes = 1, .nodes = &nd};
 					if (fz_ops[nd->op].cls == FZ_CLASS_LIBRARY)
 						add_library(&B, &one);
-					else
+					else if (pp->ks->ops[reg->id][j]) /* else split
+						* in two (kernels.c's scatter_split) */
 						add_kernel(&B, pp->ks->ops[reg->id][j]);
 				}
 			else if (pp->ks->whole[reg->id])

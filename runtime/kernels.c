@@ -32,7 +32,9 @@
  *                  a marker entry, so a warm start never builds it to learn
  *                  that again;
  *   5. split       a region not taken whole becomes one kernel per op,
- *                  found the same way (steps 3-4);
+ *                  found the same way (steps 3-4); an index_add that
+ *                  elementwise work in its region reads (the host gathers
+ *                  it by rows) two: the scatter, then those (fz_scatter_split);
  *   6. load        with a device, each key's code is handed to tg->load
  *                  once per process and kept in the device's store.
  *
@@ -856,7 +858,26 @@ fz_status fz_kset_build(fz_kctx *cx, const fz_program *p, const int64_t *syms,
 		if (main_width && !(ks->ops[r->id] = calloc((size_t)r->n_nodes + 1,
 							   sizeof(fz_kinst *))))
 			goto oom;
-		for (int j = 0; j < r->n_nodes; j++) {
+		/* the scatter, then its followers (ops[0] and ops[n - 1]; the
+		 * runner skips the empty places between) */
+		bool oom = false;
+		fz_region *two = fz_scatter_split(r, &oom);
+		if (oom)
+			goto oom;
+		for (int h = 0; two && h < 2; h++) {
+			fz_kinst *oi = kinst_new(ks, r->id, h ? r->n_nodes - 1 : 0, ki->variant & 2, 0);
+			if (!oi) {
+				free(two);
+				goto oom;
+			}
+			oi->src = two[h];
+			oi->node[0] = two[h].nodes[0];
+			oi->pair = h ? NULL : two; /* the first owns both */
+			oi->variant += vectorize_of(&vw, &oi->src);
+			if (main_width)
+				ks->ops[r->id][oi->op] = oi;
+		}
+		for (int j = 0; !two && j < r->n_nodes; j++) {
 			/* an attention region split on a target with no attention
 			 * kernel: its products are library calls (exec.c) */
 			if (fz_ops[r->nodes[j]->op].cls == FZ_CLASS_LIBRARY)

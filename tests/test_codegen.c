@@ -851,7 +851,8 @@ START_TEST(indexing_out_of_range)
 	ck_assert_int_eq(st, FZ_OK);
 	compare_run(src, s, 100000, 1, 1, &st); /* ids up to 99999: caught */
 	ck_assert_int_eq(st, FZ_ERANGE);
-	/* index_add by rows (each part flags what it reads): in, then out */
+	/* index_add gathered by rows (each part flags what it reads): in,
+	 * then out */
 	src = "trace f(x: f32[5, 8], ids: i64[T], g: f32[T, 8]) {\n"
 	      "  y = index_add(x, ids, g, dim=0)\n  return y\n}\n";
 	ck_assert_double_le(compare_run(src, s, 5, 1e-6, 1e-6, &st), 1);
@@ -861,6 +862,76 @@ START_TEST(indexing_out_of_range)
 	compare_run("trace f(a: i32[6], b: i32[6]) {\n  r = fmod(a, b)\n  return r\n}\n",
 		    (int64_t[]){0}, 1, 1, 1, &st); /* every b is 0 */
 	ck_assert_int_eq(st, FZ_ERANGE);
+}
+END_TEST
+
+/* An embedding's backward, index_add(zeros f32, idx, cast(dy)) cast to
+ * bf16, is one kernel on the host (a gather by rows of the result through
+ * idx's inverse: codegen/pointwise.c): its rows equal the interpreter's,
+ * bit for bit (dy in quarters: every sum is exact in f32), with indices
+ * repeated, in no order, rows no index names; an index out of range
+ * (past the end, or negative) is reported as the interpreter reports it. */
+static fz_status embedding_bwd(const int64_t *ids, int n, int cols, bool f32)
+{
+	char src[512];
+	snprintf(src, sizeof src, "trace f(dy: %s[%d, %d], idx: i64[%d]) {\n"
+		 "  z = full(shape=[13, %d], value=0, dtype=f32)\n"
+		 "  acc = index_add(z, idx, cast(dy, dtype=f32), dim=0)\n"
+		 "  out = cast(acc, dtype=%s)\n  return out\n}\n", f32 ? "f32" : "bf16",
+		 n, cols, n, cols, f32 ? "f64" : "bf16");
+	fz_module *m = parse(src);
+	fz_trace *t = fz_module_trace(m, 0);
+	fz_tensor in[2] = {{0}}, got = {0}, want = {0};
+	in[0].dtype = f32 ? FZ_F32 : FZ_BF16;
+	in[0].rank = 2;
+	in[0].shape[0] = n;
+	in[0].shape[1] = cols;
+	in[0].strides[0] = cols;
+	in[0].strides[1] = 1;
+	in[0].data = malloc((size_t)(n * cols) * 4 + 4);
+	for (int i = 0; i < n * cols; i++)
+		fz_store_f64(in[0].data, in[0].dtype, i, ((i * 7 + i / cols * 3) % 17 - 8) / 4.0);
+	in[1].dtype = FZ_I64;
+	in[1].rank = 1;
+	in[1].shape[0] = n;
+	in[1].strides[0] = 1;
+	in[1].data = (void *)ids;
+	char *err = NULL, *ierr = NULL;
+	fz_status st = fz_trace_run(t, "cpu", NULL, in, 2, &got, 1, &err);
+	fz_status si = fz_trace_interpret(t, NULL, in, 2, &want, 1, &ierr);
+	ck_assert_int_eq(st, si);
+	if (st == FZ_OK) {
+		ck_assert_int_eq(got.rank, 2);
+		ck_assert_int_eq(got.shape[0] * got.shape[1], 13 * cols);
+		ck_assert_int_eq(got.dtype, want.dtype);
+		ck_assert_msg(!memcmp(got.data, want.data,
+				      (size_t)(13 * cols) * fz_dtype_size(got.dtype)),
+			      "the gather's rows differ from the interpreter's");
+		fz_free(got.data);
+		fz_free(want.data);
+	}
+	fz_free(err);
+	fz_free(ierr);
+	free(in[0].data);
+	fz_module_free(m);
+	return st;
+}
+
+START_TEST(indexing_embedding_backward)
+{
+	/* row 5 four times, 12 and 1 twice, out of order; rows 2, 4, 6-11
+	 * never: bf16 rows of 96 (two lane groups of 16 a step), 72 (8
+	 * lanes), f32 of 64 cast to f64 (four groups of 8 a step) */
+	static const int64_t ids[] = {5, 12, 5, 0, 3, 12, 5, 1, 1, 5};
+	ck_assert_int_eq(embedding_bwd(ids, 10, 96, false), FZ_OK);
+	ck_assert_int_eq(embedding_bwd(ids, 10, 72, false), FZ_OK);
+	ck_assert_int_eq(embedding_bwd(ids, 10, 64, true), FZ_OK);
+	/* one index, and none at all */
+	ck_assert_int_eq(embedding_bwd(ids, 1, 96, false), FZ_OK);
+	ck_assert_int_eq(embedding_bwd(ids, 0, 96, false), FZ_OK);
+	static const int64_t past[] = {5, 12, 13, 0}, below[] = {5, -1, 2, 0};
+	ck_assert_int_eq(embedding_bwd(past, 4, 96, false), FZ_ERANGE);
+	ck_assert_int_eq(embedding_bwd(below, 4, 96, false), FZ_ERANGE);
 }
 END_TEST
 
@@ -1491,8 +1562,8 @@ START_TEST(host_streaming_stores)
 	stream_counts(chain, n);
 	ck_assert_int_ge(n[0], 1);
 	ck_assert_int_ge(n[2], 1);
-	/* index_add of 16 MiB: a scatter by rows streams its copy, a serial
-	 * one (along dim 1) does not */
+	/* index_add of 16 MiB: a gather by rows streams its rows, a serial
+	 * scatter (along dim 1) does not */
 	stream_counts("trace f(i: i64[64], s: f32[64, 1024]) {\n"
 		      "  z = full(shape=[4096, 1024], value=0, dtype=f32)\n"
 		      "  y = index_add(z, i, s, dim=0)\n  return y\n}\n", n);
@@ -1754,6 +1825,7 @@ static Suite *codegen_suite(void)
 	TCase *ix = tcase_create("indexing");
 	tcase_add_test(ix, indexing_take_and_index_add);
 	tcase_add_test(ix, indexing_out_of_range);
+	tcase_add_test(ix, indexing_embedding_backward);
 	suite_add_tcase(s, ix);
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);

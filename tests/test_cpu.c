@@ -5,7 +5,7 @@
  *
  * Parts: every kernel of a set of traces (pointwise of several shape
  * groups, bf16, inner and outer reductions, normalizations, scans, top-k,
- * index_add's serial scatter) is run whole, as (0, 1), and then as n parts for n = 2
+ * index_add's serial scatter and its gather by rows) is run whole, as (0, 1), and then as n parts for n = 2
  * .. 7, in reverse order and on the pool; the outputs must be the same
  * bytes. Products: fz_cpu_matmul against an f64 loop over the same
  * operands for every float dtype and i64, linear with bias, batch
@@ -194,12 +194,21 @@ static const char *part_traces[] = {
 	"trace h(x: f32[13, 40]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
 	"trace i(x: bf16[6, 9, 5]) {\n  y = cumsum(x, dim=1)\n  return y\n}\n",
 	"trace j(x: f32[11, 30]) {\n  v, k = topk(x, k=4, dim=1)\n  return v, k\n}\n",
-	/* index_add along dim 0 of f32 or f64 lanes: the parts split the rows
-	 * of y (indices repeat: each row's adds in src's order) */
+	/* index_add along dim 0: a gather, the parts split the rows of y
+	 * (indices repeat: each row's adds in src's order), each sorting its
+	 * own rows of idx's inverse in the shared scratch; bf16 rounds at each
+	 * add; an elementwise follower in the region, and an output of
+	 * another shape (the follower's x, which the gather reads too) */
 	"trace g(x: f32[6, 8], i: i64[20], s: f32[20, 8]) {\n"
 	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
 	"trace k(x: f64[6, 3, 4], i: i64[25], s: f64[25, 3, 4]) {\n"
 	"  y = index_add(mul(x, 2.0), i, s, dim=0)\n  return y\n}\n",
+	"trace m(x: bf16[6, 80], i: i32[20], s: bf16[20, 80]) {\n"
+	"  y = index_add(x, i, s, dim=0)\n  return y\n}\n",
+	"trace n(i: i64[30], s: bf16[30, 96], w: f32[576]) {\n"
+	"  wf = mul(w, 0.5)\n  x = reshape(wf, shape=[6, 96])\n"
+	"  y = cast(mul(index_add(x, i, cast(s, dtype=f32), dim=0), 0.5), dtype=bf16)\n"
+	"  return y, wf\n}\n",
 	/* any other index_add: the scatter runs in part 0 only */
 	"trace l(x: f32[8, 6], i: i64[20], s: f32[8, 20]) {\n"
 	"  y = index_add(x, i, s, dim=1)\n  return y\n}\n",
@@ -208,7 +217,7 @@ static const char *part_traces[] = {
  * (6 rows: chunks of 3 and 2; at 4 and 5 parts, chunks of 2 leave parts
  * with none) */
 static const bool part_all_write[] = {
-	[9] = true, [10] = true,
+	[9] = true, [10] = true, [11] = true, [12] = true,
 };
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -246,8 +255,19 @@ static fz_status check_parts(const fz_region *r, int op, fz_kernel *k, void *ud,
 	parts_ctx *x = ud;
 	ck_assert_int_eq(fz_kernel_jit(x->c, k, err), FZ_OK);
 	int nb = r->n_in + r->n_out;
-	void **bufs = calloc((size_t)nb, sizeof *bufs), **ref = calloc((size_t)nb, sizeof *ref);
+	void **bufs = calloc((size_t)nb + 1, sizeof *bufs), **ref = calloc((size_t)nb + 1, sizeof *ref);
 	size_t *bytes = calloc((size_t)nb, sizeof *bytes);
+	/* a scratch block after the outputs, where the kernel has one (as
+	 * exec.c stages it), filled with garbage: the parts share it */
+	int64_t sb = 0;
+	for (int i = 0; i < k->n_scratch; i++)
+		sb += fz_ext_eval(k->scratch[i], NULL);
+	if (k->n_scratch) {
+		bufs[nb] = aligned_alloc(64, (size_t)(sb + 63) / 64 * 64);
+		ref[nb] = aligned_alloc(64, (size_t)(sb + 63) / 64 * 64);
+		memset(bufs[nb], 0xA5, (size_t)sb);
+		memset(ref[nb], 0x5A, (size_t)sb);
+	}
 	for (int i = 0; i < nb; i++) {
 		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
 		int64_t n = fz_type_numel_at(&v->type, NULL);
@@ -324,7 +344,7 @@ static fz_status check_parts(const fz_region *r, int op, fz_kernel *k, void *ud,
 		}
 	}
 	ck_assert_int_eq(bad, 0);
-	for (int i = 0; i < nb; i++) {
+	for (int i = 0; i < nb + 1; i++) {
 		free(bufs[i]);
 		free(ref[i]);
 	}
