@@ -352,14 +352,6 @@ static bool scatter_follower(part *s, int ra, int rb)
  * which nodes depend on the index_add's result, then each part's nodes,
  * inputs (read, not made there) and outputs (read by the other part, or
  * the region's). */
-static bool in_list(fz_value *const *vs, int n, const fz_value *v)
-{
-	for (int i = 0; i < n; i++)
-		if (vs[i] == v)
-			return true;
-	return false;
-}
-
 static bool made_in(const fz_region *R, const fz_value *v)
 {
 	for (int i = 0; i < R->n_nodes; i++)
@@ -410,7 +402,7 @@ fz_region *fz_scatter_split(const fz_region *r, bool *oom)
 		for (int j = 0; j < R->n_nodes; j++)
 			for (int k = 0; k < R->nodes[j]->n_in; k++) {
 				fz_value *v = R->nodes[j]->in[k];
-				if (!made_in(R, v) && !in_list(R->in, R->n_in, v))
+				if (!made_in(R, v) && !fz_value_listed(R->in, R->n_in, v))
 					R->in[R->n_in++] = v;
 			}
 		/* what the other part reads, and the region's outputs */
@@ -418,11 +410,11 @@ fz_region *fz_scatter_split(const fz_region *r, bool *oom)
 		for (int j = 0; j < n; j++)
 			for (int k = 0; dep[j] != h && k < r->nodes[j]->n_in; k++) {
 				fz_value *v = r->nodes[j]->in[k];
-				if (made_in(R, v) && !in_list(R->out, R->n_out, v))
+				if (made_in(R, v) && !fz_value_listed(R->out, R->n_out, v))
 					R->out[R->n_out++] = v;
 			}
 		for (int i = 0; i < r->n_out; i++)
-			if (made_in(R, r->out[i]) && !in_list(R->out, R->n_out, r->out[i]))
+			if (made_in(R, r->out[i]) && !fz_value_listed(R->out, R->n_out, r->out[i]))
 				R->out[R->n_out++] = r->out[i];
 	}
 	return two;

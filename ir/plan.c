@@ -571,14 +571,6 @@ void fz_layout_gather(void *dst, const void *src, size_t es, const fz_layout *la
 
 /* ---- a kernel region with its views folded in ---- */
 
-static bool fold_in_list(fz_value *const *vs, int n, const fz_value *v)
-{
-	for (int i = 0; i < n; i++)
-		if (vs[i] == v)
-			return true;
-	return false;
-}
-
 /* Whether the view chain of r's input x may fold into attention region r:
  * x is q, k, v, o or do as an attention op of r reads it (not a mask, not
  * lse, not kv heads read unrepeated), which the host's kernels read at
@@ -668,12 +660,12 @@ bool fz_region_fold_views(const fz_program *p, const fz_region *r, bool host,
 	for (int i = 0; i < n_pre + r->n_nodes; i++)
 		for (int k = 0; k < nodes[i]->n_in; k++) {
 			fz_value *v = nodes[i]->in[k];
-			bool made = i >= n_pre && !fold_in_list(r->in, r->n_in, v);
+			bool made = i >= n_pre && !fz_value_listed(r->in, r->n_in, v);
 			for (int j = 0; j < n_pre && !made; j++)
 				made = nodes[j] == v->def;
 			/* each of r's inputs is itself or its view chain's
 			 * base here: at most r->n_in, what ki has room for */
-			if (!made && !fold_in_list(ins, n_in, v)) {
+			if (!made && !fz_value_listed(ins, n_in, v)) {
 				FZ_ASSERT(n_in < r->n_in);
 				ins[n_in++] = v;
 			}

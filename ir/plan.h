@@ -103,6 +103,15 @@ typedef struct fz_region {
 	int *in_id, *out_id;
 } fz_region;
 
+/* Whether v is one of vs[0 .. n). */
+static inline bool fz_value_listed(fz_value *const *vs, int n, const fz_value *v)
+{
+	for (int i = 0; i < n; i++)
+		if (vs[i] == v)
+			return true;
+	return false;
+}
+
 static inline int fz_in_id(const fz_region *R, int k)
 {
 	return R->in_id ? R->in_id[k] : R->in[k]->id;

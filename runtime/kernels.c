@@ -327,14 +327,6 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 			      n->n_out, n->out, NULL, NULL};
 }
 
-static bool in_list(fz_value *const *vs, int n, const fz_value *v)
-{
-	for (int i = 0; i < n; i++)
-		if (vs[i] == v)
-			return true;
-	return false;
-}
-
 
 /* Attention regions r and r2 as one region for the host's one backward
  * pass (fz_attn_describe's FZ_ATTN_BWD in f32 at head dims the kernels
@@ -358,7 +350,7 @@ static fz_region *attn_pair(const fz_program *p, const fz_region *r, const fz_re
 		for (int j = 0; j < rs[k]->n_nodes; j++)
 			nodes[two->n_nodes++] = rs[k]->nodes[j];
 		for (int j = 0; j < rs[k]->n_in; j++)
-			if (!in_list(in, two->n_in, rs[k]->in[j]))
+			if (!fz_value_listed(in, two->n_in, rs[k]->in[j]))
 				in[two->n_in++] = rs[k]->in[j];
 		for (int j = 0; j < rs[k]->n_out; j++)
 			out[two->n_out++] = rs[k]->out[j];
