@@ -466,7 +466,41 @@ def fusec_run_iters(fusec_bin, text, iters, env):
         os.unlink(path)
 
 
-def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0):
+def llc_bytes():
+    """The last-level cache's size (sysfs), or 256 MiB."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    best = 0
+    try:
+        for d in os.listdir(base):
+            try:
+                with open(os.path.join(base, d, "size")) as f:
+                    t = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+            best = max(best, int(t.rstrip("KMG")) * mult)
+    except OSError:
+        pass
+    return best or 256 << 20
+
+
+class Evictor:
+    """--cold: writes a buffer of twice the last-level cache before each
+    timed call, so that every way reads its inputs from memory as the copy
+    does (the copy's 512 MiB never fit): a case of 64 MB otherwise keeps
+    part of its working set in a 260 MB L3 from one call to the next, and
+    how much depends on what the other ways touched in between."""
+
+    def __init__(self):
+        self.buf = torch.empty(2 * llc_bytes() // 4)
+        self.k = 0
+
+    def __call__(self):
+        self.k += 1
+        self.buf.fill_(float(self.k))
+
+
+def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0, evict=None):
     g = torch.Generator().manual_seed(0)
     fn, args, text = CASES[name](g)
     res = {"case": name}
@@ -508,6 +542,8 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0):
     vm0 = _vmstat()
     for _ in range(rounds):
         for k, f in runners.items():
+            if evict:
+                evict()
             dt, ct, fl, _ = _timed_cpu(f, fargs if k == "fusec" else args)
             times[k].append(dt)
             cpu[k].append(ct)
@@ -568,6 +604,9 @@ def main():
                     help="which of eager, compile, fusec, run to measure")
     ap.add_argument("--fusec", default=os.path.join(ROOT, "build", "tools", "fusec"),
                     help="the fusec binary for the run figures")
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the last-level cache before every timed call "
+                         "(the run way, a process of its own, stays warm)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     a = ap.parse_args()
     names = [c for c in a.cases.split(",") if c]
@@ -585,8 +624,9 @@ def main():
     copy_gbps = copy_bandwidth(max(a.rounds, 5), a.warmup)
     print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
     results = []
+    evict = Evictor() if a.cold else None
     for c in names:
-        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads)
+        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads, evict)
         if c in MEMORY_BOUND:
             for k in ("eager", "compile", "fusec", "run"):
                 if k + "_GBps" in r:
@@ -627,6 +667,7 @@ def main():
         "loadavg_after": load1,
         "torch": torch.__version__,
         "rounds": a.rounds,
+        "cold": a.cold,
         "llama_config": LLAMA,
         "results": results,
         "summary": summary,
