@@ -7,11 +7,12 @@
  * region becomes one module, with the strided views it reads folded in
  * (fz_region_fold_views) as the runner launches it (the host's one pass
  * for an adjacent attention_dq and attention_dkv, runtime/kernels.c's
- * attn_pair, shows as its two regions). A region the skeletons cannot take whole
- * (FZ_EUNSUPPORTED: two reductions over different dims, say) becomes one
- * module per op, or two where a GPU's scatter has elementwise followers
- * (fz_scatter_split), as the runner executes it (runtime/kernels.c), so
- * that every kernel a run would launch is also what emit shows.
+ * attn_pair, shows as its two regions). A region the skeletons cannot
+ * take whole (FZ_EUNSUPPORTED: two reductions over different dims, say)
+ * becomes one module per op, or two where a GPU's scatter has elementwise
+ * followers (fz_scatter_split), as the runner executes it
+ * (runtime/kernels.c), so that every kernel a run would launch is also
+ * what emit shows.
  */
 #include <stdlib.h>
 #include <string.h>
