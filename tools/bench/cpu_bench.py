@@ -41,6 +41,15 @@ comes to what the memory system can move at all.
     tools/bench/cpu_bench.py                   everything, 20 rounds
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
     tools/bench/cpu_bench.py --threads 1       one thread for all three
+    tools/bench/cpu_bench.py --cold            caches evicted before every call
+
+Cold caches. A case of 64 MB fits this machine's 260 MB L3 and keeps part
+of its working set there from one call to the next, by an amount that
+depends on what the other ways touched in between; the copy it is
+compared with (512 MiB) never does. --cold writes twice the last-level
+cache before every timed call of eager, compile and fusec (Evictor), so
+that each reads from memory as the copy does (`run` times its own
+iterations in a process of its own and stays warm).
 
 Fresh outputs. Every way but `run` returns a fresh output tensor per call.
 Eager and compile take it from torch.empty over glibc malloc: whether a 13
