@@ -327,7 +327,6 @@ static void kinst_one_op(fz_kinst *ki, fz_node *n, int id)
 			      n->n_out, n->out, NULL, NULL};
 }
 
-
 /* Attention regions r and r2 as one region for the host's one backward
  * pass (fz_attn_describe's FZ_ATTN_BWD in f32 at head dims the kernels
  * take): the region, its arrays after it, in one malloc; its nodes NULL
