@@ -259,8 +259,6 @@ LLVMValueRef cg_ix_value(cg *g, cg_ix x)
 	return x.o ? cg_iop(g, CG_ADD, x.b, o) : x.b;
 }
 
-static bool ext_is1(fz_ext e) { return e.syms == 0 && e.c == 1; }
-
 static int64_t gcd64(int64_t a, int64_t b)
 {
 	if (a < 0) a = -a;
@@ -360,12 +358,12 @@ static void delin_range(cg *g, const fz_type *ty, int lo, int hi, cg_ix lin, cg_
 {
 	int outer = -1;
 	for (int d = lo; d < hi; d++)
-		if (!ext_is1(ty->dims[d])) {
+		if (!fz_ext_is_one(ty->dims[d])) {
 			outer = d;
 			break;
 		}
 	for (int d = hi - 1; d >= lo; d--) {
-		if (ext_is1(ty->dims[d])) {
+		if (fz_ext_is_one(ty->dims[d])) {
 			ix[d] = cg_ix_zero();
 			continue;
 		}
@@ -1021,11 +1019,11 @@ static void reshape_ix(cg *g, const fz_type *xt, const fz_type *yt,
 	int xd[FZ_MAX_RANK], yd[FZ_MAX_RANK], nx = 0, ny = 0;
 	for (int d = 0; d < xt->rank; d++) {
 		xi[d] = cg_ix_zero();
-		if (!ext_is1(xt->dims[d]))
+		if (!fz_ext_is_one(xt->dims[d]))
 			xd[nx++] = d;
 	}
 	for (int d = 0; d < yt->rank; d++)
-		if (!ext_is1(yt->dims[d]))
+		if (!fz_ext_is_one(yt->dims[d]))
 			yd[ny++] = d;
 	int px = 0, py = 0;
 	while (nx > px && ny > py && fz_ext_eq(xt->dims[xd[nx - 1]], yt->dims[yd[ny - 1]])) {
@@ -1076,7 +1074,7 @@ static void check_row(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK]
 					"rank %d read off its row", v->type.rank);
 				return;
 			}
-			if (ext_is1(v->type.dims[vd]))
+			if (fz_ext_is_one(v->type.dims[vd]))
 				continue;
 			if (!ix_eq(ix[l][vd], g->row[d])) {
 				cg_fail(g, FZ_EUNSUPPORTED, v->def, "a reduced value is read "
@@ -1357,7 +1355,7 @@ static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK]
 	case FZ_OP_BROADCAST_IN_DIM:
 		for (int l = 0; l < nl; l++)
 			for (int i = 0; i < x->type.rank; i++)
-				xi[l][i] = ext_is1(x->type.dims[i]) ? cg_ix_zero() : ix[l][a->dims[i]];
+				xi[l][i] = fz_ext_is_one(x->type.dims[i]) ? cg_ix_zero() : ix[l][a->dims[i]];
 		break;
 	case FZ_OP_RESHAPE:
 	case FZ_OP_SQUEEZE:

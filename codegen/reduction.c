@@ -714,8 +714,6 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
 }
 
-static bool ext_is1(fz_ext e) { return e.syms == 0 && e.c == 1; }
-
 /* 1: o has the row's shape (ix filled), 2: D's shape, 0: neither. */
 static int classify(cg *g, rows *R, const fz_value *o, cg_ix *ix)
 {
@@ -724,7 +722,7 @@ static int classify(cg *g, rows *R, const fz_value *o, cg_ix *ix)
 		bool dom = true, row = true;
 		for (int d = 0; d < D->rank; d++) {
 			dom = dom && fz_ext_eq(ty->dims[d], D->dims[d]);
-			row = row && (R->red[d] ? ext_is1(ty->dims[d]) :
+			row = row && (R->red[d] ? fz_ext_is_one(ty->dims[d]) :
 				      fz_ext_eq(ty->dims[d], D->dims[d]));
 		}
 		if (dom)
@@ -1361,7 +1359,7 @@ static void row_invariants(cg *g, rows *R)
 			continue;
 		bool stretched = true;
 		for (int k = 0; k < n->attrs.n_dims && stretched; k++)
-			stretched = !R->red[n->attrs.dims[k]] || ext_is1(x->type.dims[k]);
+			stretched = !R->red[n->attrs.dims[k]] || fz_ext_is_one(x->type.dims[k]);
 		int budget = INV_WALK;
 		if (!stretched || !plain_operand(g, x, &budget))
 			continue;

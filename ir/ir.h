@@ -97,6 +97,7 @@ static inline bool fz_ext_eq(fz_ext a, fz_ext b)
 }
 
 static inline bool fz_ext_is_const(fz_ext e) { return e.syms == 0; }
+static inline bool fz_ext_is_one(fz_ext e) { return e.syms == 0 && e.c == 1; }
 
 /* The extent that is symbol s. */
 static inline fz_ext fz_ext_sym(int s)

@@ -52,12 +52,10 @@ static bool opaque(walk *w, const fz_value *v)
 	return !v->def || (w->leaf && w->leaf(w->ctx, v));
 }
 
-static bool ext_is1(fz_ext e) { return e.syms == 0 && e.c == 1; }
-
 /* v's value does not depend on its index along dim p (-1: v has none) */
 static bool invariant(walk *w, const fz_value *v, int p)
 {
-	if (p < 0 || ext_is1(v->type.dims[p]))
+	if (p < 0 || fz_ext_is_one(v->type.dims[p]))
 		return true;
 	if (--w->budget < 0 || opaque(w, v))
 		return false;
@@ -84,7 +82,7 @@ static int lone_dim(const fz_value *v)
 {
 	int d = -1;
 	for (int k = 0; k < v->type.rank; k++) {
-		if (ext_is1(v->type.dims[k]))
+		if (fz_ext_is_one(v->type.dims[k]))
 			continue;
 		if (d >= 0)
 			return -1;

@@ -681,7 +681,7 @@ static fz_status prepare(fz_exec *x, const int64_t *syms, pplan **out, char **er
 					if (fz_ops[nd->op].cls == FZ_CLASS_LIBRARY)
 						add_library(&B, &one);
 					else if (pp->ks->ops[reg->id][j]) /* else split
-						* in two (kernels.c's scatter_split) */
+						* in two (fz_scatter_split) */
 						add_kernel(&B, pp->ks->ops[reg->id][j]);
 				}
 			else if (pp->ks->whole[reg->id])
