@@ -33,12 +33,12 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+import kernel_ab  # noqa: E402
 
 # Each case's trace made small: the same rows, fewer of them (a working set
 # of 0.5 to 2 MB), by replacing the text of its leading extents.
@@ -70,13 +70,10 @@ def elements(text):
     return best
 
 
-def per_call(bench, path, calls, cache):
+def per_call(build, path, calls, cache):
+    """bench_kernel's median CPU ms a call, at one thread, in cache."""
     env = dict(os.environ, FUSEC_THREADS="1", FUSEC_CACHE_DIR=cache)
-    p = subprocess.run([bench, path, str(calls)], capture_output=True, text=True,
-                       env=env, timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(p.stderr.strip()[-300:])
-    return json.loads(p.stdout.strip().splitlines()[-1])["cpu_median_ms"]
+    return kernel_ab.one_round(build, path, calls, env)["cpu_median_ms"]
 
 
 def main():
@@ -92,7 +89,6 @@ def main():
     a = ap.parse_args()
     import torch
     import cpu_bench
-    bench = os.path.join(a.build, "tools", "bench", "bench_kernel")
     cb = None
     if a.cpu_bench:
         with open(a.cpu_bench) as f:
@@ -122,7 +118,7 @@ def main():
             for _ in range(a.rounds):
                 for tag, path, n in paths:
                     calls = 20 if tag == "memory" else 400
-                    ms[tag].append(per_call(bench, path, calls, os.path.join(tmp, "cache")))
+                    ms[tag].append(per_call(a.build, path, calls, os.path.join(tmp, "cache")))
             row = {"case": name}
             for tag, _, n in paths:
                 row[tag + "_elements"] = n
