@@ -163,6 +163,12 @@ LLVMValueRef cg_ntid(cg *g);   /* blockDim.x */
 LLVMValueRef cg_ctaid(cg *g);  /* blockIdx.x */
 LLVMValueRef cg_nctaid(cg *g); /* gridDim.x */
 void cg_barrier(cg *g);
+/* The host with AVX-512 F, BW, VL and DQ (target_host.c's 64-byte vectors):
+ * math.c may use its instructions (vscalefps) on f32 vectors. */
+static inline bool cg_host_avx512(const cg *g)
+{
+	return g->o.target == FZ_CG_HOST && g->c && g->c->vector_bytes == 64;
+}
 /* GPU semantics: the NVPTX flavour and its emulation make the same
  * skeleton choices (rows per warp or block, atomics, a second entry). */
 static inline bool cg_gpu(const cg *g)
@@ -209,6 +215,11 @@ LLVMValueRef cg_entry_alloca(cg *g, LLVMTypeRef t);
 
 /* math.c: f32 and f64 math on compute values. */
 LLVMValueRef cg_math_unary(cg *g, fz_opcode op, LLVMValueRef x);
+/* The n lanes x[0..n) of unary op as one vector, into out[0..n) (extracted
+ * again): true where math.c has a vector form of op that differs from its
+ * lanes' (cg_host_avx512's exp and sigmoid on 4, 8 or 16 f32 lanes), false
+ * (and nothing made) elsewhere. */
+bool cg_math_lanes(cg *g, fz_opcode op, int n, const LLVMValueRef *x, LLVMValueRef *out);
 LLVMValueRef cg_math_pow(cg *g, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef cg_math_fmod(cg *g, LLVMValueRef a, LLVMValueRef b);
 

@@ -1235,6 +1235,12 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		switch (cls) {
 		case FZ_CLASS_UNARY:
 			cg_value(g, nd->in[0], n, ix, a);
+			if (fz_dtype_is_float(nd->in[0]->type.dtype) &&
+			    cg_math_lanes(g, nd->op, n, a, out)) {
+				for (int l = 0; l < n; l++)
+					out[l] = cg_round_half(g, out[l], v->type.dtype);
+				break;
+			}
 			/* a cast to f16 or bf16 rounds already, and neg and abs
 			 * of a value of the dtype are one (rounding again is no
 			 * change but for the NaN test, which LLVM cannot fold:

@@ -47,11 +47,27 @@
 #include "cg.h"
 #include "llvm.h"
 
-/* x's type: f64 (true) or f32 */
-static bool is64(cg *g, V x) { return type_of(x) == t_f64(g); }
+static bool is_vec(V x) { return LLVMGetTypeKind(type_of(x)) == LLVMVectorTypeKind; }
 
-/* the constant k of x's type */
-static V kc(V x, double k) { return c_real(type_of(x), k); }
+/* x's element type: f64 (true) or f32 */
+static bool is64(cg *g, V x)
+{
+	T t = type_of(x);
+	return (is_vec(x) ? LLVMGetElementType(t) : t) == t_f64(g);
+}
+
+/* the constant k of x's type (in every lane of a vector) */
+static V kc(V x, double k)
+{
+	T t = type_of(x);
+	if (!is_vec(x))
+		return c_real(t, k);
+	V e[FZ_VW_MAX], c = c_real(LLVMGetElementType(t), k);
+	unsigned n = LLVMGetVectorSize(t);
+	for (unsigned l = 0; l < n; l++)
+		e[l] = c;
+	return LLVMConstVector(e, n);
+}
 
 static V fma3(cg *g, V a, V b, V c)
 {
@@ -67,10 +83,9 @@ static V un(cg *g, const char *name, V x)
 /* c[0] + x (c[1] + x (c[2] + ...)) */
 static V poly(cg *g, V x, const double *c, int n)
 {
-	T T0 = type_of(x);
-	V acc = c_real(T0, c[n - 1]);
+	V acc = kc(x, c[n - 1]);
 	for (int i = n - 2; i >= 0; i--)
-		acc = fadd(g, fmul(g, acc, x), c_real(T0, c[i]));
+		acc = fadd(g, fmul(g, acc, x), kc(x, c[i]));
 	return acc;
 }
 
@@ -115,6 +130,25 @@ static V scale2(cg *g, V p, V k)
 	return fmul(g, p1, s2);
 }
 
+/* p 2^k in f32 lanes (4, 8 or 16: cg_math_lanes) for k a float holding an
+ * integer in [-150, 128] and p in [0.7, 1.5]: one vscalefps (AVX-512F and
+ * VL), for scale2's seven instructions. It computes p 2^floor(k) and
+ * rounds once, to nearest even under the MXCSR's default: exactly what
+ * scale2's exact exponent add and its one multiplication make, subnormal
+ * results and overflow to inf included, so the two agree bit for bit
+ * (tests/test_codegen.c's host_exp_matches_generic sweeps it). A NaN p
+ * (from a NaN x, which clampf passes through) gives a NaN, so expf_ needs
+ * no select for it either. */
+static V scalef(cg *g, V p, V k)
+{
+	unsigned n = LLVMGetVectorSize(type_of(p));
+	V all = n == 16 ? c_int(t_i16(g), -1) : c_int(t_i8(g), -1);
+	V args[5] = {p, k, kc(p, 0.0), all, c_i32(g, 4)}; /* 4: the MXCSR's rounding */
+	return call_intrinsic(g, n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512" :
+			      n == 8 ? "llvm.x86.avx512.mask.scalef.ps.256" :
+			      "llvm.x86.avx512.mask.scalef.ps.128", NULL, NULL, args, n == 16 ? 5 : 4);
+}
+
 /* 1/n!: e^r's Taylor coefficients; f32 takes 8 (truncation 3e-9 on
  * |r| <= ln2/2), f64 14 (4e-18) */
 static const double EXP_C[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,
@@ -147,7 +181,7 @@ static V expf_(cg *g, V x)
 	double hi = d ? ln2 : (double)(float)ln2;
 	double lo = d ? 2.3190468138462996e-17 : (double)(float)(ln2 - hi);
 	V xc = d ? clampf(g, x, -746.0, 710.0) : clampf(g, x, -104.0, 89.0);
-	V k, ki, p;
+	V k, ki = NULL, p;
 	if (d) {
 		k = un(g, "llvm.rint", fmul(g, xc, kc(x, 1.4426950408889634)));
 		ki = fptosi(g, k, t_i32(g));
@@ -159,11 +193,14 @@ static V expf_(cg *g, V x)
 		 * lanes) */
 		V t = fma3(g, xc, kc(x, 1.4426950408889634), kc(x, 12582912.0));
 		k = fsub_exact(g, t, kc(x, 12582912.0));
-		ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
+		if (!is_vec(x))
+			ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
 	}
 	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
 	r = fma3(g, fneg(g, k), kc(x, lo), r);
 	p = d ? poly(g, r, EXP_C, 14) : poly(g, r, EXP32_C, 7);
+	if (is_vec(x))
+		return scalef(g, p, k);
 	V y = scale2(g, p, ki);
 	return sel(g, isnan_(g, x), x, y);
 }
@@ -450,7 +487,7 @@ static V libm2(cg *g, const char *name, V a, V b)
 LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 {
 	T t = type_of(x);
-	V one = c_real(t, 1.0), zero = c_real(t, 0.0);
+	V one = kc(x, 1.0), zero = kc(x, 0.0);
 	switch (op) {
 	case FZ_OP_NEG: return fneg(g, x);
 	case FZ_OP_ABS: return un(g, "llvm.fabs", x);
@@ -513,6 +550,20 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 	}
 	cg_fail(g, FZ_EUNSUPPORTED, g->cur, "no float form of %s", fz_ops[op].name);
 	return x;
+}
+
+bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
+{
+	if (!cg_host_avx512(g) || (n != 4 && n != 8 && n != 16) || type_of(x[0]) != t_f32(g) ||
+	    (op != FZ_OP_EXP && op != FZ_OP_SIGMOID))
+		return false;
+	V v = c_undef(t_vec(t_f32(g), (unsigned)n));
+	for (int l = 0; l < n; l++)
+		v = insert(g, v, x[l], (unsigned)l);
+	V y = cg_math_unary(g, op, v);
+	for (int l = 0; l < n; l++)
+		out[l] = extract(g, y, (unsigned)l);
+	return true;
 }
 
 /* pow by a constant exponent that C's pow gives exactly as one IEEE
