@@ -1789,6 +1789,103 @@ START_TEST(rows_rescale_edges)
 }
 END_TEST
 
+/* The f32 inputs of host_exp_matches_generic (n of them, a multiple of
+ * 16): specials (zeros, infinities, NaNs of both signs, the largest and
+ * smallest floats), then 8192 consecutive floats at each end of exp's
+ * range (below -87.336 its result is subnormal, from -103.279 it rounds to
+ * the smallest subnormal or 0, above 88.722 it is inf), then bit patterns
+ * at a stride over all 2^32, which cross every exponent. */
+static void exp_sweep(float *x, int64_t n)
+{
+	static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000,
+				      0x7fc00000, 0xffc00000, 0x7fa00000, 0x7f7fffff,
+				      0xff7fffff, 0x00000001, 0x80000001, 0x00800000};
+	static const float edge[] = {-87.336f, -103.279f, -103.972f, 88.722f};
+	int64_t i = 0;
+	for (; i < 12; i++)
+		memcpy(&x[i], &sp[i], 4);
+	for (int e = 0; e < 4; e++) {
+		float v = edge[e];
+		for (int k = 0; k < 4096; k++)
+			v = nextafterf(v, -INFINITY);
+		for (int k = 0; k < 8192; k++, i++)
+			x[i] = v = nextafterf(v, INFINITY);
+	}
+	uint32_t stride = (uint32_t)(UINT64_C(0xffffffff) / (uint64_t)(n - i)) | 1;
+	for (uint32_t u = 0x9e3779b9; i < n; i++, u += stride)
+		memcpy(&x[i], &u, 4);
+}
+
+/* exp and sigmoid of f32 on the host, whose lanes math.c computes in
+ * vectors with vscalefps where the host has AVX-512, are the generic
+ * path's (the emu target's, the GPU's IR) bit for bit, NaN as NaN, at 16,
+ * 8 and 4 lanes (vscalefps in zmm, ymm, xmm) and in scalar tails; over
+ * exp_sweep's subnormal results, overflow, infinities and NaNs. On an
+ * AVX-512 host the kernels must hold vscalefps, or this compares the
+ * generic path with itself. */
+static fz_status count_scalef(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		size_t len;
+		const char *nm = LLVMGetValueName2(f, &len);
+		*(int *)ud += strncmp(nm, "llvm.x86.avx512.mask.scalef.ps.", 31) == 0;
+	}
+	return FZ_OK;
+}
+
+START_TEST(host_exp_matches_generic)
+{
+	static const char *src[] = {
+		"trace f(x: f32[B, 16]) {\n  a = exp(x)\n  b = sigmoid(x)\n  return a, b\n}\n",
+		"trace f(x: f32[B, 8]) {\n  a = exp(x)\n  b = sigmoid(x)\n  return a, b\n}\n",
+		"trace f(x: f32[B, 4]) {\n  a = exp(x)\n  b = sigmoid(x)\n  return a, b\n}\n",
+		"trace f(x: f32[B, 3]) {\n  a = exp(x)\n  b = sigmoid(x)\n  return a, b\n}\n",
+	};
+	const int64_t n = 3 * 61440;
+	__builtin_cpu_init();
+	bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+	for (int t = 0; t < 4; t++) {
+		int w = t < 3 ? 16 >> t : 3;
+		int64_t syms[1] = {n / w};
+		if (avx512 && t < 3) {
+			int made = 0;
+			host_compile(src[t], syms, count_scalef, &made);
+			ck_assert_msg(made >= 1, "%d lanes: no vscalefps on an AVX-512 host", w);
+		}
+		fz_module *m = parse(src[t]);
+		fz_trace *tr = fz_module_trace(m, 0);
+		fz_tensor in = {.dtype = FZ_F32, .rank = 2, .shape = {n / w, w}, .strides = {w, 1}};
+		in.data = malloc((size_t)n * 4);
+		exp_sweep(in.data, n);
+		fz_tensor out[2][2];
+		const char *dev[2] = {"cpu", "emu"};
+		for (int d = 0; d < 2; d++) {
+			char *err = NULL;
+			memset(out[d], 0, sizeof out[d]);
+			ck_assert_msg(fz_trace_run(tr, dev[d], syms, &in, 1, out[d], 2, &err) == FZ_OK,
+				      "%s: %s", dev[d], err ? err : "?");
+		}
+		const char *what[2] = {"exp", "sigmoid"};
+		for (int o = 0; o < 2; o++) {
+			const float *h = out[0][o].data, *gen = out[1][o].data, *x = in.data;
+			for (int64_t i = 0; i < n; i++)
+				ck_assert_msg((isnan(h[i]) && isnan(gen[i])) ||
+					      memcmp(&h[i], &gen[i], 4) == 0,
+					      "%s(%a), %d lanes: host %a, generic %a", what[o], x[i],
+					      w, h[i], gen[i]);
+			free(out[0][o].data);
+			free(out[1][o].data);
+		}
+		free(in.data);
+		fz_module_free(m);
+	}
+}
+END_TEST
+
 static Suite *codegen_suite(void)
 {
 	Suite *s = suite_create("codegen");
@@ -1808,6 +1905,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_exp_tanh_close);
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
+	tcase_add_test(pw, host_exp_matches_generic);
 	tcase_add_test(pw, bf16_rounding_edges);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
