@@ -193,7 +193,7 @@ static V expf_(cg *g, V x)
 	double hi = d ? ln2 : (double)(float)ln2;
 	double lo = d ? 2.3190468138462996e-17 : (double)(float)(ln2 - hi);
 	V xc = d ? clampf(g, x, -746.0, 710.0) : clampf(g, x, -104.0, 89.0);
-	V k, ki = NULL, p;
+	V k, ki, p;
 	if (d) {
 		k = un(g, "llvm.rint", fmul(g, xc, kc(x, 1.4426950408889634)));
 		ki = fptosi(g, k, t_i32(g));
@@ -205,16 +205,39 @@ static V expf_(cg *g, V x)
 		 * lanes) */
 		V t = fma3(g, xc, kc(x, 1.4426950408889634), kc(x, 12582912.0));
 		k = fsub_exact(g, t, kc(x, 12582912.0));
-		if (!is_vec(x))
-			ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
+		ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
 	}
 	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
 	r = fma3(g, fneg(g, k), kc(x, lo), r);
 	p = d ? poly(g, r, EXP_C, 14) : poly(g, r, EXP32_C, 7);
-	if (is_vec(x))
-		return scalef(g, p, k);
 	V y = scale2(g, p, ki);
 	return sel(g, isnan_(g, x), x, y);
+}
+
+/* expf_ of f32 lanes on the host with AVX-512 (cg_math_lanes): e^x, or
+ * e^-x where neg (sigmoid's), the generic expf_'s result bit for bit:
+ * - e^-x from x without the negation: the clamp of -x to [-104, 89] is
+ *   the negative of x's to [-89, 104], and x log2 e and r of -x are the
+ *   negatives of those of x exactly (rounding to nearest is symmetric),
+ *   so r is computed negated, s = -r, and the polynomial in r by Horner
+ *   in s with its odd coefficients negated, each step the exact negative
+ *   of expf_'s or the same (one instruction fewer of sigmoid's);
+ * - 2^k by scalef, and no NaN select (see scalef). */
+static V vexpf_(cg *g, V x, bool neg)
+{
+	const double ln2 = 0.69314718055994530942, hi = (double)(float)ln2;
+	const double lo = (double)(float)(ln2 - hi);
+	V xc = neg ? clampf(g, x, -89.0, 104.0) : clampf(g, x, -104.0, 89.0);
+	V t = fma3(g, xc, kc(x, neg ? -1.4426950408889634 : 1.4426950408889634),
+		   kc(x, 12582912.0));
+	V k = fsub_exact(g, t, kc(x, 12582912.0));
+	V nk = neg ? k : fneg(g, k);
+	V r = fma3(g, nk, kc(x, hi), xc);
+	r = fma3(g, nk, kc(x, lo), r);
+	double c[7];
+	for (int i = 0; i < 7; i++)
+		c[i] = neg && i % 2 ? -EXP32_C[i] : EXP32_C[i];
+	return scalef(g, poly(g, r, c, 7), k);
 }
 
 static V exp2f_(cg *g, V x)
@@ -502,6 +525,9 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 {
 	T t = type_of(x);
 	V one = kc(x, 1.0), zero = kc(x, 0.0);
+	if (is_vec(x)) /* cg_math_lanes' ops */
+		return op == FZ_OP_EXP ? vexpf_(g, x, false) :
+		       fdiv(g, one, fadd(g, one, vexpf_(g, x, true)));
 	switch (op) {
 	case FZ_OP_NEG: return fneg(g, x);
 	case FZ_OP_ABS: return un(g, "llvm.fabs", x);
