@@ -35,15 +35,19 @@
  *
  * The host with AVX-512 (cg_host_avx512) differs in one place, and not in
  * its results: cg_value hands the lanes of an f32 exp or sigmoid (4, 8 or
- * 16 of them) to cg_math_lanes as one vector, and expf_ in a vector ends
- * with vscalefps instead of scale2 and the NaN select (14 instructions
- * for 16 lanes where the generic IR takes 23). Everything before it is
- * the same IR in lanes; vscalefps scales by 2^k and rounds once, as
- * scale2's exact exponent add and one multiplication do, and a NaN
- * reaches it as NaN; so the host's results are the generic path's bit for
- * bit (all 2^32 inputs compared once; test_codegen's
- * host_exp_matches_generic sweeps the edges against the emu target on
- * every run), and the CPU tests of the math still test the GPU's.
+ * 16 of them) to cg_math_lanes as one vector, and vexpf_ computes expf_'s
+ * steps in lanes but ends with vscalefps instead of scale2 and the NaN
+ * select (13 instructions for 16 lanes where the generic IR takes 23),
+ * and for sigmoid's e^-x folds the negation into its constants. vscalefps
+ * scales by 2^k and rounds once, as scale2's exact exponent add and one
+ * multiplication do, a NaN reaches it as NaN, and each negated step is
+ * the exact negative of expf_'s; so the host's results are the generic
+ * path's bit for bit (all 2^32 f32 inputs compared once, NaN as NaN;
+ * test_codegen's host_exp_matches_generic sweeps the edges against the
+ * emu target on every run), and the CPU tests of the math still test
+ * the GPU's. (Division stays vdivps: vrcp14ps and a Newton step, not
+ * correctly rounded, measured slower in tanh; tanh32 keeps its IR, its
+ * small-x select put so that the host masks the division with it.)
  *
  * f64 values on the host call libm (the JIT resolves exp, log, ... from the
  * process). On the GPU (and emu) the same methods run in f64, with longer
@@ -149,8 +153,8 @@ static V scale2(cg *g, V p, V k)
  * scale2's exact exponent add and its one multiplication make, subnormal
  * results and overflow to inf included, so the two agree bit for bit
  * (tests/test_codegen.c's host_exp_matches_generic sweeps it). A NaN p
- * (from a NaN x, which clampf passes through) gives a NaN, so expf_ needs
- * no select for it either. */
+ * (from a NaN x, which clampf passes through) gives a NaN, so vexpf_
+ * needs no select for it either. */
 static V scalef(cg *g, V p, V k)
 {
 	unsigned n = LLVMGetVectorSize(type_of(p));
