@@ -38,8 +38,8 @@
  * 16 of them) to cg_math_lanes as one vector, and vexpf_ computes expf_'s
  * steps in lanes but ends with vscalefps instead of scale2 and the NaN
  * select (13 instructions for 16 lanes where the generic IR takes 22,
- * register copies aside),
- * and for sigmoid's e^-x folds the negation into its constants. vscalefps
+ * register copies aside), and for sigmoid's e^-x folds the negation
+ * into its constants. vscalefps
  * scales by 2^k and rounds once, as scale2's exact exponent add and one
  * multiplication do, a NaN reaches it as NaN, and each negated step is
  * the exact negative of expf_'s; so the host's results are the generic
