@@ -39,14 +39,14 @@
  * steps in lanes but ends with vscalefps instead of scale2 and the NaN
  * select (13 instructions for 16 lanes where the generic IR takes 22,
  * register copies aside), and for sigmoid's e^-x folds the negation
- * into its constants. vscalefps
- * scales by 2^k and rounds once, as scale2's exact exponent add and one
- * multiplication do, a NaN reaches it as NaN, and each negated step is
- * the exact negative of expf_'s; so the host's results are the generic
- * path's bit for bit (all 2^32 f32 inputs compared once, NaN as NaN;
- * test_codegen's host_exp_matches_generic sweeps the edges against the
- * emu target on every run), and the CPU tests of the math still test
- * the GPU's. (Division stays vdivps: vrcp14ps and a Newton step, not
+ * into its constants. vscalefps scales by 2^k and rounds once, as
+ * scale2's exact exponent add and one multiplication do, a NaN reaches
+ * it as NaN, and each negated step is the exact negative of expf_'s; so
+ * the host's results are the generic path's bit for bit (all 2^32 f32
+ * inputs compared once, NaN as NaN; test_codegen's
+ * host_exp_matches_generic sweeps the edges against the emu target on
+ * every run), and the CPU tests of the math still test the GPU's.
+ * (Division stays vdivps: vrcp14ps and a Newton step, not
  * correctly rounded, measured slower in tanh; tanh32 keeps its IR, its
  * small-x select put so that the host masks the division with it.)
  *
