@@ -66,12 +66,8 @@
 
 static bool is_vec(V x) { return LLVMGetTypeKind(type_of(x)) == LLVMVectorTypeKind; }
 
-/* x's element type: f64 (true) or f32 */
-static bool is64(cg *g, V x)
-{
-	T t = type_of(x);
-	return (is_vec(x) ? LLVMGetElementType(t) : t) == t_f64(g);
-}
+/* x's type: f64 (true) or f32 */
+static bool is64(cg *g, V x) { return type_of(x) == t_f64(g); }
 
 /* the constant k of x's type (in every lane of a vector) */
 static V kc(V x, double k)
@@ -150,9 +146,10 @@ static V scale2(cg *g, V p, V k)
 /* p 2^k in f32 lanes (4, 8 or 16: cg_math_lanes) for k a float holding an
  * integer in [-150, 128] and p in [0.7, 1.5]: one vscalefps (AVX-512F and
  * VL), for scale2's seven instructions. It computes p 2^floor(k) and
- * rounds once, to nearest even under the MXCSR's default: exactly what
- * scale2's exact exponent add and its one multiplication make, subnormal
- * results and overflow to inf included, so the two agree bit for bit
+ * rounds once under the MXCSR (to nearest even by default; flushed to 0
+ * with FTZ, as vmulps): exactly what scale2's exact exponent add and its
+ * one multiplication make, subnormal results and overflow to inf
+ * included, so the two agree bit for bit
  * (tests/test_codegen.c's host_exp_matches_generic sweeps it). A NaN p
  * (from a NaN x, which clampf passes through) gives a NaN, so vexpf_
  * needs no select for it either. */
@@ -529,10 +526,7 @@ static V libm2(cg *g, const char *name, V a, V b)
 LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 {
 	T t = type_of(x);
-	V one = kc(x, 1.0), zero = kc(x, 0.0);
-	if (is_vec(x)) /* cg_math_lanes' ops */
-		return op == FZ_OP_EXP ? vexpf_(g, x, false) :
-		       fdiv(g, one, fadd(g, one, vexpf_(g, x, true)));
+	V one = c_real(t, 1.0), zero = c_real(t, 0.0);
 	switch (op) {
 	case FZ_OP_NEG: return fneg(g, x);
 	case FZ_OP_ABS: return un(g, "llvm.fabs", x);
@@ -605,7 +599,8 @@ bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
 	V v = c_undef(t_vec(t_f32(g), (unsigned)n));
 	for (int l = 0; l < n; l++)
 		v = insert(g, v, x[l], (unsigned)l);
-	V y = cg_math_unary(g, op, v);
+	V y = op == FZ_OP_EXP ? vexpf_(g, v, false) :
+	      fdiv(g, kc(v, 1.0), fadd(g, kc(v, 1.0), vexpf_(g, v, true)));
 	for (int l = 0; l < n; l++)
 		out[l] = extract(g, y, (unsigned)l);
 	return true;
