@@ -219,11 +219,13 @@ static V expf_(cg *g, V x)
 /* expf_ of f32 lanes on the host with AVX-512 (cg_math_lanes): e^x, or
  * e^-x where neg (sigmoid's), the generic expf_'s result bit for bit:
  * - e^-x from x without the negation: the clamp of -x to [-104, 89] is
- *   the negative of x's to [-89, 104], and x log2 e and r of -x are the
- *   negatives of those of x exactly (rounding to nearest is symmetric),
- *   so r is computed negated, s = -r, and the polynomial in r by Horner
- *   in s with its odd coefficients negated, each step the exact negative
- *   of expf_'s or the same (one instruction fewer of sigmoid's);
+ *   the negative of x's to [-89, 104]; k comes from the same fma with
+ *   log2 e negated; the two fma that reduce -x give the exact negative s
+ *   of its r when they reduce x (rounding to nearest is symmetric); and
+ *   the polynomial in r is Horner's in s with the odd coefficients
+ *   negated, each step the exact negative of expf_'s or the same (one
+ *   instruction fewer of sigmoid's). (vrangeps would clamp in one
+ *   instruction, but it returns the bound for a NaN.)
  * - 2^k by scalef, and no NaN select (see scalef). */
 static V vexpf_(cg *g, V x, bool neg)
 {
