@@ -43,7 +43,7 @@
  * scale2's exact exponent add and one multiplication do, a NaN reaches
  * it as NaN, and each negated step is the exact negative of expf_'s; so
  * the host's results are the generic path's bit for bit (all 2^32 f32
- * inputs compared once, NaN as NaN; test_codegen's
+ * inputs compared by tools/bench/exp_bits.sh, NaN as NaN; test_codegen's
  * host_exp_matches_generic sweeps the edges against the emu target on
  * every run), and the CPU tests of the math still test the GPU's.
  * (Division stays vdivps: vrcp14ps and a Newton step, not
