@@ -521,8 +521,9 @@ static bool costly(const cg *g, const fz_value *v, int *budget)
 	return false;
 }
 
-/* v >= 0 (or NaN) for every element: an exp, a square, an abs, a sqrt,
- * and float casts of them (a walk of at most *budget nodes) */
+/* v >= 0 (or NaN) for every element: an exp, a square (mul(a, a), or
+ * pow(a, 2) as Hugging Face's RMS norms write it), an abs, a sqrt, and
+ * float casts of them (a walk of at most *budget nodes) */
 static bool nonneg(const cg *g, const fz_value *v, int *budget)
 {
 	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
@@ -533,6 +534,13 @@ static bool nonneg(const cg *g, const fz_value *v, int *budget)
 		return true;
 	case FZ_OP_MUL:
 		return n->in[0] == n->in[1];
+	case FZ_OP_POW: {
+		const fz_node *e = n->in[1]->def;
+		while (e && e->op == FZ_OP_BROADCAST_IN_DIM && --*budget >= 0)
+			e = e->in[0]->def;
+		return e && e->op == FZ_OP_FULL && e->attrs.value_sym < 0 &&
+		       fmod(e->attrs.value, 2.0) == 0.0;
+	}
 	case FZ_OP_CAST:
 		return fz_dtype_is_float(n->in[0]->type.dtype) && nonneg(g, n->in[0], budget);
 	default:
