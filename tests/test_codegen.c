@@ -1581,6 +1581,92 @@ START_TEST(host_streaming_stores)
 }
 END_TEST
 
+/* The f32 -> f64 vector widenings and the f32 vector adds in each basic
+ * block of a host kernel: does one block widen once after three adds (a
+ * block of four steps), does one widen four times or more (every step)? */
+typedef struct widenings {
+	bool blocked, per_step;
+} widenings;
+
+static fz_status count_widen(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	widenings *w = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb)) {
+			int widen = 0, adds = 0;
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i)) {
+				LLVMTypeRef t = LLVMTypeOf(i);
+				if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+					continue;
+				LLVMTypeKind e = LLVMGetTypeKind(LLVMGetElementType(t));
+				widen += LLVMGetInstructionOpcode(i) == LLVMFPExt && e == LLVMDoubleTypeKind;
+				adds += LLVMGetInstructionOpcode(i) == LLVMFAdd && e == LLVMFloatTypeKind;
+			}
+			w->blocked = w->blocked || (widen == 1 && adds >= 3);
+			w->per_step = w->per_step || widen >= 4;
+		}
+	return FZ_OK;
+}
+
+static widenings widen_counts(const char *src)
+{
+	widenings w = {false, false};
+	host_compile(src, NULL, count_widen, &w);
+	return w;
+}
+
+/* Steps of 16 lanes: 2^25, 1, -2^25, 1 down every lane. In f32 a block of
+ * those four steps sums to 0 (2^25 + 1 and 1 - 2^25 round to +-2^25); the
+ * exact sum is 2. */
+static void cancelling_rows(fz_tensor *in, int n_in)
+{
+	ck_assert_int_eq(n_in, 1);
+	float *x = in[0].data;
+	static const float step[4] = {0x1p25f, 1.0f, -0x1p25f, 1.0f};
+	for (int64_t i = 0; i < in[0].shape[0] * in[0].shape[1]; i++)
+		x[i] = step[(i / 16) % 4];
+}
+
+/* A host sum of terms never negative (softmax's exps, a sum of squares)
+ * adds four steps in f32 and widens their sum once; a sum that can cancel
+ * widens every step and stays the exact sum rounded once, where f32
+ * blocks would lose every one of a row's ones (reduction.c, pass()). */
+START_TEST(host_block_sums)
+{
+#if defined(__x86_64__)
+	static const char softmax[] =
+		"trace f(x: f32[64, 4096]) {\n  y = softmax(x, dim=1)\n  return y\n}\n";
+	static const char squares[] =
+		"trace f(x: bf16[64, 4096]) {\n  c = cast(x, dtype=f32)\n"
+		"  s = sum(mul(c, c), dims=[1])\n  return s\n}\n";
+	static const char pow2[] =
+		"trace f(x: f32[64, 4096]) {\n  s = sum(pow(x, 2), dims=[1])\n  return s\n}\n";
+	static const char plain[] =
+		"trace f(x: f32[64, 4096]) {\n  s = sum(x, dims=[1])\n  return s\n}\n";
+	widenings w = widen_counts(softmax);
+	ck_assert(w.blocked);
+	w = widen_counts(squares);
+	ck_assert(w.blocked);
+	ck_assert(!w.per_step);
+	w = widen_counts(pow2);
+	ck_assert(w.blocked);
+	w = widen_counts(plain);
+	ck_assert(!w.blocked);
+	ck_assert(w.per_step);
+	CLOSE(softmax, 1e-5, 0);
+	CLOSE(squares, 1e-5, 0);
+	CLOSE(pow2, 1e-5, 0);
+	int64_t none[] = {0};
+	ck_assert_double_eq(compare_run_with(plain, none, 7, 0, 0x1p-200, NULL, cancelling_rows), 0);
+#endif
+}
+END_TEST
+
 /* The blocks of a host kernel that load from input buffer 0 and from
  * input buffer 1 (a pointer the entry block loads from that slot of the
  * buffer array, the first parameter). */
@@ -1914,6 +2000,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(rd, scan_lengths);
 	tcase_add_test(rd, select_rows);
 	tcase_add_test(rd, host_streaming_stores);
+	tcase_add_test(rd, host_block_sums);
 	tcase_add_test(rd, host_keep_first_pass);
 	tcase_add_test(rd, rows_onehot_pick);
 	tcase_add_test(rd, rows_rescale_edges);
