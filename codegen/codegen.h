@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 26 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 28 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -145,7 +145,10 @@
                               * row invariants once per row, the tail's
                               * exp(y - c) from the stashed exp(y) (s10-ce);
                               * 26: host row tails prefetch the rows
-                              * ahead) */
+                              * ahead; 28: a host pointwise step takes
+                              * up to 8 lane groups along the innermost
+                              * dim, a cat's unused operands unread
+                              * (s11-rot)) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

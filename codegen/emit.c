@@ -1415,13 +1415,27 @@ static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK]
 				} else {
 					V rel = sub(g, cg_ix_value(g, ix[l][k]), startv);
 					in[l] = icmp(g, LLVMIntULT, rel, ev);
-					xi[l][k] = cg_ix_of(sel(g, in[l], rel, c_int(g->ity, 0)), 1);
+					if (is_const(rel) && is_const(in[l]))
+						/* a constant index stays one (lanes
+						 * o, o + 1, ...: one vector load) */
+						xi[l][k] = (cg_ix){NULL, LLVMConstIntGetZExtValue(in[l]) ?
+								   LLVMConstIntGetSExtValue(rel) : 0, 1};
+					else
+						xi[l][k] = cg_ix_of(sel(g, in[l], rel,
+									c_int(g->ity, 0)), 1);
 				}
 			}
-			cg_value(g, xp, nl, xi, vals);
-			for (int l = 0; l < nl; l++)
-				acc[l] = have ? sel(g, in[l], vals[l], acc[l]) : vals[l];
-			have = true;
+			/* a step of constant indices (pointwise.c's "a row at a
+			 * time") takes no lane from most operands: not read */
+			bool none = true;
+			for (int l = 0; l < nl && none; l++)
+				none = is_const(in[l]) && !LLVMConstIntGetZExtValue(in[l]);
+			if (!none) {
+				cg_value(g, xp, nl, xi, vals);
+				for (int l = 0; l < nl; l++)
+					acc[l] = have ? sel(g, in[l], vals[l], acc[l]) : vals[l];
+				have = true;
+			}
 			fz_ext ns;
 			if (fz_ext_is_const(start) && fz_ext_is_const(e)) {
 				start = fz_ext_const(start.c + e.c);
