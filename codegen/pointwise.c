@@ -118,10 +118,15 @@ static void add_work(cg *g, int e, fz_ext w)
  * lane group a thread. */
 #define STEP_MAX 8
 
+static bool steps_fit(cg *g, const fz_type *ty)
+{
+	return g->o.target == FZ_CG_HOST && g->o.vectorize && !g->serial && !g->by_rows &&
+	       ty->rank > 0 && fz_ext_is_const(ty->dims[ty->rank - 1]);
+}
+
 static int groups_per_step(cg *g, const fz_type *ty, int L)
 {
-	if (g->o.target != FZ_CG_HOST || !g->o.vectorize || g->serial || g->by_rows ||
-	    ty->rank == 0 || !fz_ext_is_const(ty->dims[ty->rank - 1]))
+	if (!steps_fit(g, ty))
 		return 1;
 	int64_t G = ty->dims[ty->rank - 1].c / L;
 	int U = 1;
@@ -130,14 +135,52 @@ static int groups_per_step(cg *g, const fz_type *ty, int L)
 	return U;
 }
 
-/* Step s's lane indices: ix[u][l] for group u, lane l (U groups of L lanes
- * along the innermost dim of ty). */
-static void step_lanes(cg *g, const fz_type *ty, V s, int U, int L,
+/* Rows a step of whole rows takes (see above): R consecutive rows of the
+ * dim outside the row, where an operand is broadcast along it (rotary's
+ * cos and sin over 32 heads), so that the R rows' groups at one offset
+ * read it once; 1 elsewhere. */
+#define ROWS_MAX 4
+
+static bool bcast_outside_row(const fz_region *r, const fz_type *ty)
+{
+	int d = ty->rank - 2;
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		if (n->op != FZ_OP_BROADCAST_IN_DIM || !fz_same_shape(&n->out[0]->type, ty))
+			continue;
+		bool maps = false; /* some dim of the operand moves along d */
+		for (int i = 0; i < n->in[0]->type.rank; i++)
+			maps = maps || (n->attrs.dims[i] == d &&
+					!fz_ext_is_one(n->in[0]->type.dims[i]));
+		if (!maps)
+			return true;
+	}
+	return false;
+}
+
+static int rows_per_step(cg *g, const fz_type *ty, int U, int L)
+{
+	int d = ty->rank - 2;
+	if (!steps_fit(g, ty) || d < 0 || (int64_t)U * L != ty->dims[d + 1].c || !fz_ext_is_const(ty->dims[d]) ||
+	    !bcast_outside_row(g->r, ty))
+		return 1;
+	int R = 1;
+	while (ty->dims[d].c % (2 * R) == 0 && 2 * R <= ROWS_MAX)
+		R *= 2;
+	return R;
+}
+
+/* Step s's lane indices: ix[r * U + u][l] for row r, group u, lane l (R
+ * rows of U groups of L lanes along the innermost dim of ty; R > 1 only
+ * where U groups are the row). */
+static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
 		       cg_ix (*ix)[FZ_VW_MAX][FZ_MAX_RANK])
 {
 	int last = ty->rank - 1;
-	fz_type steps = *ty; /* the innermost dim in steps */
+	fz_type steps = *ty; /* the innermost dim in steps, the next in rows */
 	steps.dims[last] = fz_ext_const(ty->dims[last].c / (U * L));
+	if (R > 1)
+		steps.dims[last - 1] = fz_ext_const(ty->dims[last - 1].c / R);
 	cg_ix base[FZ_MAX_RANK];
 	cg_delinearize(g, &steps, s, 1, base);
 	cg_ix k = base[last], in = {NULL, k.o * U * L, 1};
@@ -145,12 +188,23 @@ static void step_lanes(cg *g, const fz_type *ty, V s, int U, int L,
 		in.b = mul(g, k.b, c_int(g->ity, (int64_t)U * L));
 		in.m = k.m * U * L;
 	}
-	for (int u = 0; u < U; u++)
-		for (int l = 0; l < L; l++) {
-			memcpy(ix[u][l], base, sizeof base);
-			ix[u][l][last] = in;
-			ix[u][l][last].o += u * L + l;
-		}
+	cg_ix h = R > 1 ? base[last - 1] : cg_ix_zero(), row = {NULL, h.o * R, 1};
+	if (h.b) {
+		row.b = mul(g, h.b, c_int(g->ity, R));
+		row.m = h.m * R;
+	}
+	for (int r = 0; r < R; r++)
+		for (int u = 0; u < U; u++)
+			for (int l = 0; l < L; l++) {
+				cg_ix *x = ix[r * U + u][l];
+				memcpy(x, base, sizeof base);
+				if (R > 1) {
+					x[last - 1] = row;
+					x[last - 1].o += r;
+				}
+				x[last] = in;
+				x[last].o += u * L + l;
+			}
 }
 
 /* One grid-stride loop over the shape of `ty`, storing each output of the
@@ -171,8 +225,8 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	fz_ext work = numel, steps = numel;
 	work.c /= L;
 	add_work(g, 0, work);
-	int U = groups_per_step(g, ty, L);
-	steps.c /= (int64_t)L * U;
+	int U = groups_per_step(g, ty, L), R = rows_per_step(g, ty, U, L);
+	steps.c /= (int64_t)L * U * R;
 	V iters = cg_ext(g, steps), gid, gsz;
 	if (g->by_rows && fz_same_shape(ty, &g->by_rows->out[0]->type)) {
 		/* the part's rows of index_add's result, those it adds into */
@@ -191,9 +245,13 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	}
 	cg_loop L0;
 	cg_loop_begin(g, &L0, gid, iters, gsz);
-	cg_ix ix[STEP_MAX][FZ_VW_MAX][FZ_MAX_RANK];
-	if (U > 1) {
-		step_lanes(g, ty, L0.iv, U, L, ix);
+	cg_lanes *ix = malloc(sizeof *ix * (size_t)(R * U));
+	if (!ix) {
+		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+		return;
+	}
+	if (U > 1 || R > 1) {
+		step_lanes(g, ty, L0.iv, R, U, L, ix);
 	} else {
 		V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
 		cg_delinearize(g, ty, lin, L, ix[0][0]);
@@ -205,13 +263,15 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	g->stream = cg_stream_fits(g); /* nothing here reads an output back */
 	for (int u = 0; u < U; u++) {
 		int mark = cg_memo_mark(g);
-		for (int i = 0; i < n && g->st == FZ_OK; i++) {
-			V vals[FZ_VW_MAX];
-			cg_value(g, src[i], L, ix[u], vals);
-			cg_store(g, outs[i], L, ix[u], vals);
-		}
+		for (int r = 0; r < R; r++)
+			for (int i = 0; i < n && g->st == FZ_OK; i++) {
+				V vals[FZ_VW_MAX];
+				cg_value(g, src[i], L, ix[r * U + u], vals);
+				cg_store(g, outs[i], L, ix[r * U + u], vals);
+			}
 		cg_memo_pop(g, mark);
 	}
+	free(ix);
 	g->stream = false;
 	cg_loop_end(g, &L0);
 }
