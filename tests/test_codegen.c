@@ -1588,18 +1588,25 @@ typedef struct loads_of {
 	int blocks[2];
 } loads_of;
 
-static bool from_buffer(LLVMValueRef p, LLVMValueRef bufs, int in)
+/* The buffer slot an address is in, -1 if none. */
+static int slot_of(LLVMValueRef p, LLVMValueRef bufs)
 {
 	while (LLVMIsAGetElementPtrInst(p))
 		p = LLVMGetOperand(p, 0);
 	if (!LLVMIsALoadInst(p))
-		return false;
+		return -1;
 	LLVMValueRef slot = LLVMGetOperand(p, 0);
 	if (slot == bufs)
-		return in == 0;
-	return LLVMIsAGetElementPtrInst(slot) && LLVMGetOperand(slot, 0) == bufs &&
-	       LLVMIsAConstantInt(LLVMGetOperand(slot, 1)) &&
-	       LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) == (unsigned long long)in * 8;
+		return 0;
+	if (!LLVMIsAGetElementPtrInst(slot) || LLVMGetOperand(slot, 0) != bufs ||
+	    !LLVMIsAConstantInt(LLVMGetOperand(slot, 1)))
+		return -1;
+	return (int)(LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) / 8);
+}
+
+static bool from_buffer(LLVMValueRef p, LLVMValueRef bufs, int in)
+{
+	return slot_of(p, bufs) == in;
 }
 
 static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
@@ -1645,6 +1652,73 @@ START_TEST(host_keep_first_pass)
 	for (int in = 0; in < 2; in++) {
 		ck_assert_int_ge(a.blocks[in], 1);
 		ck_assert_int_le(a.blocks[in], 2);
+	}
+	EXACT(src, 0);
+#endif
+}
+END_TEST
+
+/* A host kernel's loads from each of its first 8 buffer slots, and its
+ * selects of floats. */
+typedef struct rot_counts {
+	int loads[8];
+	int fselects;
+} rot_counts;
+
+static fz_status count_rot(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	rot_counts *a = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
+			continue;
+		LLVMValueRef bufs = LLVMGetParam(f, 0);
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb))
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i)) {
+				int s = LLVMIsALoadInst(i) ? slot_of(LLVMGetOperand(i, 0), bufs) : -1;
+				if (s >= 0 && s < 8)
+					a->loads[s]++;
+				LLVMTypeRef t = LLVMTypeOf(i);
+				if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
+					t = LLVMGetElementType(t);
+				a->fselects += LLVMGetInstructionOpcode(i) == LLVMSelect &&
+					       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
+			}
+	}
+	return FZ_OK;
+}
+
+/* Rotary on the host, q bf16 [B, T, H, 128]: a step of the pointwise loop
+ * is whole rows (pointwise.c, "a row at a time"), so rotate_half's cat
+ * resolves when the code is built: no select between its operands, and q
+ * read twice an element (as itself and as the other half), where the cat
+ * read both of its operands and selected; cos and sin, broadcast over the
+ * heads, are read once for 4 rows. Bit-exact. */
+START_TEST(host_rotary_rows)
+{
+#if defined(__x86_64__)
+	static const char src[] =
+		"trace f(q: bf16[2, 8, 8, 128], cos: bf16[8, 1, 128], sin: bf16[8, 1, 128]) {\n"
+		"  q1 = slice(q, start=[0, 0, 0, 0], end=[2, 8, 8, 64])\n"
+		"  q2 = slice(q, start=[0, 0, 0, 64], end=[2, 8, 8, 128])\n"
+		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
+		"  return r\n}\n";
+	rot_counts a = {{0}, 0};
+	host_compile(src, NULL, count_rot, &a);
+	ck_assert_int_eq(a.fselects, 0);
+	int q = 0; /* q's slot: the most loads; cos and sin the others */
+	for (int s = 1; s < 3; s++)
+		if (a.loads[s] > a.loads[q])
+			q = s;
+	for (int s = 0; s < 3; s++) {
+		ck_assert_int_ge(a.loads[s], 1);
+		if (s != q)
+			ck_assert_msg(4 * a.loads[s] <= a.loads[q], "slot %d: %d loads, q %d",
+				      s, a.loads[s], a.loads[q]);
 	}
 	EXACT(src, 0);
 #endif
@@ -1809,6 +1883,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, bf16_rounding_edges);
+	tcase_add_test(pw, host_rotary_rows);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
