@@ -100,47 +100,46 @@ static void add_work(cg *g, int e, fz_ext w)
 }
 
 /* ---- a row at a time (host) ------------------------------------------------------
- * A step of the host's loop takes U lane groups along the innermost dim,
- * U * L elements that divide its extent W, 128 at most: where that is the
- * whole row (W = 128 of bf16: a head of rotary's q), the loop runs over
- * rows, the step's innermost indices are constants, and every view along
- * that dim resolves when the code is built: a slice's offset is a
- * constant, a cat takes one operand at each group (cat's clamped index and
- * select fold away, and the other operand is not read), and a broadcast
- * row (rotary's cos and sin over the heads) is one base index a step. The
- * outer dims' indices are delinearized once a step, not once a group. One
- * group at a step, rotary's loop (q bf16 [4,1024,32,128], cos and sin
- * [1024,1,128], q * cos + rotate_half(q) * sin) took 75 instructions a
- * group: 35 scalar ones to split the index and rebuild three addresses,
- * and the cat's two loads of q and a select; now it takes 41 a group, 19
- * scalar ones a row. Where W is wider, U groups of a step share one
- * delinearization (U * L = 128: 8 groups of 16 lanes). The GPU keeps a
- * lane group a thread. */
-#define STEP_MAX 8
+ * Where a cat runs along the innermost dim (rotary's rotate_half:
+ * cat(-x[..., D/2:], x[..., :D/2])) and the row is 8 lane groups or fewer,
+ * a step of the host's loop is a whole row: its groups' innermost indices
+ * are constants, so every view along that dim resolves when the code is
+ * built: a slice's offset is a constant, the cat takes one operand at each
+ * group (its clamped index and select fold away, the other operand is not
+ * read: emit.c), and the outer dims' indices are split once a row, not once
+ * a group. Where an operand is also broadcast along the dim outside the row
+ * (cos and sin over the heads), a step takes 2 or more consecutive rows, up
+ * to 16 groups, and reads that operand once for them.
+ *
+ * Rotary (q bf16 [4,1024,32,128], cos and sin [1024,1,128]) took 75
+ * instructions a 16-lane group, a group a step: 35 scalar ones to split the
+ * index and rebuild three addresses, and the cat's two loads of q and a
+ * select. A step of 2 rows of 8 groups takes 28 a group (4 loads of q and
+ * 2.5 of cos and sin a group, all vector instructions), 14 scalar ones a
+ * step. in_cache.py at one thread, ns an element in L2: 0.439 before, 0.374
+ * a row a step, 0.351 two rows (0.343 four, but a step of 32 groups took
+ * 0.42 s to compile where 16 take 0.13 and one 0.03: the IR grows with the
+ * step, and the SLP vectorizer with it). Without such a cat a step stays a
+ * lane group: a wider step bought a wide expression (silu's exp) nothing
+ * but its compile time (a tiny Llama's backward: 0.3 s to 1.5). The GPU
+ * keeps a lane group a thread. */
+#define STEP_GROUPS 16 /* lane groups a step at most */
 
-static bool steps_fit(cg *g, const fz_type *ty)
+/* A cat along the innermost dim, of rows as wide as ty's. */
+static bool cat_along_row(const fz_region *r, const fz_type *ty)
 {
-	return g->o.target == FZ_CG_HOST && g->o.vectorize && !g->serial && !g->by_rows &&
-	       ty->rank > 0 && fz_ext_is_const(ty->dims[ty->rank - 1]);
+	fz_ext w = ty->dims[ty->rank - 1];
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		const fz_type *o = &n->out[0]->type;
+		if (n->op == FZ_OP_CAT && n->attrs.dim == o->rank - 1 &&
+		    fz_ext_eq(o->dims[o->rank - 1], w))
+			return true;
+	}
+	return false;
 }
 
-static int groups_per_step(cg *g, const fz_type *ty, int L)
-{
-	if (!steps_fit(g, ty))
-		return 1;
-	int64_t G = ty->dims[ty->rank - 1].c / L;
-	int U = 1;
-	while (G % (2 * U) == 0 && 2 * U <= STEP_MAX && 2 * U * L <= 128)
-		U *= 2;
-	return U;
-}
-
-/* Rows a step of whole rows takes (see above): R consecutive rows of the
- * dim outside the row, where an operand is broadcast along it (rotary's
- * cos and sin over 32 heads), so that the R rows' groups at one offset
- * read it once; 1 elsewhere. */
-#define ROWS_MAX 4
-
+/* An operand broadcast along the dim outside ty's rows. */
 static bool bcast_outside_row(const fz_region *r, const fz_type *ty)
 {
 	int d = ty->rank - 2;
@@ -158,36 +157,35 @@ static bool bcast_outside_row(const fz_region *r, const fz_type *ty)
 	return false;
 }
 
-static int rows_per_step(cg *g, const fz_type *ty, int U, int L)
+/* Rows a step takes, 0 where a step is a lane group; *U: groups a row. */
+static int rows_per_step(cg *g, const fz_type *ty, int L, int *U)
 {
-	int d = ty->rank - 2;
-	if (!steps_fit(g, ty) || d < 0 || (int64_t)U * L != ty->dims[d + 1].c || !fz_ext_is_const(ty->dims[d]) ||
-	    !bcast_outside_row(g->r, ty))
-		return 1;
+	int last = ty->rank - 1;
+	*U = 1;
+	if (g->o.target != FZ_CG_HOST || !g->o.vectorize || g->serial || g->by_rows ||
+	    last < 0 || !fz_ext_is_const(ty->dims[last]) ||
+	    ty->dims[last].c / L > STEP_GROUPS / 2 || !cat_along_row(g->r, ty))
+		return 0;
+	*U = (int)(ty->dims[last].c / L);
 	int R = 1;
-	while (ty->dims[d].c % (2 * R) == 0 && 2 * R <= ROWS_MAX)
-		R *= 2;
+	if (last >= 1 && fz_ext_is_const(ty->dims[last - 1]) && bcast_outside_row(g->r, ty))
+		while (ty->dims[last - 1].c % (2 * R) == 0 && 2 * R * *U <= STEP_GROUPS)
+			R *= 2;
 	return R;
 }
 
 /* Step s's lane indices: ix[r * U + u][l] for row r, group u, lane l (R
- * rows of U groups of L lanes along the innermost dim of ty; R > 1 only
- * where U groups are the row). */
+ * rows of U groups of L lanes: the innermost dim of ty). */
 static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
 		       cg_ix (*ix)[FZ_VW_MAX][FZ_MAX_RANK])
 {
 	int last = ty->rank - 1;
-	fz_type steps = *ty; /* the innermost dim in steps, the next in rows */
-	steps.dims[last] = fz_ext_const(ty->dims[last].c / (U * L));
+	fz_type steps = *ty; /* the rows in steps */
+	steps.dims[last] = fz_ext_const(1);
 	if (R > 1)
 		steps.dims[last - 1] = fz_ext_const(ty->dims[last - 1].c / R);
 	cg_ix base[FZ_MAX_RANK];
 	cg_delinearize(g, &steps, s, 1, base);
-	cg_ix k = base[last], in = {NULL, k.o * U * L, 1};
-	if (k.b) {
-		in.b = mul(g, k.b, c_int(g->ity, (int64_t)U * L));
-		in.m = k.m * U * L;
-	}
 	cg_ix h = R > 1 ? base[last - 1] : cg_ix_zero(), row = {NULL, h.o * R, 1};
 	if (h.b) {
 		row.b = mul(g, h.b, c_int(g->ity, R));
@@ -202,8 +200,7 @@ static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
 					x[last - 1] = row;
 					x[last - 1].o += r;
 				}
-				x[last] = in;
-				x[last].o += u * L + l;
+				x[last] = (cg_ix){NULL, u * L + l, 1};
 			}
 }
 
@@ -225,8 +222,8 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	fz_ext work = numel, steps = numel;
 	work.c /= L;
 	add_work(g, 0, work);
-	int U = groups_per_step(g, ty, L), R = rows_per_step(g, ty, U, L);
-	steps.c /= (int64_t)L * U * R;
+	int U, R = rows_per_step(g, ty, L, &U), N = R ? R * U : 1; /* groups a step */
+	steps.c /= (int64_t)L * N;
 	V iters = cg_ext(g, steps), gid, gsz;
 	if (g->by_rows && fz_same_shape(ty, &g->by_rows->out[0]->type)) {
 		/* the part's rows of index_add's result, those it adds into */
@@ -243,14 +240,14 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
 		gsz = mul(g, cg_nctaid(g), cg_ntid(g));
 	}
-	cg_loop L0;
-	cg_loop_begin(g, &L0, gid, iters, gsz);
-	cg_lanes *ix = malloc(sizeof *ix * (size_t)(R * U));
+	cg_lanes *ix = malloc(sizeof *ix * (size_t)N);
 	if (!ix) {
 		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
 		return;
 	}
-	if (U > 1 || R > 1) {
+	cg_loop L0;
+	cg_loop_begin(g, &L0, gid, iters, gsz);
+	if (R) {
 		step_lanes(g, ty, L0.iv, R, U, L, ix);
 	} else {
 		V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
@@ -261,9 +258,13 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		}
 	}
 	g->stream = cg_stream_fits(g); /* nothing here reads an output back */
+	/* group u of every row, then u + 1: what a group computes is not kept
+	 * for the next (the SLP vectorizer mixed the lanes of two groups' uses
+	 * of one load of q: rotate_half reads the row's q again), but the rows
+	 * share what they read at one offset (cos and sin) */
 	for (int u = 0; u < U; u++) {
 		int mark = cg_memo_mark(g);
-		for (int r = 0; r < R; r++)
+		for (int r = 0; r < (R ? R : 1); r++)
 			for (int i = 0; i < n && g->st == FZ_OK; i++) {
 				V vals[FZ_VW_MAX];
 				cg_value(g, src[i], L, ix[r * U + u], vals);

@@ -1697,7 +1697,7 @@ static fz_status count_rot(const fz_region *r, int op, fz_kernel *k, void *ud, c
  * resolves when the code is built: no select between its operands, and q
  * read twice an element (as itself and as the other half), where the cat
  * read both of its operands and selected; cos and sin, broadcast over the
- * heads, are read once for 4 rows. Bit-exact. */
+ * heads, are read once for 2 rows (8 heads). Bit-exact. */
 START_TEST(host_rotary_rows)
 {
 #if defined(__x86_64__)
