@@ -1581,14 +1581,25 @@ START_TEST(host_streaming_stores)
 }
 END_TEST
 
-/* The blocks of a host kernel that load from input buffer 0 and from
- * input buffer 1 (a pointer the entry block loads from that slot of the
- * buffer array, the first parameter). */
-typedef struct loads_of {
-	int blocks[2];
-} loads_of;
+/* Each instruction of a host kernel's functions that have a body, with
+ * the function's buffer array (its first parameter). */
+static void each_inst(fz_kernel *k, void (*fn)(LLVMValueRef i, LLVMValueRef bufs, void *ud),
+		      void *ud)
+{
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
+			continue;
+		LLVMValueRef bufs = LLVMGetParam(f, 0);
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
+		     bb = LLVMGetNextBasicBlock(bb))
+			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
+			     i = LLVMGetNextInstruction(i))
+				fn(i, bufs, ud);
+	}
+}
 
-/* The buffer slot an address is in, -1 if none. */
+/* The buffer slot an address is in (a pointer the entry block loads from
+ * that slot of the buffer array), -1 if none. */
 static int slot_of(LLVMValueRef p, LLVMValueRef bufs)
 {
 	while (LLVMIsAGetElementPtrInst(p))
@@ -1604,9 +1615,26 @@ static int slot_of(LLVMValueRef p, LLVMValueRef bufs)
 	return (int)(LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) / 8);
 }
 
-static bool from_buffer(LLVMValueRef p, LLVMValueRef bufs, int in)
+static int load_slot(LLVMValueRef i, LLVMValueRef bufs)
 {
-	return slot_of(p, bufs) == in;
+	return LLVMIsALoadInst(i) ? slot_of(LLVMGetOperand(i, 0), bufs) : -1;
+}
+
+/* The blocks of a host kernel that load from input buffer 0 and from
+ * input buffer 1. */
+typedef struct loads_of {
+	int blocks[2];
+	LLVMBasicBlockRef last[2]; /* the last block counted */
+} loads_of;
+
+static void block_loads(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	loads_of *a = ud;
+	int s = load_slot(i, bufs);
+	if (s < 0 || s > 1 || a->last[s] == LLVMGetInstructionParent(i))
+		return;
+	a->last[s] = LLVMGetInstructionParent(i);
+	a->blocks[s]++;
 }
 
 static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
@@ -1614,23 +1642,7 @@ static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, vo
 	(void)r;
 	(void)op;
 	(void)err;
-	loads_of *a = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
-		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
-			continue;
-		LLVMValueRef bufs = LLVMGetParam(f, 0);
-		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb)) {
-			bool any[2] = {false, false};
-			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
-			     i = LLVMGetNextInstruction(i))
-				for (int in = 0; in < 2; in++)
-					any[in] = any[in] || (LLVMIsALoadInst(i) &&
-						  from_buffer(LLVMGetOperand(i, 0), bufs, in));
-			a->blocks[0] += any[0];
-			a->blocks[1] += any[1];
-		}
-	}
+	each_inst(k, block_loads, ud);
 	return FZ_OK;
 }
 
@@ -1647,7 +1659,7 @@ START_TEST(host_keep_first_pass)
 		"trace f(x: bf16[2048, 2048], r: bf16[2048, 2048], w: bf16[2048], b: bf16[2048]) {\n"
 		"  h = add(x, r)\n"
 		"  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n  return h, y\n}\n";
-	loads_of a = {{0, 0}};
+	loads_of a = {{0, 0}, {NULL, NULL}};
 	host_compile(src, NULL, count_buffer_loads, &a);
 	for (int in = 0; in < 2; in++) {
 		ck_assert_int_ge(a.blocks[in], 1);
@@ -1665,30 +1677,25 @@ typedef struct rot_counts {
 	int fselects;
 } rot_counts;
 
+static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	rot_counts *a = ud;
+	int s = load_slot(i, bufs);
+	if (s >= 0 && s < 8)
+		a->loads[s]++;
+	LLVMTypeRef t = LLVMTypeOf(i);
+	if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
+		t = LLVMGetElementType(t);
+	a->fselects += LLVMGetInstructionOpcode(i) == LLVMSelect &&
+		       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
+}
+
 static fz_status count_rot(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
 	(void)r;
 	(void)op;
 	(void)err;
-	rot_counts *a = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
-		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
-			continue;
-		LLVMValueRef bufs = LLVMGetParam(f, 0);
-		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb))
-			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
-			     i = LLVMGetNextInstruction(i)) {
-				int s = LLVMIsALoadInst(i) ? slot_of(LLVMGetOperand(i, 0), bufs) : -1;
-				if (s >= 0 && s < 8)
-					a->loads[s]++;
-				LLVMTypeRef t = LLVMTypeOf(i);
-				if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
-					t = LLVMGetElementType(t);
-				a->fselects += LLVMGetInstructionOpcode(i) == LLVMSelect &&
-					       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
-			}
-	}
+	each_inst(k, rot_inst, ud);
 	return FZ_OK;
 }
 
@@ -1837,7 +1844,7 @@ START_TEST(rows_invariant_loaded_once)
 		"trace f(x: f32[64, 4096], tau: f32[64]) {\n"
 		"  y = softmax(mul(x, unsqueeze(exp(tau), dim=1)), dim=1)\n"
 		"  return y\n}\n";
-	loads_of a = {{0, 0}};
+	loads_of a = {{0, 0}, {NULL, NULL}};
 	host_compile(src, NULL, count_buffer_loads, &a);
 	ck_assert_int_eq(a.blocks[0], 1); /* tau */
 	ck_assert_int_ge(a.blocks[1], 2); /* x: the max's pass and the sum's */
