@@ -1581,11 +1581,20 @@ START_TEST(host_streaming_stores)
 }
 END_TEST
 
-/* Each instruction of a host kernel's functions that have a body, with
- * the function's buffer array (its first parameter). */
-static void each_inst(fz_kernel *k, void (*fn)(LLVMValueRef i, LLVMValueRef bufs, void *ud),
-		      void *ud)
+/* A kernel callback (host_compile's) calling fn(i, bufs, ud) on each
+ * instruction of the kernel's functions that have a body, with the
+ * function's buffer array (its first parameter). */
+typedef struct inst_walk {
+	void (*fn)(LLVMValueRef i, LLVMValueRef bufs, void *ud);
+	void *ud;
+} inst_walk;
+
+static fz_status each_inst(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
+	(void)r;
+	(void)op;
+	(void)err;
+	inst_walk *w = ud;
 	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
 		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
 			continue;
@@ -1594,8 +1603,9 @@ static void each_inst(fz_kernel *k, void (*fn)(LLVMValueRef i, LLVMValueRef bufs
 		     bb = LLVMGetNextBasicBlock(bb))
 			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
 			     i = LLVMGetNextInstruction(i))
-				fn(i, bufs, ud);
+				w->fn(i, bufs, w->ud);
 	}
+	return FZ_OK;
 }
 
 /* The buffer slot an address is in (a pointer the entry block loads from
@@ -1637,15 +1647,6 @@ static void block_loads(LLVMValueRef i, LLVMValueRef bufs, void *ud)
 	a->blocks[s]++;
 }
 
-static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
-{
-	(void)r;
-	(void)op;
-	(void)err;
-	each_inst(k, block_loads, ud);
-	return FZ_OK;
-}
-
 /* An add + layer_norm with both results as outputs, on the host: the keep
  * (h) goes to the scratch in the mean's pass, and the variance's pass and
  * the tail read it back, so x and r are read by the first pass alone (its
@@ -1660,7 +1661,7 @@ START_TEST(host_keep_first_pass)
 		"  h = add(x, r)\n"
 		"  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n  return h, y\n}\n";
 	loads_of a = {{0, 0}, {NULL, NULL}};
-	host_compile(src, NULL, count_buffer_loads, &a);
+	host_compile(src, NULL, each_inst, &(inst_walk){block_loads, &a});
 	for (int in = 0; in < 2; in++) {
 		ck_assert_int_ge(a.blocks[in], 1);
 		ck_assert_int_le(a.blocks[in], 2);
@@ -1690,15 +1691,6 @@ static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
 		       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
 }
 
-static fz_status count_rot(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
-{
-	(void)r;
-	(void)op;
-	(void)err;
-	each_inst(k, rot_inst, ud);
-	return FZ_OK;
-}
-
 /* Rotary on the host, q bf16 [B, T, H, 128]: a step of the pointwise loop
  * is whole rows (pointwise.c, "a row at a time"), so rotate_half's cat
  * resolves when the code is built: no select between its operands, and q
@@ -1715,7 +1707,7 @@ START_TEST(host_rotary_rows)
 		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
 		"  return r\n}\n";
 	rot_counts a = {{0}, 0};
-	host_compile(src, NULL, count_rot, &a);
+	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &a});
 	ck_assert_int_eq(a.fselects, 0);
 	int q = 0; /* q's slot: the most loads; cos and sin the others */
 	for (int s = 1; s < 3; s++)
@@ -1845,7 +1837,7 @@ START_TEST(rows_invariant_loaded_once)
 		"  y = softmax(mul(x, unsqueeze(exp(tau), dim=1)), dim=1)\n"
 		"  return y\n}\n";
 	loads_of a = {{0, 0}, {NULL, NULL}};
-	host_compile(src, NULL, count_buffer_loads, &a);
+	host_compile(src, NULL, each_inst, &(inst_walk){block_loads, &a});
 	ck_assert_int_eq(a.blocks[0], 1); /* tau */
 	ck_assert_int_ge(a.blocks[1], 2); /* x: the max's pass and the sum's */
 	CLOSE(src, 1e-5, 0);
