@@ -1676,6 +1676,7 @@ END_TEST
 typedef struct rot_counts {
 	int loads[8];
 	int fselects;
+	int prefetches;
 } rot_counts;
 
 static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
@@ -1689,6 +1690,11 @@ static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
 		t = LLVMGetElementType(t);
 	a->fselects += LLVMGetInstructionOpcode(i) == LLVMSelect &&
 		       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
+	if (LLVMIsACallInst(i)) {
+		size_t len;
+		const char *nm = LLVMGetValueName2(LLVMGetCalledValue(i), &len);
+		a->prefetches += strcmp(nm, "llvm.prefetch.p0") == 0;
+	}
 }
 
 /* Rotary on the host, q bf16 [B, T, H, 128]: a step of the pointwise loop
@@ -1696,7 +1702,9 @@ static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
  * resolves when the code is built: no select between its operands, and q
  * read twice an element (as itself and as the other half), where the cat
  * read both of its operands and selected; cos and sin, broadcast over the
- * heads, are read once for 2 rows (8 heads). Bit-exact. */
+ * heads, are read once for 2 rows (8 heads). Bit-exact. Where the output
+ * streams (16 MiB), the step prefetches q's lines ahead ("the rows'
+ * prefetch"). */
 START_TEST(host_rotary_rows)
 {
 #if defined(__x86_64__)
@@ -1706,8 +1714,9 @@ START_TEST(host_rotary_rows)
 		"  q2 = slice(q, start=[0, 0, 0, 64], end=[2, 8, 8, 128])\n"
 		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
 		"  return r\n}\n";
-	rot_counts a = {{0}, 0};
+	rot_counts a = {{0}, 0, 0};
 	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &a});
+	ck_assert_int_eq(a.prefetches, 0); /* 64 KiB: in the cache */
 	ck_assert_int_eq(a.fselects, 0);
 	int q = 0; /* q's slot: the most loads; cos and sin the others */
 	for (int s = 1; s < 3; s++)
@@ -1720,6 +1729,18 @@ START_TEST(host_rotary_rows)
 				      s, a.loads[s], a.loads[q]);
 	}
 	EXACT(src, 0);
+	/* 16 MiB streams, and prefetches each line of q (2 rows of 256 bytes
+	 * a step: 8 lines), compiled only */
+	static const char big[] =
+		"trace f(q: bf16[8, 256, 32, 128], cos: bf16[256, 1, 128], sin: bf16[256, 1, 128]) {\n"
+		"  q1 = slice(q, start=[0, 0, 0, 0], end=[8, 256, 32, 64])\n"
+		"  q2 = slice(q, start=[0, 0, 0, 64], end=[8, 256, 32, 128])\n"
+		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
+		"  return r\n}\n";
+	rot_counts b = {{0}, 0, 0};
+	host_compile(big, NULL, each_inst, &(inst_walk){rot_inst, &b});
+	ck_assert_int_eq(b.prefetches, 8);
+	ck_assert_int_eq(b.fselects, 0);
 #endif
 }
 END_TEST
