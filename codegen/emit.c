@@ -12,7 +12,8 @@
  *                    step * i; reshape: matching leading and trailing dims
  *                    map straight through, the middle is linearized and
  *                    split again; cat: each operand at a clamped index, then
- *                    a select)
+ *                    a select; an operand no lane takes, where the indices
+ *                    are constants, is not read)
  *   full, iota,      constants, the index itself, Philox4x32-10 of the
  *   uniform          linear index (ir/philox.h is the definition)
  *   take,            the index tensor at the mapped index, checked against

@@ -23,7 +23,10 @@
  * at most FZ_VW_MAX (16: a bf16 kernel computes one register of f32),
  * halved until it divides the innermost extent, and the grid is the parts of a launch (fz_host_fn):
  * each part runs a contiguous chunk of the lane groups as a plain loop,
- * which the SLP vectorizer turns into vector instructions. The index type is i32 when the launcher knows every extent and
+ * which the SLP vectorizer turns into vector instructions; where a cat
+ * runs along a short row (rotary's rotate_half), a step of that loop is
+ * one or more whole rows, its innermost indices constants (see "a row at
+ * a time"). The index type is i32 when the launcher knows every extent and
  * offset fits (fz_cg_options.idx32, a separate specialization).
  *
  * index_add(x, idx, src, dim) is a scatter: the result starts as x (the
