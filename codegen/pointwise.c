@@ -117,9 +117,10 @@ static void add_work(cg *g, int e, fz_ext w)
  * Rotary (q bf16 [4,1024,32,128], cos and sin [1024,1,128]) took 75
  * instructions a 16-lane group, a group a step: 35 scalar ones to split the
  * index and rebuild three addresses, and the cat's two loads of q and a
- * select. A step of 2 rows of 8 groups takes 28 a group (4 loads of q and
- * 2.5 of cos and sin a group, all vector instructions), 14 scalar ones a
- * step. in_cache.py at one thread, ns an element in L2: 0.439 before, 0.374
+ * select. A step of 2 rows of 8 groups takes 28.5 vector instructions a
+ * group (two loads of q, as itself and as the other half, and one of cos
+ * or sin), and 22 others a step (the index, 8 prefetches, the loop).
+ * in_cache.py at one thread, ns an element in L2: 0.439 before, 0.374
  * a row a step, 0.351 two rows (0.343 four, but a step of 32 groups took
  * 0.42 s to compile where 16 take 0.13 and one 0.03: the IR grows with the
  * step, and the SLP vectorizer with it). Without such a cat a step stays a
@@ -202,9 +203,13 @@ static void prefetch_rows(cg *g, const fz_type *ty, int N, int U, int L,
 				continue;
 			cg_ix lin;
 			cg_linear(g, &v->type, ix[q][0], &lin);
-			V off = add(g, cg_ix_value(g, lin), c_int(g->ity, PF_BYTES / es));
-			V p = LLVMBuildGEP2(g->b, cg_stype(g, v->type.dtype),
-					    g->buf[g->slot[v->id]], &off, 1, "");
+			/* base, then the constant on top: a displacement (emit.c's
+			 * ix_ptr) */
+			T st = cg_stype(g, v->type.dtype);
+			V p = g->buf[g->slot[v->id]], o = c_i64(g, lin.o + PF_BYTES / es);
+			if (lin.b)
+				p = LLVMBuildGEP2(g->b, st, p, &lin.b, 1, "");
+			p = LLVMBuildGEP2(g->b, st, p, &o, 1, "");
 			V args[4] = {p, c_i32(g, 0), c_i32(g, 3), c_i32(g, 1)};
 			call_intrinsic(g, "llvm.prefetch", t_ptr(g, 0), t_void(g), args, 4);
 		}
