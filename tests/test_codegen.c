@@ -1705,15 +1705,22 @@ static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
  * heads, are read once for 2 rows (8 heads). Bit-exact. Where the output
  * streams (16 MiB), the step prefetches q's lines ahead ("the rows'
  * prefetch"). */
+/* Rotary of q bf16 [b, t, 8, 128] (cos and sin [t, 1, 128]) as a trace. */
+static void rotary_src(char *buf, size_t n, int b, int t)
+{
+	snprintf(buf, n,
+		 "trace f(q: bf16[%d, %d, 8, 128], cos: bf16[%d, 1, 128], sin: bf16[%d, 1, 128]) {\n"
+		 "  q1 = slice(q, start=[0, 0, 0, 0], end=[%d, %d, 8, 64])\n"
+		 "  q2 = slice(q, start=[0, 0, 0, 64], end=[%d, %d, 8, 128])\n"
+		 "  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
+		 "  return r\n}\n", b, t, t, t, b, t, b, t);
+}
+
 START_TEST(host_rotary_rows)
 {
 #if defined(__x86_64__)
-	static const char src[] =
-		"trace f(q: bf16[2, 8, 8, 128], cos: bf16[8, 1, 128], sin: bf16[8, 1, 128]) {\n"
-		"  q1 = slice(q, start=[0, 0, 0, 0], end=[2, 8, 8, 64])\n"
-		"  q2 = slice(q, start=[0, 0, 0, 64], end=[2, 8, 8, 128])\n"
-		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
-		"  return r\n}\n";
+	char src[512];
+	rotary_src(src, sizeof src, 2, 8);
 	rot_counts a = {{0}, 0, 0};
 	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &a});
 	ck_assert_int_eq(a.prefetches, 0); /* 64 KiB: in the cache */
@@ -1731,16 +1738,11 @@ START_TEST(host_rotary_rows)
 	EXACT(src, 0);
 	/* 16 MiB streams, and prefetches each line of q (2 rows of 256 bytes
 	 * a step: 8 lines), compiled only */
-	static const char big[] =
-		"trace f(q: bf16[8, 256, 32, 128], cos: bf16[256, 1, 128], sin: bf16[256, 1, 128]) {\n"
-		"  q1 = slice(q, start=[0, 0, 0, 0], end=[8, 256, 32, 64])\n"
-		"  q2 = slice(q, start=[0, 0, 0, 64], end=[8, 256, 32, 128])\n"
-		"  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
-		"  return r\n}\n";
-	rot_counts b = {{0}, 0, 0};
-	host_compile(big, NULL, each_inst, &(inst_walk){rot_inst, &b});
-	ck_assert_int_eq(b.prefetches, 8);
-	ck_assert_int_eq(b.fselects, 0);
+	rotary_src(src, sizeof src, 32, 256);
+	rot_counts big = {{0}, 0, 0};
+	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &big});
+	ck_assert_int_eq(big.prefetches, 8);
+	ck_assert_int_eq(big.fselects, 0);
 #endif
 }
 END_TEST
