@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 29 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 30 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -147,11 +147,15 @@
                               * 26: host row tails prefetch the rows
                               * ahead; 27: host f32 exp and sigmoid in
                               * vectors with vscalefps, tanh's select
-                              * as the division's mask (s11-exp); 29:
-                              * host sums of terms never negative add
+                              * as the division's mask (s11-exp); 28: a
+                              * host pointwise step takes up to 8 lane
+                              * groups along the innermost dim (whole
+                              * rows where a cat runs along them), a
+                              * cat's unused operands unread (s11-rot);
+                              * 29: host sums of terms never negative add
                               * blocks of four steps in f32 before f64,
                               * the amax step in four instructions
-                              * (s11-sm)) */
+                              * (s11-sm); 30: all three merged) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

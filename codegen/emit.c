@@ -12,7 +12,8 @@
  *                    step * i; reshape: matching leading and trailing dims
  *                    map straight through, the middle is linearized and
  *                    split again; cat: each operand at a clamped index, then
- *                    a select)
+ *                    a select; an operand no lane takes, where the indices
+ *                    are constants, is not read)
  *   full, iota,      constants, the index itself, Philox4x32-10 of the
  *   uniform          linear index (ir/philox.h is the definition)
  *   take,            the index tensor at the mapped index, checked against
@@ -643,17 +644,29 @@ static unsigned lanes_align(unsigned es, int nl)
 	return a > 16 ? 16 : a;
 }
 
+/* The address of element x of slot s. The host's is its base's element,
+ * then the constant part on top (a second GEP): the backend folds that
+ * into the instruction's displacement, where b + o in 32-bit indices
+ * (idx32) is a sum it must widen first (rotary's row of 8 lane groups of
+ * 3 operands: a leal and a movslq a load). */
+static V ix_ptr(cg *g, int s, fz_dtype d, cg_ix x, int n, bool st, unsigned align)
+{
+	if (g->o.target != FZ_CG_HOST || !x.b || !x.o)
+		return cg_access_ptr(g, s, d, cg_ix_value(g, x), n, st, align);
+	return gep(g, cg_stype(g, d), cg_elem_ptr(g, s, d, x.b), c_i64(g, x.o));
+}
+
 static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out)
 {
 	fz_dtype d = v->type.dtype;
 	T st = cg_stype(g, d);
 	unsigned es = (unsigned)fz_dtype_size(d);
-	cg_ix lin[FZ_VW_MAX];
+	cg_ix lin[FZ_VW_MAX] = {{0}};
 	for (int l = 0; l < nl; l++)
 		cg_linear(g, &v->type, ix[l], &lin[l]);
 	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
 	if (shape == 0) {
-		V x = load(g, st, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), 1, false, es), es);
+		V x = load(g, st, ix_ptr(g, s, d, lin[0], 1, false, es), es);
 		x = cg_from_storage(g, x, d);
 		for (int l = 0; l < nl; l++)
 			out[l] = x;
@@ -661,15 +674,15 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 	}
 	if (shape == 1) {
 		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
-		V p = cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, false, al);
+		V p = ix_ptr(g, s, d, lin[0], nl, false, al);
 		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 		for (int l = 0; l < nl; l++)
 			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
 		return;
 	}
 	for (int l = 0; l < nl; l++)
-		out[l] = cg_from_storage(g, load(g, st, cg_access_ptr(g, s, d,
-					 cg_ix_value(g, lin[l]), 1, false, es), es), d);
+		out[l] = cg_from_storage(g, load(g, st, ix_ptr(g, s, d, lin[l], 1, false, es),
+						 es), d);
 }
 
 /* The storage form of a value cg_value made. A bf16 compute value is
@@ -757,15 +770,14 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		/* (split by hand into 16-byte stores, the SLP vectorizer
 		 * narrows the whole expression to them and the backend folds
 		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
-		V sv = store(g, vec, cg_access_ptr(g, s, d, cg_ix_value(g, lin[0]), nl, true, al), al);
+		V sv = store(g, vec, ix_ptr(g, s, d, lin[0], nl, true, al), al);
 		if (g->stream && al == 16) /* aligned, 16 bytes or more */
 			stream_store(g, sv);
 		return;
 	}
 	int n = shape == 0 ? 1 : nl;
 	for (int l = 0; l < n; l++)
-		store(g, stored(g, vals[l], d),
-		      cg_access_ptr(g, s, d, cg_ix_value(g, lin[l]), 1, true, es), es);
+		store(g, stored(g, vals[l], d), ix_ptr(g, s, d, lin[l], 1, true, es), es);
 }
 
 /* ---- elementwise ops --------------------------------------------------------------- */
@@ -1421,13 +1433,27 @@ static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK]
 				} else {
 					V rel = sub(g, cg_ix_value(g, ix[l][k]), startv);
 					in[l] = icmp(g, LLVMIntULT, rel, ev);
-					xi[l][k] = cg_ix_of(sel(g, in[l], rel, c_int(g->ity, 0)), 1);
+					if (is_const(rel) && is_const(in[l]))
+						/* a constant index stays one (lanes
+						 * o, o + 1, ...: one vector load) */
+						xi[l][k] = (cg_ix){NULL, LLVMConstIntGetZExtValue(in[l]) ?
+								   LLVMConstIntGetSExtValue(rel) : 0, 1};
+					else
+						xi[l][k] = cg_ix_of(sel(g, in[l], rel,
+									c_int(g->ity, 0)), 1);
 				}
 			}
-			cg_value(g, xp, nl, xi, vals);
-			for (int l = 0; l < nl; l++)
-				acc[l] = have ? sel(g, in[l], vals[l], acc[l]) : vals[l];
-			have = true;
+			/* a step of constant indices (pointwise.c's "a row at a
+			 * time") takes no lane from most operands: not read */
+			bool none = true;
+			for (int l = 0; l < nl && none; l++)
+				none = is_const(in[l]) && !LLVMConstIntGetZExtValue(in[l]);
+			if (!none) {
+				cg_value(g, xp, nl, xi, vals);
+				for (int l = 0; l < nl; l++)
+					acc[l] = have ? sel(g, in[l], vals[l], acc[l]) : vals[l];
+				have = true;
+			}
 			fz_ext ns;
 			if (fz_ext_is_const(start) && fz_ext_is_const(e)) {
 				start = fz_ext_const(start.c + e.c);

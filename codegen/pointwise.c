@@ -23,7 +23,10 @@
  * at most FZ_VW_MAX (16: a bf16 kernel computes one register of f32),
  * halved until it divides the innermost extent, and the grid is the parts of a launch (fz_host_fn):
  * each part runs a contiguous chunk of the lane groups as a plain loop,
- * which the SLP vectorizer turns into vector instructions. The index type is i32 when the launcher knows every extent and
+ * which the SLP vectorizer turns into vector instructions; where a cat
+ * runs along a short row (rotary's rotate_half), a step of that loop is
+ * one or more whole rows, its innermost indices constants (see "a row at
+ * a time"). The index type is i32 when the launcher knows every extent and
  * offset fits (fz_cg_options.idx32, a separate specialization).
  *
  * index_add(x, idx, src, dim) is a scatter: the result starts as x (the
@@ -99,6 +102,150 @@ static void add_work(cg *g, int e, fz_ext w)
 		k->work[e][k->n_work[e]++] = w;
 }
 
+/* ---- a row at a time (host) ------------------------------------------------------
+ * Where a cat runs along the innermost dim (rotary's rotate_half:
+ * cat(-x[..., D/2:], x[..., :D/2])) and the row is 8 lane groups or fewer,
+ * a step of the host's loop is a whole row: its groups' innermost indices
+ * are constants, so every view along that dim resolves when the code is
+ * built: a slice's offset is a constant, the cat takes one operand at each
+ * group (its clamped index and select fold away, the other operand is not
+ * read: emit.c), and the outer dims' indices are split once a row, not once
+ * a group. Where an operand is also broadcast along the dim outside the row
+ * (cos and sin over the heads), a step takes 2 or more consecutive rows, up
+ * to 16 groups, and reads that operand once for them.
+ *
+ * Rotary (q bf16 [4,1024,32,128], cos and sin [1024,1,128]) took 75
+ * instructions a 16-lane group, a group a step: 35 scalar ones to split the
+ * index and rebuild three addresses, and the cat's two loads of q and a
+ * select. A step of 2 rows of 8 groups takes 28.5 vector instructions a
+ * group (two loads of q, as itself and as the other half, and one of cos
+ * or sin), and 22 others a step (the index, 8 prefetches, the loop).
+ * in_cache.py at one thread, ns an element in L2: 0.439 before, 0.374
+ * a row a step, 0.351 two rows (0.343 four, but a step of 32 groups took
+ * 0.42 s to compile where 16 take 0.13 and one 0.03: the IR grows with the
+ * step, and the SLP vectorizer with it). Without such a cat a step stays a
+ * lane group: a wider step bought a wide expression (silu's exp) nothing
+ * but its compile time (a tiny Llama's backward: 0.3 s to 1.5). The GPU
+ * keeps a lane group a thread. */
+#define STEP_GROUPS 16 /* lane groups a step at most */
+
+/* A cat along the innermost dim, of rows as wide as ty's. */
+static bool cat_along_row(const fz_region *r, const fz_type *ty)
+{
+	fz_ext w = ty->dims[ty->rank - 1];
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		const fz_type *o = &n->out[0]->type;
+		if (n->op == FZ_OP_CAT && n->attrs.dim == o->rank - 1 &&
+		    fz_ext_eq(o->dims[o->rank - 1], w))
+			return true;
+	}
+	return false;
+}
+
+/* An operand broadcast along the dim outside ty's rows. */
+static bool bcast_outside_row(const fz_region *r, const fz_type *ty)
+{
+	int d = ty->rank - 2;
+	for (int j = 0; j < r->n_nodes; j++) {
+		const fz_node *n = r->nodes[j];
+		if (n->op != FZ_OP_BROADCAST_IN_DIM || !fz_same_shape(&n->out[0]->type, ty))
+			continue;
+		bool maps = false; /* some dim of the operand moves along d */
+		for (int i = 0; i < n->in[0]->type.rank; i++)
+			maps = maps || (n->attrs.dims[i] == d &&
+					!fz_ext_is_one(n->in[0]->type.dims[i]));
+		if (!maps)
+			return true;
+	}
+	return false;
+}
+
+/* Rows a step takes, 0 where a step is a lane group; *U: groups a row. */
+static int rows_per_step(cg *g, const fz_type *ty, int L, int *U)
+{
+	int last = ty->rank - 1;
+	*U = 1;
+	if (g->o.target != FZ_CG_HOST || !g->o.vectorize || g->serial || g->by_rows ||
+	    last < 0 || !fz_ext_is_const(ty->dims[last]) ||
+	    ty->dims[last].c / L > STEP_GROUPS / 2 || !cat_along_row(g->r, ty))
+		return 0;
+	*U = (int)(ty->dims[last].c / L);
+	int R = 1;
+	if (last >= 1 && fz_ext_is_const(ty->dims[last - 1]) && bcast_outside_row(g->r, ty))
+		while (ty->dims[last - 1].c % (2 * R) == 0 && 2 * R * *U <= STEP_GROUPS)
+			R *= 2;
+	return R;
+}
+
+/* The rows' prefetch: a step of whole rows that streams its outputs (emit.c,
+ * "streaming stores": 16 MiB or more) prefetches, for every input of its
+ * shape, each 64-byte line of its rows PF_BYTES on, one prefetcht0 a line,
+ * as reduction.c's tails do ("the prefetch"). Rotary from memory
+ * (cpu_bench.py --cold, two threads, a busy machine, fractions of the
+ * run's copy bandwidth, runs alternated): 57, 39, 52% without, 80, 50, 82%
+ * 4 KiB ahead, 54, 74, 72% 8 KiB ahead; at a quieter moment 4.42 ms
+ * without, 3.57 ms with (70 and 80% of copy). A prefetch never faults: the
+ * last rows' run past the buffer's end, the address made without
+ * inbounds. */
+#define PF_BYTES 4096
+
+static void prefetch_rows(cg *g, const fz_type *ty, int N, int U, int L,
+			  cg_ix (*ix)[FZ_VW_MAX][FZ_MAX_RANK])
+{
+	for (int i = 0; i < g->r->n_in; i++) {
+		const fz_value *v = g->r->in[i];
+		if (!fz_same_shape(&v->type, ty))
+			continue;
+		int es = (int)fz_dtype_size(v->type.dtype);
+		for (int q = 0; q < N; q++) {
+			if ((q % U) * L * es % 64)
+				continue;
+			cg_ix lin;
+			cg_linear(g, &v->type, ix[q][0], &lin);
+			/* base, then the constant on top: a displacement (emit.c's
+			 * ix_ptr) */
+			T st = cg_stype(g, v->type.dtype);
+			V p = g->buf[g->slot[v->id]], o = c_i64(g, lin.o + PF_BYTES / es);
+			if (lin.b)
+				p = LLVMBuildGEP2(g->b, st, p, &lin.b, 1, "");
+			p = LLVMBuildGEP2(g->b, st, p, &o, 1, "");
+			V args[4] = {p, c_i32(g, 0), c_i32(g, 3), c_i32(g, 1)};
+			call_intrinsic(g, "llvm.prefetch", t_ptr(g, 0), t_void(g), args, 4);
+		}
+	}
+}
+
+/* Step s's lane indices: ix[r * U + u][l] for row r, group u, lane l (R
+ * rows of U groups of L lanes: the innermost dim of ty). */
+static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
+		       cg_ix (*ix)[FZ_VW_MAX][FZ_MAX_RANK])
+{
+	int last = ty->rank - 1;
+	fz_type steps = *ty; /* the rows in steps */
+	steps.dims[last] = fz_ext_const(1);
+	if (R > 1)
+		steps.dims[last - 1] = fz_ext_const(ty->dims[last - 1].c / R);
+	cg_ix base[FZ_MAX_RANK];
+	cg_delinearize(g, &steps, s, 1, base);
+	cg_ix h = R > 1 ? base[last - 1] : cg_ix_zero(), row = {NULL, h.o * R, 1};
+	if (h.b) {
+		row.b = mul(g, h.b, c_int(g->ity, R));
+		row.m = h.m * R;
+	}
+	for (int r = 0; r < R; r++)
+		for (int u = 0; u < U; u++)
+			for (int l = 0; l < L; l++) {
+				cg_ix *x = ix[r * U + u][l];
+				memcpy(x, base, sizeof base);
+				if (R > 1) {
+					x[last - 1] = row;
+					x[last - 1].o += r;
+				}
+				x[last] = (cg_ix){NULL, u * L + l, 1};
+			}
+}
+
 /* One grid-stride loop over the shape of `ty`, storing each output of the
  * group; `src[i]` is what output i stores (itself, or index_add's x). */
 static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
@@ -114,10 +261,12 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	L = ty->rank == 0 ? 1 : cg_lanes_fit(g, L, inner);
 	if (L > g->k->vec)
 		g->k->vec = L;
-	fz_ext work = numel;
+	fz_ext work = numel, steps = numel;
 	work.c /= L;
 	add_work(g, 0, work);
-	V iters = cg_ext(g, work), gid, gsz;
+	int U, R = rows_per_step(g, ty, L, &U), N = R ? R * U : 1; /* groups a step */
+	steps.c /= (int64_t)L * N;
+	V iters = cg_ext(g, steps), gid, gsz;
 	if (g->by_rows && fz_same_shape(ty, &g->by_rows->out[0]->type)) {
 		/* the part's rows of index_add's result, those it adds into */
 		V r0, r1, per = udiv(g, iters, cg_ext(g, ty->dims[0]));
@@ -133,21 +282,41 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		gid = add(g, mul(g, cg_ctaid(g), cg_ntid(g)), cg_tid(g));
 		gsz = mul(g, cg_nctaid(g), cg_ntid(g));
 	}
+	cg_lanes *ix = malloc(sizeof *ix * (size_t)N);
+	if (!ix) {
+		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
+		return;
+	}
 	cg_loop L0;
 	cg_loop_begin(g, &L0, gid, iters, gsz);
-	V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
-	cg_ix ix[FZ_VW_MAX][FZ_MAX_RANK];
-	cg_delinearize(g, ty, lin, L, ix[0]);
-	for (int l = 1; l < L; l++) {
-		memcpy(ix[l], ix[0], sizeof ix[0]);
-		ix[l][ty->rank - 1].o += l;
+	if (R) {
+		step_lanes(g, ty, L0.iv, R, U, L, ix);
+	} else {
+		V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
+		cg_delinearize(g, ty, lin, L, ix[0][0]);
+		for (int l = 1; l < L; l++) {
+			memcpy(ix[0][l], ix[0][0], sizeof ix[0][0]);
+			ix[0][l][ty->rank - 1].o += l;
+		}
 	}
 	g->stream = cg_stream_fits(g); /* nothing here reads an output back */
-	for (int i = 0; i < n && g->st == FZ_OK; i++) {
-		V vals[FZ_VW_MAX];
-		cg_value(g, src[i], L, ix, vals);
-		cg_store(g, outs[i], L, ix, vals);
+	/* group u of every row, then u + 1: what a group computes is not kept
+	 * for the next (the SLP vectorizer mixed the lanes of two groups' uses
+	 * of one load of q: rotate_half reads the row's q again), but the rows
+	 * share what they read at one offset (cos and sin) */
+	if (R && g->stream)
+		prefetch_rows(g, ty, N, U, L, ix);
+	for (int u = 0; u < U; u++) {
+		int mark = cg_memo_mark(g);
+		for (int r = 0; r < (R ? R : 1); r++)
+			for (int i = 0; i < n && g->st == FZ_OK; i++) {
+				V vals[FZ_VW_MAX];
+				cg_value(g, src[i], L, ix[r * U + u], vals);
+				cg_store(g, outs[i], L, ix[r * U + u], vals);
+			}
+		cg_memo_pop(g, mark);
 	}
+	free(ix);
 	g->stream = false;
 	cg_loop_end(g, &L0);
 }

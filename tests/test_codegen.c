@@ -1581,42 +1581,110 @@ START_TEST(host_streaming_stores)
 }
 END_TEST
 
-/* The f32 -> f64 vector widenings and the f32 vector adds in each basic
- * block of a host kernel: does one block widen once after three adds (a
- * block of four steps), does one widen four times or more (every step)? */
-typedef struct widenings {
-	bool blocked, per_step;
-} widenings;
+/* A kernel callback (host_compile's) calling fn(i, bufs, ud) on each
+ * instruction of the kernel's functions that have a body, with the
+ * function's buffer array (its first parameter). */
+typedef struct inst_walk {
+	void (*fn)(LLVMValueRef i, LLVMValueRef bufs, void *ud);
+	void *ud;
+} inst_walk;
 
-static fz_status count_widen(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+static fz_status each_inst(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
 	(void)r;
 	(void)op;
 	(void)err;
-	widenings *w = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+	inst_walk *w = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
+			continue;
+		LLVMValueRef bufs = LLVMGetParam(f, 0);
 		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb)) {
-			int widen = 0, adds = 0;
+		     bb = LLVMGetNextBasicBlock(bb))
 			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
-			     i = LLVMGetNextInstruction(i)) {
-				LLVMTypeRef t = LLVMTypeOf(i);
-				if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
-					continue;
-				LLVMTypeKind e = LLVMGetTypeKind(LLVMGetElementType(t));
-				widen += LLVMGetInstructionOpcode(i) == LLVMFPExt && e == LLVMDoubleTypeKind;
-				adds += LLVMGetInstructionOpcode(i) == LLVMFAdd && e == LLVMFloatTypeKind;
-			}
-			w->blocked = w->blocked || (widen == 1 && adds >= 3);
-			w->per_step = w->per_step || widen >= 4;
-		}
+			     i = LLVMGetNextInstruction(i))
+				w->fn(i, bufs, w->ud);
+	}
 	return FZ_OK;
+}
+
+/* The buffer slot an address is in (a pointer the entry block loads from
+ * that slot of the buffer array), -1 if none. */
+static int slot_of(LLVMValueRef p, LLVMValueRef bufs)
+{
+	while (LLVMIsAGetElementPtrInst(p))
+		p = LLVMGetOperand(p, 0);
+	if (!LLVMIsALoadInst(p))
+		return -1;
+	LLVMValueRef slot = LLVMGetOperand(p, 0);
+	if (slot == bufs)
+		return 0;
+	if (!LLVMIsAGetElementPtrInst(slot) || LLVMGetOperand(slot, 0) != bufs ||
+	    !LLVMIsAConstantInt(LLVMGetOperand(slot, 1)))
+		return -1;
+	return (int)(LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) / 8);
+}
+
+static int load_slot(LLVMValueRef i, LLVMValueRef bufs)
+{
+	return LLVMIsALoadInst(i) ? slot_of(LLVMGetOperand(i, 0), bufs) : -1;
+}
+
+/* The blocks of a host kernel that load from input buffer 0 and from
+ * input buffer 1. */
+typedef struct loads_of {
+	int blocks[2];
+	LLVMBasicBlockRef last[2]; /* the last block counted */
+} loads_of;
+
+static void block_loads(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	loads_of *a = ud;
+	int s = load_slot(i, bufs);
+	if (s < 0 || s > 1 || a->last[s] == LLVMGetInstructionParent(i))
+		return;
+	a->last[s] = LLVMGetInstructionParent(i);
+	a->blocks[s]++;
+}
+
+/* The f32 -> f64 vector widenings and the f32 vector adds in each basic
+ * block of a host kernel (each_inst's fn): does one block widen once
+ * after three adds (a block of four steps), does one widen four times or
+ * more (every step)? */
+typedef struct widenings {
+	bool blocked, per_step;
+	LLVMBasicBlockRef bb; /* the block being counted, and its counts */
+	int widen, adds;
+} widenings;
+
+static void widen_end(widenings *w)
+{
+	w->blocked = w->blocked || (w->widen == 1 && w->adds >= 3);
+	w->per_step = w->per_step || w->widen >= 4;
+	w->widen = w->adds = 0;
+}
+
+static void widen_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	(void)bufs;
+	widenings *w = ud;
+	if (LLVMGetInstructionParent(i) != w->bb) {
+		widen_end(w);
+		w->bb = LLVMGetInstructionParent(i);
+	}
+	LLVMTypeRef t = LLVMTypeOf(i);
+	if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+		return;
+	LLVMTypeKind e = LLVMGetTypeKind(LLVMGetElementType(t));
+	w->widen += LLVMGetInstructionOpcode(i) == LLVMFPExt && e == LLVMDoubleTypeKind;
+	w->adds += LLVMGetInstructionOpcode(i) == LLVMFAdd && e == LLVMFloatTypeKind;
 }
 
 static widenings widen_counts(const char *src)
 {
-	widenings w = {false, false};
-	host_compile(src, NULL, count_widen, &w);
+	widenings w = {false, false, NULL, 0, 0};
+	host_compile(src, NULL, each_inst, &(inst_walk){widen_inst, &w});
+	widen_end(&w);
 	return w;
 }
 
@@ -1667,52 +1735,6 @@ START_TEST(host_block_sums)
 }
 END_TEST
 
-/* The blocks of a host kernel that load from input buffer 0 and from
- * input buffer 1 (a pointer the entry block loads from that slot of the
- * buffer array, the first parameter). */
-typedef struct loads_of {
-	int blocks[2];
-} loads_of;
-
-static bool from_buffer(LLVMValueRef p, LLVMValueRef bufs, int in)
-{
-	while (LLVMIsAGetElementPtrInst(p))
-		p = LLVMGetOperand(p, 0);
-	if (!LLVMIsALoadInst(p))
-		return false;
-	LLVMValueRef slot = LLVMGetOperand(p, 0);
-	if (slot == bufs)
-		return in == 0;
-	return LLVMIsAGetElementPtrInst(slot) && LLVMGetOperand(slot, 0) == bufs &&
-	       LLVMIsAConstantInt(LLVMGetOperand(slot, 1)) &&
-	       LLVMConstIntGetZExtValue(LLVMGetOperand(slot, 1)) == (unsigned long long)in * 8;
-}
-
-static fz_status count_buffer_loads(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
-{
-	(void)r;
-	(void)op;
-	(void)err;
-	loads_of *a = ud;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
-		if (LLVMCountParams(f) == 0 || !LLVMGetFirstBasicBlock(f))
-			continue;
-		LLVMValueRef bufs = LLVMGetParam(f, 0);
-		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb;
-		     bb = LLVMGetNextBasicBlock(bb)) {
-			bool any[2] = {false, false};
-			for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i;
-			     i = LLVMGetNextInstruction(i))
-				for (int in = 0; in < 2; in++)
-					any[in] = any[in] || (LLVMIsALoadInst(i) &&
-						  from_buffer(LLVMGetOperand(i, 0), bufs, in));
-			a->blocks[0] += any[0];
-			a->blocks[1] += any[1];
-		}
-	}
-	return FZ_OK;
-}
-
 /* An add + layer_norm with both results as outputs, on the host: the keep
  * (h) goes to the scratch in the mean's pass, and the variance's pass and
  * the tail read it back, so x and r are read by the first pass alone (its
@@ -1726,13 +1748,89 @@ START_TEST(host_keep_first_pass)
 		"trace f(x: bf16[2048, 2048], r: bf16[2048, 2048], w: bf16[2048], b: bf16[2048]) {\n"
 		"  h = add(x, r)\n"
 		"  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n  return h, y\n}\n";
-	loads_of a = {{0, 0}};
-	host_compile(src, NULL, count_buffer_loads, &a);
+	loads_of a = {{0, 0}, {NULL, NULL}};
+	host_compile(src, NULL, each_inst, &(inst_walk){block_loads, &a});
 	for (int in = 0; in < 2; in++) {
 		ck_assert_int_ge(a.blocks[in], 1);
 		ck_assert_int_le(a.blocks[in], 2);
 	}
 	EXACT(src, 0);
+#endif
+}
+END_TEST
+
+/* A host kernel's loads from each of its first 8 buffer slots, and its
+ * selects of floats. */
+typedef struct rot_counts {
+	int loads[8];
+	int fselects;
+	int prefetches;
+} rot_counts;
+
+static void rot_inst(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	rot_counts *a = ud;
+	int s = load_slot(i, bufs);
+	if (s >= 0 && s < 8)
+		a->loads[s]++;
+	LLVMTypeRef t = LLVMTypeOf(i);
+	if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
+		t = LLVMGetElementType(t);
+	a->fselects += LLVMGetInstructionOpcode(i) == LLVMSelect &&
+		       LLVMGetTypeKind(t) == LLVMFloatTypeKind;
+	if (LLVMIsACallInst(i)) {
+		size_t len;
+		const char *nm = LLVMGetValueName2(LLVMGetCalledValue(i), &len);
+		a->prefetches += strcmp(nm, "llvm.prefetch.p0") == 0;
+	}
+}
+
+/* Rotary on the host, q bf16 [B, T, H, 128]: a step of the pointwise loop
+ * is whole rows (pointwise.c, "a row at a time"), so rotate_half's cat
+ * resolves when the code is built: no select between its operands, and q
+ * read twice an element (as itself and as the other half), where the cat
+ * read both of its operands and selected; cos and sin, broadcast over the
+ * heads, are read once for 2 rows (8 heads). Bit-exact. Where the output
+ * streams (16 MiB), the step prefetches q's lines ahead ("the rows'
+ * prefetch"). */
+/* Rotary of q bf16 [b, t, 8, 128] (cos and sin [t, 1, 128]) as a trace. */
+static void rotary_src(char *buf, size_t n, int b, int t)
+{
+	snprintf(buf, n,
+		 "trace f(q: bf16[%d, %d, 8, 128], cos: bf16[%d, 1, 128], sin: bf16[%d, 1, 128]) {\n"
+		 "  q1 = slice(q, start=[0, 0, 0, 0], end=[%d, %d, 8, 64])\n"
+		 "  q2 = slice(q, start=[0, 0, 0, 64], end=[%d, %d, 8, 128])\n"
+		 "  r = add(mul(q, cos), mul(cat(neg(q2), q1, dim=3), sin))\n"
+		 "  return r\n}\n", b, t, t, t, b, t, b, t);
+}
+
+START_TEST(host_rotary_rows)
+{
+#if defined(__x86_64__)
+	char src[512];
+	rotary_src(src, sizeof src, 2, 8);
+	rot_counts a = {{0}, 0, 0};
+	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &a});
+	ck_assert_int_eq(a.prefetches, 0); /* 64 KiB: in the cache */
+	ck_assert_int_eq(a.fselects, 0);
+	int q = 0; /* q's slot: the most loads; cos and sin the others */
+	for (int s = 1; s < 3; s++)
+		if (a.loads[s] > a.loads[q])
+			q = s;
+	for (int s = 0; s < 3; s++) {
+		ck_assert_int_ge(a.loads[s], 1);
+		if (s != q)
+			ck_assert_msg(4 * a.loads[s] <= a.loads[q], "slot %d: %d loads, q %d",
+				      s, a.loads[s], a.loads[q]);
+	}
+	EXACT(src, 0);
+	/* 16 MiB streams, and prefetches each line of q (2 rows of 256 bytes
+	 * a step: 8 lines), compiled only */
+	rotary_src(src, sizeof src, 32, 256);
+	rot_counts big = {{0}, 0, 0};
+	host_compile(src, NULL, each_inst, &(inst_walk){rot_inst, &big});
+	ck_assert_int_eq(big.prefetches, 8);
+	ck_assert_int_eq(big.fselects, 0);
 #endif
 }
 END_TEST
@@ -1849,8 +1947,8 @@ START_TEST(rows_invariant_loaded_once)
 		"trace f(x: f32[64, 4096], tau: f32[64]) {\n"
 		"  y = softmax(mul(x, unsqueeze(exp(tau), dim=1)), dim=1)\n"
 		"  return y\n}\n";
-	loads_of a = {{0, 0}};
-	host_compile(src, NULL, count_buffer_loads, &a);
+	loads_of a = {{0, 0}, {NULL, NULL}};
+	host_compile(src, NULL, each_inst, &(inst_walk){block_loads, &a});
 	ck_assert_int_eq(a.blocks[0], 1); /* tau */
 	ck_assert_int_ge(a.blocks[1], 2); /* x: the max's pass and the sum's */
 	CLOSE(src, 1e-5, 0);
@@ -1992,6 +2090,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, host_exp_matches_generic);
 	tcase_add_test(pw, bf16_rounding_edges);
+	tcase_add_test(pw, host_rotary_rows);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
