@@ -1835,6 +1835,30 @@ START_TEST(host_rotary_rows)
 }
 END_TEST
 
+/* A pointwise step of one lane group that streams (16 MiB out) prefetches
+ * each input of its shape ahead too (swiglu's g and u: one each a step,
+ * the broadcast bias none); a small one does not (pointwise.c, "the
+ * rows' prefetch"). */
+START_TEST(host_pointwise_prefetch)
+{
+#if defined(__x86_64__)
+	static const char big[] =
+		"trace f(g: bf16[2048, 4096], u: bf16[2048, 4096], b: bf16[4096]) {\n"
+		"  y = mul(silu(add(g, b)), u)\n  return y\n}\n";
+	static const char small[] =
+		"trace f(g: bf16[64, 4096], u: bf16[64, 4096], b: bf16[4096]) {\n"
+		"  y = mul(silu(add(g, b)), u)\n  return y\n}\n";
+	rot_counts a = {{0}, 0, 0};
+	host_compile(big, NULL, each_inst, &(inst_walk){rot_inst, &a});
+	ck_assert_int_eq(a.prefetches, 2);
+	rot_counts s = {{0}, 0, 0};
+	host_compile(small, NULL, each_inst, &(inst_walk){rot_inst, &s});
+	ck_assert_int_eq(s.prefetches, 0);
+	EXACT(small, 0);
+#endif
+}
+END_TEST
+
 /* ---- the pick, the row invariants, the rescale (reduction.c) ----------------------- */
 
 /* The most passes over a row that any kernel of the trace makes. */
@@ -2091,6 +2115,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, host_exp_matches_generic);
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
+	tcase_add_test(pw, host_pointwise_prefetch);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
 	tcase_add_test(rd, reduction_inner_outer);
