@@ -500,13 +500,23 @@ static bool region_input(const cg *g, const fz_value *v)
 	return s >= 0 && s < g->r->n_in;
 }
 
+/* v's node, where a walk down the region's expression goes on past v: v
+ * is neither an input of the region nor a reduced value, and the walk's
+ * *budget is not spent (NULL otherwise) */
+static const fz_node *inner(const cg *g, const fz_value *v, int *budget)
+{
+	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
+		return NULL;
+	return v->def;
+}
+
 /* v's expression, down to the region's inputs and reduced values, has a
  * transcendental op in it (pass() and the stash below ask) */
 static bool costly(const cg *g, const fz_value *v, int *budget)
 {
-	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
+	const fz_node *n = inner(g, v, budget);
+	if (!n)
 		return false;
-	const fz_node *n = v->def;
 	switch (n->op) {
 	case FZ_OP_EXP: case FZ_OP_EXP2: case FZ_OP_EXPM1: case FZ_OP_LOG:
 	case FZ_OP_LOG2: case FZ_OP_LOG1P: case FZ_OP_SIN: case FZ_OP_COS:
@@ -526,9 +536,9 @@ static bool costly(const cg *g, const fz_value *v, int *budget)
  * float casts of them (a walk of at most *budget nodes) */
 static bool nonneg(const cg *g, const fz_value *v, int *budget)
 {
-	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
+	const fz_node *n = inner(g, v, budget);
+	if (!n)
 		return false;
-	const fz_node *n = v->def;
 	switch (n->op) {
 	case FZ_OP_EXP: case FZ_OP_EXP2: case FZ_OP_ABS: case FZ_OP_SQRT:
 		return true;
@@ -871,13 +881,14 @@ static bool is_v_pointwise(const cg *g, const fz_value *o, const fz_value *v, in
 {
 	if (o == v)
 		return true;
-	if (--*budget < 0 || !o->def || region_input(g, o) || g->is_red[o->id])
+	const fz_node *n = inner(g, o, budget);
+	if (!n)
 		return false;
-	fz_opclass c = fz_ops[o->def->op].cls;
+	fz_opclass c = fz_ops[n->op].cls;
 	if (c != FZ_CLASS_UNARY && c != FZ_CLASS_BINARY && c != FZ_CLASS_TERNARY)
 		return false;
-	for (int i = 0; i < o->def->n_in; i++)
-		if (is_v_pointwise(g, o->def->in[i], v, budget))
+	for (int i = 0; i < n->n_in; i++)
+		if (is_v_pointwise(g, n->in[i], v, budget))
 			return true;
 	return false;
 }
@@ -1094,10 +1105,9 @@ static bool made_from(const cg *g, const fz_value *v, const fz_value *o, int *bu
 {
 	if (v == o)
 		return true;
-	if (--*budget < 0 || !v->def || region_input(g, v) || g->is_red[v->id])
-		return false;
-	for (int i = 0; i < v->def->n_in; i++)
-		if (made_from(g, v->def->in[i], o, budget))
+	const fz_node *n = inner(g, v, budget);
+	for (int i = 0; n && i < n->n_in; i++)
+		if (made_from(g, n->in[i], o, budget))
 			return true;
 	return false;
 }
