@@ -110,20 +110,12 @@ static V splatn(cg *g, int n, V x)
 
 static V splat(cg *g, V x) { return splatn(g, VW, x); }
 
-/* Constant c in each of n lanes. */
-static V csplat(V c, int n)
-{
-	V e[16];
-	for (int l = 0; l < n; l++)
-		e[l] = c;
-	return LLVMConstVector(e, (unsigned)n);
-}
 
-static V vconstn(cg *g, int n, double x) { return csplat(c_f32(g, x), n); }
+static V vconstn(cg *g, int n, double x) { return c_splat(c_f32(g, x), n); }
 
 static V vconst(cg *g, double x) { return vconstn(g, VW, x); }
 
-static V splat_i32(cg *g, int n, int x) { return csplat(c_i32(g, x), n); }
+static V splat_i32(cg *g, int n, int x) { return c_splat(c_i32(g, x), n); }
 
 static V vfma(cg *g, V a, V b, V c)
 {

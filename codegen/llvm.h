@@ -159,6 +159,32 @@ static inline V call_intrinsic(cg *g, const char *name, T over, T ret, V *args, 
 	return LLVMBuildCall2(g->b, fty, f, args, n, "");
 }
 
+/* x[0..n) as the lanes of one vector (vt: n of their type). */
+static inline V pack(cg *g, T vt, const V *x, int n)
+{
+	V v = c_undef(vt);
+	for (int l = 0; l < n; l++)
+		v = insert(g, v, x[l], (unsigned)l);
+	return v;
+}
+
+/* The constant c in each of n lanes (n at most 16). */
+static inline V c_splat(V c, int n)
+{
+	V e[16];
+	for (int l = 0; l < n; l++)
+		e[l] = c;
+	return LLVMConstVector(e, (unsigned)n);
+}
+
+/* A prefetch of the line at p for a read, into every cache level
+ * (prefetcht0 on x86; an address past a buffer's end never faults). */
+static inline void prefetch(cg *g, V p)
+{
+	V args[4] = {p, c_i32(g, 0), c_i32(g, 3), c_i32(g, 1)};
+	call_intrinsic(g, "llvm.prefetch", t_ptr(g, 0), t_void(g), args, 4);
+}
+
 /* ---- warp-level matrix operations (NVVM, sm_80+) ---------------------------
  * The tensor cores' instructions as LLVM 19 spells them; the fragment
  * layouts and what emu makes of them are in codegen/mma.c. Every operand

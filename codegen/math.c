@@ -75,11 +75,7 @@ static V kc(V x, double k)
 	T t = type_of(x);
 	if (!is_vec(x))
 		return c_real(t, k);
-	V e[FZ_VW_MAX], c = c_real(LLVMGetElementType(t), k);
-	unsigned n = LLVMGetVectorSize(t);
-	for (unsigned l = 0; l < n; l++)
-		e[l] = c;
-	return LLVMConstVector(e, n);
+	return c_splat(c_real(LLVMGetElementType(t), k), (int)LLVMGetVectorSize(t));
 }
 
 static V fma3(cg *g, V a, V b, V c)
@@ -598,9 +594,7 @@ bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
 	if (!cg_host_avx512(g) || (n != 4 && n != 8 && n != 16) || type_of(x[0]) != t_f32(g) ||
 	    (op != FZ_OP_EXP && op != FZ_OP_SIGMOID))
 		return false;
-	V v = c_undef(t_vec(t_f32(g), (unsigned)n));
-	for (int l = 0; l < n; l++)
-		v = insert(g, v, x[l], (unsigned)l);
+	V v = pack(g, t_vec(t_f32(g), (unsigned)n), x, n);
 	V y = op == FZ_OP_EXP ? vexpf_(g, v, false) :
 	      fdiv(g, kc(v, 1.0), fadd(g, kc(v, 1.0), vexpf_(g, v, true)));
 	for (int l = 0; l < n; l++)

@@ -214,8 +214,7 @@ static void prefetch_rows(cg *g, const fz_type *ty, int N, int U, int L,
 			if (lin.b)
 				p = LLVMBuildGEP2(g->b, st, p, &lin.b, 1, "");
 			p = LLVMBuildGEP2(g->b, st, p, &o, 1, "");
-			V args[4] = {p, c_i32(g, 0), c_i32(g, 3), c_i32(g, 1)};
-			call_intrinsic(g, "llvm.prefetch", t_ptr(g, 0), t_void(g), args, 4);
+			prefetch(g, p);
 		}
 	}
 }
@@ -458,10 +457,7 @@ static bool scatter_lanes(cg *g, const fz_node *ia, fz_ext numel)
 	V p = scatter_target(g, ia, J[0], L, &next);
 	unsigned es = (unsigned)fz_dtype_size(d);
 	T vt = t_vec(cg_stype(g, d), (unsigned)L);
-	V sv = c_undef(vt);
-	for (int l = 0; l < L; l++)
-		sv = insert(g, sv, v[l], (unsigned)l);
-	store(g, fadd(g, load(g, vt, p, es), sv), p, es);
+	store(g, fadd(g, load(g, vt, p, es), pack(g, vt, v, L)), p, es);
 	br(g, next);
 	at_end(g, next);
 	cg_loop_end(g, &Lp);
@@ -547,10 +543,7 @@ static void scatter_rows(cg *g, const fz_node *ia)
 	unsigned es = (unsigned)fz_dtype_size(d);
 	V p = cg_access_ptr(g, g->slot[y->id], d, cg_ix_value(g, lin), L, true, es);
 	T vt = t_vec(cg_stype(g, d), (unsigned)L);
-	V sv = c_undef(vt);
-	for (int l = 0; l < L; l++)
-		sv = insert(g, sv, v[l], (unsigned)l);
-	store(g, fadd(g, load(g, vt, p, es), sv), p, es);
+	store(g, fadd(g, load(g, vt, p, es), pack(g, vt, v, L)), p, es);
 	cg_loop_end(g, &Lc);
 	br(g, next);
 	at_end(g, next);

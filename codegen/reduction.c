@@ -314,15 +314,6 @@ typedef struct accum {
 	V hi[FZ_VW_MAX], lo[FZ_VW_MAX];
 } accum;
 
-static V splat(cg *g, V x, int n)
-{
-	V xs[FZ_VW_MAX];
-	for (int i = 0; i < n; i++)
-		xs[i] = x;
-	(void)g;
-	return LLVMConstVector(xs, (unsigned)n);
-}
-
 static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
@@ -333,10 +324,10 @@ static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 	A->vt = host && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
 	if (A->vt) {
 		A->hi[0] = cg_entry_alloca(g, A->vt);
-		store(g, splat(g, identity(g, op, t), R->L), A->hi[0], 8);
+		store(g, c_splat(identity(g, op, t), R->L), A->hi[0], 8);
 		if (A->pair) {
 			A->lo[0] = cg_entry_alloca(g, A->vt);
-			store(g, splat(g, c_real(t, 0.0), R->L), A->lo[0], 8);
+			store(g, c_splat(c_real(t, 0.0), R->L), A->lo[0], 8);
 		}
 		return;
 	}
@@ -350,22 +341,13 @@ static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 	}
 }
 
-/* Lanes v[0..n) as one vector. */
-static V gather_lanes(cg *g, T vt, V *v, int n)
-{
-	V x = c_undef(vt);
-	for (int l = 0; l < n; l++)
-		x = insert(g, x, v[l], (unsigned)l);
-	return x;
-}
-
 /* x in every lane. */
 static V bcast(cg *g, T vt, V x, int n)
 {
 	V xs[FZ_VW_MAX];
 	for (int l = 0; l < n; l++)
 		xs[l] = x;
-	return gather_lanes(g, vt, xs, n);
+	return pack(g, vt, xs, n);
 }
 
 /* Lane l takes v (and, for a pair, the extra low part e, or NULL); on the
@@ -441,7 +423,7 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 	if (A->wide) {
 		int L = R->L;
 		T t = A->vt ? A->vt : A->t;
-		V v = fpext(g, A->vt ? gather_lanes(g, t_vec(type_of(vals[0]), (unsigned)L),
+		V v = fpext(g, A->vt ? pack(g, t_vec(type_of(vals[0]), (unsigned)L),
 						    vals, L) : vals[0], t);
 		if (mh) {
 			V m = fadd_exact(g, fpext(g, mh, A->t), fpext(g, ml, A->t));
@@ -457,7 +439,7 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 	if (A->vt && !valid) {
 		/* the same arithmetic on a vector of the lanes */
 		int L = R->L;
-		V v = gather_lanes(g, A->vt, vals, L), e = NULL;
+		V v = pack(g, A->vt, vals, L), e = NULL;
 		if (mh) {
 			V de;
 			V mhv = bcast(g, A->vt, mh, L), mlv = bcast(g, A->vt, ml, L);
@@ -466,7 +448,7 @@ static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 			v = fmul_exact(g, d, d);
 			V fa[3] = {d, d, fneg(g, v)};
 			e = call_intrinsic(g, "llvm.fma", A->vt, A->vt, fa, 3);
-			e = fadd(g, e, fmul(g, fmul(g, d, de), splat(g, c_real(A->t, 2.0), L)));
+			e = fadd(g, e, fmul(g, fmul(g, d, de), c_splat(c_real(A->t, 2.0), L)));
 		}
 		acc_add(g, A, 0, v, e);
 		return;
@@ -648,8 +630,7 @@ static void prefetch_ahead(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
 		V off = add(g, cg_ix_value(g, lin), R->ahead);
 		V p = LLVMBuildGEP2(g->b, cg_stype(g, v->type.dtype), g->buf[g->slot[v->id]],
 				    &off, 1, "");
-		V args[4] = {p, c_i32(g, 0), c_i32(g, 3), c_i32(g, 1)};
-		call_intrinsic(g, "llvm.prefetch", t_ptr(g, 0), t_void(g), args, 4);
+		prefetch(g, p);
 	}
 }
 
@@ -695,7 +676,7 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 				reload_at(g, R, reload, R->stash_o ? R->stash_o : reload, pos, ix);
 			cg_value(g, x, R->L, ix, vals);
 			if (block)
-				blk[i] = gather_lanes(g, bt, vals, R->L);
+				blk[i] = pack(g, bt, vals, R->L);
 			else
 				acc_step(g, R, &A[i], vals, NULL, mh, ml);
 			if (stash)
@@ -1269,10 +1250,7 @@ static unsigned scratch_align(const rows *R)
 
 static void scratch_put(cg *g, rows *R, V pos, const V *vals)
 {
-	T vt = t_vec(R->scratch_t, (unsigned)R->L);
-	V vec = c_undef(vt);
-	for (int l = 0; l < R->L; l++)
-		vec = insert(g, vec, vals[l], (unsigned)l);
+	V vec = pack(g, t_vec(R->scratch_t, (unsigned)R->L), vals, R->L);
 	store(g, vec, gep(g, R->scratch_t, R->scratch, pos), scratch_align(R));
 }
 
