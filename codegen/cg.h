@@ -52,6 +52,8 @@ typedef struct cg_memo {
 	LLVMValueRef out[FZ_VW_MAX];
 } cg_memo;
 
+#define CG_TAB_MAX 4
+
 typedef struct cg {
 	fz_compiler *c;
 	LLVMContextRef ctx;
@@ -96,6 +98,16 @@ typedef struct cg {
 	int n_emu_smem;
 	LLVMValueRef tile;    /* NVPTX: the tile memory array (mma.c) */
 	int tile_bytes;       /* its size (0: none) */
+	/* host: costly expressions of one 16-bit input read from tables
+	 * (table.c); tab by value id: 1 + its table's index, or 0 */
+	struct cg_table {
+		const fz_value *root, *leaf;
+		LLVMValueRef glob;
+	} tabs[CG_TAB_MAX];
+	int n_tabs;
+	int *tab;
+	LLVMValueRef tab_init; /* <kernel>_tables */
+	bool tab_fill;        /* emitting it: roots are computed */
 	const fz_node *cur;   /* the op being emitted, for messages */
 	fz_status st;
 	char msg[FZ_ERRLEN];
@@ -222,6 +234,15 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, LLVMValueRef x);
 bool cg_math_lanes(cg *g, fz_opcode op, int n, const LLVMValueRef *x, LLVMValueRef *out);
 LLVMValueRef cg_math_pow(cg *g, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef cg_math_fmod(cg *g, LLVMValueRef a, LLVMValueRef b);
+
+/* table.c: at a host entry point, after its parameters: picks the
+ * region's tabled expressions once (the first call), emits the function
+ * that fills their tables, and calls it. */
+void cg_tables_begin(cg *g);
+/* v's lanes at ix read from its table, where v has one (else false and
+ * nothing made). */
+bool cg_table_lanes(cg *g, const fz_value *v, int n, cg_ix (*ix)[FZ_MAX_RANK],
+		    LLVMValueRef *out);
 
 /* The skeletons. */
 void cg_pointwise(cg *g);

@@ -290,6 +290,7 @@ done:
 	free(g.ext);
 	free(g.memo);
 	free(g.cse);
+	free(g.tab);
 	if (g.st != FZ_OK) {
 		fz_kernel_free(k);
 		fz_set_err(err, fz_strdup(g.msg));

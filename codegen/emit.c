@@ -1239,6 +1239,8 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 	} else if (!nd) {
 		cg_fail(g, FZ_EINVAL, NULL, "value #%d is neither a region input nor "
 			"made in the region", v->id);
+	} else if (cg_table_lanes(g, v, n, ix, out)) {
+		/* read from its table (table.c) */
 	} else {
 		const fz_node *saved = g->cur;
 		g->cur = nd;
@@ -1768,6 +1770,8 @@ void cg_function_begin(cg *g, const char *name)
 		}
 		if (g->o.target == FZ_CG_EMU)
 			emu_extents(g, syms);
+		else
+			cg_tables_begin(g);
 	}
 	at_end(g, body);
 }

@@ -2101,6 +2101,97 @@ START_TEST(host_exp_matches_generic)
 }
 END_TEST
 
+/* Costly expressions of one bf16 or f16 value (table.c): on the host
+ * they are read from a table of their 65,536 results that the kernel's
+ * own code filled, so the results are the computing path's (the emu
+ * target's, which has no tables) bit for bit, NaN as NaN: over every bit
+ * pattern of x, for an output that is the expression (silu), one that
+ * uses it with another input (swiglu's silu(x) * u), gelu's tanh form
+ * and an expression of a value the region computes (exp(x + u) rounded,
+ * x + u the table's index). Where the host has AVX-512 the kernel must
+ * hold the tables (or this compares the computing path with itself);
+ * never for a cheap expression (x * 2 + 1) or a kernel smaller than a
+ * table. */
+static fz_status count_tables(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		size_t len;
+		const char *nm = LLVMGetValueName2(f, &len);
+		*(int *)ud += len > 7 && strcmp(nm + len - 7, "_tables") == 0;
+	}
+	return FZ_OK;
+}
+
+START_TEST(host_tables_match_computed)
+{
+	static const char *src[] = {
+		"trace f(x: bf16[B, 16], u: bf16[B, 16]) {\n  a = silu(x)\n"
+		"  b = mul(silu(x), u)\n  c = gelu(x, approximate=tanh)\n"
+		"  d = exp(add(x, u))\n  return a, b, c, d\n}\n",
+		"trace f(x: f16[B, 16], u: f16[B, 16]) {\n  a = silu(x)\n"
+		"  b = mul(silu(x), u)\n  c = gelu(x, approximate=tanh)\n"
+		"  d = exp(add(x, u))\n  return a, b, c, d\n}\n",
+	};
+	const fz_dtype dt[2] = {FZ_BF16, FZ_F16};
+	const int64_t n = 65536;
+	int64_t syms[1] = {n / 16};
+	for (int t = 0; t < 2; t++) {
+		if (host_avx512()) {
+			int made = 0;
+			host_compile(src[t], syms, count_tables, &made);
+			ck_assert_msg(made >= 1, "%s: no tables on an AVX-512 host",
+				      fz_dtype_name(dt[t]));
+		}
+		fz_module *m = parse(src[t]);
+		fz_trace *tr = fz_module_trace(m, 0);
+		fz_tensor in[2];
+		for (int i = 0; i < 2; i++) {
+			in[i] = (fz_tensor){.dtype = dt[t], .rank = 2, .shape = {n / 16, 16},
+					    .strides = {16, 1}};
+			in[i].data = malloc((size_t)n * 2);
+		}
+		uint16_t *x = in[0].data, *u = in[1].data;
+		for (int64_t i = 0; i < n; i++) {
+			x[i] = (uint16_t)i;
+			/* 0.75, 1.25, -2 and 3 (bf16 or f16 bits) */
+			static const uint16_t ub[2][4] = {{0x3f40, 0x3fa0, 0xc000, 0x4040},
+							  {0x3a00, 0x3d00, 0xc000, 0x4200}};
+			u[i] = ub[t][i % 4];
+		}
+		fz_tensor out[2][4];
+		const char *dev[2] = {"cpu", "emu"};
+		for (int d = 0; d < 2; d++) {
+			char *err = NULL;
+			memset(out[d], 0, sizeof out[d]);
+			ck_assert_msg(fz_trace_run(tr, dev[d], syms, in, 2, out[d], 4, &err) == FZ_OK,
+				      "%s: %s", dev[d], err ? err : "?");
+		}
+		for (int o = 0; o < 4; o++) {
+			const unsigned char *h = out[0][o].data, *gen = out[1][o].data;
+			for (int64_t i = 0; i < n; i++) {
+				double a = fz_load_f64(h, dt[t], i), b = fz_load_f64(gen, dt[t], i);
+				ck_assert_msg((isnan(a) && isnan(b)) || memcmp(h + 2 * i, gen + 2 * i, 2) == 0,
+					      "%s output %d at x = 0x%04x: host %a, computed %a",
+					      fz_dtype_name(dt[t]), o, (unsigned)x[i], a, b);
+			}
+			free(out[0][o].data);
+			free(out[1][o].data);
+		}
+		free(in[0].data);
+		free(in[1].data);
+		fz_module_free(m);
+	}
+	int64_t small[1] = {64};
+	const char *cheap = "trace f(x: bf16[B, 16]) {\n  y = add(mul(x, 2), 1)\n  return y\n}\n";
+	const char *tiny = "trace f(x: bf16[64, 16]) {\n  y = silu(x)\n  return y\n}\n";
+	ck_assert_int_eq(host_kernels(cheap, syms, count_tables), 0);
+	ck_assert_int_eq(host_kernels(tiny, small, count_tables), 0);
+}
+END_TEST
+
 static Suite *codegen_suite(void)
 {
 	Suite *s = suite_create("codegen");
@@ -2121,6 +2212,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_pow_constant);
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, host_exp_matches_generic);
+	tcase_add_test(pw, host_tables_match_computed);
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
 	tcase_add_test(pw, host_pointwise_prefetch);
