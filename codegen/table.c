@@ -184,11 +184,11 @@ static void plan(cg *g)
 	}
 	for (int i = 0; i < r->n_nodes; i++) {
 		const fz_node *n = r->nodes[i];
-		if (dep[n->out[0]->id] >= 0)
-			continue;
-		for (int k = 0; k < n->n_in; k++)
-			if (dep_of(g, dep, n->in[k]) >= 0)
+		for (int k = 0; k < n->n_in; k++) {
+			int d = dep_of(g, dep, n->in[k]);
+			if (d >= 0 && d != dep[n->out[0]->id])
 				add_root(g, dep, n->in[k]);
+		}
 	}
 	for (int i = 0; i < r->n_out; i++)
 		if (dep[r->out[i]->id] >= 0)

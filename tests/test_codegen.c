@@ -2185,6 +2185,10 @@ START_TEST(host_tables_match_computed)
 		fz_module_free(m);
 	}
 	int64_t small[1] = {64};
+	const char *swiglu = "trace f(x: bf16[B, 16], u: bf16[B, 16]) {\n"
+			     "  y = mul(silu(x), u)\n  return y\n}\n";
+	if (host_avx512())
+		ck_assert_int_eq(host_kernels(swiglu, syms, count_tables), 1);
 	const char *cheap = "trace f(x: bf16[B, 16]) {\n  y = add(mul(x, 2), 1)\n  return y\n}\n";
 	const char *tiny = "trace f(x: bf16[64, 16]) {\n  y = silu(x)\n  return y\n}\n";
 	ck_assert_int_eq(host_kernels(cheap, syms, count_tables), 0);
