@@ -153,7 +153,13 @@ static void add_root(cg *g, const int *dep, const fz_value *v)
 	tb->leaf = g->t->values[dep[v->id]];
 	char name[96];
 	snprintf(name, sizeof name, "%s.tab%d", g->k->names[0], g->n_tabs - 1);
-	T at = t_arr(t_f32(g), CG_TAB_N);
+	/* a bf16 or f16 root's table holds its storage bits: half the lines
+	 * for the gathers to keep in L1, and a lane read from it is stored
+	 * without a conversion (emit.c's stored() takes the bits of an fpext
+	 * of bf16; fptrunc of fpext of half folds); two entries more, for the
+	 * 4-byte gather of the last one */
+	bool half = half_float(v->type.dtype);
+	T at = half ? t_arr(t_i16(g), CG_TAB_N + 2) : t_arr(t_f32(g), CG_TAB_N);
 	tb->glob = LLVMAddGlobal(g->mod, at, name);
 	LLVMSetInitializer(tb->glob, LLVMConstNull(at));
 	LLVMSetLinkage(tb->glob, LLVMInternalLinkage);
@@ -217,8 +223,14 @@ static void fill(cg *g, const struct cg_table *tb)
 	}
 	cg_value_given(g, x, NL, ix, xs);
 	cg_value(g, tb->root, NL, ix, out);
-	V p = gep(g, t_f32(g), tb->glob, zext_or_trunc(g, L.iv, t_i64(g)));
-	store(g, pack(g, t_vec(t_f32(g), NL), out, NL), p, 4 * NL);
+	fz_dtype d = tb->root->type.dtype;
+	T et = half_float(d) ? t_i16(g) : t_f32(g);
+	for (int l = 0; l < NL && half_float(d); l++) {
+		V s = cg_to_storage(g, out[l], d);
+		out[l] = type_of(s) == et ? s : bitcast(g, s, et);
+	}
+	V p = gep(g, et, tb->glob, zext_or_trunc(g, L.iv, t_i64(g)));
+	store(g, pack(g, t_vec(et, NL), out, NL), p, (unsigned)fz_dtype_size(d) * NL);
 	cg_loop_end(g, &L);
 }
 
@@ -289,6 +301,49 @@ void cg_tables_begin(cg *g)
 			       NULL, 0, "");
 }
 
+/* r[0..n) = entries idx[0..n) (i32) of table tab: f32, or with half the
+ * 16-bit entry in the low half of an i32 (a 4-byte read at 2-byte steps:
+ * x86 is little-endian). x86's own gathers, with dword indices (LLVM's
+ * masked.gather took the indices' zext from i16 for 64-bit ones: a
+ * vpgatherqd per 8 lanes); lanes of other counts load one by one. */
+static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
+{
+	T et = half ? t_i32(g) : t_f32(g);
+	unsigned scale = half ? 2 : 4;
+	const char *name = NULL;
+	if (n == 16 && cg_host_avx512(g))
+		name = half ? "llvm.x86.avx512.mask.gather.dpi.512" :
+			      "llvm.x86.avx512.mask.gather.dps.512";
+	else if (n == 8)
+		name = half ? "llvm.x86.avx2.gather.d.d.256" : "llvm.x86.avx2.gather.d.ps.256";
+	else if (n == 4)
+		name = half ? "llvm.x86.avx2.gather.d.d" : "llvm.x86.avx2.gather.d.ps";
+	if (!name) {
+		for (int l = 0; l < n; l++)
+			r[l] = load(g, et, gep(g, half ? t_i16(g) : t_f32(g), tab, idx[l]), scale);
+		return;
+	}
+	T vi = t_vec(t_i32(g), (unsigned)n), ve = t_vec(et, (unsigned)n);
+	V ones[FZ_VW_MAX];
+	V args[5] = {c_undef(ve), tab, pack(g, vi, idx, n), NULL, NULL};
+	if (n == 16) {
+		for (int l = 0; l < n; l++)
+			ones[l] = c_i1(g, 1);
+		args[3] = LLVMConstVector(ones, (unsigned)n);
+		args[4] = c_i32(g, scale);
+	} else { /* AVX2: the mask's sign bits, of the element type */
+		for (int l = 0; l < n; l++)
+			ones[l] = c_i32(g, -1);
+		args[3] = LLVMConstBitCast(LLVMConstVector(ones, (unsigned)n), ve);
+		args[4] = c_int(t_i8(g), scale);
+	}
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	V f = LLVMGetIntrinsicDeclaration(g->mod, id, NULL, 0);
+	V all = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, NULL, 0), f, args, 5, "");
+	for (int l = 0; l < n; l++)
+		r[l] = extract(g, all, (unsigned)l);
+}
+
 bool cg_table_lanes(cg *g, const fz_value *v, int n, cg_ix (*ix)[FZ_MAX_RANK], V *out)
 {
 	if (!g->tab || g->tab_fill || !g->tab[v->id])
@@ -303,21 +358,18 @@ bool cg_table_lanes(cg *g, const fz_value *v, int n, cg_ix (*ix)[FZ_MAX_RANK], V
 			 zext(g, bitcast(g, fptrunc(g, a[l], t_f16(g)), t_i16(g)), t_i32(g));
 		idx[l] = bits;
 	}
-	if (n == 1) {
-		out[0] = load(g, t_f32(g), gep(g, t_f32(g), tb->glob, idx[0]), 4);
-		return true;
+	fz_dtype d = tb->root->type.dtype;
+	bool half = half_float(d);
+	V r[FZ_VW_MAX];
+	gather(g, tb->glob, half, n, idx, r);
+	for (int l = 0; l < n; l++) {
+		if (!half)
+			out[l] = r[l];
+		else if (d == FZ_BF16) /* as emit.c widens a load: one shift */
+			out[l] = bitcast(g, shl(g, r[l], c_i32(g, 16)), t_f32(g));
+		else
+			out[l] = fpext(g, bitcast(g, trunc_(g, r[l], t_i16(g)), t_f16(g)),
+				       t_f32(g));
 	}
-	T vi = t_vec(t_i32(g), (unsigned)n), vf = t_vec(t_f32(g), (unsigned)n);
-	V ps = LLVMBuildGEP2(g->b, t_f32(g), tb->glob, (V[]){pack(g, vi, idx, n)}, 1, "");
-	V ones[FZ_VW_MAX];
-	for (int l = 0; l < n; l++)
-		ones[l] = c_i1(g, 1);
-	V args[4] = {ps, c_i32(g, 4), LLVMConstVector(ones, (unsigned)n), c_undef(vf)};
-	unsigned id = LLVMLookupIntrinsicID("llvm.masked.gather", 18);
-	T tys[2] = {vf, type_of(ps)};
-	V f = LLVMGetIntrinsicDeclaration(g->mod, id, tys, 2);
-	V r = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, tys, 2), f, args, 4, "");
-	for (int l = 0; l < n; l++)
-		out[l] = extract(g, r, (unsigned)l);
 	return true;
 }
