@@ -2108,10 +2108,11 @@ END_TEST
  * pattern of x, for an output that is the expression (silu), one that
  * uses it with another input (swiglu's silu(x) * u), gelu's tanh form
  * and an expression of a value the region computes (exp(x + u) rounded,
- * x + u the table's index). Where the host has AVX-512 the kernel must
- * hold the tables (or this compares the computing path with itself);
- * never for a cheap expression (x * 2 + 1) or a kernel smaller than a
- * table. */
+ * x + u the table's index), in rows of 16, 8, 4 and 2 lanes (x86's
+ * zmm, ymm and xmm gathers, and lane by lane). Where the host has
+ * AVX-512 the kernel must hold the tables (or this compares the
+ * computing path with itself); never for a cheap expression (x * 2 + 1)
+ * or a kernel smaller than a table. */
 static fz_status count_tables(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
 {
 	(void)r;
@@ -2127,55 +2128,57 @@ static fz_status count_tables(const fz_region *r, int op, fz_kernel *k, void *ud
 
 START_TEST(host_tables_match_computed)
 {
-	static const char *src[] = {
-		"trace f(x: bf16[B, 16], u: bf16[B, 16]) {\n  a = silu(x)\n"
-		"  b = mul(silu(x), u)\n  c = gelu(x, approximate=tanh)\n"
-		"  d = exp(add(x, u))\n  return a, b, c, d\n}\n",
-		"trace f(x: f16[B, 16], u: f16[B, 16]) {\n  a = silu(x)\n"
-		"  b = mul(silu(x), u)\n  c = gelu(x, approximate=tanh)\n"
-		"  d = exp(add(x, u))\n  return a, b, c, d\n}\n",
-	};
+	static const char *body =
+		"  a = silu(x)\n  b = mul(silu(x), u)\n  c = gelu(x, approximate=tanh)\n"
+		"  d = exp(add(x, u))\n  return a, b, c, d\n}\n";
 	const fz_dtype dt[2] = {FZ_BF16, FZ_F16};
 	const int64_t n = 65536;
 	int64_t syms[1] = {n / 16};
-	for (int t = 0; t < 2; t++) {
+	/* rows of 16, 8 and 4 gather with zmm, ymm and xmm; of 2, lane by lane */
+	for (int t = 0; t < 8; t++) {
+		fz_dtype d = dt[t & 1];
+		int w = 16 >> (t >> 1);
+		char src[512];
+		snprintf(src, sizeof src, "trace f(x: %s[B, %d], u: %s[B, %d]) {\n%s",
+			 fz_dtype_name(d), w, fz_dtype_name(d), w, body);
+		syms[0] = n / w;
 		if (host_avx512()) {
 			int made = 0;
-			host_compile(src[t], syms, count_tables, &made);
-			ck_assert_msg(made >= 1, "%s: no tables on an AVX-512 host",
-				      fz_dtype_name(dt[t]));
+			host_compile(src, syms, count_tables, &made);
+			ck_assert_msg(made >= 1, "%s, rows of %d: no tables on an AVX-512 host",
+				      fz_dtype_name(d), w);
 		}
-		fz_module *m = parse(src[t]);
+		fz_module *m = parse(src);
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in[2];
 		for (int i = 0; i < 2; i++) {
-			in[i] = (fz_tensor){.dtype = dt[t], .rank = 2, .shape = {n / 16, 16},
-					    .strides = {16, 1}};
+			in[i] = (fz_tensor){.dtype = d, .rank = 2, .shape = {n / w, w},
+					    .strides = {w, 1}};
 			in[i].data = malloc((size_t)n * 2);
 		}
 		uint16_t *x = in[0].data, *u = in[1].data;
+		/* 0.75, 1.25, -2 and 3 (bf16 or f16 bits) */
+		static const uint16_t ub[2][4] = {{0x3f40, 0x3fa0, 0xc000, 0x4040},
+						  {0x3a00, 0x3d00, 0xc000, 0x4200}};
 		for (int64_t i = 0; i < n; i++) {
 			x[i] = (uint16_t)i;
-			/* 0.75, 1.25, -2 and 3 (bf16 or f16 bits) */
-			static const uint16_t ub[2][4] = {{0x3f40, 0x3fa0, 0xc000, 0x4040},
-							  {0x3a00, 0x3d00, 0xc000, 0x4200}};
-			u[i] = ub[t][i % 4];
+			u[i] = ub[t & 1][i % 4];
 		}
 		fz_tensor out[2][4];
 		const char *dev[2] = {"cpu", "emu"};
-		for (int d = 0; d < 2; d++) {
+		for (int k = 0; k < 2; k++) {
 			char *err = NULL;
-			memset(out[d], 0, sizeof out[d]);
-			ck_assert_msg(fz_trace_run(tr, dev[d], syms, in, 2, out[d], 4, &err) == FZ_OK,
-				      "%s: %s", dev[d], err ? err : "?");
+			memset(out[k], 0, sizeof out[k]);
+			ck_assert_msg(fz_trace_run(tr, dev[k], syms, in, 2, out[k], 4, &err) == FZ_OK,
+				      "%s: %s", dev[k], err ? err : "?");
 		}
 		for (int o = 0; o < 4; o++) {
 			const unsigned char *h = out[0][o].data, *gen = out[1][o].data;
 			for (int64_t i = 0; i < n; i++) {
-				double a = fz_load_f64(h, dt[t], i), b = fz_load_f64(gen, dt[t], i);
+				double a = fz_load_f64(h, d, i), b = fz_load_f64(gen, d, i);
 				ck_assert_msg((isnan(a) && isnan(b)) || memcmp(h + 2 * i, gen + 2 * i, 2) == 0,
-					      "%s output %d at x = 0x%04x: host %a, computed %a",
-					      fz_dtype_name(dt[t]), o, (unsigned)x[i], a, b);
+					      "%s, rows of %d, output %d at x = 0x%04x: host %a, "
+					      "computed %a", fz_dtype_name(d), w, o, (unsigned)x[i], a, b);
 			}
 			free(out[0][o].data);
 			free(out[1][o].data);
@@ -2184,6 +2187,7 @@ START_TEST(host_tables_match_computed)
 		free(in[1].data);
 		fz_module_free(m);
 	}
+	syms[0] = n / 16;
 	int64_t small[1] = {64};
 	const char *swiglu = "trace f(x: bf16[B, 16], u: bf16[B, 16]) {\n"
 			     "  y = mul(silu(x), u)\n  return y\n}\n";
