@@ -620,16 +620,11 @@ static void zero(cg *g, V X, int64_t n)
 #define NR 16 /* head dims are a multiple of this */
 
 /* Floats per vector of the block products: 16 (a zmm register) where the
- * host has AVX-512, else VW. The products hold nearly all the flops, and
- * nothing else in a pass depends on their width. */
+ * host has AVX-512 (cg_host_avx512), else VW. The products hold nearly all
+ * the flops, and nothing else in a pass depends on their width. */
 static int gemm_lanes(cg *g)
 {
-	if (g->o.target != FZ_CG_HOST || !g->c->tm)
-		return VW;
-	char *f = LLVMGetTargetMachineFeatureString((LLVMTargetMachineRef)g->c->tm);
-	bool wide = f && strstr(f, "+avx512f");
-	LLVMDisposeMessage(f);
-	return wide ? 16 : VW;
+	return cg_host_avx512(g) ? 16 : VW;
 }
 
 /* The MR x nv vector tile of C at rows m0, columns n0 (see gemm_s). */

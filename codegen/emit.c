@@ -1712,8 +1712,7 @@ void cg_function_begin(cg *g, const char *name)
 	g->fn = LLVMAddFunction(g->mod, name, fty);
 	/* zmm for the skeletons' lanes (target_host.c); attention's host
 	 * kernels pick their own widths */
-	if (g->o.target == FZ_CG_HOST && g->c->vector_bytes == 64 &&
-	    g->r->kind != FZ_REGION_ATTENTION)
+	if (cg_host_avx512(g) && g->r->kind != FZ_REGION_ATTENTION)
 		LLVMAddAttributeAtIndex(g->fn, LLVMAttributeFunctionIndex,
 					LLVMCreateStringAttribute(g->ctx, "prefer-vector-width", 19,
 								  "512", 3));
