@@ -4,31 +4,39 @@
  * A bf16 or f16 value has 65,536 bit patterns, so any expression of it
  * alone has 65,536 results. swiglu's silu(g) (g bf16: an exp, an add, a
  * division, a multiply and a rounding to bf16: 22 AVX-512 instructions for
- * 16 lanes, the division alone 10 cycles) or gelu's tanh form of x + b
- * rounded to bf16 each take more time per element on this machine's cores
- * than the memory does to bring the element in; a 256 KiB table of the
- * results makes each one a gather (vpgatherdps: 16 lanes in 4 to 5
- * cycles where the table's lines are in L1, and a layer's activations
- * touch a few thousand of the entries: their exponents span a dozen or
- * two binades). Measured on one thread, 16K-element rows in L2, swiglu bf16:
- * 29 cycles per 16 elements computed, 12 through the table; from memory,
- * two threads, 4096² elements: 7.5 ms computed against 2.9 through the
- * table, where a copy of the same bytes took 3.1.
+ * 16 lanes, the division alone 10 cycles) and gelu's tanh form of x + b
+ * (rounded to bf16 first, as eager PyTorch rounds it) take longer per
+ * element on this machine's cores than its memory takes to bring the
+ * element in. A table of the results makes each one a gather: vpgatherdd,
+ * 16 lanes in a few cycles where the entries are in L1, and a layer's
+ * activations touch a few thousand entries (their exponents span a dozen
+ * or two binades). swiglu bf16 at one thread, 256K elements in L2: 29
+ * cycles per 16 elements computed, 12 through the table. From memory
+ * (tools/bench/cpu_bench.py, two threads, two runs against the code
+ * before): swiglu bf16 4096² from 71% and 81% of a copy's bandwidth to
+ * 126% and 132% (it reads two bytes for every one it writes), gelu_bias
+ * from 42% and 44% to 89% and 96%.
  *
- * What is tabled. A region value v is a root when
- *   - every path from v down to the region's inputs ends at one input x
- *     of dtype bf16 or f16, or at a constant (full, and views of it), and
- *     passes through elementwise ops only (unary, binary, ternary, casts:
- *     the same index reads x wherever v is read at it): v = f(x);
+ * What is tabled. A leaf is a region input of dtype bf16 or f16, or a
+ * value of those dtypes that an elementwise op of the region makes (its
+ * compute value is rounded to the dtype, so its bits index a table too:
+ * gelu_bias's x + b). A value v is a root when
+ *   - every path from v down ends at one leaf x or at a constant (full,
+ *     and views of it), through elementwise ops only (unary, binary,
+ *     ternary, casts: the same index reads x wherever v is read at it),
+ *     their values floats or bools: v = f(x);
  *   - f has a transcendental op in it (exp, log, tanh, sigmoid, erf, pow,
  *     sin, cos: what makes it cost more than the table's gather);
- *   - v's compute type is f32 (the tables hold f32 compute values);
+ *   - v's compute type is f32 and its shape is x's;
  *   - something reads v that is not itself a function of x alone (an op
  *     of x and another input, a reduction, a view) or v is an output: the
  *     largest f(x) is the one tabled, not each of its steps;
  *   - v has as many elements as its table or more, or a symbolic count (a
  *     smaller kernel would compute its 65,536 entries for fewer uses).
- * At most CG_TAB_MAX roots a region, the first in topological order.
+ * At most CG_TAB_MAX roots a region, the first in topological order. A
+ * root of dtype bf16 or f16 has a table of its storage bits (128 KiB: half
+ * the lines for the gathers to keep in L1; a lane read from it is stored
+ * with no conversion), an f32 root one of f32 (256 KiB).
  *
  * The table is filled by the same code the kernel would run: an internal
  * function of the module, <kernel>_tables, emits each root over the 65,536
@@ -39,10 +47,10 @@
  * object the cache keeps) and a guard word: every part's entry calls
  * <kernel>_tables, which returns at once when the guard says filled (an
  * acquire load); the first caller takes the guard from 0 to 1, fills
- * (about 40 us for one table at 16 lanes), and releases it as 2; a part
- * that finds 1 waits with pause until 2. The GPU and its emulation keep
- * computing: their lanes are threads, and a gather per thread from a
- * table in global memory is no saving there.
+ * (4,096 steps of the expression: tens of microseconds), and releases it
+ * as 2; a part that finds 1 waits with pause until 2. The GPU and its
+ * emulation keep computing: their lanes are threads, and a gather per
+ * thread from a table in global memory is no saving there.
  */
 #include <stdio.h>
 #include <stdlib.h>
