@@ -233,6 +233,10 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, LLVMValueRef x);
  * (and nothing made) elsewhere. */
 bool cg_math_lanes(cg *g, fz_opcode op, int n, const LLVMValueRef *x, LLVMValueRef *out);
 LLVMValueRef cg_math_pow(cg *g, LLVMValueRef a, LLVMValueRef b);
+/* op is one of the math functions above that cost a polynomial or more
+ * (exp, log, sin, tanh, sigmoid, erf, pow and their kin): what makes an
+ * expression worth a stash (reduction.c) or a table (table.c). */
+bool cg_math_costly(fz_opcode op);
 LLVMValueRef cg_math_fmod(cg *g, LLVMValueRef a, LLVMValueRef b);
 
 /* table.c: at a host entry point, after its parameters: picks the

@@ -589,6 +589,18 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 	return x;
 }
 
+bool cg_math_costly(fz_opcode op)
+{
+	switch (op) {
+	case FZ_OP_EXP: case FZ_OP_EXP2: case FZ_OP_EXPM1: case FZ_OP_LOG:
+	case FZ_OP_LOG2: case FZ_OP_LOG1P: case FZ_OP_SIN: case FZ_OP_COS:
+	case FZ_OP_TANH: case FZ_OP_SIGMOID: case FZ_OP_ERF: case FZ_OP_POW:
+		return true;
+	default:
+		return false;
+	}
+}
+
 bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
 {
 	if (!cg_host_avx512(g) || (n != 4 && n != 8 && n != 16) || type_of(x[0]) != t_f32(g) ||

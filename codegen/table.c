@@ -120,14 +120,8 @@ static bool costly(const cg *g, const int *dep, const fz_value *v, int *budget)
 	if (--*budget < 0 || d < 0 || d == v->id || !v->def)
 		return false;
 	const fz_node *n = v->def;
-	switch (n->op) {
-	case FZ_OP_EXP: case FZ_OP_EXP2: case FZ_OP_EXPM1: case FZ_OP_LOG:
-	case FZ_OP_LOG2: case FZ_OP_LOG1P: case FZ_OP_SIN: case FZ_OP_COS:
-	case FZ_OP_TANH: case FZ_OP_SIGMOID: case FZ_OP_ERF: case FZ_OP_POW:
+	if (cg_math_costly(n->op))
 		return true;
-	default:
-		break;
-	}
 	for (int i = 0; i < n->n_in; i++)
 		if (costly(g, dep, n->in[i], budget))
 			return true;

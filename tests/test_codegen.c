@@ -2063,6 +2063,38 @@ static void exp_sweep(float *x, int64_t n)
 		memcpy(&x[i], &u, 4);
 }
 
+/* Functions of a kernel's module whose names start with prefix and end
+ * with suffix (ud: a struct fn_count). */
+struct fn_count {
+	const char *prefix, *suffix;
+	int n;
+};
+
+static fz_status count_functions(const fz_region *r, int op, fz_kernel *k, void *ud,
+				 char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	struct fn_count *c = ud;
+	size_t lp = strlen(c->prefix), ls = strlen(c->suffix);
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
+		size_t len;
+		const char *nm = LLVMGetValueName2(f, &len);
+		c->n += len >= lp + ls && strncmp(nm, c->prefix, lp) == 0 &&
+			strcmp(nm + len - ls, c->suffix) == 0;
+	}
+	return FZ_OK;
+}
+
+static int functions_named(const char *src, const int64_t *syms, const char *prefix,
+			   const char *suffix)
+{
+	struct fn_count c = {prefix, suffix, 0};
+	host_compile(src, syms, count_functions, &c);
+	return c.n;
+}
+
 /* exp and sigmoid of f32 on the host, whose lanes math.c computes in
  * vectors with vscalefps where the host has AVX-512, are the generic
  * path's (the emu target's, the GPU's IR) bit for bit, NaN as NaN, at 16,
@@ -2070,19 +2102,6 @@ static void exp_sweep(float *x, int64_t n)
  * exp_sweep's subnormal results, overflow, infinities and NaNs. On an
  * AVX-512 host the kernels must hold vscalefps, or this compares the
  * generic path with itself. */
-static fz_status count_scalef(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
-{
-	(void)r;
-	(void)op;
-	(void)err;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
-		size_t len;
-		const char *nm = LLVMGetValueName2(f, &len);
-		*(int *)ud += strncmp(nm, "llvm.x86.avx512.mask.scalef.ps.", 31) == 0;
-	}
-	return FZ_OK;
-}
-
 START_TEST(host_exp_matches_generic)
 {
 	static const char *src[] = {
@@ -2095,11 +2114,10 @@ START_TEST(host_exp_matches_generic)
 	for (int t = 0; t < 3; t++) {
 		int w = 16 >> t;
 		int64_t syms[1] = {n / w};
-		if (avx512) {
-			int made = 0;
-			host_compile(src[t], syms, count_scalef, &made);
-			ck_assert_msg(made >= 1, "%d lanes: no vscalefps on an AVX-512 host", w);
-		}
+		if (avx512)
+			ck_assert_msg(functions_named(src[t], syms, "llvm.x86.avx512.mask.scalef.ps.",
+						      "") >= 1,
+				      "%d lanes: no vscalefps on an AVX-512 host", w);
 		fz_module *m = parse(src[t]);
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in = {.dtype = FZ_F32, .rank = 2, .shape = {n / w, w}, .strides = {w, 1}};
@@ -2130,6 +2148,11 @@ START_TEST(host_exp_matches_generic)
 }
 END_TEST
 
+static int tables_in(const char *src, const int64_t *syms)
+{
+	return functions_named(src, syms, "", "_tables");
+}
+
 /* Costly expressions of one bf16 or f16 value (table.c): on the host
  * they are read from a table of their 65,536 results that the kernel's
  * own code filled, so the results are the computing path's (the emu
@@ -2142,19 +2165,6 @@ END_TEST
  * AVX-512 the kernel must hold the tables (or this compares the
  * computing path with itself); never for a cheap expression (x * 2 + 1)
  * or a kernel smaller than a table. */
-static fz_status count_tables(const fz_region *r, int op, fz_kernel *k, void *ud, char **err)
-{
-	(void)r;
-	(void)op;
-	(void)err;
-	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f)) {
-		size_t len;
-		const char *nm = LLVMGetValueName2(f, &len);
-		*(int *)ud += len > 7 && strcmp(nm + len - 7, "_tables") == 0;
-	}
-	return FZ_OK;
-}
-
 START_TEST(host_tables_match_computed)
 {
 	static const char *body =
@@ -2171,12 +2181,10 @@ START_TEST(host_tables_match_computed)
 		snprintf(src, sizeof src, "trace f(x: %s[B, %d], u: %s[B, %d]) {\n%s",
 			 fz_dtype_name(d), w, fz_dtype_name(d), w, body);
 		syms[0] = n / w;
-		if (host_avx512()) {
-			int made = 0;
-			host_compile(src, syms, count_tables, &made);
-			ck_assert_msg(made >= 1, "%s, rows of %d: no tables on an AVX-512 host",
+		if (host_avx512())
+			ck_assert_msg(tables_in(src, syms) >= 1,
+				      "%s, rows of %d: no tables on an AVX-512 host",
 				      fz_dtype_name(d), w);
-		}
 		fz_module *m = parse(src);
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in[2];
@@ -2221,11 +2229,11 @@ START_TEST(host_tables_match_computed)
 	const char *swiglu = "trace f(x: bf16[B, 16], u: bf16[B, 16]) {\n"
 			     "  y = mul(silu(x), u)\n  return y\n}\n";
 	if (host_avx512())
-		ck_assert_int_eq(host_kernels(swiglu, syms, count_tables), 1);
+		ck_assert_int_eq(tables_in(swiglu, syms), 1);
 	const char *cheap = "trace f(x: bf16[B, 16]) {\n  y = add(mul(x, 2), 1)\n  return y\n}\n";
 	const char *tiny = "trace f(x: bf16[64, 16]) {\n  y = silu(x)\n  return y\n}\n";
-	ck_assert_int_eq(host_kernels(cheap, syms, count_tables), 0);
-	ck_assert_int_eq(host_kernels(tiny, small, count_tables), 0);
+	ck_assert_int_eq(tables_in(cheap, syms), 0);
+	ck_assert_int_eq(tables_in(tiny, small), 0);
 }
 END_TEST
 
