@@ -131,7 +131,8 @@ static bool costly(const cg *g, const int *dep, const fz_value *v, int *budget)
 static bool worth(cg *g, const int *dep, const fz_value *v)
 {
 	int leaf = dep[v->id];
-	if (leaf < 0 || leaf == v->id || cg_ctype(g, v->type.dtype) != t_f32(g) || v->type.rank == 0)
+	if (leaf < 0 || leaf == v->id || v->type.rank == 0 ||
+	    cg_ctype(g, v->type.dtype) != t_f32(g))
 		return false;
 	const fz_value *x = g->t->values[leaf];
 	if (x->type.rank != v->type.rank)
