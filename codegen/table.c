@@ -308,13 +308,19 @@ void cg_tables_begin(cg *g)
  * 16-bit entry in the low half of an i32 (a 4-byte read at 2-byte steps:
  * x86 is little-endian). x86's own gathers, with dword indices (LLVM's
  * masked.gather took the indices' zext from i16 for 64-bit ones: a
- * vpgatherqd per 8 lanes); lanes of other counts load one by one. */
+ * vpgatherqd per 8 lanes); 16 lanes without AVX-512 as two of 8, lanes
+ * of other counts one by one. */
 static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 {
+	if (n == 16 && !cg_host_avx512(g)) { /* AVX2's 16 bf16 lanes: two ymm */
+		gather(g, tab, half, 8, idx, r);
+		gather(g, tab, half, 8, idx + 8, r + 8);
+		return;
+	}
 	T et = half ? t_i32(g) : t_f32(g);
 	unsigned scale = half ? 2 : 4;
 	const char *name = NULL;
-	if (n == 16 && cg_host_avx512(g))
+	if (n == 16)
 		name = half ? "llvm.x86.avx512.mask.gather.dpi.512" :
 			      "llvm.x86.avx512.mask.gather.dps.512";
 	else if (n == 8)
