@@ -110,7 +110,6 @@ static V splatn(cg *g, int n, V x)
 
 static V splat(cg *g, V x) { return splatn(g, VW, x); }
 
-
 static V vconstn(cg *g, int n, double x) { return c_splat(c_f32(g, x), n); }
 
 static V vconst(cg *g, double x) { return vconstn(g, VW, x); }

@@ -333,22 +333,13 @@ static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 		return;
 	}
 	T vi = t_vec(t_i32(g), (unsigned)n), ve = t_vec(et, (unsigned)n);
-	V ones[FZ_VW_MAX];
-	V args[5] = {c_undef(ve), tab, pack(g, vi, idx, n), NULL, NULL};
-	if (n == 16) {
-		for (int l = 0; l < n; l++)
-			ones[l] = c_i1(g, 1);
-		args[3] = LLVMConstVector(ones, (unsigned)n);
-		args[4] = c_i32(g, scale);
-	} else { /* AVX2: the mask's sign bits, of the element type */
-		for (int l = 0; l < n; l++)
-			ones[l] = c_i32(g, -1);
-		args[3] = LLVMConstBitCast(LLVMConstVector(ones, (unsigned)n), ve);
-		args[4] = c_int(t_i8(g), scale);
-	}
-	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-	V f = LLVMGetIntrinsicDeclaration(g->mod, id, NULL, 0);
-	V all = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, NULL, 0), f, args, 5, "");
+	/* AVX-512: an i1 mask and an i32 scale; AVX2: the mask's sign bits, of
+	 * the element type, and an i8 scale */
+	V args[5] = {c_undef(ve), tab, pack(g, vi, idx, n),
+		     n == 16 ? c_splat(c_i1(g, 1), n) :
+			       LLVMConstBitCast(c_splat(c_i32(g, -1), n), ve),
+		     n == 16 ? c_i32(g, scale) : c_int(t_i8(g), scale)};
+	V all = call_intrinsic(g, name, NULL, NULL, args, 5);
 	for (int l = 0; l < n; l++)
 		r[l] = extract(g, all, (unsigned)l);
 }
