@@ -15,9 +15,10 @@
  *      per warp in shared memory read back by every thread in warp order.
  *      Float sums are pairs hi + lo (see "float sums" below): the result
  *      is the exact sum rounded once, nearly always, as the interpreter's
- *      f64 sum rounded to f32 is. On the host, where f64 adds are as cheap
- *      as f32 ones, a sum of f32 (or f16, bf16) values is kept in f64
- *      instead, over four accumulators that take turns (pass()), or,
+ *      f64 sum rounded to f32 is. On the host and the GPUs with full f64
+ *      units, where f64 adds are as cheap as f32 ones, a sum of f32 (or
+ *      f16, bf16) values is kept in f64 instead (see "wide sums"); on the
+ *      host over four accumulators that take turns (pass()), or,
  *      for terms never negative (an exp, a square), one accumulator that
  *      takes blocks of four steps added in f32 (the block: see
  *      pass()). var_mean is two passes (the mean, then
@@ -166,7 +167,19 @@ static V combine(cg *g, fz_opcode op, V acc, V v)
  * hi + lo is rounded once. The error is that of a sum in twice the working
  * precision, rounded: in f32 the result equals the interpreter's f64 sum
  * rounded to f32 except within a hair of a rounding boundary, whatever
- * the order the threads chose. */
+ * the order the threads chose.
+ *
+ * Wide sums. Where f64 adds cost about what f32 ones do (fast_f64: the
+ * host, and the GPUs with full f64 units, sm_70, sm_80 and sm_90), an f32
+ * sum is kept in f64 instead, which errs as little: one conversion and
+ * one add a term where the pair takes seven flops, and var_mean's second
+ * pass one subtraction and one fma in f64 where the pair took about
+ * twenty. The pairs were most of the work of a normalization on the
+ * GPU: bf16 layer_norm over rows of 8192 on sm_90 was 52 PTX
+ * instructions an element (0.54 of a copy's bandwidth on an H200),
+ * now 28. The cost is registers: the row's terms in f64 live across
+ * pass 1's barrier into pass 2 (that kernel: 56 registers a thread, now
+ * 124). GPUs whose f64 runs at 1/32 or 1/64 of f32 keep the pairs. */
 
 /* s + e = a + b exactly, s = fl(a + b) */
 static V two_sum(cg *g, V a, V b, V *e)
@@ -311,15 +324,25 @@ typedef struct accum {
 	fz_opcode op;
 	T t, vt;               /* vt: <L x t> on the host, else NULL */
 	bool pair;
-	bool wide;             /* host: a float sum of f32 values kept in f64 */
+	bool wide;             /* a float sum of f32 values kept in f64 */
 	V hi[FZ_VW_MAX], lo[FZ_VW_MAX];
 } accum;
+
+/* f64 adds at half the rate of f32 ones or better: the host, and the
+ * GPUs with full f64 units (sm_70 V100, sm_80 A100, sm_90 H100 and H200;
+ * the others run f64 at 1/32 or 1/64 of f32). See "wide sums". */
+static bool fast_f64(const cg *g)
+{
+	if (g->o.target == FZ_CG_HOST)
+		return true;
+	return g->o.sm == 70 || g->o.sm == 80 || g->o.sm == 90;
+}
 
 static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
 	bool host = g->o.target == FZ_CG_HOST;
-	A->wide = host && op == FZ_OP_SUM && t == t_f32(g);
+	A->wide = fast_f64(g) && op == FZ_OP_SUM && t == t_f32(g);
 	A->t = t = A->wide ? t_f64(g) : t;
 	A->pair = op == FZ_OP_SUM && t != t_i64(g) && !A->wide;
 	A->vt = host && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
@@ -417,24 +440,41 @@ static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
 /* Lanes vals of one step into A; with a mean (mh + ml, var_mean's second
  * pass) each lane adds its squared deviation, computed as a pair too:
  * d + de = x - mh - ml, d^2 = p + pe (fma), (d + de)^2 ~ p + (pe + 2 d de).
- * A wide sum (host, f32 values in f64) takes x, or (x - (mh + ml))^2 by
+ * A wide sum (f32 values in f64) takes x, or (x - (mh + ml))^2 by
  * one fma, in f64: exact enough that no pair is needed. */
 static void acc_step(cg *g, rows *R, accum *A, V *vals, V valid, V mh, V ml)
 {
-	if (A->wide) {
+	if (A->wide && A->vt) {
+		/* host: a vector of every lane, never masked */
 		int L = R->L;
-		T t = A->vt ? A->vt : A->t;
-		V v = fpext(g, A->vt ? pack(g, t_vec(type_of(vals[0]), (unsigned)L),
-						    vals, L) : vals[0], t);
+		T t = A->vt;
+		V v = fpext(g, pack(g, t_vec(type_of(vals[0]), (unsigned)L), vals, L), t);
 		if (mh) {
 			V m = fadd_exact(g, fpext(g, mh, A->t), fpext(g, ml, A->t));
-			V d = fsub_exact(g, v, A->vt ? bcast(g, t, m, L) : m);
-			V a = load(g, t, A->hi[0], 8);
-			V fa[3] = {d, d, a};
+			V d = fsub_exact(g, v, bcast(g, t, m, L));
+			V fa[3] = {d, d, load(g, t, A->hi[0], 8)};
 			store(g, call_intrinsic(g, "llvm.fma", t, t, fa, 3), A->hi[0], 8);
 			return;
 		}
 		acc_add(g, A, 0, v, NULL);
+		return;
+	}
+	if (A->wide) {
+		/* lane by lane (GPU; the host's scalar rows), a lane outside
+		 * the row adding 0 */
+		V zero = c_real(A->t, 0.0);
+		V m = mh ? fadd_exact(g, fpext(g, mh, A->t), fpext(g, ml, A->t)) : NULL;
+		for (int l = 0; l < R->L; l++) {
+			V v = fpext(g, vals[l], A->t);
+			if (m)
+				v = fsub_exact(g, v, m);
+			if (valid)
+				v = sel(g, valid, v, zero);
+			V a = load(g, A->t, A->hi[l], 8);
+			V fa[3] = {v, v, a};
+			store(g, m ? call_intrinsic(g, "llvm.fma", A->t, A->t, fa, 3) :
+				     combine(g, A->op, a, v), A->hi[l], 8);
+		}
 		return;
 	}
 	if (A->vt && !valid) {

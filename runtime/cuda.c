@@ -313,9 +313,12 @@ static fz_status cu_open(const fz_exec_options *o, fz_device **out, char **err)
 		goto fail;
 	/* PTX for the newest arch LLVM 19's NVPTX backend knows (sm_90); a
 	 * newer GPU JITs it (PTX is forward compatible), an older one gets
-	 * its own */
+	 * its own. Past sm_90, the data-center parts (sm_100, sm_103) get
+	 * sm_90's PTX and the others (sm_110, sm_120, sm_121) sm_89's: the
+	 * code generator takes f64 to be fast on sm_90 and slow on sm_89
+	 * (codegen/reduction.c, fast_f64), as it is on each */
 	d->hd.cg.target = FZ_CG_NVPTX;
-	d->hd.cg.sm = cc > 90 ? 90 : cc;
+	d->hd.cg.sm = cc == 100 || cc == 103 ? 90 : cc > 90 ? 89 : cc;
 	d->hd.cg.idx32 = false;
 	d->hd.cg.vectorize = true;
 	d->hd.sm_count = sms;

@@ -636,6 +636,45 @@ START_TEST(cast_f64_half_once)
 }
 END_TEST
 
+/* Float sums on the GPU are the exact sum rounded once, as the
+ * interpreter's f64 sum rounded to f32 is: kept in f64 where the GPU's f64
+ * runs at half the f32 rate (sm_90: codegen/reduction.c, "wide sums"), as
+ * (hi, lo) pairs where it does not (sm_86). Both ways, bit for bit: a
+ * row's sum and var_mean in registers (rows of 1000, a block each, its
+ * last threads masked) and looping (a symbolic row), layer_norm in a warp
+ * (rows of 256, bf16) and rms_norm's sum of squares. */
+START_TEST(float_sums_both_ways)
+{
+	const char *const srcs[] = {
+		"trace f(x: f32[B, 1000]) {\n"
+		"  s = sum(x, dims=[1])\n  v, m = var_mean(x, dims=[1])\n"
+		"  return s, v, m\n}\n",
+		"trace f(x: f32[B, T]) {\n"
+		"  s = sum(x, dims=[1])\n  v, m = var_mean(x, dims=[1])\n"
+		"  return s, v, m\n}\n",
+		"trace f(x: bf16[B, 256], w: bf16[256], b: bf16[256]) {\n"
+		"  y = layer_norm(x, w, b, dims=[1], eps=1e-5)\n  return y\n}\n",
+		"trace f(x: f32[B, T]) {\n"
+		"  s = sum(mul(x, x), dims=[1])\n  return s\n}\n",
+	};
+	const char *const targets[] = {"emu-sm_86", "emu-sm_90"};
+	for (size_t i = 0; i < sizeof srcs / sizeof *srcs; i++)
+		for (int k = 0; k < 2; k++) {
+			fz_cg_options o;
+			ck_assert_int_eq(fz_cg_options_parse(targets[k], &o, NULL), FZ_OK);
+			int64_t syms[2] = {5, 1000};
+			double worst;
+			char *err = NULL;
+			fz_status st = emu_compare(srcs[i], syms, o, 0x1p-1000, &worst, &err, NULL);
+			ck_assert_msg(st == FZ_OK, "trace %zu on %s: %s", i, targets[k],
+				      err ? err : fz_status_name(st));
+			ck_assert_msg(worst == 0, "trace %zu on %s: not bit for bit (worst %g)",
+				      i, targets[k], worst);
+			free(err);
+		}
+}
+END_TEST
+
 /* take, take_along and index_add into an extent of 0 (issue 23.5): every
  * index is out of range and is reported, and the kernels load and store
  * nothing (they read or wrote element 0 of the empty buffer, which the
@@ -1050,6 +1089,7 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, misaligned_vector_access);
 	tcase_add_test(tc, half_atomics);
 	tcase_add_test(tc, cast_f64_half_once);
+	tcase_add_test(tc, float_sums_both_ways);
 	tcase_add_test(tc, index_into_empty_extent);
 	tcase_add_test(tc, f64_math);
 	suite_add_tcase(s, tc);
