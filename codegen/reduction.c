@@ -114,6 +114,10 @@ typedef struct rows {
 	 * stash_o, and each pass but the first reads back the value the pass
 	 * before it reduced, from chain[k] (NULL: none). */
 	bool chained;
+	/* Float sums as (hi, lo) pairs even where f64 is fast: var_mean's
+	 * exact second pass, for a row the one-pass form cannot take (see
+	 * "var_mean in one pass") */
+	bool pairs;
 	const fz_value *chain[64];
 	/* The keep (host): pass `keep_pass` (counting every pass of the
 	 * row, var_mean's two included; `npass` so far) stores output
@@ -177,9 +181,10 @@ static V combine(cg *g, fz_opcode op, V acc, V v)
  * twenty. The pairs were most of the work of a normalization on the
  * GPU: bf16 layer_norm over rows of 8192 on sm_90 was 52 PTX
  * instructions an element (0.54 of a copy's bandwidth on an H200),
- * now 28. The cost is registers: the row's terms in f64 live across
- * pass 1's barrier into pass 2 (that kernel: 56 registers a thread, now
- * 124). GPUs whose f64 runs at 1/32 or 1/64 of f32 keep the pairs. */
+ * now 28 (0.62-0.66 of a copy). The two passes of var_mean held the
+ * row's terms in f64 across the first one's barrier (that kernel: 56
+ * registers a thread, then 124): see "var_mean in one pass". GPUs whose
+ * f64 runs at 1/32 or 1/64 of f32 keep the pairs. */
 
 /* s + e = a + b exactly, s = fl(a + b) */
 static V two_sum(cg *g, V a, V b, V *e)
@@ -342,7 +347,7 @@ static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
 	bool host = g->o.target == FZ_CG_HOST;
-	A->wide = fast_f64(g) && op == FZ_OP_SUM && t == t_f32(g);
+	A->wide = fast_f64(g) && !R->pairs && op == FZ_OP_SUM && t == t_f32(g);
 	A->t = t = A->wide ? t_f64(g) : t;
 	A->pair = op == FZ_OP_SUM && t != t_i64(g) && !A->wide;
 	A->vt = host && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
@@ -762,6 +767,75 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
 	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
+/* ---- var_mean in one pass -----------------------------------------------------
+ * On a GPU with fast f64 and the row in registers, var_mean takes the sum
+ * s1 and the sum of squares s2 of the row in one pass, in f64 (a square
+ * of an f32 is exact there), and the deviations' sum as
+ * m2 = s2 - s1 (s1 / n) by one fma: one conversion, one add and one fma a
+ * term, one round of the threads, and no f64 copy of the row held from
+ * one pass to the next (which took 124 registers a thread in bf16
+ * layer_norm over rows of 8192, and 2 blocks an SM where 4 fit).
+ *
+ * The form cancels: m2 errs by about c 2^-53 s2, c the depth of the sums
+ * (a thread's steps, its lanes, the threads: 15 at 8192 bf16), where
+ * s2 = m2 + n mean^2. So it is taken only where m2 >= s2 / 16 (the mean
+ * at most sqrt(15) deviations from 0), which bounds its relative error
+ * by 16 c 2^-53, about 2^-45: its rounding to f32 is the exact variance's
+ * but within 2^-22 of an ulp of a boundary, as the two-pass sum's is.
+ * Other rows (a far mean, a constant row, inf or NaN, where the compare
+ * fails) take the exact second pass in (hi, lo) pairs from the registers,
+ * a branch every thread of the row takes alike. The mean is s1 / n, as
+ * the two-pass form's. */
+static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
+{
+	const fz_value *x = n->in[0];
+	fz_dtype d = n->out[0]->type.dtype;
+	T t = t_f32(g), w = t_f64(g);
+	accum A1, A2;
+	acc_init(g, R, &A1, FZ_OP_SUM, t);
+	acc_init(g, R, &A2, FZ_OP_SUM, t);
+	V zero = c_real(t, 0.0), vals[FZ_VW_MAX], lo;
+	for (int k = 0; k < R->S; k++) {
+		cg_value(g, x, R->L, &R->ix[k * R->L], vals);
+		acc_step(g, R, &A1, vals, R->valid[k], NULL, NULL);
+		acc_step(g, R, &A2, vals, R->valid[k], zero, zero); /* (x - 0)^2 */
+	}
+	R->npass += 2; /* var_mean's two, as pass() counts them */
+	V s1 = acc_finish(g, R, &A1, 1, &lo);
+	V s2 = acc_finish(g, R, &A2, 1, &lo);
+	V m64 = fdiv(g, s1, uitofp(g, R->count, w));
+	V fa[3] = {fneg(g, s1), m64, s2};
+	V m2 = call_intrinsic(g, "llvm.fma", w, w, fa, 3);
+	V mh = fptrunc(g, m64, t);
+	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
+	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
+	V fast = cg_round_half(g, pair_value(g, m2, c_real(w, 0.0), dv, t), d);
+	V ok = fcmp(g, LLVMRealOGE, fmul_exact(g, m2, c_real(w, 16.0)), s2);
+	LLVMBasicBlockRef pre = current(g), sb = block(g, "var.pairs"),
+			  join = block(g, "var.done");
+	cond_br(g, ok, join, sb);
+	at_end(g, sb);
+	int mark = cg_memo_mark(g), cse = g->n_cse;
+	V ml = fptrunc(g, fsub_exact(g, m64, fpext(g, mh, w)), t);
+	ml = sel(g, fcmp(g, LLVMRealORD, ml, ml), ml, zero);
+	R->pairs = true;
+	R->npass -= 2;
+	V p2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
+	R->npass++;
+	R->pairs = false;
+	V slow = cg_round_half(g, pair_value(g, p2, lo, dv, t), d);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	cg_memo_pop(g, mark); /* what the branch computed lives there */
+	g->n_cse = cse;
+	V var = phi(g, type_of(fast));
+	phi_add(var, fast, pre);
+	phi_add(var, slow, end);
+	g->red[n->out[0]->id] = var;
+	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
+}
+
 static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 {
 	const fz_value *x = n->in[0];
@@ -786,6 +860,10 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	 * deviations are taken from the mean the interpreter uses */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
+	if (R->S && g->o.target != FZ_CG_HOST && t == t_f32(g) && fast_f64(g)) {
+		var_mean_once(g, R, n, cnt);
+		return;
+	}
 	V sh = pass(g, R, FZ_OP_SUM, x, NULL, NULL, &lo, NULL, NULL);
 	V mh, ml;
 	if (t == t_f32(g)) {

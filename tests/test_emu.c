@@ -641,14 +641,21 @@ END_TEST
  * runs at half the f32 rate (sm_90: codegen/reduction.c, "wide sums"), as
  * (hi, lo) pairs where it does not (sm_86). Both ways, bit for bit: a
  * row's sum and var_mean in registers (rows of 1000, a block each, its
- * last threads masked) and looping (a symbolic row), layer_norm in a warp
- * (rows of 256, bf16) and rms_norm's sum of squares. */
+ * last threads masked; on sm_90 var_mean in one pass: "var_mean in one
+ * pass") and looping (a symbolic row), layer_norm in a warp (rows of 256,
+ * bf16) and rms_norm's sum of squares. A constant row's variance is 0
+ * exactly (sm_90: the second pass; the one-pass form leaves the rounding
+ * of its sum of squares). A row whose mean is 10^6 of its deviations is
+ * within 2^-11 both ways: the pairs hold the mean to 48 bits, and their
+ * deviations err by 2^-48 of it (2^-12 of this variance; the one-pass
+ * form, were it taken, 2^-14). */
 START_TEST(float_sums_both_ways)
 {
 	const char *const srcs[] = {
 		"trace f(x: f32[B, 1000]) {\n"
 		"  s = sum(x, dims=[1])\n  v, m = var_mean(x, dims=[1])\n"
-		"  return s, v, m\n}\n",
+		"  c = add(mul(x, 0.0), 3.3)\n  cv, cm = var_mean(c, dims=[1])\n"
+		"  return s, v, m, cv, cm\n}\n",
 		"trace f(x: f32[B, T]) {\n"
 		"  s = sum(x, dims=[1])\n  v, m = var_mean(x, dims=[1])\n"
 		"  return s, v, m\n}\n",
@@ -672,6 +679,20 @@ START_TEST(float_sums_both_ways)
 				      i, targets[k], worst);
 			free(err);
 		}
+	const char *far = "trace f(x: f32[B, 1000]) {\n"
+			  "  v, m = var_mean(add(x, 1000000.0), dims=[1])\n"
+			  "  return v, m\n}\n";
+	for (int k = 0; k < 2; k++) {
+		fz_cg_options o;
+		ck_assert_int_eq(fz_cg_options_parse(targets[k], &o, NULL), FZ_OK);
+		int64_t syms[2] = {5, 1};
+		double worst;
+		char *err = NULL;
+		fz_status st = emu_compare(far, syms, o, 0x1p-11, &worst, &err, NULL);
+		ck_assert_msg(st == FZ_OK, "%s", err ? err : fz_status_name(st));
+		ck_assert_msg(worst <= 1, "a far mean on %s: worst %g", targets[k], worst);
+		free(err);
+	}
 }
 END_TEST
 
