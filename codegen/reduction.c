@@ -114,11 +114,11 @@ typedef struct rows {
 	 * stash_o, and each pass but the first reads back the value the pass
 	 * before it reduced, from chain[k] (NULL: none). */
 	bool chained;
+	const fz_value *chain[64];
 	/* Float sums as (hi, lo) pairs even where f64 is fast: var_mean's
 	 * exact second pass, for a row the one-pass form cannot take (see
 	 * "var_mean in one pass") */
 	bool pairs;
-	const fz_value *chain[64];
 	/* The keep (host): pass `keep_pass` (counting every pass of the
 	 * row, var_mean's two included; `npass` so far) stores output
 	 * `keep_o`, which it computes anyway, and the passes after it and
@@ -180,11 +180,12 @@ static V combine(cg *g, fz_opcode op, V acc, V v)
  * pass one subtraction and one fma in f64 where the pair took about
  * twenty. The pairs were most of the work of a normalization on the
  * GPU: bf16 layer_norm over rows of 8192 on sm_90 was 52 PTX
- * instructions an element (0.54 of a copy's bandwidth on an H200),
- * now 28 (0.62-0.66 of a copy). The two passes of var_mean held the
+ * instructions an element (0.52-0.54 of a copy's bandwidth on an
+ * H200), now 28 (0.62-0.66); but var_mean's two passes then held the
  * row's terms in f64 across the first one's barrier (that kernel: 56
- * registers a thread, then 124): see "var_mean in one pass". GPUs whose
- * f64 runs at 1/32 or 1/64 of f32 keep the pairs. */
+ * registers a thread, then 124), which "var_mean in one pass" does not
+ * (0.65-0.68; tools/gpu/README.md). GPUs whose f64 runs at 1/32 or 1/64
+ * of f32 keep the pairs. */
 
 /* s + e = a + b exactly, s = fl(a + b) */
 static V two_sum(cg *g, V a, V b, V *e)
@@ -795,12 +796,12 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	acc_init(g, R, &A1, FZ_OP_SUM, t);
 	acc_init(g, R, &A2, FZ_OP_SUM, t);
 	V zero = c_real(t, 0.0), vals[FZ_VW_MAX], lo;
+	int np = R->npass;
 	for (int k = 0; k < R->S; k++) {
 		cg_value(g, x, R->L, &R->ix[k * R->L], vals);
 		acc_step(g, R, &A1, vals, R->valid[k], NULL, NULL);
 		acc_step(g, R, &A2, vals, R->valid[k], zero, zero); /* (x - 0)^2 */
 	}
-	R->npass += 2; /* var_mean's two, as pass() counts them */
 	V s1 = acc_finish(g, R, &A1, 1, &lo);
 	V s2 = acc_finish(g, R, &A2, 1, &lo);
 	V m64 = fdiv(g, s1, uitofp(g, R->count, w));
@@ -819,9 +820,7 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	V ml = fptrunc(g, fsub_exact(g, m64, fpext(g, mh, w)), t);
 	ml = sel(g, fcmp(g, LLVMRealORD, ml, ml), ml, zero);
 	R->pairs = true;
-	R->npass -= 2;
 	V p2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
-	R->npass++;
 	R->pairs = false;
 	V slow = cg_round_half(g, pair_value(g, p2, lo, dv, t), d);
 	LLVMBasicBlockRef end = current(g);
@@ -832,6 +831,7 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	V var = phi(g, type_of(fast));
 	phi_add(var, fast, pre);
 	phi_add(var, slow, end);
+	R->npass = np + 2; /* var_mean's two, as pass() counts them */
 	g->red[n->out[0]->id] = var;
 	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
 }
