@@ -1424,14 +1424,21 @@ static void meta_lanes(cg *g, const fz_node *n, int nl, cg_ix (*ix)[FZ_MAX_RANK]
 				continue;
 			V ev = cg_ext(g, e);
 			V vals[FZ_VW_MAX], in[FZ_VW_MAX];
+			/* fast: the lanes share their base, so the whole group
+			 * lies in one operand: one test and one index for all
+			 * of them, and their loads stay one vector load */
+			V in0 = NULL, rel0 = NULL;
+			if (fast) {
+				V b = ix[0][k].b ? ix[0][k].b : c_int(g->ity, 0);
+				V rel = sub(g, b, startv);
+				in0 = icmp(g, LLVMIntULT, rel, ev);
+				rel0 = sel(g, in0, rel, c_int(g->ity, 0));
+			}
 			for (int l = 0; l < nl; l++) {
 				memcpy(xi[l], ix[l], sizeof(cg_ix) * (size_t)y->type.rank);
 				if (fast) {
-					V b = ix[l][k].b ? ix[l][k].b : c_int(g->ity, 0);
-					V rel = sub(g, b, startv);
-					in[l] = icmp(g, LLVMIntULT, rel, ev);
-					xi[l][k] = (cg_ix){sel(g, in[l], rel, c_int(g->ity, 0)),
-							   ix[l][k].o, m};
+					in[l] = in0;
+					xi[l][k] = (cg_ix){rel0, ix[l][k].o, m};
 				} else {
 					V rel = sub(g, cg_ix_value(g, ix[l][k]), startv);
 					in[l] = icmp(g, LLVMIntULT, rel, ev);

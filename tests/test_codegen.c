@@ -996,6 +996,31 @@ START_TEST(ptx_layer_norm_vectorized)
 }
 END_TEST
 
+/* Rotary on the GPU: a thread's lane group of the cat(neg(x2), x1) lies
+ * in one half (the halves are multiples of its 8 lanes), so it loads as
+ * one 16-byte vector like x, cos and sin: five loads for 8 elements,
+ * where a test and an index a lane made 16 loads of 2 bytes. */
+START_TEST(ptx_rotary_cat_vectorized)
+{
+	char *p = ptx_of("trace f(x: bf16[64, 1024], cos: bf16[64, 128], sin: bf16[64, 128]) {\n"
+			 "  x3 = reshape(x, shape=[64, 8, 128])\n"
+			 "  x1 = slice(x3, start=[0, 0, 0], end=[64, 8, 64])\n"
+			 "  x2 = slice(x3, start=[0, 0, 64], end=[64, 8, 128])\n"
+			 "  rh = cat(neg(x2), x1, dim=2)\n"
+			 "  y3 = add(mul(x3, unsqueeze(cos, dim=1)), mul(rh, unsqueeze(sin, dim=1)))\n"
+			 "  y = reshape(y3, shape=[64, 1024])\n"
+			 "  return y\n}\n", "sm_90");
+	int loads = 0, vec = 0;
+	for (const char *q = p; (q = strstr(q, "ld.global")); q++) {
+		loads++;
+		vec += !strncmp(q, "ld.global.nc.v4", 15);
+	}
+	ck_assert_int_eq(loads, 5);
+	ck_assert_int_eq(vec, 5);
+	free(p);
+}
+END_TEST
+
 /* pow(x, 2) on the GPU is the square, not exp2(2 log2 |x|): the same PTX
  * as mul(x, x) (an RMS norm's row kernel was 150 KB of PTX of pow) */
 START_TEST(ptx_pow_square)
@@ -2282,6 +2307,7 @@ static Suite *codegen_suite(void)
 	suite_add_tcase(s, ix);
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
+	tcase_add_test(px, ptx_rotary_cat_vectorized);
 	tcase_add_test(px, lanes_by_target);
 	tcase_add_test(px, compile_trace_folds_views);
 	tcase_add_test(px, ptx_targets_and_errors);
