@@ -67,17 +67,37 @@ static size_t lane_width(cg *g, fz_dtype d)
 	return w;
 }
 
+/* Whether value v sizes the lane group. On the GPU a value of lower rank
+ * than the region's highest, or of innermost extent 1 (a cross entropy's
+ * target and loss, one a row, [N] or [N, 1]; a bias, one a column) is
+ * read or written once a row or broadcast into the lanes, never as a lane
+ * group of its own: its dtype does not count. (An i64 target made cross
+ * entropy's row kernels load bf16 logits 2 lanes, 4 bytes, at a time
+ * where 16 bytes fit.) The host sizes by every value, 64-bit integers as
+ * 4 bytes (lane_width). */
+static bool sizes_lanes(cg *g, const fz_value *v, int rank)
+{
+	const fz_type *t = &v->type;
+	return g->o.target == FZ_CG_HOST ||
+	       (t->rank >= rank && !fz_ext_is_one(t->dims[t->rank - 1]));
+}
+
 int cg_lanes_for(cg *g)
 {
 	if (!g->o.vectorize)
 		return 1;
+	const fz_region *r = g->r;
+	int rank = 0;
+	for (int i = 0; i < r->n_in + r->n_out; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		rank = v->type.rank > rank ? v->type.rank : rank;
+	}
 	size_t w = 1;
-	for (int i = 0; i < g->r->n_in; i++)
-		if (lane_width(g, g->r->in[i]->type.dtype) > w)
-			w = lane_width(g, g->r->in[i]->type.dtype);
-	for (int i = 0; i < g->r->n_out; i++)
-		if (lane_width(g, g->r->out[i]->type.dtype) > w)
-			w = lane_width(g, g->r->out[i]->type.dtype);
+	for (int i = 0; i < r->n_in + r->n_out; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		if (sizes_lanes(g, v, rank) && lane_width(g, v->type.dtype) > w)
+			w = lane_width(g, v->type.dtype);
+	}
 	int l = (int)((size_t)cg_vector_bytes(g) / w);
 	int max = g->o.target == FZ_CG_HOST ? FZ_VW_MAX : FZ_VW_GPU;
 	return l > max ? max : l < 1 ? 1 : l;

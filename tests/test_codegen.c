@@ -1021,6 +1021,30 @@ START_TEST(ptx_rotary_cat_vectorized)
 }
 END_TEST
 
+/* Cross entropy on the GPU: the i64 target (one a row, [N] and [N, 1])
+ * and the f32 loss (one a row) do not size the lanes, so the bf16 logits
+ * load 8 at a time (16 bytes), not 2 (4 bytes, as an i64's 16-byte lane
+ * group of 2 made them) */
+START_TEST(ptx_cross_entropy_lanes)
+{
+	char *p = ptx_of("trace f(x: bf16[64, 1024], t: i64[64]) {\n"
+			 "  loss = cross_entropy(x, t)\n"
+			 "  lf = cast(x, dtype=f32)\n"
+			 "  p = softmax(lf, dim=1)\n"
+			 "  hot = cast(eq(unsqueeze(t, dim=1), iota(length=1024, dtype=i64)), dtype=f32)\n"
+			 "  g = cast(sub(p, hot), dtype=bf16)\n"
+			 "  return loss, g\n}\n", "sm_90");
+	int v4 = 0, u32 = 0;
+	for (const char *q = p; (q = strstr(q, "ld.global.nc.")); q++) {
+		v4 += !strncmp(q, "ld.global.nc.v4", 15);
+		u32 += !strncmp(q, "ld.global.nc.u32", 16);
+	}
+	ck_assert_int_ge(v4, 2); /* the logits, in the loss's kernel and g's */
+	ck_assert_int_eq(u32, 0);
+	free(p);
+}
+END_TEST
+
 /* pow(x, 2) on the GPU is the square, not exp2(2 log2 |x|): the same PTX
  * as mul(x, x) (an RMS norm's row kernel was 150 KB of PTX of pow) */
 START_TEST(ptx_pow_square)
@@ -2308,6 +2332,7 @@ static Suite *codegen_suite(void)
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
 	tcase_add_test(px, ptx_rotary_cat_vectorized);
+	tcase_add_test(px, ptx_cross_entropy_lanes);
 	tcase_add_test(px, lanes_by_target);
 	tcase_add_test(px, compile_trace_folds_views);
 	tcase_add_test(px, ptx_targets_and_errors);
