@@ -79,7 +79,7 @@ static bool sizes_lanes(cg *g, const fz_value *v, int rank)
 {
 	const fz_type *t = &v->type;
 	return g->o.target == FZ_CG_HOST ||
-	       (t->rank >= rank && !fz_ext_is_one(t->dims[t->rank - 1]));
+	       (t->rank >= rank && (!t->rank || !fz_ext_is_one(t->dims[t->rank - 1])));
 }
 
 int cg_lanes_for(cg *g)
