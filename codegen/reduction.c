@@ -773,9 +773,9 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
  * s1 and the sum of squares s2 of the row in one pass, in f64 (a square
  * of an f32 is exact there), and the deviations' sum as
  * m2 = s2 - s1 (s1 / n) by one fma: one conversion, one add and one fma a
- * term, one round of the threads, and no f64 copy of the row held from
- * one pass to the next (which took 124 registers a thread in bf16
- * layer_norm over rows of 8192, and 2 blocks an SM where 4 fit).
+ * term, and no f64 copy of the row held from one pass to the next (which
+ * took 124 registers a thread in bf16 layer_norm over rows of 8192, and
+ * 2 blocks an SM where 4 fit).
  *
  * The form cancels: m2 errs by about c 2^-53 s2, c the depth of the sums
  * (a thread's steps, its lanes, the threads: 15 at 8192 bf16), where
