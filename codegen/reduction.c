@@ -768,6 +768,24 @@ static V pair_value(cg *g, V hi, V lo, V den, T rt)
 	return fptrunc(g, den ? fdiv(g, s, fpext(g, den, d)) : s, rt);
 }
 
+/* The f64 mean m64 of f32 data as mh + ml, two f32s (ml 0 where m64 is
+ * not finite), so that the deviations are taken from the mean the
+ * interpreter uses */
+static void mean_split(cg *g, V m64, V *mh, V *ml)
+{
+	T t = t_f32(g);
+	*mh = fptrunc(g, m64, t);
+	V l = fptrunc(g, fsub_exact(g, m64, fpext(g, *mh, t_f64(g))), t);
+	*ml = sel(g, fcmp(g, LLVMRealORD, l, l), l, c_real(t, 0.0));
+}
+
+/* var_mean's divisor in t: the count less the correction, at least 0 */
+static V var_den(cg *g, const fz_node *n, V cnt, T t)
+{
+	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
+	return sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
+}
+
 /* ---- var_mean in one pass -----------------------------------------------------
  * On a GPU with fast f64 and the row in registers, var_mean takes the sum
  * s1 and the sum of squares s2 of the row in one pass, in f64 (a square
@@ -807,9 +825,9 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	V m64 = fdiv(g, s1, uitofp(g, R->count, w));
 	V fa[3] = {fneg(g, s1), m64, s2};
 	V m2 = call_intrinsic(g, "llvm.fma", w, w, fa, 3);
-	V mh = fptrunc(g, m64, t);
-	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
-	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
+	V mh, ml; /* ml: the exact second pass's alone */
+	mean_split(g, m64, &mh, &ml);
+	V dv = var_den(g, n, cnt, t);
 	V fast = cg_round_half(g, pair_value(g, m2, c_real(w, 0.0), dv, t), d);
 	V ok = fcmp(g, LLVMRealOGE, fmul_exact(g, m2, c_real(w, 16.0)), s2);
 	LLVMBasicBlockRef pre = current(g), sb = block(g, "var.pairs"),
@@ -817,8 +835,6 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	cond_br(g, ok, join, sb);
 	at_end(g, sb);
 	int mark = cg_memo_mark(g), cse = g->n_cse;
-	V ml = fptrunc(g, fsub_exact(g, m64, fpext(g, mh, w)), t);
-	ml = sel(g, fcmp(g, LLVMRealORD, ml, ml), ml, zero);
 	R->pairs = true;
 	V p2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
 	R->pairs = false;
@@ -856,11 +872,10 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 			cg_wrap_int(g, r, d);
 		return;
 	}
-	/* the mean in f64 (f32 data) and split into mh + ml, so that the
-	 * deviations are taken from the mean the interpreter uses */
+	/* the mean in f64 (f32 data) and split into mh + ml (mean_split) */
 	T t = cg_ctype(g, x->type.dtype);
 	V cnt = uitofp(g, R->count, t);
-	if (R->S && g->o.target != FZ_CG_HOST && t == t_f32(g) && fast_f64(g)) {
+	if (R->S && t == t_f32(g) && fast_f64(g)) { /* the row in a GPU's registers */
 		var_mean_once(g, R, n, cnt);
 		return;
 	}
@@ -868,17 +883,13 @@ static void reduce_node(cg *g, rows *R, const fz_node *n, int k)
 	V mh, ml;
 	if (t == t_f32(g)) {
 		V s = pair_sum(g, sh, lo, t_f64(g));
-		V m64 = fdiv(g, s, uitofp(g, R->count, t_f64(g)));
-		mh = fptrunc(g, m64, t);
-		ml = fptrunc(g, fsub_exact(g, m64, fpext(g, mh, t_f64(g))), t);
-		ml = sel(g, fcmp(g, LLVMRealORD, ml, ml), ml, c_real(t, 0.0));
+		mean_split(g, fdiv(g, s, uitofp(g, R->count, t_f64(g))), &mh, &ml);
 	} else {
 		mh = fdiv(g, pair_sum(g, sh, lo, t), cnt);
 		ml = c_real(t, 0.0);
 	}
 	V m2 = pass(g, R, FZ_OP_SUM, x, mh, ml, &lo, NULL, NULL);
-	V dv = fsub(g, cnt, c_real(t, (double)n->attrs.correction));
-	dv = sel(g, fcmp(g, LLVMRealOGT, dv, c_real(t, 0.0)), dv, c_real(t, 0.0));
+	V dv = var_den(g, n, cnt, t);
 	g->red[n->out[0]->id] = cg_round_half(g, pair_value(g, m2, lo, dv, t), d);
 	g->red[n->out[1]->id] = cg_round_half(g, mh, d);
 }
