@@ -12,7 +12,8 @@
  *   exp     x = k ln2 + r, |r| <= ln2/2 (Cody-Waite with fma), a degree-6
  *           polynomial for e^r fitted for relative error (3.1e-9; f64:
  *           degree-13 Taylor), scaled by 2^k in two steps so that k down
- *           to -150 reaches the subnormals
+ *           to -150 reaches the subnormals (f32: two multiplications,
+ *           through which a NaN stays NaN)
  *   exp2    k = rint(x), r = (x - k) ln2 (exact subtraction), as exp
  *   expm1   degree-9 Taylor below |x| < ln2/2 (no cancellation), exp - 1
  *           above
@@ -22,9 +23,11 @@
  *   log2    e + log(m) log2(e);  log1p: Kahan's log(u) x / (u - 1)
  *   sin cos k = rint(x 2/pi), r by three-part Cody-Waite with fma, odd and
  *           even polynomials on |r| <= pi/4, quadrant k mod 4
- *   tanh    f32: a rational function of x on |x| <= 7.9 (5.3 ulp, see
+ *   tanh    f32: a rational function of x on |x| <= 7.9 (5.1 ulp, see
  *           tanh32); f64: e / (e + 2) with e = expm1(2|x|), relative
  *           accuracy at 0 too
+ *   sigmoid f32: 1/(1 + e) or e/(1 + e) with e = e^-|x| (sigmoid32),
+ *           a divisor in [1, 2]
  *   erf     in f64, the Taylor series (56 terms) for |x| < 3.95, which
  *           loses at most 6 of f64's 16 digits to cancellation; 1 above
  *   pow     exp2(b log2 |a|) with C's special cases (negative base with an
@@ -36,11 +39,11 @@
  * The host with AVX-512 (cg_host_avx512) differs in one place, and not in
  * its results: cg_value hands the lanes of an f32 exp or sigmoid (4, 8 or
  * 16 of them) to cg_math_lanes as one vector, and vexpf_ computes expf_'s
- * steps in lanes but ends with vscalefps instead of scale2 and the NaN
- * select (13 instructions for 16 lanes where the generic IR takes 22,
- * register copies aside), and for sigmoid's e^-x folds the negation
+ * steps in lanes but ends with vscalefps instead of the two
+ * multiplications by powers of 2 (13 instructions for 16 lanes where the
+ * generic IR took 22, register copies aside), and for sigmoid's e^-|x| folds the negation
  * into its constants. vscalefps scales by 2^k and rounds once, as
- * scale2's exact exponent add and one multiplication do, a NaN reaches
+ * the exact first multiplication and the second do, a NaN reaches
  * it as NaN, and each negated step is the exact negative of expf_'s; so
  * the host's results are the generic path's bit for bit (all 2^32 f32
  * inputs compared by tools/bench/exp_bits.sh, NaN as NaN; test_codegen's
@@ -49,6 +52,14 @@
  * (Division stays vdivps: vrcp14ps and a Newton step, not
  * correctly rounded, measured slower in tanh; tanh32 keeps its IR, its
  * small-x select put so that the host masks the division with it.)
+ *
+ * The GPU differs in one place, and not in its results either: the
+ * reciprocals of sigmoid and tanh, whose divisors lie in [1, 185]
+ * (recip_small), are rcp.approx and a Newton step there, the fast path of
+ * ptxas's own correctly rounded division without the slow path it puts
+ * around each one, and the division on the host and emu
+ * (test_cuda's rcp_sequence_is_division and math_matches_host; test_emu's
+ * math_matches_host holds emu to the host).
  *
  * f64 values on the host call libm (the JIT resolves exp, log, ... from the
  * process). On the GPU (and emu) the same methods run in f64, with longer
@@ -141,14 +152,13 @@ static V scale2(cg *g, V p, V k)
 
 /* p 2^k in f32 lanes (4, 8 or 16: cg_math_lanes) for k a float holding an
  * integer in [-150, 128] and p in [0.7, 1.5]: one vscalefps (AVX-512F and
- * VL), for scale2's seven instructions. It computes p 2^floor(k) and
+ * VL), for expf_'s seven instructions. It computes p 2^floor(k) and
  * rounds once under the MXCSR (to nearest even by default; flushed to 0
- * with FTZ, as vmulps): exactly what scale2's exact exponent add and its
- * one multiplication make, subnormal results and overflow to inf
+ * with FTZ, as vmulps): exactly what expf_'s exact multiplication by
+ * 2^k1 and its second by 2^k2 make, subnormal results and overflow to inf
  * included, so the two agree bit for bit
  * (tests/test_codegen.c's host_exp_matches_generic sweeps it). A NaN p
- * (from a NaN x, which clampf passes through) gives a NaN, so vexpf_
- * needs no select for it either. */
+ * (from a NaN x, which clampf passes through) gives a NaN, as there. */
 static V scalef(cg *g, V p, V k)
 {
 	unsigned n = LLVMGetVectorSize(type_of(p));
@@ -157,6 +167,28 @@ static V scalef(cg *g, V p, V k)
 	return call_intrinsic(g, n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512" :
 			      n == 8 ? "llvm.x86.avx512.mask.scalef.ps.256" :
 			      "llvm.x86.avx512.mask.scalef.ps.128", NULL, NULL, args, n == 16 ? 5 : 4);
+}
+
+/* 1/d correctly rounded, for f32 d in [1, 2^64] (or NaN): the division
+ * on the host and emu; on the GPU rcp.approx.ftz (MUFU.RCP, within an ulp)
+ * and one Newton step with fma, y0 + y0 (1 - d y0). That is the fast path
+ * ptxas itself takes for rcp.rn.f32 and div.rn.f32 where the divisor's
+ * exponent allows it (a normal result), and it is correctly rounded for
+ * every such d: it depends only on d's mantissa there, and test_cuda's
+ * rcp_sequence_is_division compares it with rcp.rn.f32 for all 2^23 of
+ * them (at eight exponents), so the three targets agree bit for bit. What
+ * it leaves out is the range test, branch and call of the slow path that
+ * ptxas puts around every division (six instructions, and a convergence
+ * barrier that keeps it from interleaving the elements of a thread):
+ * sigmoid's and tanh's divisors are known to be in range. */
+static V recip_small(cg *g, V d)
+{
+	if (g->o.target != FZ_CG_NVPTX || is_vec(d) || is64(g, d))
+		return fdiv(g, kc(d, 1.0), d);
+	V y0 = call_named(g, "llvm.nvvm.rcp.approx.ftz.f",
+			  LLVMFunctionType(t_f32(g), (T[]){t_f32(g)}, 1, 0), &d, 1);
+	V e = fma3(g, fneg(g, d), y0, kc(d, 1.0));
+	return fma3(g, y0, e, y0);
 }
 
 /* 1/n!: e^r's Taylor coefficients; f32 takes 8 (truncation 3e-9 on
@@ -208,8 +240,15 @@ static V expf_(cg *g, V x)
 	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
 	r = fma3(g, fneg(g, k), kc(x, lo), r);
 	p = d ? poly(g, r, EXP_C, 14) : poly(g, r, EXP32_C, 7);
-	V y = scale2(g, p, ki);
-	return sel(g, isnan_(g, x), x, y);
+	if (d)
+		return sel(g, isnan_(g, x), x, scale2(g, p, ki));
+	/* f32: p 2^k as (p 2^k1) 2^k2, two multiplications where scale2
+	 * adds k1 to p's exponent field: the first is as exact, the second
+	 * the same rounding, and a NaN p (from a NaN x, which the clamp and
+	 * the fma pass through) stays NaN whatever k came of its bits, so no
+	 * select for it (an instruction fewer on the GPU) */
+	V k1 = ashr(g, ki, c_i32(g, 1));
+	return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
 }
 
 /* expf_ of f32 lanes on the host with AVX-512 (cg_math_lanes): e^x, or
@@ -383,11 +422,14 @@ static V sincosf_(cg *g, V x, bool cosine)
  * is tanh(x) correctly rounded (x^3/3 is below half an ulp of x there):
  * the quotient's P(0) of 1 - 1.3e-7 would put a small tanh(x) an ulp
  * inside x, and a comparison of the two (test_difftest's random DAGs
- * make them) would then go the other way than the interpreter's. 5.3 ulp
- * at most (3.3e-7 relative, at 7.5) against f64 tanh over 4.4 million f32
- * points from 1e-45 to 12, checked in f32 arithmetic with fma. A NaN
- * passes through the clamp and the polynomials. Ten fma, two
- * multiplications, a division and a select, where expm1's two branches
+ * make them) would then go the other way than the interpreter's. The
+ * quotient is x P times 1/Q (Q in [1, 185]: recip_small, the GPU's
+ * reciprocal without a slow path), which rounds once more than a
+ * division: 5.1 ulp at most against f64 tanh over 4.4 million points
+ * spaced evenly in log from 1e-45 to 12 (4.7 with the division; the
+ * generated code on the host, run through fz_trace_run). A NaN
+ * passes through the clamp and the polynomials. Ten fma, three
+ * multiplications, a reciprocal and a select, where expm1's two branches
  * (a Taylor polynomial and exp) and a division cost three times that:
  * gelu(approximate=tanh) is mostly its tanh. */
 static V tanh32(cg *g, V x)
@@ -400,7 +442,7 @@ static V tanh32(cg *g, V x)
 				   0.00024486609330362513};
 	V xc = clampf(g, x, -7.90531110763549805, 7.90531110763549805);
 	V z = fmul(g, xc, xc);
-	V t = fdiv(g, fmul(g, xc, poly(g, z, P, 7)), poly(g, z, Q, 4));
+	V t = fmul(g, fmul(g, xc, poly(g, z, P, 7)), recip_small(g, poly(g, z, Q, 4)));
 	/* t unless |x| < 2.9e-4, put so (UGE, a NaN too) that the host folds
 	 * the select into its division as a write mask */
 	return sel(g, fcmp(g, LLVMRealUGE, un(g, "llvm.fabs", x), kc(x, 2.9e-4)), t, x);
@@ -416,6 +458,19 @@ static V tanhf_(cg *g, V x)
 	/* past 22 (f64), tanh rounds to 1 */
 	t = sel(g, fcmp(g, LLVMRealOGT, a, kc(x, 22.0)), kc(x, 1.0), t);
 	return sel(g, fcmp(g, LLVMRealOLT, x, kc(x, 0.0)), fneg(g, t), t);
+}
+
+/* sigmoid of f32 x (or of f32 lanes) given e = e^-|x| in [0, 1]: 1/(1 + e)
+ * where x >= 0, else e/(1 + e) as e (1/(1 + e)). The divisor is in [1, 2]
+ * for every x, so its reciprocal takes recip_small's fast form on the GPU
+ * (1/(1 + e^-x) had one up to inf: a division with its slow path); where
+ * x < 0 the result rounds twice, within an ulp of the single rounding, and
+ * below -87 (e subnormal) it keeps e's digits where 1/(1 + e^-x) was the
+ * reciprocal of a huge number. A NaN x makes e, and the result, NaN. */
+static V sigmoid32(cg *g, V x, V e)
+{
+	V r = recip_small(g, fadd_exact(g, kc(x, 1.0), e));
+	return sel(g, fcmp(g, LLVMRealOGE, x, kc(x, 0.0)), r, fmul_exact(g, e, r));
 }
 
 /* A loop of n rounds (i32 counter i from 1 to n) over f64 states (erf's
@@ -581,6 +636,8 @@ LLVMValueRef cg_math_unary(cg *g, fz_opcode op, V x)
 		case FZ_OP_TANH: return tanhf_(g, x);
 		case FZ_OP_ERF: return t == t_f64(g) ? erf64_(g, x) : erff_(g, x);
 		case FZ_OP_SIGMOID:
+			if (t == t_f32(g))
+				return sigmoid32(g, x, expf_(g, fneg(g, un(g, "llvm.fabs", x))));
 			return fdiv(g, one, fadd(g, one, expf_(g, fneg(g, x))));
 		default: break;
 		}
@@ -608,7 +665,7 @@ bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
 		return false;
 	V v = pack(g, t_vec(t_f32(g), (unsigned)n), x, n);
 	V y = op == FZ_OP_EXP ? vexpf_(g, v, false) :
-	      fdiv(g, kc(v, 1.0), fadd(g, kc(v, 1.0), vexpf_(g, v, true)));
+	      sigmoid32(g, v, vexpf_(g, un(g, "llvm.fabs", v), true));
 	for (int l = 0; l < n; l++)
 		out[l] = extract(g, y, (unsigned)l);
 	return true;

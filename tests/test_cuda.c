@@ -25,6 +25,7 @@
 #include "exec.h"
 #include "fusec.h"
 #include "ir.h"
+#include "math_sweep.h"
 #include "target.h"
 
 static fz_device *dev;
@@ -430,6 +431,104 @@ START_TEST(modules_shared_across_programs)
 }
 END_TEST
 
+/* ---- the math: the GPU's results are the host's ---------------------------- */
+
+/* codegen/math.c's recip_small on the GPU: rcp.approx.ftz.f32 and one
+ * Newton step with fma, in place of the correctly rounded division the
+ * host and emu take. Here the same instructions against rcp.rn.f32 for
+ * every d in [1, 256): all 2^23 mantissas at eight exponents. The thread
+ * that finds a difference counts it and keeps its d. */
+static const char rcp_ptx[] =
+	".version 7.0\n.target sm_70\n.address_size 64\n"
+	".visible .entry rcp_check(.param .u64 out, .param .u32 n) {\n"
+	"  .reg .pred %p<3>;\n  .reg .b32 %r<10>;\n  .reg .f32 %f<7>;\n"
+	"  .reg .b64 %rd<3>;\n"
+	"  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n  mov.u32 %r3, %tid.x;\n"
+	"  mad.lo.u32 %r4, %r1, %r2, %r3;\n  ld.param.u32 %r5, [n];\n"
+	"  setp.ge.u32 %p1, %r4, %r5;\n  @%p1 bra DONE;\n"
+	"  add.u32 %r6, %r4, 0x3f800000;\n  mov.b32 %f1, %r6;\n"
+	"  rcp.approx.ftz.f32 %f2, %f1;\n  neg.f32 %f3, %f1;\n"
+	"  fma.rn.f32 %f4, %f3, %f2, 0f3F800000;\n  fma.rn.f32 %f5, %f2, %f4, %f2;\n"
+	"  rcp.rn.f32 %f6, %f1;\n  mov.b32 %r7, %f5;\n  mov.b32 %r8, %f6;\n"
+	"  setp.eq.u32 %p2, %r7, %r8;\n  @%p2 bra DONE;\n"
+	"  ld.param.u64 %rd1, [out];\n  atom.global.add.u32 %r9, [%rd1], 1;\n"
+	"  st.global.u32 [%rd1+4], %r6;\n"
+	"DONE:\n  ret;\n}\n";
+
+START_TEST(rcp_sequence_is_division)
+{
+	cu_dev *d = (cu_dev *)dev;
+	const fz_cu_api *cu = d->cu;
+	ck_assert_int_eq(cu->CtxPushCurrent(d->ctx), 0);
+	CUmodule mod = NULL;
+	CUfunction fn = NULL;
+	ck_assert_int_eq(cu->ModuleLoadDataEx(&mod, rcp_ptx, 0, NULL, NULL), 0);
+	ck_assert_int_eq(cu->ModuleGetFunction(&fn, mod, "rcp_check"), 0);
+	uint32_t zero[2] = {0, 0}, got[2];
+	void *out = to_dev(zero, sizeof zero);
+	unsigned n = 8u << 23;
+	CUdeviceptr o = (CUdeviceptr)(uintptr_t)out;
+	void *args[2] = {&o, &n};
+	ck_assert_int_eq(cu->LaunchKernel(fn, n / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL), 0);
+	ck_assert_int_eq(cu->StreamSynchronize(NULL), 0);
+	from_dev(got, out, sizeof got);
+	float bad;
+	memcpy(&bad, &got[1], 4);
+	ck_assert_msg(got[0] == 0, "%u of %u divisors differ from rcp.rn.f32 (one: %.9g)",
+		      got[0], n, (double)bad);
+	fz_target_cuda.release(dev, out);
+	cu->ModuleUnload(mod);
+	CUcontext popped;
+	cu->CtxPopCurrent(&popped);
+}
+END_TEST
+
+/* The f32 math functions of codegen/math.c on the GPU against the host
+ * (the cpu device), bit for bit (a NaN as a NaN), over math_sweep.h's
+ * inputs: what test_emu's math_matches_host shows for the emulated GPU,
+ * on the real one, whose reciprocals take other instructions. */
+START_TEST(math_matches_host)
+{
+	const int64_t n = 1 << 20;
+	fz_module *m = NULL;
+	fz_trace *t = parse(math_sweep_trace, &m);
+	int64_t syms[FZ_MAX_SYMS] = {n};
+	float *x = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+	math_sweep_inputs(x, n);
+	fz_tensor hin = {.dtype = FZ_F32, .rank = 1, .shape = {n}, .strides = {1}, .data = x};
+	fz_tensor host[MATH_SWEEP_OUTS], din = hin, dout[MATH_SWEEP_OUTS];
+	memset(host, 0, sizeof host);
+	char *err = NULL;
+	ck_assert_msg(fz_trace_run(t, "cpu", syms, &hin, 1, host, MATH_SWEEP_OUTS, &err) ==
+		      FZ_OK, "%s", err ? err : "?");
+	din.data = to_dev(x, (size_t)n * 4);
+	for (int o = 0; o < MATH_SWEEP_OUTS; o++) {
+		dout[o] = host[o];
+		dout[o].data = dalloc((size_t)n * 4);
+	}
+	fz_exec *ex = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cuda", NULL, &ex, &err), FZ_OK);
+	ck_assert_msg(fz_exec_run(ex, syms, &din, 1, dout, MATH_SWEEP_OUTS, NULL, &err) ==
+		      FZ_OK, "%s", err ? err : "?");
+	ck_assert_int_eq(fz_exec_sync(ex, NULL, &err), FZ_OK);
+	for (int o = 0; o < MATH_SWEEP_OUTS; o++) {
+		from_dev(got, dout[o].data, (size_t)n * 4);
+		const float *want = host[o].data;
+		int64_t k, bad = math_sweep_diff(got, want, n, &k);
+		ck_assert_msg(bad == 0, "%s: %lld of %lld differ from the host; x = %.9g: "
+			      "got %.9g, want %.9g", math_sweep_names[o], (long long)bad,
+			      (long long)n, (double)x[k], (double)got[k], (double)want[k]);
+		fz_target_cuda.release(dev, dout[o].data);
+		fz_free(host[o].data);
+	}
+	fz_exec_free(ex);
+	fz_target_cuda.release(dev, din.data);
+	free(got);
+	free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(primary_context_is_current_for_others)
 {
 	/* fusec leaves the thread's context as it found it, and the device's
@@ -460,6 +559,8 @@ static Suite *cuda_suite(void)
 	tcase_add_test(t, bad_index_is_reported);
 	tcase_add_test(t, modules_shared_across_programs);
 	tcase_add_test(t, primary_context_is_current_for_others);
+	tcase_add_test(t, rcp_sequence_is_division);
+	tcase_add_test(t, math_matches_host);
 	suite_add_tcase(s, t);
 	return s;
 }

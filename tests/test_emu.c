@@ -27,6 +27,7 @@
 #include "emu.h"
 #include "fusec.h"
 #include "ir.h"
+#include "math_sweep.h"
 #include "numeric.h"
 #include "plan.h"
 
@@ -747,6 +748,43 @@ START_TEST(f64_math)
 }
 END_TEST
 
+/* The f32 math functions on the emulated GPU against the host, bit for
+ * bit (a NaN as a NaN) over math_sweep.h's inputs: the two compile
+ * math.c's functions into different skeletons (lanes of one thread; the
+ * host's AVX-512 exp and sigmoid in vectors), and the GPU's kernels must
+ * still compute what the CPU tests test. test_cuda's math_matches_host
+ * shows the same on a GPU. */
+START_TEST(math_matches_host)
+{
+	const int64_t n = 1 << 17;
+	fz_module *m = parse(math_sweep_trace);
+	fz_trace *t = fz_module_trace(m, 0);
+	int64_t syms[FZ_MAX_SYMS] = {n};
+	float *x = malloc((size_t)n * 4);
+	math_sweep_inputs(x, n);
+	fz_tensor in = {.dtype = FZ_F32, .rank = 1, .shape = {n}, .strides = {1}, .data = x};
+	fz_tensor out[2][MATH_SWEEP_OUTS];
+	const char *dev[2] = {"cpu", "emu"};
+	for (int d = 0; d < 2; d++) {
+		char *err = NULL;
+		memset(out[d], 0, sizeof out[d]);
+		ck_assert_msg(fz_trace_run(t, dev[d], syms, &in, 1, out[d], MATH_SWEEP_OUTS,
+					   &err) == FZ_OK, "%s: %s", dev[d], err ? err : "?");
+	}
+	for (int o = 0; o < MATH_SWEEP_OUTS; o++) {
+		const float *want = out[0][o].data, *got = out[1][o].data;
+		int64_t k, bad = math_sweep_diff(got, want, n, &k);
+		ck_assert_msg(bad == 0, "%s: %lld of %lld differ on emu; x = %.9g: got %.9g, "
+			      "want %.9g", math_sweep_names[o], (long long)bad, (long long)n,
+			      (double)x[k], (double)got[k], (double)want[k]);
+		fz_free(out[0][o].data);
+		fz_free(out[1][o].data);
+	}
+	free(x);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(options_parse)
 {
 	fz_cg_options o;
@@ -1112,6 +1150,7 @@ static Suite *emu_suite(void)
 	tcase_add_test(tc, float_sums_both_ways);
 	tcase_add_test(tc, index_into_empty_extent);
 	tcase_add_test(tc, f64_math);
+	tcase_add_test(tc, math_matches_host);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("mma");
 	tcase_set_timeout(tc, 600);
