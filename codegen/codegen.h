@@ -171,7 +171,9 @@
                               * 1/(1 + e^-|x|) or its e times that, tanh's
                               * quotient by a reciprocal, both without the
                               * GPU's slow path; f32 exp scaled by two
-                              * multiplications, no NaN select) */
+                              * multiplications, no NaN select; var_mean
+                              * in one pass: both sums in one round of the
+                              * threads) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -279,6 +279,47 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 	return r;
 }
 
+/* Two sums of one type (var_mean's s1 and s2) across the threads that
+ * share a row, in one round: the shuffles of both at each step, and one
+ * pair of barriers where two calls of across_threads take two. */
+static void across_threads_two(cg *g, rows *R, V *v)
+{
+	if (R->par == FZ_PAR_THREAD)
+		return;
+	for (int m = 16; m >= 1; m /= 2)
+		for (int i = 0; i < 2; i++)
+			v[i] = combine(g, FZ_OP_SUM, v[i], cg_shfl_bfly(g, v[i], m));
+	if (R->par == FZ_PAR_WARP)
+		return;
+	T t = type_of(v[0]);
+	V tid = cg_tid(g);
+	V warp = udiv(g, tid, c_int(g->ity, 32));
+	V lane = urem(g, tid, c_int(g->ity, 32));
+	V nw = udiv(g, cg_ntid(g), c_int(g->ity, 32));
+	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
+	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
+	at_end(g, w);
+	for (int i = 0; i < 2; i++)
+		store(g, v[i], smem_slot(g, t, i, warp, true), 4);
+	br(g, cont);
+	at_end(g, cont);
+	cg_barrier(g);
+	V acc[2];
+	for (int i = 0; i < 2; i++) {
+		acc[i] = cg_entry_alloca(g, t);
+		store(g, c_real(t, 0.0), acc[i], 8);
+	}
+	cg_loop L;
+	cg_loop_begin(g, &L, c_int(g->ity, 0), nw, c_int(g->ity, 1));
+	for (int i = 0; i < 2; i++)
+		store(g, combine(g, FZ_OP_SUM, load(g, t, acc[i], 8),
+				 load(g, t, smem_slot(g, t, i, L.iv, false), 4)), acc[i], 8);
+	cg_loop_end(g, &L);
+	for (int i = 0; i < 2; i++)
+		v[i] = load(g, t, acc[i], 8);
+	cg_barrier(g);
+}
+
 /* The full domain index of lanes at reduced position jb (+ l). */
 static void row_lanes(cg *g, rows *R, V jb, cg_ix (*ix)[FZ_MAX_RANK])
 {
@@ -416,7 +457,9 @@ static void acc_merge(cg *g, rows *R, accum *a, const accum *b)
 /* The row's result from the n accumulators that took turns over it:
  * merged in a tree, the lanes combined in a tree, then the threads; a
  * pair's low part in *lo (NULL for other ops, 0 for a wide sum). */
-static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
+/* The lanes of accumulators As[0..n) merged into this thread's total (its
+ * lo in *lo), not yet across the threads: acc_finish's first part. */
+static V acc_lanes(cg *g, rows *R, accum *As, int n, V *lo)
 {
 	for (int w = 1; w < n; w *= 2)
 		for (int i = 0; i + w < n; i += 2 * w)
@@ -440,7 +483,13 @@ static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
 			h[i] = A->pair ? pair_add(g, h[i], l[i], h[i + w], l[i + w], &l[i]) :
 			       combine(g, A->op, h[i], h[i + w]);
 	*lo = A->wide ? c_real(A->t, 0.0) : l[0];
-	return across_threads(g, R, A->op, h[0], A->pair ? lo : NULL);
+	return h[0];
+}
+
+static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
+{
+	V h = acc_lanes(g, R, As, n, lo);
+	return across_threads(g, R, As[0].op, h, As[0].pair ? lo : NULL);
 }
 
 /* Lanes vals of one step into A; with a mean (mh + ml, var_mean's second
@@ -791,9 +840,10 @@ static V var_den(cg *g, const fz_node *n, V cnt, T t)
  * s1 and the sum of squares s2 of the row in one pass, in f64 (a square
  * of an f32 is exact there), and the deviations' sum as
  * m2 = s2 - s1 (s1 / n) by one fma: one conversion, one add and one fma a
- * term, and no f64 copy of the row held from one pass to the next (which
- * took 124 registers a thread in bf16 layer_norm over rows of 8192, and
- * 2 blocks an SM where 4 fit).
+ * term, one round of the threads for both sums (across_threads_two: two
+ * barriers, where a round each took four), and no f64 copy of the row
+ * held from one pass to the next (which took 124 registers a thread in
+ * bf16 layer_norm over rows of 8192, and 2 blocks an SM where 4 fit).
  *
  * The form cancels: m2 errs by about c 2^-53 s2, c the depth of the sums
  * (a thread's steps, its lanes, the threads: 15 at 8192 bf16), where
@@ -813,6 +863,7 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 	accum A1, A2;
 	acc_init(g, R, &A1, FZ_OP_SUM, t);
 	acc_init(g, R, &A2, FZ_OP_SUM, t);
+	FZ_ASSERT(A1.wide && A2.wide); /* fast_f64: no lo to carry */
 	V zero = c_real(t, 0.0), vals[FZ_VW_MAX], lo;
 	int np = R->npass;
 	for (int k = 0; k < R->S; k++) {
@@ -820,8 +871,9 @@ static void var_mean_once(cg *g, rows *R, const fz_node *n, V cnt)
 		acc_step(g, R, &A1, vals, R->valid[k], NULL, NULL);
 		acc_step(g, R, &A2, vals, R->valid[k], zero, zero); /* (x - 0)^2 */
 	}
-	V s1 = acc_finish(g, R, &A1, 1, &lo);
-	V s2 = acc_finish(g, R, &A2, 1, &lo);
+	V s[2] = {acc_lanes(g, R, &A1, 1, &lo), acc_lanes(g, R, &A2, 1, &lo)};
+	across_threads_two(g, R, s);
+	V s1 = s[0], s2 = s[1];
 	V m64 = fdiv(g, s1, uitofp(g, R->count, w));
 	V fa[3] = {fneg(g, s1), m64, s2};
 	V m2 = call_intrinsic(g, "llvm.fma", w, w, fa, 3);
