@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 38 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 39 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -171,7 +171,7 @@
                               * 1/(1 + e^-|x|) or its e times that, tanh's
                               * quotient by a reciprocal, both without the
                               * GPU's slow path; f32 exp scaled by two
-                              * multiplications, no NaN select; var_mean
+                              * multiplications, no NaN select; 39: var_mean
                               * in one pass: both sums in one round of the
                               * threads) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
