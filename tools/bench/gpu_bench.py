@@ -10,12 +10,21 @@ and torch.compile, as bandwidth.
 The fusions a transformer step spends its memory-bound time in, each one
 trace with concrete extents [R, C] (R rows of C): rms_norm, layer_norm,
 softmax, cross_entropy forward and backward (the mean loss and the logits'
-gradient in one pass), gelu(x + bias), swiglu (silu(g) * u), rotary
+gradient), gelu(x + bias), swiglu (silu(g) * u), rotary
 (heads of 128, cos and sin per row, rotate_half), and add + rms_norm (the
 residual stream: both h = x + r and rms_norm(h) returned). Each runs three
 ways on the same inputs: fusec.Program on CUDA tensors, eager PyTorch
 (its fused kernels where it has them: F.rms_norm, F.layer_norm, softmax,
 F.cross_entropy with autograd), and torch.compile of the eager function.
+
+cross_entropy's trace is the one fusec.torch.export makes of that same
+eager function (the loss, and its gradient by autograd: what the
+torch.compile backend hands fusec), exported from meta tensors of the
+row's shape and dtype. cross_entropy_twice, not run unless --fusions
+names it, is the hand-written trace timed until session 14: the loss by
+the cross_entropy op beside a softmax written out for the gradient, so
+that the row's max and sum are computed twice (fusec has no
+common-subexpression pass: two kernels each read the logits).
 
 Time: CUDA events around 20 back-to-back calls, the best of 3 batches; a
 torch.cuda._sleep is queued first so that the host has queued every call
@@ -76,7 +85,7 @@ def traces(r, c, d):
   y = softmax(x, dim=1)
   return y
 }}""",
-        "cross_entropy": """trace cross_entropy(logits: {d}[{r}, {c}], target: i64[{r}]) {{
+        "cross_entropy_twice": """trace cross_entropy(logits: {d}[{r}, {c}], target: i64[{r}]) {{
   loss = cross_entropy(logits, target)
   lf = cast(logits, dtype=f32)
   m = amax(lf, dims=[1], keepdim=true)
@@ -109,6 +118,21 @@ def traces(r, c, d):
   return h, y
 }}""",
     }, dict(r=r, c=c, d=d, h=h, hd=HEAD, half=half, inv_r=repr(1.0 / r))
+
+
+def exported_cross_entropy(r, c, dt):
+    """fusec.torch.export's trace of eager_fns' cross_entropy step (the
+    mean loss and the logits' gradient) at R x C of dt."""
+    import torch
+    import torch.nn.functional as F
+    import fusec.torch
+
+    def step(logits, target):
+        loss = F.cross_entropy(logits, target)
+        return (loss,) + tuple(torch.autograd.grad(loss, (logits,)))
+    logits = torch.empty(r, c, dtype=dt, device="meta").requires_grad_()
+    target = torch.empty(r, dtype=torch.int64, device="meta")
+    return fusec.torch.export(step, logits, target, name="cross_entropy")
 
 
 def eager_fns():
@@ -145,6 +169,7 @@ def eager_fns():
         "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
         "softmax": lambda x: torch.softmax(x, dim=-1),
         "cross_entropy": cross_entropy,
+        "cross_entropy_twice": cross_entropy,
         "gelu_bias": lambda x, b: F.gelu(x + b, approximate="tanh"),
         "swiglu": lambda g, u: F.silu(g) * u,
         "rotary": rotary,
@@ -164,7 +189,7 @@ def inputs(name, r, c, dt, dev):
         return rnd(r, c), rnd(c), rnd(c)
     if name == "softmax":
         return (rnd(r, c),)
-    if name == "cross_entropy":
+    if name in ("cross_entropy", "cross_entropy_twice"):
         return rnd(r, c), torch.randint(0, c, (r,), generator=g, device=dev)
     if name in ("gelu_bias",):
         return rnd(r, c), rnd(c)
@@ -270,7 +295,8 @@ def main():
         torch.set_num_threads(1)  # the plumbing, steadily, beside other work
     name = torch.cuda.get_device_name(dev) if a.device == "cuda" else "cpu"
     eager = eager_fns()
-    names = a.fusions.split(",") if a.fusions else list(eager)
+    names = (a.fusions.split(",") if a.fusions else
+             [f for f in eager if f != "cross_entropy_twice"])
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     rows, skipped, bad = [], [], 0
     copy_big = {}
@@ -320,7 +346,9 @@ def main():
         try:
             ins = inputs(fu, r, c, dt, dev)
             text, fmt = traces(r, c, dname)
-            prog = fusec.Program(text[fu].format(**fmt), device=a.device)
+            src = (exported_cross_entropy(r, c, dt) if fu == "cross_entropy" else
+                   text[fu].format(**fmt))
+            prog = fusec.Program(src, device=a.device)
             if prog.device != a.device:
                 raise RuntimeError("ran on %s" % prog.device)
             fn_e = eager[fu]
