@@ -65,7 +65,9 @@
 # ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's sweep), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
 # launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
-# JOBS (default nproc), PYTHON (default python3), PACK, BUILD, LDCONFIG
+# GPU_BENCH_FUSIONS (gpu_bench.py's --fusions: a comma-separated subset,
+# or fusions it runs only when named), JOBS (default nproc), PYTHON
+# (default python3), PACK, BUILD, LDCONFIG
 # (LDCONFIG=true: as if the machine had none of the packed libraries).
 #
 # Exit status: 0 when nothing failed, 1 when a check failed, 77 when
@@ -648,6 +650,7 @@ else
 	# each: the 35 s between --budget and the timeout are for the one in hand
 	q=()
 	[ "$QUICK" = 1 ] && q=(--quick)
+	[ -n "${GPU_BENCH_FUSIONS:-}" ] && q+=(--fusions "$GPU_BENCH_FUSIONS")
 	gdev=$DEVICE
 	[ "$DEVICE" = cuda ] || gdev=cpu
 	out=$(timeout -k 5 "$(( $(left) - 5 ))" "${pyenv[@]}" "$PYTHON" \
