@@ -65,8 +65,9 @@
 # ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's sweep), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
 # launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
-# GPU_BENCH_FUSIONS (gpu_bench.py's --fusions: a comma-separated subset,
-# or fusions it runs only when named), JOBS (default nproc), PYTHON
+# GPU_BENCH_FUSIONS and GPU_BENCH_SHAPES (gpu_bench.py's --fusions and
+# --shapes: a comma-separated subset, or fusions it runs only when named;
+# what a run left for time), JOBS (default nproc), PYTHON
 # (default python3), PACK, BUILD, LDCONFIG
 # (LDCONFIG=true: as if the machine had none of the packed libraries).
 #
@@ -651,6 +652,7 @@ else
 	q=()
 	[ "$QUICK" = 1 ] && q=(--quick)
 	[ -n "${GPU_BENCH_FUSIONS:-}" ] && q+=(--fusions "$GPU_BENCH_FUSIONS")
+	[ -n "${GPU_BENCH_SHAPES:-}" ] && q+=(--shapes "$GPU_BENCH_SHAPES")
 	gdev=$DEVICE
 	[ "$DEVICE" = cuda ] || gdev=cpu
 	out=$(timeout -k 5 "$(( $(left) - 5 ))" "${pyenv[@]}" "$PYTHON" \
