@@ -70,9 +70,7 @@
  * the order of every reduction is spelled out by the skeleton (lanes, then
  * threads, then a tree over warps), so results do not depend on what the
  * optimizer chose. afn and arcp are not used: division and sqrt stay IEEE
- * (div.rn, sqrt.rn on the GPU; a lane group divided by one value, a row's
- * sum, takes its reciprocal and an fma correction there, which rounds as
- * div.rn does: emit.c, "division by one value"), which keeps f32 results bit-equal to the
+ * (div.rn, sqrt.rn on the GPU), which keeps f32 results bit-equal to the
  * interpreter's f64-then-round for + - * / sqrt (an f64 result rounded to
  * f32 is the f32 result for these: double rounding is innocuous when
  * 53 >= 2*24 + 2). rsqrt, which is not one of them, is computed in f64 and
@@ -97,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 40 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 39 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -175,9 +173,7 @@
                               * GPU's slow path; f32 exp scaled by two
                               * multiplications, no NaN select; 39: var_mean
                               * in one pass: both sums in one round of the
-                              * threads; 40: the GPU's division of a lane
-                              * group by one value by its reciprocal and an
-                              * fma correction) */
+                              * threads) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

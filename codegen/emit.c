@@ -873,78 +873,6 @@ static V op_compare(cg *g, fz_opcode op, bool isf, V a, V b)
 	return icmp(g, ip[op - FZ_OP_EQ], a, b);
 }
 
-/* ---- division by one value ------------------------------------------------
- * On the GPU, f32 lanes a[0..n) over one divisor b (a row's sum in
- * softmax, a mean's count): y = 1/b once, then per lane
- *
- *     q0 = a y,  r = a - b q0 (fma, exact),  q = q0 + r y (fma)
- *
- * which is the fast path of ptxas's own div.rn.f32 with y hoisted: ptxas
- * refines rcp.approx to y by one Newton step and takes exactly these
- * three steps where its FCHK finds the operands in range, so for such
- * operands they give the correctly rounded quotient (div.rn's contract),
- * given that its y is the correctly rounded 1/b, which test_cuda's
- * rcp_sequence_is_division checks for every mantissa. Each step rounds a
- * result that scales with a and b by powers of two, and none underflows
- * or overflows while b is within [2^-20, 2^20] and a within [2^-100,
- * 2^100] (r, at most a few ulps of a, stays exact), so what holds for the
- * mantissas at one exponent holds across that range. A zero a takes
- * q0 = a y, whose sign is the quotient's (the fma would give +0 for -0).
- * Any lane outside (a tiny, huge, inf or NaN a; b out of range) sends
- * the group to the division, a branch its lanes take together. Where ptxas
- * put the reciprocal, the range test and a branch around every element
- * (bf16 softmax: about 10 instructions an element), this takes 3 and a
- * compare. emu takes the same branch and steps (test_emu's
- * div_by_row_value holds it to the host's division bit for bit). */
-static bool div_by_one_fits(cg *g, const fz_node *nd, int n, const V *b)
-{
-	if (!cg_gpu(g) || nd->op != FZ_OP_DIV || n < 2 || type_of(b[0]) != t_f32(g))
-		return false;
-	for (int l = 1; l < n; l++)
-		if (b[l] != b[0])
-			return false;
-	return true;
-}
-
-static void div_by_one(cg *g, const V *a, V b, int n, V *out)
-{
-	T t = t_f32(g);
-	V ab = call_intrinsic(g, "llvm.fabs", t, t, &b, 1);
-	V bad = or_(g, fcmp(g, LLVMRealULT, ab, c_real(t, 0x1p-20)),
-		    fcmp(g, LLVMRealUGT, ab, c_real(t, 0x1p20)));
-	for (int l = 0; l < n; l++) {
-		V aa = call_intrinsic(g, "llvm.fabs", t, t, (V *)&a[l], 1);
-		V tiny = and_(g, fcmp(g, LLVMRealOLT, aa, c_real(t, 0x1p-100)),
-			      fcmp(g, LLVMRealONE, aa, c_real(t, 0.0)));
-		bad = or_(g, bad, or_(g, tiny, fcmp(g, LLVMRealUGT, aa, c_real(t, 0x1p100))));
-	}
-	V y = fdiv(g, c_real(t, 1.0), b);
-	LLVMBasicBlockRef fast = block(g, "div.fast"), slow = block(g, "div.slow"),
-			  join = block(g, "div.done");
-	cond_br(g, bad, slow, fast);
-	V fq[FZ_VW_MAX], sq[FZ_VW_MAX];
-	at_end(g, fast);
-	for (int l = 0; l < n; l++) {
-		V q0 = fmul_exact(g, a[l], y);
-		V f1[3] = {fneg(g, q0), b, a[l]};
-		V r = call_intrinsic(g, "llvm.fma", t, t, f1, 3);
-		V f2[3] = {r, y, q0};
-		V q = call_intrinsic(g, "llvm.fma", t, t, f2, 3);
-		fq[l] = sel(g, fcmp(g, LLVMRealOEQ, a[l], c_real(t, 0.0)), q0, q);
-	}
-	br(g, join);
-	at_end(g, slow);
-	for (int l = 0; l < n; l++)
-		sq[l] = fdiv(g, a[l], b);
-	br(g, join);
-	at_end(g, join);
-	for (int l = 0; l < n; l++) {
-		out[l] = phi(g, t);
-		phi_add(out[l], fq[l], fast);
-		phi_add(out[l], sq[l], slow);
-	}
-}
-
 static V op_binary(cg *g, const fz_node *n, V a, V b)
 {
 	fz_dtype xd = n->in[0]->type.dtype, yd = n->out[0]->type.dtype;
@@ -1342,12 +1270,6 @@ void cg_value(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *out
 		case FZ_CLASS_BINARY:
 			cg_value(g, nd->in[0], n, ix, a);
 			cg_value(g, nd->in[1], n, ix, b);
-			if (div_by_one_fits(g, nd, n, b)) {
-				div_by_one(g, a, b[0], n, out);
-				for (int l = 0; l < n; l++)
-					out[l] = cg_round_half(g, out[l], v->type.dtype);
-				break;
-			}
 			for (int l = 0; l < n; l++)
 				out[l] = l && a[l] == a[l - 1] && b[l] == b[l - 1] ? out[l - 1] :
 					 cg_round_half(g, op_binary(g, nd, a[l], b[l]), v->type.dtype);

@@ -483,63 +483,6 @@ START_TEST(rcp_sequence_is_division)
 }
 END_TEST
 
-/* codegen/emit.c's division by one value: y = rcp.rn(b), then q0 = a y,
- * r = fma(-q0, b, a), q = fma(r, y, q0), against div.rn.f32 for every
- * dividend mantissa (a in [1, 2)) and 65536 divisor mantissas (b in
- * [1, 2): every 128th, its low 7 bits hashed from its index), which by
- * the scaling argument there stands for every exponent in its range. */
-static const char markstein_ptx[] =
-	".version 7.0\n.target sm_70\n.address_size 64\n"
-	".visible .entry div_check(.param .u64 out, .param .u32 nb) {\n"
-	"  .reg .pred %p<4>;\n  .reg .b32 %r<16>;\n  .reg .f32 %f<10>;\n"
-	"  .reg .b64 %rd<3>;\n"
-	"  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n  mov.u32 %r3, %tid.x;\n"
-	"  mad.lo.u32 %r4, %r1, %r2, %r3;\n  setp.ge.u32 %p1, %r4, 8388608;\n"
-	"  @%p1 bra DONE;\n  add.u32 %r5, %r4, 0x3f800000;\n  mov.b32 %f1, %r5;\n"
-	"  ld.param.u32 %r6, [nb];\n  ld.param.u64 %rd1, [out];\n  mov.u32 %r7, 0;\n"
-	"LOOP:\n"
-	"  mul.lo.u32 %r8, %r7, 0x9e3779b1;\n  shr.u32 %r8, %r8, 25;\n"
-	"  shl.b32 %r9, %r7, 7;\n  or.b32 %r9, %r9, %r8;\n  and.b32 %r9, %r9, 0x7fffff;\n"
-	"  add.u32 %r9, %r9, 0x3f800000;\n  mov.b32 %f2, %r9;\n"
-	"  rcp.rn.f32 %f3, %f2;\n  mul.rn.f32 %f4, %f1, %f3;\n  neg.f32 %f5, %f4;\n"
-	"  fma.rn.f32 %f6, %f5, %f2, %f1;\n  fma.rn.f32 %f7, %f6, %f3, %f4;\n"
-	"  div.rn.f32 %f8, %f1, %f2;\n  mov.b32 %r10, %f7;\n  mov.b32 %r11, %f8;\n"
-	"  setp.eq.u32 %p2, %r10, %r11;\n  @%p2 bra NEXT;\n"
-	"  atom.global.add.u32 %r12, [%rd1], 1;\n  st.global.u32 [%rd1+4], %r5;\n"
-	"  st.global.u32 [%rd1+8], %r9;\n"
-	"NEXT:\n  add.u32 %r7, %r7, 1;\n  setp.lt.u32 %p3, %r7, %r6;\n  @%p3 bra LOOP;\n"
-	"DONE:\n  ret;\n}\n";
-
-START_TEST(div_sequence_is_division)
-{
-	cu_dev *d = (cu_dev *)dev;
-	const fz_cu_api *cu = d->cu;
-	ck_assert_int_eq(cu->CtxPushCurrent(d->ctx), 0);
-	CUmodule mod = NULL;
-	CUfunction fn = NULL;
-	ck_assert_int_eq(cu->ModuleLoadDataEx(&mod, markstein_ptx, 0, NULL, NULL), 0);
-	ck_assert_int_eq(cu->ModuleGetFunction(&fn, mod, "div_check"), 0);
-	uint32_t zero[3] = {0, 0, 0}, got[3];
-	void *out = to_dev(zero, sizeof zero);
-	unsigned nb = 65536;
-	CUdeviceptr o = (CUdeviceptr)(uintptr_t)out;
-	void *args[2] = {&o, &nb};
-	ck_assert_int_eq(cu->LaunchKernel(fn, (1u << 23) / 256, 1, 1, 256, 1, 1, 0, NULL, args,
-					  NULL), 0);
-	ck_assert_int_eq(cu->StreamSynchronize(NULL), 0);
-	from_dev(got, out, sizeof got);
-	float a, b;
-	memcpy(&a, &got[1], 4);
-	memcpy(&b, &got[2], 4);
-	ck_assert_msg(got[0] == 0, "%u of 2^39 quotients differ from div.rn.f32 (one: %.9g / %.9g)",
-		      got[0], (double)a, (double)b);
-	fz_target_cuda.release(dev, out);
-	cu->ModuleUnload(mod);
-	CUcontext popped;
-	cu->CtxPopCurrent(&popped);
-}
-END_TEST
-
 /* The f32 math functions of codegen/math.c on the GPU against the host
  * (the cpu device), bit for bit (a NaN as a NaN), over math_sweep.h's
  * inputs: what test_emu's math_matches_host shows for the emulated GPU,
@@ -617,7 +560,6 @@ static Suite *cuda_suite(void)
 	tcase_add_test(t, modules_shared_across_programs);
 	tcase_add_test(t, primary_context_is_current_for_others);
 	tcase_add_test(t, rcp_sequence_is_division);
-	tcase_add_test(t, div_sequence_is_division);
 	tcase_add_test(t, math_matches_host);
 	suite_add_tcase(s, t);
 	return s;
