@@ -226,6 +226,25 @@ static V smem_slot(cg *g, T t, int role, V i, bool st)
 	return cg_smem_ptr(g, t, kind, i, st);
 }
 
+/* Lane 0 of each warp stores its v[0..n) (n at most 2: roles 0 and 1 of
+ * shared memory, at the warp's index), then a barrier; the number of
+ * warps of the block, for the loop that reads them back. */
+static V warps_to_smem(cg *g, T t, const V *v, int n)
+{
+	V tid = cg_tid(g);
+	V warp = udiv(g, tid, c_int(g->ity, 32));
+	V lane = urem(g, tid, c_int(g->ity, 32));
+	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
+	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
+	at_end(g, w);
+	for (int i = 0; i < n; i++)
+		store(g, v[i], smem_slot(g, t, i, warp, true), 4);
+	br(g, cont);
+	at_end(g, cont);
+	cg_barrier(g);
+	return udiv(g, cg_ntid(g), c_int(g->ity, 32));
+}
+
 /* Combines a per-thread value across the threads that share a row: op on
  * v, or, where lo is not NULL, the pair (v, *lo). */
 static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
@@ -242,19 +261,7 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 	if (R->par == FZ_PAR_WARP)
 		return v;
 	T t = type_of(v);
-	V tid = cg_tid(g);
-	V warp = udiv(g, tid, c_int(g->ity, 32));
-	V lane = urem(g, tid, c_int(g->ity, 32));
-	V nw = udiv(g, cg_ntid(g), c_int(g->ity, 32));
-	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
-	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
-	at_end(g, w);
-	store(g, v, smem_slot(g, t, 0, warp, true), 4);
-	if (lo)
-		store(g, *lo, smem_slot(g, t, 1, warp, true), 4);
-	br(g, cont);
-	at_end(g, cont);
-	cg_barrier(g);
+	V nw = warps_to_smem(g, t, (V[2]){v, lo ? *lo : NULL}, lo ? 2 : 1);
 	V acc = cg_entry_alloca(g, t), acc_lo = lo ? cg_entry_alloca(g, t) : NULL;
 	store(g, identity(g, op, t), acc, 8);
 	if (lo)
@@ -292,18 +299,7 @@ static void across_threads_two(cg *g, rows *R, V *v)
 	if (R->par == FZ_PAR_WARP)
 		return;
 	T t = type_of(v[0]);
-	V tid = cg_tid(g);
-	V warp = udiv(g, tid, c_int(g->ity, 32));
-	V lane = urem(g, tid, c_int(g->ity, 32));
-	V nw = udiv(g, cg_ntid(g), c_int(g->ity, 32));
-	LLVMBasicBlockRef w = block(g, "wr"), cont = block(g, "wr.done");
-	cond_br(g, icmp(g, LLVMIntEQ, lane, c_int(g->ity, 0)), w, cont);
-	at_end(g, w);
-	for (int i = 0; i < 2; i++)
-		store(g, v[i], smem_slot(g, t, i, warp, true), 4);
-	br(g, cont);
-	at_end(g, cont);
-	cg_barrier(g);
+	V nw = warps_to_smem(g, t, v, 2);
 	V acc[2];
 	for (int i = 0; i < 2; i++) {
 		acc[i] = cg_entry_alloca(g, t);

@@ -23,18 +23,21 @@ static const char math_sweep_trace[] =
 static const char *const math_sweep_names[MATH_SWEEP_OUTS] = {
 	"exp", "sigmoid", "silu", "tanh", "gelu", "log", "sin", "expm1"};
 
-/* n inputs (n >= 2^16): specials (zeros, infinities, a NaN, the largest
- * and smallest floats), 4096 consecutive floats around each edge of exp's
- * range (subnormal results below -87.336, the smallest at -103.279, 0
- * below -103.972, inf above 88.722), [-20, 20) densely in half of them,
- * and bit patterns at a stride over all 2^32, which cross every exponent. */
-static void math_sweep_inputs(float *x, int64_t n)
+/* n inputs (n >= 2^16): specials (zeros, infinities, NaNs of both signs
+ * and a signaling one, the largest and smallest floats), 4096 consecutive
+ * floats around each edge of exp's range (subnormal results below -87.336,
+ * the smallest at -103.279, 0 below -103.972, inf above 88.722), [-20, 20)
+ * densely in half of them, and bit patterns at a stride over all 2^32,
+ * which cross every exponent. (test_codegen's host_exp_matches_generic
+ * takes them too.) */
+static inline void math_sweep_inputs(float *x, int64_t n)
 {
 	static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000,
-				      0x7fc00000, 0x00000001, 0x7f7fffff, 0xff7fffff};
+				      0x7fc00000, 0xffc00000, 0x7fa00000, 0x7f7fffff,
+				      0xff7fffff, 0x00000001, 0x80000001, 0x00800000};
 	static const float edge[] = {-87.336f, -103.279f, -103.972f, 88.722f};
 	int64_t i = 0;
-	for (; i < 8; i++)
+	for (; i < 12; i++)
 		memcpy(&x[i], &sp[i], 4);
 	for (int e = 0; e < 4; e++) {
 		float v = edge[e];
@@ -52,8 +55,8 @@ static void math_sweep_inputs(float *x, int64_t n)
 
 /* How many of got[0..n) differ from want's bits (a NaN matching a NaN);
  * *first: the first such index, or -1. */
-static int64_t math_sweep_diff(const float *got, const float *want, int64_t n,
-			       int64_t *first)
+static inline int64_t math_sweep_diff(const float *got, const float *want, int64_t n,
+				      int64_t *first)
 {
 	int64_t bad = 0;
 	*first = -1;

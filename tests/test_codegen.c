@@ -29,6 +29,7 @@
 #include "exec.h"
 #include "fusec.h"
 #include "ir.h"
+#include "math_sweep.h"
 #include "numeric.h"
 
 static fz_module *parse(const char *src)
@@ -2085,33 +2086,6 @@ START_TEST(rows_rescale_edges)
 }
 END_TEST
 
-/* The f32 inputs of host_exp_matches_generic (n of them, a multiple of
- * 16): specials (zeros, infinities, NaNs of both signs, the largest and
- * smallest floats), then 8192 consecutive floats around each edge of
- * exp's range (below -87.336 its result is subnormal, at -103.279 the
- * smallest subnormal, below -103.972 0, above 88.722 inf), then bit
- * patterns at a stride over all 2^32, which cross every exponent. */
-static void exp_sweep(float *x, int64_t n)
-{
-	static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000,
-				      0x7fc00000, 0xffc00000, 0x7fa00000, 0x7f7fffff,
-				      0xff7fffff, 0x00000001, 0x80000001, 0x00800000};
-	static const float edge[] = {-87.336f, -103.279f, -103.972f, 88.722f};
-	int64_t i = 0;
-	for (; i < 12; i++)
-		memcpy(&x[i], &sp[i], 4);
-	for (int e = 0; e < 4; e++) {
-		float v = edge[e];
-		for (int k = 0; k < 4096; k++)
-			v = nextafterf(v, -INFINITY);
-		for (int k = 0; k < 8192; k++, i++)
-			x[i] = v = nextafterf(v, INFINITY);
-	}
-	uint32_t stride = (uint32_t)(UINT64_C(0xffffffff) / (uint64_t)(n - i)) | 1;
-	for (uint32_t u = 0x9e3779b9; i < n; i++, u += stride)
-		memcpy(&x[i], &u, 4);
-}
-
 /* Functions of a kernel's module whose names start with prefix and end
  * with suffix (ud: a struct fn_count). */
 struct fn_count {
@@ -2148,7 +2122,7 @@ static int functions_named(const char *src, const int64_t *syms, const char *pre
  * vectors with vscalefps where the host has AVX-512, are the generic
  * path's (the emu target's, the GPU's IR) bit for bit, NaN as NaN, at 16,
  * 8 and 4 lanes (vscalefps in zmm, ymm, xmm); over
- * exp_sweep's subnormal results, overflow, infinities and NaNs. On an
+ * math_sweep.h's inputs: subnormal results, overflow, infinities, NaNs. On an
  * AVX-512 host the kernels must hold vscalefps, or this compares the
  * generic path with itself. */
 START_TEST(host_exp_matches_generic)
@@ -2171,7 +2145,7 @@ START_TEST(host_exp_matches_generic)
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in = {.dtype = FZ_F32, .rank = 2, .shape = {n / w, w}, .strides = {w, 1}};
 		in.data = malloc((size_t)n * 4);
-		exp_sweep(in.data, n);
+		math_sweep_inputs(in.data, n);
 		fz_tensor out[2][2];
 		const char *dev[2] = {"cpu", "emu"};
 		for (int d = 0; d < 2; d++) {
