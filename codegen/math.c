@@ -41,17 +41,19 @@
  * 16 of them) to cg_math_lanes as one vector, and vexpf_ computes expf_'s
  * steps in lanes but ends with vscalefps instead of the two
  * multiplications by powers of 2 (13 instructions for 16 lanes where the
- * generic IR took 22, register copies aside), and for sigmoid's e^-|x| folds the negation
- * into its constants. vscalefps scales by 2^k and rounds once, as
- * the exact first multiplication and the second do, a NaN reaches
- * it as NaN, and each negated step is the exact negative of expf_'s; so
- * the host's results are the generic path's bit for bit (all 2^32 f32
- * inputs compared by tools/bench/exp_bits.sh, NaN as NaN; test_codegen's
- * host_exp_matches_generic sweeps the edges against the emu target on
- * every run), and the CPU tests of the math still test the GPU's.
+ * generic IR took 22, register copies aside), and for sigmoid's e^-|x|
+ * folds the negation into its constants. vscalefps scales by 2^k and
+ * rounds once, as the exact first multiplication and the second do, a
+ * NaN reaches it as NaN, and each negated step is the exact negative of
+ * expf_'s; so the host's results are the generic path's bit for bit (all
+ * 2^32 f32 inputs compared by tools/bench/exp_bits.sh, NaN as NaN;
+ * test_codegen's host_exp_matches_generic sweeps the edges against the emu
+ * target on every run), and the CPU tests of the math still test the
+ * GPU's.
  * (Division stays vdivps: vrcp14ps and a Newton step, not
  * correctly rounded, measured slower in tanh; tanh32 keeps its IR, its
- * small-x select put so that the host masks the division with it.)
+ * small-x select put so that the host masks its last multiplication with
+ * it.)
  *
  * The GPU differs in one place, and not in its results either: the
  * reciprocals of sigmoid and tanh, whose divisors lie in [1, 185]
@@ -152,7 +154,7 @@ static V scale2(cg *g, V p, V k)
 
 /* p 2^k in f32 lanes (4, 8 or 16: cg_math_lanes) for k a float holding an
  * integer in [-150, 128] and p in [0.7, 1.5]: one vscalefps (AVX-512F and
- * VL), for expf_'s seven instructions. It computes p 2^floor(k) and
+ * VL), for the generic path's eight. It computes p 2^floor(k) and
  * rounds once under the MXCSR (to nearest even by default; flushed to 0
  * with FTZ, as vmulps): exactly what expf_'s exact multiplication by
  * 2^k1 and its second by 2^k2 make, subnormal results and overflow to inf
@@ -444,7 +446,7 @@ static V tanh32(cg *g, V x)
 	V z = fmul(g, xc, xc);
 	V t = fmul(g, fmul(g, xc, poly(g, z, P, 7)), recip_small(g, poly(g, z, Q, 4)));
 	/* t unless |x| < 2.9e-4, put so (UGE, a NaN too) that the host folds
-	 * the select into its division as a write mask */
+	 * the select into its last multiplication as a write mask */
 	return sel(g, fcmp(g, LLVMRealUGE, un(g, "llvm.fabs", x), kc(x, 2.9e-4)), t, x);
 }
 

@@ -450,11 +450,9 @@ static void acc_merge(cg *g, rows *R, accum *a, const accum *b)
 	}
 }
 
-/* The row's result from the n accumulators that took turns over it:
- * merged in a tree, the lanes combined in a tree, then the threads; a
- * pair's low part in *lo (NULL for other ops, 0 for a wide sum). */
-/* The lanes of accumulators As[0..n) merged into this thread's total (its
- * lo in *lo), not yet across the threads: acc_finish's first part. */
+/* This thread's total of the n accumulators that took turns over its part
+ * of the row: merged in a tree, the lanes combined in a tree; a pair's low
+ * part in *lo (NULL for other ops, 0 for a wide sum). */
 static V acc_lanes(cg *g, rows *R, accum *As, int n, V *lo)
 {
 	for (int w = 1; w < n; w *= 2)
@@ -482,6 +480,7 @@ static V acc_lanes(cg *g, rows *R, accum *As, int n, V *lo)
 	return h[0];
 }
 
+/* The row's result: acc_lanes, then across the threads. */
 static V acc_finish(cg *g, rows *R, accum *As, int n, V *lo)
 {
 	V h = acc_lanes(g, R, As, n, lo);
