@@ -45,8 +45,8 @@ for f in ("log.txt", "summary.json", "checks.jsonl", "bench.jsonl"):
     assert f in files, (f, files)
 s = json.load(open(os.path.join(d, "summary.json")))
 parts = {p["part"]: p for p in s["parts"]}
-want = ("probe test_cuda torch backend check nccl attn_check memcheck graph launch "
-        "warm_start attention gpu_bench").split()
+want = ("probe test_cuda torch backend check nccl attn_check memcheck graph profile "
+        "launch warm_start attention gpu_bench").split()
 assert sorted(parts) == sorted(want), sorted(parts)
 assert s["failures"] == 0 and s["mode"] == "emu", s
 checks = [json.loads(l) for l in open(os.path.join(d, "checks.jsonl"))]
@@ -64,7 +64,7 @@ except ImportError:
     py = 0
 assert parts["torch"]["passed"] == py and parts["gpu_bench"]["passed"] == py, parts
 # no GPU here: the GPU-only parts must say why they were skipped
-for p in ("test_cuda", "graph", "launch", "memcheck"):
+for p in ("test_cuda", "graph", "profile", "launch", "memcheck"):
     assert parts[p]["skipped"] >= 1 and parts[p]["failed"] == 0, parts[p]
 if py:
     t = json.load(open(os.path.join(d, "torch_cuda.json")))

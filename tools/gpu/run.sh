@@ -39,6 +39,9 @@
 #   B. one after another, the GPU otherwise idle (timings):
 #      - --graph: the per-iteration time of the same four runs with and
 #        without the graph
+#      - profile: each kernel's device time in two runs of the Llama block
+#        at B=1, T=1 under ncu (profile.csv), where the graph part's 0.8 ms
+#        an iteration go
 #      - launch overhead: bench_cuda launch (fz_exec_run against raw
 #        cuLaunchKernel, medians of 10k)
 #      - warm start: a 32-layer Llama-2-7B forward after `fusec compile`
@@ -56,6 +59,7 @@
 #   bench.jsonl      one JSON object per measurement, likewise
 #   torch_cuda.json  torch_cuda_check.py's cases
 #   gpu_bench.json   gpu_bench.py's table
+#   profile.csv      ncu's gpu__time_duration of every kernel (part profile)
 #   attn_gpu.json    attn_gpu_bench.py's table
 #
 # Environment: DEVICE (cuda; emu or cpu dry-run the plumbing without a
@@ -64,7 +68,7 @@
 # exported traces), SIZES (the check sweep's B,T pairs, space-separated),
 # ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's sweep), PARTS (the parts to run, space-separated, default all:
 # probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
-# launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
+# profile launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
 # GPU_BENCH_FUSIONS and GPU_BENCH_SHAPES (gpu_bench.py's --fusions and
 # --shapes: a comma-separated subset, or fusions it runs only when named;
 # what a run left for time), JOBS (default nproc), PYTHON
@@ -564,6 +568,43 @@ if part graph_time && [ "$DEVICE" = cuda ] && [ -f "$gl" ]; then
 		done
 	done
 fi
+
+# each kernel's device time under ncu: one Llama block at B=1, T=1, two runs
+# (the first loads its modules); the summary prints the launches, their sum
+# and the slowest
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if ! part profile; then
+	:
+elif [ "$DEVICE" != cuda ] || [ -z "$NCU" ]; then
+	record profile ncu "" skip 0 0 "ncu not found or DEVICE=$DEVICE"
+elif [ "$(left)" -lt 40 ]; then
+	record profile ncu "" skip 0 0 "not started: out of time"
+else
+	t0=$(date +%s.%N)
+	out=$(timeout -k 5 "$(timeout_for 90 "$END")" "$NCU" --csv \
+		--metrics gpu__time_duration.sum "$FUSEC" run "$REPO/tests/traces/llama_block.trace" \
+		--device cuda --bind B=1,T=1 --iters 2 2>&1)
+	rc=$?
+	printf '%s\n' "$out" | grep '^"' >"$RUN_DIR/profile.csv"
+	sum=$("$PYTHON" - "$RUN_DIR/profile.csv" <<'PY' 2>&1
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1]))
+        if r.get("Metric Name") == "gpu__time_duration.sum"]
+us = lambda r: float(r["Metric Value"].replace(",", "")) * (
+    1e-3 if r.get("Metric Unit") == "nsecond" else 1.0)
+print("%d launches, %.1f us in all; slowest:" % (len(rows), sum(map(us, rows))))
+for r in sorted(rows, key=us, reverse=True)[:6]:
+    print("  %9.1f us  %s  grid %s block %s" % (us(r), r["Kernel Name"][:60],
+                                              r.get("Grid Size"), r.get("Block Size")))
+PY
+)
+	st=pass
+	[ $rc -eq 0 ] && [ -s "$RUN_DIR/profile.csv" ] || st=fail
+	printf '%s\n' "$sum"
+	record profile "ncu llama_block.trace" "B=1,T=1" $st $rc "$(secs_since "$t0")" "$sum
+$(printf '%s' "$out" | grep -v '^"' | tail -5)"
+fi
+part_done profile
 
 # launch overhead and warm start: bench_cuda (exit 77: no device)
 bench_cuda() { # PART NAME ARGS...: bench_cuda with a timeout, recorded
