@@ -590,8 +590,8 @@ else
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1]))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
-us = lambda r: float(r["Metric Value"].replace(",", "")) * (
-    1e-3 if r.get("Metric Unit") == "nsecond" else 1.0)
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+us = lambda r: float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit"), 1.0)
 print("%d launches, %.1f us in all; slowest:" % (len(rows), sum(map(us, rows))))
 for r in sorted(rows, key=us, reverse=True)[:6]:
     print("  %9.1f us  %s  grid %s block %s" % (us(r), r["Kernel Name"][:60],
