@@ -288,7 +288,7 @@ static V across_threads(cg *g, rows *R, fz_opcode op, V v, V *lo)
 
 /* Two sums of one type (var_mean's s1 and s2) across the threads that
  * share a row, in one round: the shuffles of both at each step, and one
- * pair of barriers where two calls of across_threads take two. */
+ * pair of barriers where two calls of across_threads take two pairs. */
 static void across_threads_two(cg *g, rows *R, V *v)
 {
 	if (R->par == FZ_PAR_THREAD)

@@ -23,14 +23,15 @@ static const char math_sweep_trace[] =
 static const char *const math_sweep_names[MATH_SWEEP_OUTS] = {
 	"exp", "sigmoid", "silu", "tanh", "gelu", "log", "sin", "expm1"};
 
-/* n inputs (n >= 2^16): specials (zeros, infinities, NaNs of both signs
- * and a signaling one, the largest and smallest floats), 4096 consecutive
- * floats around each edge of exp's range (subnormal results below -87.336,
- * the smallest at -103.279, 0 below -103.972, inf above 88.722), [-20, 20)
- * densely in half of them, and bit patterns at a stride over all 2^32,
- * which cross every exponent. (test_codegen's host_exp_matches_generic
- * takes them too.) */
-static inline void math_sweep_inputs(float *x, int64_t n)
+/* n inputs: specials (zeros, infinities, NaNs of both signs and a
+ * signaling one, the largest and smallest floats), 8192 consecutive
+ * floats around each edge of exp's range (subnormal results below
+ * -87.336, the smallest at -103.279, 0 below -103.972, inf above 88.722),
+ * `dense` of them spread evenly over [-20, 20), and the rest bit patterns
+ * at a stride over all 2^32, which cross every exponent. n must exceed
+ * 12 + 4 * 8192 + dense. (test_codegen's host_exp_matches_generic takes
+ * them with no dense part.) */
+static inline void math_sweep_inputs(float *x, int64_t n, int64_t dense)
 {
 	static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000,
 				      0x7fc00000, 0xffc00000, 0x7fa00000, 0x7f7fffff,
@@ -41,13 +42,13 @@ static inline void math_sweep_inputs(float *x, int64_t n)
 		memcpy(&x[i], &sp[i], 4);
 	for (int e = 0; e < 4; e++) {
 		float v = edge[e];
-		for (int k = 0; k < 2048; k++)
+		for (int k = 0; k < 4096; k++)
 			v = nextafterf(v, -INFINITY);
-		for (int k = 0; k < 4096; k++, i++)
+		for (int k = 0; k < 8192; k++, i++)
 			x[i] = v = nextafterf(v, INFINITY);
 	}
-	for (int64_t k = 0; k < n / 2; k++, i++)
-		x[i] = (float)(-20.0 + 40.0 * (double)k / (double)(n / 2));
+	for (int64_t k = 0; k < dense; k++, i++)
+		x[i] = (float)(-20.0 + 40.0 * (double)k / (double)dense);
 	uint32_t stride = (uint32_t)(UINT64_C(0xffffffff) / (uint64_t)(n - i)) | 1;
 	for (uint32_t u = 0x9e3779b9; i < n; i++, u += stride)
 		memcpy(&x[i], &u, 4);

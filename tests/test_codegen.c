@@ -2145,7 +2145,7 @@ START_TEST(host_exp_matches_generic)
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in = {.dtype = FZ_F32, .rank = 2, .shape = {n / w, w}, .strides = {w, 1}};
 		in.data = malloc((size_t)n * 4);
-		math_sweep_inputs(in.data, n);
+		math_sweep_inputs(in.data, n, 0);
 		fz_tensor out[2][2];
 		const char *dev[2] = {"cpu", "emu"};
 		for (int d = 0; d < 2; d++) {

@@ -494,7 +494,7 @@ START_TEST(math_matches_host)
 	fz_trace *t = parse(math_sweep_trace, &m);
 	int64_t syms[FZ_MAX_SYMS] = {n};
 	float *x = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
-	math_sweep_inputs(x, n);
+	math_sweep_inputs(x, n, n / 2);
 	fz_tensor hin = {.dtype = FZ_F32, .rank = 1, .shape = {n}, .strides = {1}, .data = x};
 	fz_tensor host[MATH_SWEEP_OUTS], din = hin, dout[MATH_SWEEP_OUTS];
 	memset(host, 0, sizeof host);
