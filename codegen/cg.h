@@ -29,6 +29,7 @@ struct fz_compiler {
 	int counter;         /* makes host symbol names unique */
 	int vector_bytes;    /* host: widest vector register the JIT may use */
 	bool host_bf16;      /* host: AVX512-BF16's vcvtneps2bf16 (emit.c) */
+	int host_streams;    /* host: most outputs one loop may stream (emit.c) */
 };
 fz_status cg_nvptx_init(fz_compiler *c, char **err);
 fz_status cg_host_init(fz_compiler *c, char **err);
@@ -210,9 +211,10 @@ void cg_host_chunk(cg *g, LLVMValueRef total, LLVMValueRef *begin, LLVMValueRef 
 /* The host's vector registers in bytes (16, or 32 with AVX); 16 on NVPTX. */
 int cg_vector_bytes(cg *g);
 /* Host (x86): the region writes FZ_HOST_STREAM_BYTES (16 MiB) or more,
- * known at compile time, and not serially: its final stores may be
+ * known at compile time, and not serially, and a loop storing n outputs
+ * may stream that many (c->host_streams): its final stores may be
  * streaming ones (g->stream; emit.c's "streaming stores"). */
-bool cg_stream_fits(cg *g);
+bool cg_stream_fits(cg *g, int n);
 
 typedef struct cg_loop {
 	LLVMBasicBlockRef pre, head, body, exit;

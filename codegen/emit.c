@@ -708,7 +708,7 @@ static V stored(cg *g, V x, fz_dtype d)
  * filling the cache with what nobody reads soon: a copy (glibc's memcpy
  * past the cache's size) moves data that way, and a plain loop with
  * ordinary stores gets about two thirds of its bandwidth (a 256 MB
- * scale in place of a copy here: 14 GB/s with ordinary stores, 22 with
+ * scale in place of a copy on an Intel Xeon: 14 GB/s with ordinary stores, 22 with
  * movnt, memcpy 25; at 64 MB 18 against 32; at 16 MB 21 against 25; at
  * 8 MB even, at 4 MB the cache wins; and a kernel that reads what the
  * one before wrote would find it in the cache no more). So a region that
@@ -724,13 +724,32 @@ static V stored(cg *g, V x, fz_dtype d)
  * or movntdq; an unaligned or scalar store would not be one). Streaming
  * stores are weakly ordered: the function ends in an sfence, so that
  * what the part wrote is visible to the thread that waits for the part
- * (runtime/pool.c's mutex then orders it). */
+ * (runtime/pool.c's mutex then orders it).
+ *
+ * How many outputs one loop may stream is the host's (c->host_streams,
+ * target_host.c): on AMD's Zen cores one. There, two streamed outputs
+ * lose to plain stores, and lose badly where an input runs a little
+ * behind an output in the address bits below 4 KiB: (out - in) mod 4096
+ * within 16 to 128 bytes, a load then waits on the streaming store it
+ * seems to alias (the 4 KiB check of the load-store unit), and streaming
+ * stores drain slowly. An input from malloc (16 bytes into its page)
+ * beside an output from the host cache (64 bytes into its page) is
+ * exactly that. Measured on a Zen 3 (EPYC, two threads,
+ * tools/bench/stream_stores.c, GB/s streamed against plain): one input,
+ * one output 20-22 against 18-21; 1 in, 2 out 17 against 21-24; 2 in, 2
+ * out 18-19 against 23-25; 4 in, 3 out (an AdamW step of one tensor) 15-17
+ * against 19-23; 1 in, 2 out with the input 48 bytes behind 2.4-3.0
+ * against 20. Through fusec (`fusec run`, random inputs from malloc): a
+ * multiply with two outputs of 64 MB 73.5 ms streamed, 8.7 ms plain; an
+ * AdamW step of one 4096 x 4096 tensor 154 against 22 ms. One streamed
+ * output never lost there, aliased or not (6.0 against 6.8 ms). Intel's
+ * cores keep every output streaming, as measured before. */
 #define FZ_HOST_STREAM_BYTES (16 << 20)
 
-bool cg_stream_fits(cg *g)
+bool cg_stream_fits(cg *g, int n)
 {
 	if (g->o.target != FZ_CG_HOST || g->serial || !g->c->triple ||
-	    strncmp(g->c->triple, "x86_64", 6) != 0)
+	    strncmp(g->c->triple, "x86_64", 6) != 0 || n > g->c->host_streams)
 		return false;
 	int64_t bytes = 0;
 	for (int i = 0; i < g->r->n_out; i++) {

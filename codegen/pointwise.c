@@ -322,7 +322,7 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 			ix[0][l][ty->rank - 1].o += l;
 		}
 	}
-	g->stream = cg_stream_fits(g); /* nothing here reads an output back */
+	g->stream = cg_stream_fits(g, n); /* nothing here reads an output back */
 	/* group u of every row, then u + 1: what a group computes is not kept
 	 * for the next (the SLP vectorizer mixed the lanes of two groups' uses
 	 * of one load of q: rotate_half reads the row's q again), but the rows
@@ -344,15 +344,76 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 	cg_loop_end(g, &L0);
 }
 
+/* ---- independent outputs (host) ------------------------------------------------
+ * Horizontal fusion (ir/horizontal.c) merges the updates of several
+ * tensors of one shape into one region: an AdamW step of four weights is
+ * 16 inputs and 12 outputs, which one loop would read and write side by
+ * side, 28 streams at a time. The GPU does not mind; a core does: its L1
+ * has 8 or 12 ways, and every stream of a loop over buffers that start
+ * alike in their pages falls into the same sets, while its prefetchers
+ * follow a few dozen streams at most. So on the host the outputs of a
+ * shape group are split into what depends on nothing in common (unions
+ * of the values each node reads and writes, constants aside), and each
+ * part gets a loop of its own over the same elements. On a Zen 3 (two
+ * threads, `fusec run`): AdamW over four 2048 x 4096 tensors in one loop
+ * 82 ms, in four 39 ms, where one tensor of twice the size takes 20. */
+
+static int uf_find(int *up, int v)
+{
+	while (up[v] != v)
+		v = up[v] = up[up[v]];
+	return v;
+}
+
+/* comp[i]: a representative of output i's independent part (its value
+ * id's root), so that outputs with equal comp[] share an input or an
+ * intermediate value. Values computed from constants alone (a number's
+ * full, its broadcast) join nothing. NULL: out of memory. */
+static int *independent_parts(cg *g)
+{
+	const fz_region *r = g->r;
+	int nv = g->t->n_values;
+	int *up = malloc(sizeof *up * (size_t)(nv + 1));
+	bool *konst = calloc((size_t)nv + 1, 1);
+	int *comp = malloc(sizeof *comp * (size_t)(r->n_out + 1));
+	if (!up || !konst || !comp) {
+		free(comp);
+		comp = NULL;
+		goto out;
+	}
+	for (int v = 0; v < nv; v++)
+		up[v] = v;
+	for (int i = 0; i < r->n_nodes; i++) { /* topological order */
+		const fz_node *n = r->nodes[i];
+		bool k = true;
+		for (int a = 0; a < n->n_in; a++)
+			k = k && konst[n->in[a]->id];
+		for (int o = 0; o < n->n_out; o++) {
+			konst[n->out[o]->id] = k;
+			for (int a = 0; a < n->n_in; a++)
+				if (!konst[n->in[a]->id])
+					up[uf_find(up, n->in[a]->id)] = uf_find(up, n->out[o]->id);
+		}
+	}
+	for (int i = 0; i < r->n_out; i++)
+		comp[i] = uf_find(up, r->out[i]->id);
+out:
+	free(up);
+	free(konst);
+	return comp;
+}
+
 /* Every output in shape groups but those of shape `skip` (NULL: none);
- * index_add's result (of ia, where given) stores x. */
+ * index_add's result (of ia, where given) stores x. On the host a group
+ * is also one independent part (see above). */
 static void all_groups(cg *g, const fz_node *ia, const fz_type *skip)
 {
 	const fz_region *r = g->r;
 	bool *done = calloc((size_t)r->n_out + 1, 1);
 	const fz_value **outs = calloc((size_t)r->n_out + 1, sizeof *outs);
 	const fz_value **src = calloc((size_t)r->n_out + 1, sizeof *src);
-	if (!done || !outs || !src) {
+	int *comp = g->o.target == FZ_CG_HOST ? independent_parts(g) : NULL;
+	if (!done || !outs || !src || (g->o.target == FZ_CG_HOST && !comp)) {
 		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
 		goto out;
 	}
@@ -361,7 +422,8 @@ static void all_groups(cg *g, const fz_node *ia, const fz_type *skip)
 			continue;
 		int n = 0;
 		for (int j = i; j < r->n_out; j++) {
-			if (done[j] || !fz_same_shape(&r->out[i]->type, &r->out[j]->type))
+			if (done[j] || !fz_same_shape(&r->out[i]->type, &r->out[j]->type) ||
+			    (comp && comp[j] != comp[i]))
 				continue;
 			done[j] = true;
 			outs[n] = r->out[j];
@@ -374,6 +436,7 @@ out:
 	free(done);
 	free(outs);
 	free(src);
+	free(comp);
 }
 
 void cg_pointwise(cg *g)
@@ -778,7 +841,10 @@ static void gather_rows(cg *g, const fz_node *ia)
 		}
 	}
 	cg_loop_end(g, &Lj);
-	g->stream = cg_stream_fits(g); /* each row written once, never read */
+	int ny = 0;
+	for (int i = 0; i < r->n_out; i++)
+		ny += fz_same_shape(&r->out[i]->type, &y->type);
+	g->stream = cg_stream_fits(g, ny); /* each row written once, never read */
 	for (int u = 0; u < U && g->st == FZ_OK; u++) {
 		V a[FZ_VW_MAX];
 		for (int l = 0; l < L; l++)

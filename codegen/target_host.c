@@ -33,6 +33,7 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,9 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 			  strstr(feat, "+avx512vl") && strstr(feat, "+avx512dq") ? 64 :
 			  feat && strstr(feat, "+avx2") ? 32 : 16;
 	c->host_bf16 = c->vector_bytes == 64 && feat && strstr(feat, "+avx512bf16");
+	/* streaming stores: one output a loop on AMD's Zen cores, every
+	 * output elsewhere (emit.c, "streaming stores") */
+	c->host_streams = cpu && strncmp(cpu, "znver", 5) == 0 ? 1 : INT_MAX;
 	c->tm = LLVMCreateTargetMachine(target, c->triple, cpu, feat,
 					LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 					LLVMCodeModelJITDefault);
