@@ -740,8 +740,8 @@ static V stored(cg *g, V x, fz_dtype d)
  * out 18-19 against 23-25; 4 in, 3 out (an AdamW step of one tensor) 15-17
  * against 19-23; 1 in, 2 out with the input 48 bytes behind 2.4-3.0
  * against 20. Through fusec (`fusec run`, random inputs from malloc): a
- * multiply with two outputs of 64 MB 73.5 ms streamed, 8.7 ms plain; an
- * AdamW step of one 4096 x 4096 tensor 154 against 22 ms. One streamed
+ * multiply with two outputs of 64 MB 73.5 ms streamed, 8.4 ms plain; an
+ * AdamW step of one 4096 x 4096 tensor 154 against 20 ms. One streamed
  * output never lost there, aliased or not (6.0 against 6.8 ms). Intel's
  * cores keep every output streaming, as measured before. */
 #define FZ_HOST_STREAM_BYTES (16 << 20)
