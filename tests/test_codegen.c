@@ -2214,6 +2214,61 @@ START_TEST(host_exp_matches_generic)
 }
 END_TEST
 
+/* A bf16 add, sub, mul or div of bf16 operands rounds on the host
+ * without the NaN test (emit.c's round_bf16_quiet), and must give the
+ * very bits the full rounding gives: the emu target keeps the full one,
+ * so every bf16 pattern of x against 16 of y (NaNs of both signs,
+ * signaling and quiet, infinities, zeros, subnormals, the largest
+ * finite, ties-prone values), through all four ops and a chain of them,
+ * compares bit for bit, NaN payloads included. */
+START_TEST(host_bf16_quiet_rounding)
+{
+	static const char src[] =
+		"trace f(x: bf16[B, 16], y: bf16[B, 16]) {\n"
+		"  a = add(x, y)\n  s = sub(x, y)\n  m = mul(x, y)\n  d = div(x, y)\n"
+		"  c = add(mul(x, 1.5), mul(y, x))\n  return a, s, m, d, c\n}\n";
+	static const uint16_t ys[16] = {0x7fc0, 0xffff, 0x7f81, 0xff81, 0x7f80, 0xff80,
+					0x0000, 0x8000, 0x0001, 0x807f, 0x7f7f, 0x0080,
+					0x3f81, 0xbfff, 0x4049, 0x3c01};
+	const int64_t n = 65536;
+	int64_t syms[1] = {n};
+	fz_module *m = parse(src);
+	fz_trace *tr = fz_module_trace(m, 0);
+	fz_tensor in[2];
+	for (int i = 0; i < 2; i++) {
+		in[i] = (fz_tensor){.dtype = FZ_BF16, .rank = 2, .shape = {n, 16},
+				    .strides = {16, 1}};
+		in[i].data = malloc((size_t)n * 16 * 2);
+	}
+	uint16_t *x = in[0].data, *y = in[1].data;
+	for (int64_t i = 0; i < n * 16; i++) {
+		x[i] = (uint16_t)(i / 16);
+		y[i] = ys[i % 16];
+	}
+	fz_tensor out[2][5];
+	const char *dev[2] = {"cpu", "emu"};
+	for (int k = 0; k < 2; k++) {
+		char *err = NULL;
+		memset(out[k], 0, sizeof out[k]);
+		ck_assert_msg(fz_trace_run(tr, dev[k], syms, in, 2, out[k], 5, &err) == FZ_OK,
+			      "%s: %s", dev[k], err ? err : "?");
+	}
+	for (int o = 0; o < 5; o++) {
+		const uint16_t *h = out[0][o].data, *e = out[1][o].data;
+		int64_t i = 0;
+		while (i < n * 16 && h[i] == e[i])
+			i++;
+		ck_assert_msg(i == n * 16, "output %d, x 0x%04x, y 0x%04x: host 0x%04x, emu 0x%04x",
+			      o, x[i % (n * 16)], y[i % (n * 16)], h[i % (n * 16)], e[i % (n * 16)]);
+		free(out[0][o].data);
+		free(out[1][o].data);
+	}
+	free(in[0].data);
+	free(in[1].data);
+	fz_module_free(m);
+}
+END_TEST
+
 static int tables_in(const char *src, const int64_t *syms)
 {
 	return functions_named(src, syms, "", "_tables");
@@ -2330,6 +2385,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, pointwise_exp_ends);
 	tcase_add_test(pw, host_exp_matches_generic);
 	tcase_add_test(pw, host_tables_match_computed);
+	tcase_add_test(pw, host_bf16_quiet_rounding);
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
 	tcase_add_test(pw, host_pointwise_prefetch);
