@@ -2214,6 +2214,19 @@ START_TEST(host_exp_matches_generic)
 }
 END_TEST
 
+/* Runs tr on the host ("cpu") into out[0] and on emu into out[1] */
+static void run_cpu_emu(fz_trace *tr, const int64_t *syms, fz_tensor *in, int n_in,
+			fz_tensor out[2][8], int n_out)
+{
+	const char *dev[2] = {"cpu", "emu"};
+	for (int k = 0; k < 2; k++) {
+		char *err = NULL;
+		memset(out[k], 0, sizeof out[k][0] * (size_t)n_out);
+		ck_assert_msg(fz_trace_run(tr, dev[k], syms, in, n_in, out[k], n_out, &err) == FZ_OK,
+			      "%s: %s", dev[k], err ? err : "?");
+	}
+}
+
 /* A bf16 add, sub, mul or div of bf16 operands rounds on the host
  * without the NaN test (emit.c's round_bf16_quiet), and must give the
  * very bits the full rounding gives: the emu target keeps the full one,
@@ -2245,14 +2258,8 @@ START_TEST(host_bf16_quiet_rounding)
 		x[i] = (uint16_t)(i / 16);
 		y[i] = ys[i % 16];
 	}
-	fz_tensor out[2][5];
-	const char *dev[2] = {"cpu", "emu"};
-	for (int k = 0; k < 2; k++) {
-		char *err = NULL;
-		memset(out[k], 0, sizeof out[k]);
-		ck_assert_msg(fz_trace_run(tr, dev[k], syms, in, 2, out[k], 5, &err) == FZ_OK,
-			      "%s: %s", dev[k], err ? err : "?");
-	}
+	fz_tensor out[2][8];
+	run_cpu_emu(tr, syms, in, 2, out, 5);
 	for (int o = 0; o < 5; o++) {
 		const uint16_t *h = out[0][o].data, *e = out[1][o].data;
 		int64_t i = 0;
@@ -2322,14 +2329,8 @@ START_TEST(host_tables_match_computed)
 			x[i] = (uint16_t)i;
 			u[i] = ub[t & 1][i % 4];
 		}
-		fz_tensor out[2][4];
-		const char *dev[2] = {"cpu", "emu"};
-		for (int k = 0; k < 2; k++) {
-			char *err = NULL;
-			memset(out[k], 0, sizeof out[k]);
-			ck_assert_msg(fz_trace_run(tr, dev[k], syms, in, 2, out[k], 4, &err) == FZ_OK,
-				      "%s: %s", dev[k], err ? err : "?");
-		}
+		fz_tensor out[2][8];
+		run_cpu_emu(tr, syms, in, 2, out, 4);
 		for (int o = 0; o < 4; o++) {
 			const unsigned char *h = out[0][o].data, *gen = out[1][o].data;
 			/* the first difference, then one assertion: an assertion
