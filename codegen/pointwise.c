@@ -413,8 +413,9 @@ static void all_groups(cg *g, const fz_node *ia, const fz_type *skip)
 	bool *done = calloc((size_t)r->n_out + 1, 1);
 	const fz_value **outs = calloc((size_t)r->n_out + 1, sizeof *outs);
 	const fz_value **src = calloc((size_t)r->n_out + 1, sizeof *src);
-	int *comp = g->o.target == FZ_CG_HOST ? independent_parts(g) : NULL;
-	if (!done || !outs || !src || (g->o.target == FZ_CG_HOST && !comp)) {
+	bool split = g->o.target == FZ_CG_HOST && r->n_out > 1;
+	int *comp = split ? independent_parts(g) : NULL;
+	if (!done || !outs || !src || (split && !comp)) {
 		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
 		goto out;
 	}

@@ -971,18 +971,24 @@ static int classify(cg *g, const rows *R, const fz_value *o, cg_ix *ix)
 	return 1;
 }
 
-/* How many outputs of D's shape the tail stores and could stream: every
- * one where the stash and the keep are in the scratch, else all but
- * those two, which the tail reads back. */
+/* Whether the tail's store of output o could stream: o has D's shape
+ * and is neither the keep nor the stash where they are in the output,
+ * not the scratch (the tail does not store such a keep, and a stash's
+ * lines are in the cache, written and read back: a streaming store
+ * would write them out twice). */
+static bool tail_streamable(cg *g, const rows *R, const fz_value *o)
+{
+	cg_ix tmp[FZ_MAX_RANK];
+	return classify(g, R, o, tmp) == 2 &&
+	       !((o == R->keep_o || o == R->stash_o) && !R->scratch);
+}
+
+/* How many outputs the tail stores and could stream */
 static int tail_streams(cg *g, const rows *R)
 {
 	int n = 0;
-	for (int i = 0; i < g->r->n_out; i++) {
-		const fz_value *o = g->r->out[i];
-		cg_ix tmp[FZ_MAX_RANK];
-		bool back = (o == R->keep_o || o == R->stash_o) && !R->scratch;
-		n += classify(g, R, o, tmp) == 2 && !back;
-	}
+	for (int i = 0; i < g->r->n_out; i++)
+		n += tail_streamable(g, R, g->r->out[i]);
 	return n;
 }
 
@@ -2129,11 +2135,7 @@ void cg_rows(cg *g)
 				continue;
 			V vals[FZ_VW_MAX];
 			cg_value(g, r->out[i], R.L, ix, vals);
-			/* the tail's stores are final, but for a stash in
-			 * the output: its lines are in the cache, written and
-			 * read back (a streaming store would write them out
-			 * twice) */
-			g->stream = (r->out[i] != R.stash_o || R.scratch) && streams;
+			g->stream = streams && tail_streamable(g, &R, r->out[i]);
 			cg_store(g, r->out[i], R.L, ix, vals);
 			g->stream = false;
 		}
