@@ -231,7 +231,7 @@ LLVMValueRef cg_entry_alloca(cg *g, LLVMTypeRef t);
 LLVMValueRef cg_math_unary(cg *g, fz_opcode op, LLVMValueRef x);
 /* The n lanes x[0..n) of unary op as one vector, into out[0..n) (extracted
  * again): true where math.c has a vector form of op that differs from its
- * lanes' (cg_host_avx512's exp and sigmoid on 4, 8 or 16 f32 lanes), false
+ * lanes' (the host's exp and sigmoid on 4, 8 or 16 f32 lanes), false
  * (and nothing made) elsewhere. */
 bool cg_math_lanes(cg *g, fz_opcode op, int n, const LLVMValueRef *x, LLVMValueRef *out);
 LLVMValueRef cg_math_pow(cg *g, LLVMValueRef a, LLVMValueRef b);

@@ -49,7 +49,12 @@
  * 2^32 f32 inputs compared by tools/bench/exp_bits.sh, NaN as NaN;
  * test_codegen's host_exp_matches_generic sweeps the edges against the emu
  * target on every run), and the CPU tests of the math still test the
- * GPU's.
+ * GPU's. A host without AVX-512 (AVX2) takes the same vector of lanes to
+ * vexpf_near: where every lane is within 86 of 0 it scales by 2^k with an
+ * integer addition to the exponent field (the product is a normal number
+ * there, so exact, as the two multiplications are), and a vector with a
+ * lane beyond branches to the generic IR (14 instructions for 8 lanes
+ * where the generic IR takes 21; a softmax 1.2x, bits compared as above).
  * (Division stays vdivps: vrcp14ps and a Newton step, not
  * correctly rounded, measured slower in tanh; tanh32 keeps its IR, its
  * small-x select put so that the host masks its last multiplication with
@@ -123,11 +128,29 @@ static V to_i32(cg *g, V x)
 	return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, tys, 2), f, &x, 1, "");
 }
 
-/* 2^k (k: i32) of p's type, k within its normal exponents */
+/* x's f32 lanes as i32 (a vector of them where x is one), and back */
+static V as_i32(cg *g, V x)
+{
+	return bitcast(g, x, is_vec(x) ? t_vec(t_i32(g), LLVMGetVectorSize(type_of(x))) : t_i32(g));
+}
+
+static V as_f32(cg *g, V x)
+{
+	return bitcast(g, x, is_vec(x) ? t_vec(t_f32(g), LLVMGetVectorSize(type_of(x))) : t_f32(g));
+}
+
+/* the i32 constant k shaped as x (an i32 or a vector of them) */
+static V ki32(cg *g, V x, int64_t k)
+{
+	return is_vec(x) ? c_splat(c_i32(g, k), (int)LLVMGetVectorSize(type_of(x))) : c_i32(g, k);
+}
+
+/* 2^k (k: i32, or f32 lanes' i32s) of p's type, k within its normal
+ * exponents */
 static V pow2(cg *g, V p, V k)
 {
 	if (!is64(g, p))
-		return bitcast(g, shl(g, add(g, k, c_i32(g, 127)), c_i32(g, 23)), t_f32(g));
+		return as_f32(g, shl(g, add(g, k, ki32(g, k, 127)), ki32(g, k, 23)));
 	V e = add(g, sext(g, k, t_i64(g)), c_i64(g, 1023));
 	return bitcast(g, shl(g, e, c_i64(g, 52)), t_f64(g));
 }
@@ -237,7 +260,8 @@ static V expf_(cg *g, V x)
 		 * lanes) */
 		V t = fma3(g, xc, kc(x, 1.4426950408889634), kc(x, 12582912.0));
 		k = fsub_exact(g, t, kc(x, 12582912.0));
-		ki = sub(g, bitcast(g, t, t_i32(g)), c_i32(g, 0x4b400000));
+		ki = as_i32(g, t);
+		ki = sub(g, ki, ki32(g, ki, 0x4b400000));
 	}
 	V r = fma3(g, fneg(g, k), kc(x, hi), xc);
 	r = fma3(g, fneg(g, k), kc(x, lo), r);
@@ -249,36 +273,84 @@ static V expf_(cg *g, V x)
 	 * the same rounding, and a NaN p (from a NaN x, which the clamp and
 	 * the fma pass through) stays NaN whatever k came of its bits, so no
 	 * select for it (an instruction fewer on the GPU) */
-	V k1 = ashr(g, ki, c_i32(g, 1));
+	V k1 = ashr(g, ki, ki32(g, ki, 1));
 	return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
+}
+
+/* expf_'s steps in f32 lanes up to its polynomial, for the host's vector
+ * exps below: p = e^r and t, the fma whose low mantissa bits hold k (the
+ * float k as well), such that e^x = p 2^k (e^-x where neg); x within
+ * expf_'s clamp already. For e^-x, x is not negated: the clamp of -x to
+ * [-104, 89] is the negative of x's to [-89, 104]; k comes from the same
+ * fma with log2 e negated; the two fma that reduce -x give the exact
+ * negative s of its r when they reduce x (rounding to nearest is
+ * symmetric); and the polynomial in r is Horner's in s with the odd
+ * coefficients negated, each step the exact negative of expf_'s or the
+ * same (one instruction fewer of sigmoid's). */
+static V vexp_poly(cg *g, V xc, bool neg, V *t, V *k)
+{
+	const double ln2 = 0.69314718055994530942, hi = (double)(float)ln2;
+	const double lo = (double)(float)(ln2 - hi);
+	*t = fma3(g, xc, kc(xc, neg ? -1.4426950408889634 : 1.4426950408889634),
+		  kc(xc, 12582912.0));
+	*k = fsub_exact(g, *t, kc(xc, 12582912.0));
+	V nk = neg ? *k : fneg(g, *k);
+	V r = fma3(g, nk, kc(xc, hi), xc);
+	r = fma3(g, nk, kc(xc, lo), r);
+	double c[7];
+	for (int i = 0; i < 7; i++)
+		c[i] = neg && i % 2 ? -EXP32_C[i] : EXP32_C[i];
+	return poly(g, r, c, 7);
 }
 
 /* expf_ of f32 lanes on the host with AVX-512 (cg_math_lanes): e^x, or
  * e^-x where neg (sigmoid's), the generic expf_'s result bit for bit:
- * - e^-x from x without the negation: the clamp of -x to [-104, 89] is
- *   the negative of x's to [-89, 104]; k comes from the same fma with
- *   log2 e negated; the two fma that reduce -x give the exact negative s
- *   of its r when they reduce x (rounding to nearest is symmetric); and
- *   the polynomial in r is Horner's in s with the odd coefficients
- *   negated, each step the exact negative of expf_'s or the same (one
- *   instruction fewer of sigmoid's). (vrangeps would clamp in one
- *   instruction, but it returns the bound for a NaN.)
- * - 2^k by scalef, and no NaN select (see scalef). */
+ * vexp_poly's steps (vrangeps would clamp in one instruction, but it
+ * returns the bound for a NaN), then 2^k by scalef, and no NaN select
+ * (see scalef). */
 static V vexpf_(cg *g, V x, bool neg)
 {
-	const double ln2 = 0.69314718055994530942, hi = (double)(float)ln2;
-	const double lo = (double)(float)(ln2 - hi);
 	V xc = neg ? clampf(g, x, -89.0, 104.0) : clampf(g, x, -104.0, 89.0);
-	V t = fma3(g, xc, kc(x, neg ? -1.4426950408889634 : 1.4426950408889634),
-		   kc(x, 12582912.0));
-	V k = fsub_exact(g, t, kc(x, 12582912.0));
-	V nk = neg ? k : fneg(g, k);
-	V r = fma3(g, nk, kc(x, hi), xc);
-	r = fma3(g, nk, kc(x, lo), r);
-	double c[7];
-	for (int i = 0; i < 7; i++)
-		c[i] = neg && i % 2 ? -EXP32_C[i] : EXP32_C[i];
-	return scalef(g, poly(g, r, c, 7), k);
+	V t, k;
+	return scalef(g, vexp_poly(g, xc, neg, &t, &k), k);
+}
+
+/* expf_ of f32 lanes on a host without AVX-512 (AVX2: cg_math_lanes):
+ * e^x, or e^-x where neg, the generic expf_'s result bit for bit, in
+ * fewer instructions where every lane has |x| <= 86, as a softmax's
+ * x - max and the activations of a network have. There p 2^k is a normal
+ * number (|k| <= 124, p in [0.7, 1.5]), the product exact, and an
+ * integer addition to p's exponent field makes it: k << 23 is t's bits
+ * shifted by 23, since t's are 0x4b400000 + k and 0x4b400000 << 23
+ * leaves 0 in 32 bits. No clamp is needed below 86 either: the fast path
+ * is 14 instructions for 8 lanes where expf_'s generic IR is 21 (its two
+ * multiplications by powers of 2 take nine with their exponents). A
+ * vector with a lane beyond (or a NaN: the compare is unordered) branches
+ * to expf_ itself for all its lanes, whose vector form is the same IR as
+ * its scalar one. */
+static V vexpf_near(cg *g, V x, bool neg)
+{
+	unsigned n = LLVMGetVectorSize(type_of(x));
+	V t, k;
+	V p = vexp_poly(g, x, neg, &t, &k);
+	V fast = as_f32(g, add(g, as_i32(g, p), shl(g, as_i32(g, t), ki32(g, t, 23))));
+	V far = fcmp(g, LLVMRealUGT, un(g, "llvm.fabs", x), kc(x, 86.0));
+	T bits = LLVMIntTypeInContext(g->ctx, n);
+	V any = icmp(g, LLVMIntNE, bitcast(g, far, bits), c_int(bits, 0));
+	V args[2] = {any, c_int(t_i1(g), 0)};
+	any = call_intrinsic(g, "llvm.expect", t_i1(g), t_i1(g), args, 2);
+	LLVMBasicBlockRef pre = current(g), wide = block(g, "exp.wide"),
+			  join = block(g, "exp.done");
+	cond_br(g, any, wide, join);
+	at_end(g, wide);
+	V slow = expf_(g, neg ? fneg(g, x) : x);
+	LLVMBasicBlockRef end = current(g);
+	br(g, join);
+	at_end(g, join);
+	V y = phi(g, type_of(x));
+	phi_add(y, fast, pre);
+	phi_add(y, slow, end);
+	return y;
 }
 
 static V exp2f_(cg *g, V x)
@@ -662,12 +734,13 @@ bool cg_math_costly(fz_opcode op)
 
 bool cg_math_lanes(cg *g, fz_opcode op, int n, const V *x, V *out)
 {
-	if (!cg_host_avx512(g) || (n != 4 && n != 8 && n != 16) || type_of(x[0]) != t_f32(g) ||
-	    (op != FZ_OP_EXP && op != FZ_OP_SIGMOID))
+	if (g->o.target != FZ_CG_HOST || !g->c || (n != 4 && n != 8 && n != 16) ||
+	    type_of(x[0]) != t_f32(g) || (op != FZ_OP_EXP && op != FZ_OP_SIGMOID))
 		return false;
+	V (*vexp)(cg *, V, bool) = cg_host_avx512(g) ? vexpf_ : vexpf_near;
 	V v = pack(g, t_vec(t_f32(g), (unsigned)n), x, n);
-	V y = op == FZ_OP_EXP ? vexpf_(g, v, false) :
-	      sigmoid32(g, v, vexpf_(g, un(g, "llvm.fabs", v), true));
+	V y = op == FZ_OP_EXP ? vexp(g, v, false) :
+	      sigmoid32(g, v, vexp(g, un(g, "llvm.fabs", v), true));
 	for (int l = 0; l < n; l++)
 		out[l] = extract(g, y, (unsigned)l);
 	return true;

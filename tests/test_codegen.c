@@ -2162,12 +2162,15 @@ static int functions_named(const char *src, const int64_t *syms, const char *pre
 }
 
 /* exp and sigmoid of f32 on the host, whose lanes math.c computes in
- * vectors with vscalefps where the host has AVX-512, are the generic
- * path's (the emu target's, the GPU's IR) bit for bit, NaN as NaN, at 16,
- * 8 and 4 lanes (vscalefps in zmm, ymm, xmm); over
- * math_sweep.h's inputs: subnormal results, overflow, infinities, NaNs. On an
- * AVX-512 host the kernels must hold vscalefps, or this compares the
- * generic path with itself. */
+ * vectors (with vscalefps where the host has AVX-512; elsewhere with an
+ * integer scaling where every lane is within 86 of 0, and the generic IR
+ * in a branch where one is not), are the generic path's (the emu
+ * target's, the GPU's IR) bit for bit, NaN as NaN, at 16, 8 and 4 lanes;
+ * over math_sweep.h's inputs (subnormal results, overflow, infinities,
+ * NaNs; a dense part, whose vectors take the branchless path) and 2048
+ * consecutive floats on either side of -86 and 86, whose vectors take
+ * one or the other. The kernels must hold vscalefps, or the branch's
+ * hint, or this compares the generic path with itself. */
 START_TEST(host_exp_matches_generic)
 {
 	static const char *src[] = {
@@ -2184,11 +2187,22 @@ START_TEST(host_exp_matches_generic)
 			ck_assert_msg(functions_named(src[t], syms, "llvm.x86.avx512.mask.scalef.ps.",
 						      "") >= 1,
 				      "%d lanes: no vscalefps on an AVX-512 host", w);
+		else
+			ck_assert_msg(functions_named(src[t], syms, "llvm.expect.", "") >= 1,
+				      "%d lanes: no vector exp on a host without AVX-512", w);
 		fz_module *m = parse(src[t]);
 		fz_trace *tr = fz_module_trace(m, 0);
 		fz_tensor in = {.dtype = FZ_F32, .rank = 2, .shape = {n / w, w}, .strides = {w, 1}};
 		in.data = malloc((size_t)n * 4);
-		math_sweep_inputs(in.data, n, 0);
+		float *xs = in.data;
+		math_sweep_inputs(xs, n - 8192, 8192);
+		for (int e = 0; e < 2; e++) {
+			float v = e ? 86.0f : -86.0f;
+			for (int k = 0; k < 2048; k++)
+				v = nextafterf(v, -INFINITY);
+			for (int64_t k = n - 8192 + 4096 * e; k < n - 4096 + 4096 * e; k++)
+				xs[k] = v = nextafterf(v, INFINITY);
+		}
 		fz_tensor out[2][2];
 		const char *dev[2] = {"cpu", "emu"};
 		for (int d = 0; d < 2; d++) {
