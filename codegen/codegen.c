@@ -315,8 +315,9 @@ done:
  * vectorizer that makes ld.global.v4), and ptxas optimizes again, loop
  * invariants included: hoisting them here (licm) only raised the register
  * count of pointwise kernels (rotary: 40 to 48). The host has no ptxas, so
- * it adds licm, and the SLP vectorizer, which turns a thread's lanes into
- * SIMD instructions. Against default<O3>, on the 32-layer Llama for
+ * it adds licm, the SLP vectorizer, which turns a thread's lanes into
+ * SIMD instructions, and lower-expect, which makes math.c's branch hints
+ * weights (the vector exp's rare branch laid out of the loop's way). Against default<O3>, on the 32-layer Llama for
  * sm_90: the same PTX loads (v4, .nc), no .local, registers within a few
  * of O3's, and a third of the compile time (tools/bench/bench_codegen).
  * FUSEC_CODEGEN_PASSES overrides both (debugging: "default<O0>", or
@@ -325,7 +326,7 @@ static const char PIPELINE_NVPTX[] =
 	"function(sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,"
 	"gvn,instcombine<no-verify-fixpoint>,simplifycfg)";
 static const char PIPELINE_HOST[] =
-	"function(sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,"
+	"function(lower-expect,sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,"
 	"loop-mssa(licm),gvn,instcombine<no-verify-fixpoint>,simplifycfg,slp-vectorizer,"
 	"instcombine<no-verify-fixpoint>)";
 

@@ -182,7 +182,8 @@
                               * operands round without the NaN test; 42:
                               * host f32 exp and sigmoid in vectors without
                               * AVX-512 too, 2^k by an exponent add where
-                              * every lane is within 86 of 0) */
+                              * every lane is within 86 of 0; the host's
+                              * passes lower branch hints) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
