@@ -204,6 +204,14 @@ enum { CG_SHFL_UP = 0x100 };
 LLVMValueRef cg_emu_shfl(cg *g, LLVMValueRef x, int arg);
 LLVMValueRef cg_shfl_bfly(cg *g, LLVMValueRef x, int lane_mask);
 
+/* A host pointwise lane group of 16-bit values (pointwise.c, "even and
+ * odd lanes") holds its L elements in the order 0, 2, 4, ..., 1, 3, 5,
+ * ...: lane l is element cg_lane_elem(L, l) of the group. */
+static inline int cg_lane_elem(int L, int l)
+{
+	return l < L / 2 ? 2 * l : 2 * (l - L / 2) + 1;
+}
+
 /* Host: the iterations [*begin, *end) of a loop of `total` that this
  * call's part runs: the part-th of nparts contiguous chunks (all of them
  * in part 0, none in the others, when g->serial). */

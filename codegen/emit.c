@@ -656,14 +656,15 @@ LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 /* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), -1 otherwise. */
 static int lane_shape(int nl, const cg_ix *lin)
 {
-	bool same = true, cons = true;
+	bool same = true, cons = true, eo = nl >= 4 && nl % 2 == 0;
 	for (int l = 1; l < nl; l++) {
 		if (lin[l].b != lin[0].b)
 			return -1;
 		same = same && lin[l].o == lin[0].o;
 		cons = cons && lin[l].o == lin[0].o + l;
+		eo = eo && lin[l].o == lin[0].o + cg_lane_elem(nl, l);
 	}
-	return same ? 0 : cons ? 1 : -1;
+	return same ? 0 : cons ? 1 : eo ? 2 : -1;
 }
 
 static bool lanes_aligned(int nl, cg_ix x)
@@ -714,6 +715,30 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 		for (int l = 0; l < nl; l++)
 			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
+		return;
+	}
+	if (shape == 2) {
+		/* even and odd lanes (pointwise.c): 16-bit elements as the
+		 * low and high halves of 32-bit words, a shift and a mask
+		 * each for half of the group; wider ones as a shuffle */
+		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
+		V p = ix_ptr(g, s, d, lin[0], nl, false, al);
+		int h = nl / 2;
+		if (es == 2) {
+			V vec = load(g, t_vec(t_i32(g), (unsigned)h), p, al);
+			for (int j = 0; j < h; j++) {
+				V w = extract(g, vec, (unsigned)j);
+				V lo = trunc_(g, w, t_i16(g));
+				V hi = trunc_(g, lshr(g, w, c_i32(g, 16)), t_i16(g));
+				out[j] = cg_from_storage(g, bitcast(g, lo, st), d);
+				out[h + j] = cg_from_storage(g, bitcast(g, hi, st), d);
+			}
+		} else {
+			V vec = load(g, t_vec(st, (unsigned)nl), p, al);
+			for (int l = 0; l < nl; l++)
+				out[l] = cg_from_storage(g, extract(g, vec,
+							(unsigned)cg_lane_elem(nl, l)), d);
+		}
 		return;
 	}
 	for (int l = 0; l < nl; l++)
@@ -827,6 +852,29 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
 		V sv = store(g, vec, ix_ptr(g, s, d, lin[0], nl, true, al), al);
 		if (g->stream && al == 16) /* aligned, 16 bytes or more */
+			stream_store(g, sv);
+		return;
+	}
+	if (shape == 2) {
+		/* even and odd lanes: 16-bit elements paired into 32-bit
+		 * words, an even lane's in the low half */
+		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
+		int h = nl / 2;
+		V vec;
+		if (es == 2) {
+			vec = c_undef(t_vec(t_i32(g), (unsigned)h));
+			for (int j = 0; j < h; j++) {
+				V lo = zext(g, bitcast(g, stored(g, vals[j], d), t_i16(g)), t_i32(g));
+				V hi = zext(g, bitcast(g, stored(g, vals[h + j], d), t_i16(g)), t_i32(g));
+				vec = insert(g, vec, or_(g, lo, shl(g, hi, c_i32(g, 16))), (unsigned)j);
+			}
+		} else {
+			vec = c_undef(t_vec(st, (unsigned)nl));
+			for (int l = 0; l < nl; l++)
+				vec = insert(g, vec, stored(g, vals[l], d), (unsigned)cg_lane_elem(nl, l));
+		}
+		V sv = store(g, vec, ix_ptr(g, s, d, lin[0], nl, true, al), al);
+		if (g->stream && al == 16)
 			stream_store(g, sv);
 		return;
 	}
@@ -1234,26 +1282,27 @@ static int lanes_distinct(const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK])
 	return 1;
 }
 
-/* iota at consecutive lanes (i0 + l) as one vector, splat(i0) + <0, 1,
- * ...>, whose lanes the consumers extract: the SLP vectorizer then uses
+/* iota at lanes of one base (i0 + o_l: consecutive, or pointwise.c's even
+ * and odd lanes) as one vector, splat(i0) + <o_0, o_1, ...> (o_0 = 0), whose
+ * lanes the consumers extract: the SLP vectorizer then uses
  * the vector as it is. Built from n scalars i0 + l instead, the lanes are
  * not alike (instcombine makes i0 + l an `or disjoint` where i0 is a
  * multiple of the lane count, and lane 0 is i0 itself), and SLP pieced
  * them together from vectors of 8, 4, 2 and 1 with shuffles: 14 of the 75
  * instructions a 16-lane step of cross_entropy's last pass. NULL where
- * the lanes are not consecutive. */
+ * the lanes' bases differ. */
 static V iota_lanes(cg *g, int n, cg_ix (*ix)[FZ_MAX_RANK])
 {
 	if (n < 2)
 		return NULL;
 	for (int l = 1; l < n; l++)
-		if (ix[l][0].b != ix[0][0].b || ix[l][0].o != ix[0][0].o + l)
+		if (ix[l][0].b != ix[0][0].b)
 			return NULL;
 	T vt = t_vec(t_i64(g), (unsigned)n);
 	V i0 = zext_or_trunc(g, cg_ix_value(g, ix[0][0]), t_i64(g));
 	V lanes[FZ_VW_MAX];
 	for (int l = 0; l < n; l++)
-		lanes[l] = c_i64(g, l);
+		lanes[l] = c_i64(g, ix[l][0].o - ix[0][0].o);
 	V splat = insert(g, c_undef(vt), i0, 0);
 	splat = LLVMBuildShuffleVector(g->b, splat, c_undef(vt),
 				       LLVMConstNull(t_vec(t_i32(g), (unsigned)n)), "");

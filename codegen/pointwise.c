@@ -16,7 +16,8 @@
  * innermost extent is a constant multiple of it, else 1; so a lane group
  * never straddles a row and the innermost index of lane l is (b, l) with b a
  * multiple of L: consecutive lanes, one vector access per operand that runs
- * along the innermost dim. A buffer that is not 16-byte aligned gets the
+ * along the innermost dim (on a host without AVX-512, a group of 16-bit
+ * values holds its even elements first: see "even and odd lanes"). A buffer that is not 16-byte aligned gets the
  * variant compiled with vectorization off (the launcher checks; see
  * runtime/cpu.c). On the host, L is the machine's vector register over the
  * widest element (64 bytes with AVX-512: 16 f32 lanes, 32 with AVX2: 8),
@@ -241,7 +242,7 @@ static void prefetch_rows(cg *g, const fz_type *ty, int N, int U, int L,
 
 /* Step s's lane indices: ix[r * U + u][l] for row r, group u, lane l (R
  * rows of U groups of L lanes: the innermost dim of ty). */
-static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
+static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L, bool eo,
 		       cg_ix (*ix)[FZ_VW_MAX][FZ_MAX_RANK])
 {
 	int last = ty->rank - 1;
@@ -265,8 +266,37 @@ static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L,
 					x[last - 1] = row;
 					x[last - 1].o += r;
 				}
-				x[last] = (cg_ix){NULL, u * L + l, 1};
+				x[last] = (cg_ix){NULL, u * L + (eo ? cg_lane_elem(L, l) : l), 1};
 			}
+}
+
+/* ---- even and odd lanes (host) -----------------------------------------------
+ * A bf16 lane group of 16 is two registers of f32 (AVX2), widened from 16
+ * elements in memory: in order, a vpmovzxwd and a shift for each half, and
+ * back, two shifts, a pack, a permutation across the register's halves and
+ * its extraction for the second 16-byte store. Where every value the
+ * region reads or writes is 16 bits wide, the group's lanes hold its
+ * elements even ones first (lane l is element cg_lane_elem(L, l)): the
+ * group is then one load of 32-bit words, whose low halves shifted up are
+ * the even lanes' f32 and whose high halves masked are the odd ones', and
+ * one store of words put together by a shift, a mask and an or. Nothing
+ * else changes: each lane's index is its element's (iota, a broadcast
+ * operand, a cat's bounds follow it), and emit.c's loads and stores know
+ * the order (lane_shape's 2). Not with AVX-512, whose group of 16 is one
+ * register, widened by one vpmovzxwd and one shift (and stored by one
+ * vcvtneps2bf16 where the host has AVX512-BF16): halves would cost it an
+ * instruction to join. */
+static bool even_odd(cg *g, int L)
+{
+	const fz_region *r = g->r;
+	if (g->o.target != FZ_CG_HOST || cg_host_avx512(g) || L < 4 || L % 2)
+		return false;
+	for (int i = 0; i < r->n_in + r->n_out; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		if (fz_dtype_size(v->type.dtype) != 2)
+			return false;
+	}
+	return true;
 }
 
 /* One grid-stride loop over the shape of `ty`, storing each output of the
@@ -310,16 +340,17 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
 		return;
 	}
+	bool eo = even_odd(g, L);
 	cg_loop L0;
 	cg_loop_begin(g, &L0, gid, iters, gsz);
 	if (R) {
-		step_lanes(g, ty, L0.iv, R, U, L, ix);
+		step_lanes(g, ty, L0.iv, R, U, L, eo, ix);
 	} else {
 		V lin = L > 1 ? mul(g, L0.iv, c_int(g->ity, L)) : L0.iv;
 		cg_delinearize(g, ty, lin, L, ix[0][0]);
 		for (int l = 1; l < L; l++) {
 			memcpy(ix[0][l], ix[0][0], sizeof ix[0][0]);
-			ix[0][l][ty->rank - 1].o += l;
+			ix[0][l][ty->rank - 1].o += eo ? cg_lane_elem(L, l) : l;
 		}
 	}
 	g->stream = cg_stream_fits(g, n); /* nothing here reads an output back */

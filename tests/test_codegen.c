@@ -1938,6 +1938,71 @@ START_TEST(host_rotary_rows)
 }
 END_TEST
 
+/* Host pointwise groups of 16-bit values hold their even elements in the
+ * first half of their lanes and the odd ones in the second (pointwise.c,
+ * "even and odd lanes"): such a group loads and stores 32-bit words, and
+ * every lane's element is its own: an iota along the row, a broadcast
+ * operand, a cat across the row's halves, bf16 and f16, groups of 16, 8
+ * and 4 lanes (rows of 48, 24, 12), bit for bit against the interpreter.
+ * A region with a 32-bit value keeps its lanes in order, as an AVX-512
+ * host does. */
+static void word_accesses(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	(void)bufs;
+	int *n = ud, op = LLVMGetInstructionOpcode(i);
+	if (op != LLVMLoad && op != LLVMStore)
+		return;
+	LLVMTypeRef t = LLVMTypeOf(op == LLVMLoad ? i : LLVMGetOperand(i, 0));
+	if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+		return;
+	LLVMTypeRef e = LLVMGetElementType(t);
+	bool word = LLVMGetTypeKind(e) == LLVMIntegerTypeKind && LLVMGetIntTypeWidth(e) == 32;
+	bool half = LLVMGetTypeKind(e) == LLVMHalfTypeKind ||
+		    (LLVMGetTypeKind(e) == LLVMIntegerTypeKind && LLVMGetIntTypeWidth(e) == 16);
+	n[op == LLVMStore ? 2 : 0] += word;
+	n[1] += half;
+}
+
+START_TEST(host_even_odd_lanes)
+{
+	static const char *dt[2] = {"bf16", "f16"};
+	static const int row[3] = {48, 24, 12};
+	char src[1024];
+	for (int d = 0; d < 2; d++)
+		for (int w = 0; w < 3; w++) {
+			int c = row[w], h = c / 2;
+			snprintf(src, sizeof src,
+				 "trace f(x: %s[B, %d], b: %s[%d]) {\n"
+				 "  i = reshape(iota(length=%d, dtype=%s), shape=[1, %d])\n"
+				 "  x1 = slice(x, start=[0, 0], end=[B, %d])\n"
+				 "  x2 = slice(x, start=[0, %d], end=[B, %d])\n"
+				 "  y = add(mul(x, b), mul(cat(neg(x2), x1, dim=1), i))\n"
+				 "  return y\n}\n",
+				 dt[d], c, dt[d], c, c, dt[d], c, h, h, c);
+			EXACT(src, 37);
+			int64_t syms[1] = {37};
+			int n[3] = {0, 0, 0};
+			host_compile(src, syms, each_inst, &(inst_walk){word_accesses, n});
+			if (host_avx512()) /* one register the group: in order */
+				ck_assert_int_eq(n[0] + n[2], 0);
+			else
+				ck_assert_msg(n[0] >= 2 && n[2] >= 1 && n[1] == 0,
+					      "%s rows of %d: %d word loads, %d stores, "
+					      "%d 16-bit vectors", dt[d], c, n[0], n[2], n[1]);
+		}
+	/* an f32 operand: lanes in order, 16-bit vectors loaded as such */
+	static const char mixed[] =
+		"trace f(x: bf16[B, 48], s: f32[B, 48]) {\n"
+		"  y = cast(mul(cast(x, dtype=f32), s), dtype=bf16)\n  return y\n}\n";
+	EXACT(mixed, 37);
+	int64_t syms[1] = {37};
+	int n[3] = {0, 0, 0};
+	host_compile(mixed, syms, each_inst, &(inst_walk){word_accesses, n});
+	ck_assert_int_eq(n[0], 0);
+	ck_assert_int_ge(n[1], 1);
+}
+END_TEST
+
 /* A pointwise step of one lane group that streams (16 MiB out) prefetches
  * each input of its shape ahead too (swiglu's g and u: one each a step,
  * the broadcast bias none); a small one does not (pointwise.c, "the
@@ -2403,6 +2468,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, host_bf16_quiet_rounding);
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
+	tcase_add_test(pw, host_even_odd_lanes);
 	tcase_add_test(pw, host_pointwise_prefetch);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
