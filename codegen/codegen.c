@@ -317,7 +317,8 @@ done:
  * count of pointwise kernels (rotary: 40 to 48). The host has no ptxas, so
  * it adds licm, the SLP vectorizer, which turns a thread's lanes into
  * SIMD instructions, and lower-expect, which makes math.c's branch hints
- * weights (the vector exp's rare branch laid out of the loop's way). Against default<O3>, on the 32-layer Llama for
+ * weights (the vector exp's rare branch laid out of the loop's way).
+ * Against default<O3>, on the 32-layer Llama for
  * sm_90: the same PTX loads (v4, .nc), no .local, registers within a few
  * of O3's, and a third of the compile time (tools/bench/bench_codegen).
  * FUSEC_CODEGEN_PASSES overrides both (debugging: "default<O0>", or

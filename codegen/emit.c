@@ -653,7 +653,8 @@ LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 	return LLVMBuildInBoundsGEP2(g->b, t_arr(t, 32), g->smem[arr], idx, 2, "");
 }
 
-/* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), -1 otherwise. */
+/* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), 2 even and odd
+ * (o = o0 + cg_lane_elem(nl, l): pointwise.c), -1 otherwise. */
 static int lane_shape(int nl, const cg_ix *lin)
 {
 	bool same = true, cons = true, eo = nl >= 4 && nl % 2 == 0;

@@ -17,7 +17,8 @@
  * never straddles a row and the innermost index of lane l is (b, l) with b a
  * multiple of L: consecutive lanes, one vector access per operand that runs
  * along the innermost dim (on a host without AVX-512, a group of 16-bit
- * values holds its even elements first: see "even and odd lanes"). A buffer that is not 16-byte aligned gets the
+ * values holds its even elements first: see "even and odd lanes"). A
+ * buffer that is not 16-byte aligned gets the
  * variant compiled with vectorization off (the launcher checks; see
  * runtime/cpu.c). On the host, L is the machine's vector register over the
  * widest element (64 bytes with AVX-512: 16 f32 lanes, 32 with AVX2: 8),
