@@ -653,11 +653,13 @@ LLVMValueRef cg_smem_ptr(cg *g, T t, int arr, V i, bool st)
 	return LLVMBuildInBoundsGEP2(g->b, t_arr(t, 32), g->smem[arr], idx, 2, "");
 }
 
-/* Lane offsets: 0 coincide, 1 consecutive (o = o0 + l), 2 even and odd
- * (o = o0 + cg_lane_elem(nl, l): pointwise.c), -1 otherwise. */
-static int lane_shape(int nl, const cg_ix *lin)
+/* Lane offsets of elements of es bytes: 0 coincide, 1 consecutive
+ * (o = o0 + l), 2 even and odd 16-bit ones (o = o0 + cg_lane_elem(nl, l):
+ * pointwise.c, which makes them only where every value is 16 bits wide),
+ * -1 otherwise. */
+static int lane_shape(int nl, const cg_ix *lin, unsigned es)
 {
-	bool same = true, cons = true, eo = nl >= 4 && nl % 2 == 0;
+	bool same = true, cons = true, eo = es == 2 && nl >= 4 && nl % 2 == 0;
 	for (int l = 1; l < nl; l++) {
 		if (lin[l].b != lin[0].b)
 			return -1;
@@ -702,7 +704,7 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 	cg_ix lin[FZ_VW_MAX] = {{0}};
 	for (int l = 0; l < nl; l++)
 		cg_linear(g, &v->type, ix[l], &lin[l]);
-	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
+	int shape = nl == 1 ? 0 : lane_shape(nl, lin, es);
 	if (shape == 0) {
 		V x = load(g, st, ix_ptr(g, s, d, lin[0], 1, false, es), es);
 		x = cg_from_storage(g, x, d);
@@ -710,35 +712,26 @@ static void load_lanes(cg *g, int s, const fz_value *v, int nl, cg_ix (*ix)[FZ_M
 			out[l] = x;
 		return;
 	}
-	if (shape == 1) {
+	if (shape > 0) {
 		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
 		V p = ix_ptr(g, s, d, lin[0], nl, false, al);
-		V vec = load(g, t_vec(st, (unsigned)nl), p, al);
-		for (int l = 0; l < nl; l++)
-			out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
-		return;
-	}
-	if (shape == 2) {
-		/* even and odd lanes (pointwise.c): 16-bit elements as the
-		 * low and high halves of 32-bit words, a shift and a mask
-		 * each for half of the group; wider ones as a shuffle */
-		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
-		V p = ix_ptr(g, s, d, lin[0], nl, false, al);
-		int h = nl / 2;
-		if (es == 2) {
-			V vec = load(g, t_vec(t_i32(g), (unsigned)h), p, al);
-			for (int j = 0; j < h; j++) {
-				V w = extract(g, vec, (unsigned)j);
-				V lo = trunc_(g, w, t_i16(g));
-				V hi = trunc_(g, lshr(g, w, c_i32(g, 16)), t_i16(g));
-				out[j] = cg_from_storage(g, bitcast(g, lo, st), d);
-				out[h + j] = cg_from_storage(g, bitcast(g, hi, st), d);
-			}
-		} else {
+		if (shape == 1) {
 			V vec = load(g, t_vec(st, (unsigned)nl), p, al);
 			for (int l = 0; l < nl; l++)
-				out[l] = cg_from_storage(g, extract(g, vec,
-							(unsigned)cg_lane_elem(nl, l)), d);
+				out[l] = cg_from_storage(g, extract(g, vec, (unsigned)l), d);
+			return;
+		}
+		/* even and odd lanes (pointwise.c): the low and high halves
+		 * of 32-bit words, a shift and a mask each for half of the
+		 * group */
+		int h = nl / 2;
+		V vec = load(g, t_vec(t_i32(g), (unsigned)h), p, al);
+		for (int j = 0; j < h; j++) {
+			V w = extract(g, vec, (unsigned)j);
+			V lo = trunc_(g, w, t_i16(g));
+			V hi = trunc_(g, lshr(g, w, c_i32(g, 16)), t_i16(g));
+			out[j] = cg_from_storage(g, bitcast(g, lo, st), d);
+			out[h + j] = cg_from_storage(g, bitcast(g, hi, st), d);
 		}
 		return;
 	}
@@ -842,40 +835,30 @@ void cg_store(cg *g, const fz_value *v, int nl, cg_ix (*ix)[FZ_MAX_RANK], V *val
 	cg_ix lin[FZ_VW_MAX];
 	for (int l = 0; l < nl; l++)
 		cg_linear(g, &v->type, ix[l], &lin[l]);
-	int shape = nl == 1 ? 0 : lane_shape(nl, lin);
-	if (shape == 1) {
+	int shape = nl == 1 ? 0 : lane_shape(nl, lin, es);
+	if (shape > 0) {
 		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
-		V vec = c_undef(t_vec(st, (unsigned)nl));
-		for (int l = 0; l < nl; l++)
-			vec = insert(g, vec, stored(g, vals[l], d), (unsigned)l);
-		/* (split by hand into 16-byte stores, the SLP vectorizer
-		 * narrows the whole expression to them and the backend folds
-		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
-		V sv = store(g, vec, ix_ptr(g, s, d, lin[0], nl, true, al), al);
-		if (g->stream && al == 16) /* aligned, 16 bytes or more */
-			stream_store(g, sv);
-		return;
-	}
-	if (shape == 2) {
-		/* even and odd lanes: 16-bit elements paired into 32-bit
-		 * words, an even lane's in the low half */
-		unsigned al = lanes_aligned(nl, lin[0]) ? lanes_align(es, nl) : es;
-		int h = nl / 2;
 		V vec;
-		if (es == 2) {
+		if (shape == 1) {
+			vec = c_undef(t_vec(st, (unsigned)nl));
+			for (int l = 0; l < nl; l++)
+				vec = insert(g, vec, stored(g, vals[l], d), (unsigned)l);
+		} else {
+			/* even and odd lanes: paired into 32-bit words, an even
+			 * lane's in the low half */
+			int h = nl / 2;
 			vec = c_undef(t_vec(t_i32(g), (unsigned)h));
 			for (int j = 0; j < h; j++) {
 				V lo = zext(g, bitcast(g, stored(g, vals[j], d), t_i16(g)), t_i32(g));
 				V hi = zext(g, bitcast(g, stored(g, vals[h + j], d), t_i16(g)), t_i32(g));
 				vec = insert(g, vec, or_(g, lo, shl(g, hi, c_i32(g, 16))), (unsigned)j);
 			}
-		} else {
-			vec = c_undef(t_vec(st, (unsigned)nl));
-			for (int l = 0; l < nl; l++)
-				vec = insert(g, vec, stored(g, vals[l], d), (unsigned)cg_lane_elem(nl, l));
 		}
+		/* (split by hand into 16-byte stores, the SLP vectorizer
+		 * narrows the whole expression to them and the backend folds
+		 * the bf16 narrowing into a plain vpmovdw store: not streamed) */
 		V sv = store(g, vec, ix_ptr(g, s, d, lin[0], nl, true, al), al);
-		if (g->stream && al == 16)
+		if (g->stream && al == 16) /* aligned, 16 bytes or more */
 			stream_store(g, sv);
 		return;
 	}
