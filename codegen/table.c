@@ -15,7 +15,10 @@
  * (tools/bench/cpu_bench.py, two threads, two runs against the code
  * before): swiglu bf16 4096² from 71% and 81% of a copy's bandwidth to
  * 126% and 132% (it reads two bytes for every one it writes), gelu_bias
- * from 42% and 44% to 89% and 96%.
+ * from 42% and 44% to 89% and 96%. (Those figures are an AVX-512 Intel
+ * core's. Without AVX-512 the gather is lane by lane, see gather(), and
+ * on AMD's Zen 3 computing instead was 1.6x slower for gelu_bias, 1.4x
+ * for swiglu.)
  *
  * What is tabled. A leaf is a region input of dtype bf16 or f16, or a
  * value of those dtypes that an elementwise op of the region makes (its
@@ -306,26 +309,30 @@ void cg_tables_begin(cg *g)
 
 /* r[0..n) = entries idx[0..n) (i32) of table tab: f32, or with half the
  * 16-bit entry in the low half of an i32 (a 4-byte read at 2-byte steps:
- * x86 is little-endian). x86's own gathers, with dword indices (LLVM's
+ * x86 is little-endian).
+ *
+ * With AVX-512, x86's own gathers, with dword indices (LLVM's
  * masked.gather took the indices' zext from i16 for 64-bit ones: a
- * vpgatherqd per 8 lanes); 16 lanes without AVX-512 as two of 8, lanes
- * of other counts one by one. */
+ * vpgatherqd per 8 lanes). Without, lane by lane: each index extracted
+ * (vpextrw) and its entry loaded into its lane (vpinsrd from memory):
+ * AVX2's vpgatherdd is slow on AMD's Zen 3 (LLVM's cost model scalarizes
+ * masked.gather for it, and for Haswell), and took longer than the loads
+ * do: gelu_bias bf16 4096^2 at one thread 13.8 ->
+ * 8.6 ms, swiglu 11.7 -> 9.0 (tools/bench/kernel_ab.py, Zen 3). Writing
+ * the indices to the stack for scalar loads was slower still (12.1 ->
+ * 13.2 ms: the loads wait on the vector store). */
 static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 {
-	if (n == 16 && !cg_host_avx512(g)) { /* AVX2's 16 bf16 lanes: two ymm */
-		gather(g, tab, half, 8, idx, r);
-		gather(g, tab, half, 8, idx + 8, r + 8);
-		return;
-	}
 	T et = half ? t_i32(g) : t_f32(g);
 	unsigned scale = half ? 2 : 4;
+	bool own = cg_host_avx512(g);
 	const char *name = NULL;
-	if (n == 16)
+	if (own && n == 16)
 		name = half ? "llvm.x86.avx512.mask.gather.dpi.512" :
 			      "llvm.x86.avx512.mask.gather.dps.512";
-	else if (n == 8)
+	else if (own && n == 8)
 		name = half ? "llvm.x86.avx2.gather.d.d.256" : "llvm.x86.avx2.gather.d.ps.256";
-	else if (n == 4)
+	else if (own && n == 4)
 		name = half ? "llvm.x86.avx2.gather.d.d" : "llvm.x86.avx2.gather.d.ps";
 	if (!name) {
 		for (int l = 0; l < n; l++)
