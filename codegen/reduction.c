@@ -10,8 +10,9 @@
  *      start (see "row invariants");
  *   1. every reduction, in the region's order, is a pass over the row: each
  *      thread accumulates its elements (lanes of 16 bytes along the row when
- *      the innermost dim is reduced and its extent allows), the lanes are
- *      combined, then the threads: butterfly warp shuffles, then one slot
+ *      the innermost dim is reduced and its extent allows; on an AVX2 host
+ *      a 16-bit row's lanes in even and odd order, see "even and odd
+ *      lanes"), the lanes are combined, then the threads: butterfly warp shuffles, then one slot
  *      per warp in shared memory read back by every thread in warp order.
  *      Float sums are pairs hi + lo (see "float sums" below): the result
  *      is the exact sum rounded once, nearly always, as the interpreter's
@@ -84,6 +85,7 @@ typedef struct rows {
 	fz_type kt, rt;        /* kept dims, reduced dims */
 	int kd[FZ_MAX_RANK], rd[FZ_MAX_RANK]; /* their positions in D */
 	int L;                 /* lanes along the row */
+	bool eo;               /* in even and odd order (see "even and odd lanes") */
 	fz_rowpar par;
 	V tid_in_row, nthr;    /* a thread's position in its row's group */
 	V count;               /* R as ity */
@@ -316,7 +318,41 @@ static void across_threads_two(cg *g, rows *R, V *v)
 	cg_barrier(g);
 }
 
-/* The full domain index of lanes at reduced position jb (+ l). */
+/* ---- even and odd lanes (host) ---------------------------------------------------
+ * pointwise.c's even and odd lanes, for a row: where every input and
+ * output that runs along the row is 16 bits wide and a step's L lanes
+ * fill one register's bytes in memory (16 bf16 on AVX2), lane l of a step
+ * is element cg_lane_elem(L, l) of it, so that the step loads as one
+ * vector of 32-bit words (the even lanes its low halves shifted up, the
+ * odd ones its high halves masked) and stores by a shift and a blend,
+ * where in order each half took a vpmovzxwd and a shift, and a store two
+ * shifts, a pack and a permutation across the register's halves. Every
+ * lane keeps its element's index (the pick compares them, iota follows),
+ * each pass reads the same lanes the same way and the scratch holds them
+ * in that order, so only the order of a sum's terms changes: its lanes
+ * add other elements than before, and round at other places, within the
+ * sum's error bound. A value that runs along the row is told by its last
+ * extent (the row's): a per-row value of that length too (rows as many as
+ * their length) only turns the order off. Not with AVX-512, whose step of
+ * 16 is one register (see pointwise.c). */
+static bool row_even_odd(cg *g, const rows *R)
+{
+	const fz_region *r = g->r;
+	if (g->o.target != FZ_CG_HOST || cg_host_avx512(g) || R->L < 4 ||
+	    R->L * 2 != g->c->vector_bytes)
+		return false;
+	fz_ext last = R->D->dims[R->D->rank - 1];
+	for (int i = 0; i < r->n_in + r->n_out; i++) {
+		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		if (v->type.rank && fz_ext_eq(v->type.dims[v->type.rank - 1], last) &&
+		    fz_dtype_size(v->type.dtype) != 2)
+			return false;
+	}
+	return true;
+}
+
+/* The full domain index of lanes at reduced position jb (+ l, or in even
+ * and odd order). */
 static void row_lanes(cg *g, rows *R, V jb, cg_ix (*ix)[FZ_MAX_RANK])
 {
 	cg_ix rj[FZ_MAX_RANK];
@@ -328,7 +364,7 @@ static void row_lanes(cg *g, rows *R, V jb, cg_ix (*ix)[FZ_MAX_RANK])
 		for (int i = 0; i < R->rt.rank; i++)
 			ix[l][R->rd[i]] = rj[i];
 		if (l > 0)
-			ix[l][R->rd[R->rt.rank - 1]].o += l;
+			ix[l][R->rd[R->rt.rank - 1]].o += R->eo ? cg_lane_elem(R->L, l) : l;
 	}
 }
 
@@ -1563,16 +1599,17 @@ static void pick_lanes(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
 	for (int k = 0; k < R->npk; k++) {
 		int d = R->pk[k].d;
 		T it = t_vec(g->ity, (unsigned)L), vt = t_vec(type_of(R->pk[k].h), (unsigned)L);
-		/* consecutive lanes (the reduced dim innermost): lane l is hot
-		 * where l == tj - j0, one broadcast and one compare */
+		/* lanes at constant offsets from the first (the reduced dim
+		 * innermost, in order or even and odd): lane l is hot where its
+		 * offset is tj - j0, one broadcast and one compare */
 		bool seq = true;
 		for (int l = 1; l < L; l++)
-			seq = seq && ix[l][d].b == ix[0][d].b && ix[l][d].o == ix[0][d].o + l;
+			seq = seq && ix[l][d].b == ix[0][d].b;
 		V j = c_undef(it), tv = R->pk[k].tj;
 		if (seq) {
 			V lanes[FZ_VW_MAX];
 			for (int l = 0; l < L; l++)
-				lanes[l] = c_int(g->ity, l);
+				lanes[l] = c_int(g->ity, ix[l][d].o - ix[0][d].o);
 			j = LLVMConstVector(lanes, (unsigned)L);
 			tv = sub(g, tv, cg_ix_value(g, ix[0][d]));
 		} else {
@@ -1984,6 +2021,7 @@ void cg_rows(cg *g)
 	bool inner = R.rt.rank > 0 && R.red[R.D->rank - 1];
 	fz_ext last = R.rt.rank ? R.rt.dims[R.rt.rank - 1] : fz_ext_const(1);
 	R.L = inner ? cg_lanes_fit(g, cg_lanes_for(g), last) : 1;
+	R.eo = inner && row_even_odd(g, &R);
 	/* GPU, row along the innermost dim: a warp per row when each lane has
 	 * at most 4 steps, else a block of FZ_ROW_BLOCK threads; the row in
 	 * registers when its length is known and a thread's share of it is at

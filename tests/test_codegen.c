@@ -2003,6 +2003,55 @@ START_TEST(host_even_odd_lanes)
 }
 END_TEST
 
+/* Rows of 16-bit values (reduction.c, "even and odd lanes"): on a host
+ * without AVX-512 a row whose every value along it is 16 bits wide loads
+ * and stores 32-bit words, and its results are the interpreter's within
+ * the dtype's rounding (a sum's lanes add other elements than in order):
+ * rms_norm, add + layer_norm with both outputs, softmax (its stash), in
+ * bf16 and f16, rows of 48 and 64. A row with an f32 operand keeps its
+ * lanes in order. */
+START_TEST(host_row_even_odd_lanes)
+{
+	static const char *dt[2] = {"bf16", "f16"};
+	static const double tol[2] = {1e-2, 2e-3};
+	static const int row[2] = {48, 64};
+	static const char *fmt[3] = {
+		"trace f(x: %1$s[B, %2$d], w: %1$s[%2$d]) {\n"
+		"  y = rms_norm(x, w, dims=[1], eps=1e-5)\n  return y\n}\n",
+		"trace f(x: %1$s[B, %2$d], r: %1$s[B, %2$d], w: %1$s[%2$d], b: %1$s[%2$d]) {\n"
+		"  h = add(x, r)\n  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n"
+		"  return h, y\n}\n",
+		"trace f(x: %1$s[B, %2$d]) {\n  y = softmax(x, dim=1)\n  return y\n}\n"};
+	char src[512];
+	for (int d = 0; d < 2; d++)
+		for (int w = 0; w < 2; w++)
+			for (int f = 0; f < 3; f++) {
+				snprintf(src, sizeof src, fmt[f], dt[d], row[w]);
+				CLOSE(src, tol[d], 37);
+				int64_t syms[1] = {37};
+				int n[3] = {0, 0, 0};
+				host_compile(src, syms, each_inst, &(inst_walk){word_accesses, n});
+				if (host_avx512())
+					ck_assert_int_eq(n[0] + n[2], 0);
+				else
+					ck_assert_msg(n[0] >= 1 && n[2] >= 1 && n[1] == 0,
+						      "%s rows of %d, trace %d: %d word loads, %d "
+						      "stores, %d 16-bit vectors", dt[d], row[w], f,
+						      n[0], n[2], n[1]);
+			}
+	static const char mixed[] =
+		"trace f(x: bf16[B, 48], s: f32[B, 48]) {\n"
+		"  y = cast(softmax(mul(cast(x, dtype=f32), s), dim=1), dtype=bf16)\n"
+		"  return y\n}\n";
+	CLOSE(mixed, 1e-2, 37);
+	int64_t syms[1] = {37};
+	int n[3] = {0, 0, 0};
+	host_compile(mixed, syms, each_inst, &(inst_walk){word_accesses, n});
+	ck_assert_int_eq(n[0], 0);
+	ck_assert_int_ge(n[1], 1);
+}
+END_TEST
+
 /* A pointwise step of one lane group that streams (16 MiB out) prefetches
  * each input of its shape ahead too (swiglu's g and u: one each a step,
  * the broadcast bias none); a small one does not (pointwise.c, "the
@@ -2469,6 +2518,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
 	tcase_add_test(pw, host_even_odd_lanes);
+	tcase_add_test(pw, host_row_even_odd_lanes);
 	tcase_add_test(pw, host_pointwise_prefetch);
 	suite_add_tcase(s, pw);
 	TCase *rd = tcase_create("rows");
