@@ -2145,6 +2145,29 @@ static void ce_targets(fz_tensor *in, int n_in)
 		t[r] = r % 4 == 0 ? 0 : r % 4 == 1 ? 999 : r % 8 == 2 ? -100 : (r * 389) % 1000;
 }
 
+/* Cross entropy's row kernel with bf16 logits (reduction.c, "even and odd
+ * lanes"; pointwise.c's sizes_lanes): its i64 target and f32 loss, one a
+ * row, do not size the row's lanes, so on a host without AVX-512 a step
+ * is 16 bf16 logits in even and odd order, loaded and stored as words;
+ * the results are the interpreter's within bf16's rounding. */
+START_TEST(rows_onehot_even_odd)
+{
+	char ce[sizeof CE_TRACE("bf16")];
+	strcpy(ce, CE_TRACE("bf16"));
+	for (char *p = strstr(ce, "1000"); p; p = strstr(p, "1000"))
+		memcpy(p, "1024", 4);
+	int64_t none[1] = {0};
+	ck_assert_double_le(compare_run_with(ce, none, 7, 1e-2, 1e-2, NULL, ce_targets), 1);
+	int n[3] = {0, 0, 0};
+	host_compile(ce, none, each_inst, &(inst_walk){word_accesses, n});
+	if (host_avx512())
+		ck_assert_int_eq(n[0] + n[2], 0);
+	else
+		ck_assert_msg(n[0] >= 1 && n[2] >= 1 && n[1] == 0, "%d word loads, %d stores, "
+			      "%d 16-bit vectors", n[0], n[2], n[1]);
+}
+END_TEST
+
 /* The sum over the one-hot is no pass: the softmax's two are all the rows
  * make (three before), and the results are the interpreter's; the
  * tail's exp of log_softmax comes from the stash (its branch exists). */
@@ -2532,6 +2555,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(rd, host_keep_first_pass);
 	tcase_add_test(rd, host_independent_loops);
 	tcase_add_test(rd, rows_onehot_pick);
+	tcase_add_test(rd, rows_onehot_even_odd);
 	tcase_add_test(rd, rows_rescale_edges);
 	tcase_add_test(rd, rows_invariant_loaded_once);
 	suite_add_tcase(s, rd);
