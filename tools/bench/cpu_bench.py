@@ -32,11 +32,16 @@ least; for the Llama block it is only indicative). An input the trace
 never reads (the embedding backward's table, which autograd asks for) is
 not counted.
 
-Copy bandwidth. Before the cases, the machine's copy bandwidth is measured
+Copy bandwidth. Before each case, the machine's copy bandwidth is measured
 the same way (a 256 MiB f32 tensor copied into another by PyTorch at the
 same thread count, bytes read and written over the median time), and every
-memory-bound case is also reported as a fraction of it: how close each way
-comes to what the memory system can move at all.
+memory-bound case is also reported as a fraction of it (<way>_of_copy;
+the case's own copy figure is copy_GBps, the summary's the median of
+them): how close each way comes to what the memory system can move at
+all. Each case against the copy measured just before it, because on a
+shared machine the bandwidth wanders by more than the cases differ: one
+copy at the start read 18.7 GB/s where the same machine had read 28.9 a
+quarter of an hour before.
 
     tools/bench/cpu_bench.py                   everything, 20 rounds
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
@@ -630,12 +635,14 @@ def main():
     os.environ["FUSEC_THREADS"] = str(threads)
 
     load0 = os.getloadavg()
-    copy_gbps = copy_bandwidth(max(a.rounds, 5), a.warmup)
-    print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
-    results = []
+    results, copies = [], []
     evict = Evictor() if a.cold else None
     for c in names:
+        copy_gbps = copy_bandwidth(max(a.rounds, 5), a.warmup)
+        copies.append(copy_gbps)
+        print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
         r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads, evict)
+        r["copy_GBps"] = copy_gbps
         if c in MEMORY_BOUND:
             for k in ("eager", "compile", "fusec", "run"):
                 if k + "_GBps" in r:
@@ -644,7 +651,9 @@ def main():
         print(json.dumps(r), file=sys.stderr)
     load1 = os.getloadavg()
 
-    summary = {"copy_GBps": copy_gbps}
+    copy_gbps = statistics.median(copies)
+    summary = {"copy_GBps": copy_gbps, "copy_GBps_min": min(copies),
+               "copy_GBps_max": max(copies)}
     ratios = [r["compile_us"] / r["fusec_us"] for r in results
               if r["case"] in MEMORY_BOUND and "compile_us" in r and "fusec_us" in r]
     if ratios:
@@ -699,16 +708,17 @@ def main():
         f.write("\n")
 
     cols = ["eager", "compile", "fusec", "run"]
-    print("copy bandwidth %.1f GB/s" % copy_gbps)
+    print("copy bandwidth %.1f GB/s (median of the cases' own, %.1f to %.1f)" % (
+        copy_gbps, min(copies), max(copies)))
     print("%-14s %s %s" % ("case", "".join("%14s" % (c + " us") for c in cols),
-                           "  compile/fusec  GB/s(fusec)  of copy"))
+                           "  compile/fusec  GB/s(fusec)  copy GB/s  of copy"))
     for r in results:
         cells = "".join("%14.0f" % r[c + "_us"] if c + "_us" in r else "%14s" % "-"
                         for c in cols)
         ratio = r["compile_us"] / r["fusec_us"] if "compile_us" in r and "fusec_us" in r else None
-        print("%-14s %s  %13s  %11s  %7s" % (
+        print("%-14s %s  %13s  %11s  %9.1f  %7s" % (
             r["case"], cells, "%.2f" % ratio if ratio else "-",
-            "%.1f" % r["fusec_GBps"] if "fusec_GBps" in r else "-",
+            "%.1f" % r["fusec_GBps"] if "fusec_GBps" in r else "-", r["copy_GBps"],
             "%.0f%%" % (100 * r["fusec_of_copy"]) if "fusec_of_copy" in r else "-"))
     for k, v in summary.items():
         print("%s: %.3f" % (k, v))
