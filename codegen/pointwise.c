@@ -712,7 +712,10 @@ static void scatter_rows(cg *g, const fz_node *ia)
  *
  * So each element adds its sources to x in index order, as the serial
  * scatter does (f16 and bf16 round at each add, integers wrap), bit for
- * bit; a row no index names is x's (the cast of zero, streamed). A part
+ * bit; a row no index names is x's (the cast of zero, streamed), in a
+ * loop of its own where what x folds to is stored as it is (zeros: most
+ * of an embedding's rows, which computed the rounding of a zero sum for
+ * each lane group before). A part
  * reads the whole of idx twice (16 bytes a row of src); each row of src
  * is read once, U lane groups at a time (4 of 16 lanes: two cache lines
  * of a bf16 row, which a row of many sources, a padding token's, walks
@@ -797,27 +800,104 @@ static V inverse(cg *g, const fz_node *ia, V r0, V r1)
 	return below;
 }
 
+/* What gather_rows' row loop needs of a row's lane groups */
+typedef struct gather_at {
+	const fz_node *ia;
+	fz_type rest;          /* a row of y */
+	fz_ext per;            /* U lane groups a step of the row */
+	int L, U;
+	V acc[4][FZ_VW_MAX];
+	T ct;
+	unsigned ca;
+	V pos;                 /* the inverse's positions */
+} gather_at;
+
+/* Row r's lane groups: acc = x, plus src's rows pos[s .. e) unless the row
+ * is empty (none), then y and every output of y's shape stored. */
+static void gather_cols(cg *g, const gather_at *G, V r, V s, V e, bool empty)
+{
+	const fz_region *rg = g->r;
+	const fz_value *x = G->ia->in[0], *src = G->ia->in[2], *y = G->ia->out[0];
+	fz_dtype d = y->type.dtype;
+	int L = G->L, U = G->U, nr = G->rest.rank;
+	V zero = c_int(g->ity, 0), one = c_int(g->ity, 1);
+	cg_loop Lc, Lj;
+	cg_loop_begin(g, &Lc, zero, cg_ext(g, G->per), one);
+	cg_ix ix[4][FZ_VW_MAX][FZ_MAX_RANK];
+	V a[4][FZ_VW_MAX];
+	for (int u = 0; u < U; u++) {
+		ix[u][0][0] = cg_ix_of(r, 1);
+		if (nr)
+			cg_delinearize(g, &G->rest, mul(g, add(g, mul(g, Lc.iv, c_int(g->ity, U)),
+							       c_int(g->ity, u)),
+							c_int(g->ity, L)), L, &ix[u][0][1]);
+		for (int l = 1; l < L; l++) {
+			memcpy(ix[u][l], ix[u][0], sizeof ix[u][0]);
+			ix[u][l][nr].o += l;
+		}
+		cg_value(g, x, L, ix[u], a[u]);
+		for (int l = 0; l < L && !empty; l++)
+			store(g, a[u][l], G->acc[u][l], G->ca);
+	}
+	if (!empty) {
+		cg_loop_begin(g, &Lj, s, e, one);
+		V n = word_load(g, G->pos, Lj.iv);
+		for (int u = 0; u < U; u++) {
+			cg_ix J[FZ_VW_MAX][FZ_MAX_RANK];
+			memcpy(J, ix[u], sizeof J);
+			for (int l = 0; l < L; l++)
+				J[l][0] = cg_ix_of(n, 1);
+			V v[FZ_VW_MAX];
+			cg_value(g, src, L, J, v);
+			for (int l = 0; l < L; l++) {
+				V t = load(g, G->ct, G->acc[u][l], G->ca);
+				V sum = fz_dtype_is_float(d) ? fadd_exact(g, t, v[l]) : add(g, t, v[l]);
+				store(g, cg_from_storage(g, cg_to_storage(g, sum, d), d),
+				      G->acc[u][l], G->ca);
+			}
+		}
+		cg_loop_end(g, &Lj);
+		for (int u = 0; u < U; u++)
+			for (int l = 0; l < L; l++)
+				a[u][l] = load(g, G->ct, G->acc[u][l], G->ca);
+	}
+	for (int u = 0; u < U && g->st == FZ_OK; u++) {
+		cg_value_given(g, y, L, ix[u], a[u]);
+		for (int i = 0; i < rg->n_out && g->st == FZ_OK; i++) {
+			if (!fz_same_shape(&rg->out[i]->type, &y->type))
+				continue;
+			V v[FZ_VW_MAX];
+			cg_value(g, rg->out[i], L, ix[u], v);
+			cg_store(g, rg->out[i], L, ix[u], v);
+		}
+	}
+	cg_loop_end(g, &Lc);
+}
+
 static void gather_rows(cg *g, const fz_node *ia)
 {
 	const fz_region *r = g->r;
-	const fz_value *x = ia->in[0], *src = ia->in[2], *y = ia->out[0];
+	const fz_value *src = ia->in[2], *y = ia->out[0];
 	fz_dtype d = y->type.dtype;
-	fz_type rest = y->type; /* a row of y */
-	rest.rank--;
-	memmove(rest.dims, rest.dims + 1, sizeof rest.dims[0] * (size_t)rest.rank);
+	gather_at G = {.ia = ia, .rest = y->type};
+	G.rest.rank--; /* a row of y */
+	memmove(G.rest.dims, G.rest.dims + 1, sizeof G.rest.dims[0] * (size_t)G.rest.rank);
 	fz_ext rn, numel;
-	if (!fz_type_numel(&rest, &rn) || !fz_type_numel(&y->type, &numel)) {
+	if (!fz_type_numel(&G.rest, &rn) || !fz_type_numel(&y->type, &numel)) {
 		cg_fail(g, FZ_EUNSUPPORTED, ia, "element count overflows");
 		return;
 	}
-	int L = rest.rank ? cg_lanes_fit(g, cg_lanes_for(g), rest.dims[rest.rank - 1]) : 1;
+	int L = G.rest.rank ? cg_lanes_fit(g, cg_lanes_for(g), G.rest.dims[G.rest.rank - 1]) : 1;
 	int U = 4;
 	while (U > 1 && (rn.c / L) % U)
 		U /= 2;
 	if (L > g->k->vec)
 		g->k->vec = L;
-	fz_ext per = rn, work = numel;
-	per.c /= L * U;
+	G.L = L;
+	G.U = U;
+	fz_ext work = numel;
+	G.per = rn;
+	G.per.c /= L * U;
 	work.c /= L;
 	add_work(g, 0, work);
 	/* the inverse's words: E counts, then N positions */
@@ -833,77 +913,43 @@ static void gather_rows(cg *g, const fz_node *ia)
 	if (g->st != FZ_OK)
 		return;
 
-	V zero = c_int(g->ity, 0), one = c_int(g->ity, 1), r0, r1;
+	V one = c_int(g->ity, 1), r0, r1;
 	unsigned ws = word_bytes(g);
 	cg_host_chunk(g, cg_ext(g, y->type.dims[0]), &r0, &r1);
 	V below = inverse(g, ia, r0, r1);
-	V pos = gep(g, g->ity, g->scratch, cg_ext(g, y->type.dims[0]));
-	T ct = cg_ctype(g, d);
-	unsigned ca = LLVMABIAlignmentOfType(LLVMGetModuleDataLayout(g->mod), ct);
-	V acc[4][FZ_VW_MAX];
+	G.pos = gep(g, g->ity, g->scratch, cg_ext(g, y->type.dims[0]));
+	G.ct = cg_ctype(g, d);
+	G.ca = LLVMABIAlignmentOfType(LLVMGetModuleDataLayout(g->mod), G.ct);
 	for (int u = 0; u < U; u++)
 		for (int l = 0; l < L; l++)
-			acc[u][l] = cg_entry_alloca(g, ct);
+			G.acc[u][l] = cg_entry_alloca(g, G.ct);
 	V start = cg_entry_alloca(g, g->ity);
 	store(g, load(g, g->ity, below, ws), start, ws);
 
-	cg_loop Lr, Lc, Lj;
-	cg_loop_begin(g, &Lr, r0, r1, one);
-	V s = load(g, g->ity, start, ws), e = word_load(g, g->scratch, Lr.iv);
-	store(g, e, start, ws);
-	cg_loop_begin(g, &Lc, zero, cg_ext(g, per), one);
-	cg_ix ix[4][FZ_VW_MAX][FZ_MAX_RANK];
-	for (int u = 0; u < U; u++) {
-		ix[u][0][0] = cg_ix_of(Lr.iv, 1);
-		if (rest.rank)
-			cg_delinearize(g, &rest, mul(g, add(g, mul(g, Lc.iv, c_int(g->ity, U)),
-							    c_int(g->ity, u)),
-						     c_int(g->ity, L)), L, &ix[u][0][1]);
-		for (int l = 1; l < L; l++) {
-			memcpy(ix[u][l], ix[u][0], sizeof ix[u][0]);
-			ix[u][l][rest.rank].o += l;
-		}
-		V v[FZ_VW_MAX];
-		cg_value(g, x, L, ix[u], v);
-		for (int l = 0; l < L; l++)
-			store(g, v[l], acc[u][l], ca);
-	}
-	cg_loop_begin(g, &Lj, s, e, one);
-	V n = word_load(g, pos, Lj.iv);
-	for (int u = 0; u < U; u++) {
-		cg_ix J[FZ_VW_MAX][FZ_MAX_RANK];
-		memcpy(J, ix[u], sizeof J);
-		for (int l = 0; l < L; l++)
-			J[l][0] = cg_ix_of(n, 1);
-		V v[FZ_VW_MAX];
-		cg_value(g, src, L, J, v);
-		for (int l = 0; l < L; l++) {
-			V a = load(g, ct, acc[u][l], ca);
-			V sum = fz_dtype_is_float(d) ? fadd_exact(g, a, v[l]) : add(g, a, v[l]);
-			store(g, cg_from_storage(g, cg_to_storage(g, sum, d), d), acc[u][l], ca);
-		}
-	}
-	cg_loop_end(g, &Lj);
 	int ny = 0;
 	for (int i = 0; i < r->n_out; i++)
 		ny += fz_same_shape(&r->out[i]->type, &y->type);
 	g->stream = cg_stream_fits(g, ny); /* each row written once, never read */
-	for (int u = 0; u < U && g->st == FZ_OK; u++) {
-		V a[FZ_VW_MAX];
-		for (int l = 0; l < L; l++)
-			a[l] = load(g, ct, acc[u][l], ca);
-		cg_value_given(g, y, L, ix[u], a);
-		for (int i = 0; i < r->n_out && g->st == FZ_OK; i++) {
-			if (!fz_same_shape(&r->out[i]->type, &y->type))
-				continue;
-			V v[FZ_VW_MAX];
-			cg_value(g, r->out[i], L, ix[u], v);
-			cg_store(g, r->out[i], L, ix[u], v);
-		}
+	cg_loop Lr;
+	cg_loop_begin(g, &Lr, r0, r1, one);
+	V s = load(g, g->ity, start, ws), e = word_load(g, g->scratch, Lr.iv);
+	store(g, e, start, ws);
+	/* a row no index names (most of an embedding's) is x's: its own loop,
+	 * where what x's value folds to (a cast of zero) is stored as such */
+	LLVMBasicBlockRef none = block(g, "row.empty"), some = block(g, "row.sources"),
+			  next = block(g, "row.next");
+	cond_br(g, icmp(g, LLVMIntEQ, s, e), none, some);
+	for (int k = 0; k < 2 && g->st == FZ_OK; k++) {
+		at_end(g, k ? some : none);
+		int mark = cg_memo_mark(g), cse = g->n_cse;
+		gather_cols(g, &G, Lr.iv, s, e, k == 0);
+		cg_memo_pop(g, mark); /* what each branch computed lives there */
+		g->n_cse = cse;
+		br(g, next);
 	}
-	g->stream = false;
-	cg_loop_end(g, &Lc);
+	at_end(g, next);
 	cg_loop_end(g, &Lr);
+	g->stream = false;
 	cg_function_end(g);
 }
 

@@ -2052,6 +2052,42 @@ START_TEST(host_row_even_odd_lanes)
 }
 END_TEST
 
+/* Stores of a constant vector */
+static void const_stores(LLVMValueRef i, LLVMValueRef bufs, void *ud)
+{
+	(void)bufs;
+	if (LLVMGetInstructionOpcode(i) != LLVMStore)
+		return;
+	LLVMValueRef v = LLVMGetOperand(i, 0);
+	*(int *)ud += LLVMGetTypeKind(LLVMTypeOf(v)) == LLVMVectorTypeKind && LLVMIsConstant(v);
+}
+
+/* An embedding's backward gathered by rows (pointwise.c, gather_rows): a
+ * row no index names has a loop of its own, where the cast of zero that
+ * it stores is a constant (indexing_embedding_backward holds the rows to
+ * the interpreter's, bit for bit, empty ones among them); an index_add
+ * into an input, whose empty rows are the input's, has no such store. */
+START_TEST(indexing_empty_rows)
+{
+	static const char zeros[] =
+		"trace f(dy: bf16[B, 96], idx: i64[B]) {\n"
+		"  z = full(shape=[500, 96], value=0, dtype=f32)\n"
+		"  acc = index_add(z, idx, cast(dy, dtype=f32), dim=0)\n"
+		"  out = cast(acc, dtype=bf16)\n  return out\n}\n";
+	static const char into[] =
+		"trace f(x: f32[500, 96], dy: f32[B, 96], idx: i64[B]) {\n"
+		"  acc = index_add(x, idx, dy, dim=0)\n  return acc\n}\n";
+	int64_t syms[1] = {64};
+	int n = 0;
+	host_compile(zeros, syms, each_inst, &(inst_walk){const_stores, &n});
+	ck_assert_int_ge(n, 1);
+	n = 0;
+	host_compile(into, syms, each_inst, &(inst_walk){const_stores, &n});
+	ck_assert_int_eq(n, 0);
+	CLOSE(into, 1e-6, 64);
+}
+END_TEST
+
 /* A pointwise step of one lane group that streams (16 MiB out) prefetches
  * each input of its shape ahead too (swiglu's g and u: one each a step,
  * the broadcast bias none); a small one does not (pointwise.c, "the
@@ -2563,6 +2599,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(ix, indexing_take_and_index_add);
 	tcase_add_test(ix, indexing_out_of_range);
 	tcase_add_test(ix, indexing_embedding_backward);
+	tcase_add_test(ix, indexing_empty_rows);
 	suite_add_tcase(s, ix);
 	TCase *px = tcase_create("nvptx");
 	tcase_add_test(px, ptx_layer_norm_vectorized);
