@@ -1963,6 +1963,27 @@ static void word_accesses(LLVMValueRef i, LLVMValueRef bufs, void *ud)
 	n[1] += half;
 }
 
+/* How src's 16-bit values meet memory on the host: with loads > 0, as
+ * 32-bit words in even and odd lanes (at least `loads` word loads, a word
+ * store, no 16-bit vector) where the host lacks AVX-512, and in order with
+ * it (one register the group); with loads 0, in order (no word load, a
+ * 16-bit vector). */
+static void check_words(const char *src, const int64_t *syms, int loads, const char *what)
+{
+	int n[3] = {0, 0, 0};
+	host_compile(src, syms, each_inst, &(inst_walk){word_accesses, n});
+	if (loads == 0)
+		ck_assert_msg(n[0] == 0 && n[1] >= 1, "%s: %d word loads, %d 16-bit vectors",
+			      what, n[0], n[1]);
+	else if (host_avx512())
+		ck_assert_msg(n[0] + n[2] == 0, "%s: %d word loads, %d stores with AVX-512",
+			      what, n[0], n[2]);
+	else
+		ck_assert_msg(n[0] >= loads && n[2] >= 1 && n[1] == 0,
+			      "%s: %d word loads, %d stores, %d 16-bit vectors", what,
+			      n[0], n[2], n[1]);
+}
+
 START_TEST(host_even_odd_lanes)
 {
 	static const char *dt[2] = {"bf16", "f16"};
@@ -1981,25 +2002,16 @@ START_TEST(host_even_odd_lanes)
 				 dt[d], c, dt[d], c, c, dt[d], c, h, h, c);
 			EXACT(src, 37);
 			int64_t syms[1] = {37};
-			int n[3] = {0, 0, 0};
-			host_compile(src, syms, each_inst, &(inst_walk){word_accesses, n});
-			if (host_avx512()) /* one register the group: in order */
-				ck_assert_int_eq(n[0] + n[2], 0);
-			else
-				ck_assert_msg(n[0] >= 2 && n[2] >= 1 && n[1] == 0,
-					      "%s rows of %d: %d word loads, %d stores, "
-					      "%d 16-bit vectors", dt[d], c, n[0], n[2], n[1]);
+			char what[64];
+			snprintf(what, sizeof what, "%s rows of %d", dt[d], c);
+			check_words(src, syms, 2, what);
 		}
 	/* an f32 operand: lanes in order, 16-bit vectors loaded as such */
 	static const char mixed[] =
 		"trace f(x: bf16[B, 48], s: f32[B, 48]) {\n"
 		"  y = cast(mul(cast(x, dtype=f32), s), dtype=bf16)\n  return y\n}\n";
 	EXACT(mixed, 37);
-	int64_t syms[1] = {37};
-	int n[3] = {0, 0, 0};
-	host_compile(mixed, syms, each_inst, &(inst_walk){word_accesses, n});
-	ck_assert_int_eq(n[0], 0);
-	ck_assert_int_ge(n[1], 1);
+	check_words(mixed, (int64_t[]){37}, 0, "an f32 operand");
 }
 END_TEST
 
@@ -2028,27 +2040,16 @@ START_TEST(host_row_even_odd_lanes)
 			for (int f = 0; f < 3; f++) {
 				snprintf(src, sizeof src, fmt[f], dt[d], row[w]);
 				CLOSE(src, tol[d], 37);
-				int64_t syms[1] = {37};
-				int n[3] = {0, 0, 0};
-				host_compile(src, syms, each_inst, &(inst_walk){word_accesses, n});
-				if (host_avx512())
-					ck_assert_int_eq(n[0] + n[2], 0);
-				else
-					ck_assert_msg(n[0] >= 1 && n[2] >= 1 && n[1] == 0,
-						      "%s rows of %d, trace %d: %d word loads, %d "
-						      "stores, %d 16-bit vectors", dt[d], row[w], f,
-						      n[0], n[2], n[1]);
+				char what[64];
+				snprintf(what, sizeof what, "%s rows of %d, trace %d", dt[d], row[w], f);
+				check_words(src, (int64_t[]){37}, 1, what);
 			}
 	static const char mixed[] =
 		"trace f(x: bf16[B, 48], s: f32[B, 48]) {\n"
 		"  y = cast(softmax(mul(cast(x, dtype=f32), s), dim=1), dtype=bf16)\n"
 		"  return y\n}\n";
 	CLOSE(mixed, 1e-2, 37);
-	int64_t syms[1] = {37};
-	int n[3] = {0, 0, 0};
-	host_compile(mixed, syms, each_inst, &(inst_walk){word_accesses, n});
-	ck_assert_int_eq(n[0], 0);
-	ck_assert_int_ge(n[1], 1);
+	check_words(mixed, (int64_t[]){37}, 0, "a row with an f32 operand");
 }
 END_TEST
 
@@ -2194,13 +2195,7 @@ START_TEST(rows_onehot_even_odd)
 		memcpy(p, "1024", 4);
 	int64_t none[1] = {0};
 	ck_assert_double_le(compare_run_with(ce, none, 7, 1e-2, 1e-2, NULL, ce_targets), 1);
-	int n[3] = {0, 0, 0};
-	host_compile(ce, none, each_inst, &(inst_walk){word_accesses, n});
-	if (host_avx512())
-		ck_assert_int_eq(n[0] + n[2], 0);
-	else
-		ck_assert_msg(n[0] >= 1 && n[2] >= 1 && n[1] == 0, "%d word loads, %d stores, "
-			      "%d 16-bit vectors", n[0], n[2], n[1]);
+	check_words(ce, none, 1, "cross entropy");
 }
 END_TEST
 
