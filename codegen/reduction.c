@@ -12,8 +12,9 @@
  *      thread accumulates its elements (lanes of 16 bytes along the row when
  *      the innermost dim is reduced and its extent allows; on an AVX2 host
  *      a 16-bit row's lanes in even and odd order, see "even and odd
- *      lanes"), the lanes are combined, then the threads: butterfly warp shuffles, then one slot
- *      per warp in shared memory read back by every thread in warp order.
+ *      lanes"), the lanes are combined, then the threads: butterfly warp
+ *      shuffles, then one slot per warp in shared memory read back by
+ *      every thread in warp order.
  *      Float sums are pairs hi + lo (see "float sums" below): the result
  *      is the exact sum rounded once, nearly always, as the interpreter's
  *      f64 sum rounded to f32 is. On the host and the GPUs with full f64

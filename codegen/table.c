@@ -317,10 +317,10 @@ void cg_tables_begin(cg *g)
  * (vpextrw) and its entry loaded into its lane (vpinsrd from memory):
  * AVX2's vpgatherdd is slow on AMD's Zen 3 (LLVM's cost model scalarizes
  * masked.gather for it, and for Haswell), and took longer than the loads
- * do: gelu_bias bf16 4096^2 at one thread 13.8 ->
- * 8.6 ms, swiglu 11.7 -> 9.0 (tools/bench/kernel_ab.py, Zen 3). Writing
- * the indices to the stack for scalar loads was slower still (12.1 ->
- * 13.2 ms: the loads wait on the vector store). */
+ * do: gelu_bias bf16 4096^2 at one thread 13.8 -> 8.6 ms, swiglu 11.7 ->
+ * 9.0 (tools/bench/kernel_ab.py, Zen 3). Writing the indices to the
+ * stack for scalar loads was slower still (12.1 -> 13.2 ms: the loads
+ * wait on the vector store). */
 static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 {
 	T et = half ? t_i32(g) : t_f32(g);
