@@ -1,8 +1,11 @@
 #!/bin/sh
 # compile_run.sh: after `fusec compile`, a run at the same sizes compiles 0.
 #
-#     sh tests/compile_run.sh FUSEC SOURCE_DIR WORK_DIR
+#     sh tests/compile_run.sh FUSEC SOURCE_DIR WORK_DIR [BINDINGS]
 #
+# BINDINGS, space-separated, default "B=2,T=16 B=3,T=17" (the sanitized
+# build gives the first alone: its compiles are several times slower, and
+# the corpus runs at B=2,T=16 there too).
 # For every trace of the corpus (tests/traces, the PyTorch exports among
 # them), into one fresh cache: `fusec compile --target host --bind ...`,
 # then `fusec run --bind ... --json` at those sizes must report
@@ -17,6 +20,7 @@ set -eu
 fusec=$1
 src=$2
 work=$3
+binds=${4:-B=2,T=16 B=3,T=17}
 rm -rf "$work"
 mkdir -p "$work"
 fails=0
@@ -41,7 +45,7 @@ runs_cached() {
 	fi
 	n=$((n + 1))
 }
-for bind in B=2,T=16 B=3,T=17; do
+for bind in $binds; do
 	for f in "$src"/tests/traces/*.trace; do
 		name=$(basename "$f" .trace)
 		if ! "$fusec" compile --target host --bind "$bind" \
