@@ -211,6 +211,10 @@ static inline int cg_lane_elem(int L, int l)
 {
 	return l < L / 2 ? 2 * l : 2 * (l - L / 2) + 1;
 }
+/* Whether a host group of L lanes may take that order: no AVX-512, L even
+ * and at least 4, and every value the region reads or writes 16 bits wide
+ * (with `last`, only those whose last extent is *last: a row's values). */
+bool cg_even_odd(cg *g, int L, const fz_ext *last);
 
 /* Host: the iterations [*begin, *end) of a loop of `total` that this
  * call's part runs: the part-th of nparts contiguous chunks (all of them

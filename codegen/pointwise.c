@@ -296,13 +296,15 @@ static void step_lanes(cg *g, const fz_type *ty, V s, int R, int U, int L, bool 
  * register, widened by one vpmovzxwd and one shift (and stored by one
  * vcvtneps2bf16 where the host has AVX512-BF16): halves would cost it an
  * instruction to join. */
-static bool even_odd(cg *g, int L)
+bool cg_even_odd(cg *g, int L, const fz_ext *last)
 {
 	const fz_region *r = g->r;
 	if (g->o.target != FZ_CG_HOST || cg_host_avx512(g) || L < 4 || L % 2)
 		return false;
 	for (int i = 0; i < r->n_in + r->n_out; i++) {
 		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
+		if (last && !(v->type.rank && fz_ext_eq(v->type.dims[v->type.rank - 1], *last)))
+			continue;
 		if (fz_dtype_size(v->type.dtype) != 2)
 			return false;
 	}
@@ -350,7 +352,7 @@ static void group_loop(cg *g, const fz_type *ty, int n, const fz_value **outs,
 		cg_fail(g, FZ_ENOMEM, NULL, "out of memory");
 		return;
 	}
-	bool eo = even_odd(g, L);
+	bool eo = cg_even_odd(g, L, NULL);
 	cg_loop L0;
 	cg_loop_begin(g, &L0, gid, iters, gsz);
 	if (R) {

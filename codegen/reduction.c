@@ -338,18 +338,8 @@ static void across_threads_two(cg *g, rows *R, V *v)
  * 16 is one register (see pointwise.c). */
 static bool row_even_odd(cg *g, const rows *R)
 {
-	const fz_region *r = g->r;
-	if (g->o.target != FZ_CG_HOST || cg_host_avx512(g) || R->L < 4 ||
-	    R->L * 2 != g->c->vector_bytes)
-		return false;
-	fz_ext last = R->D->dims[R->D->rank - 1];
-	for (int i = 0; i < r->n_in + r->n_out; i++) {
-		const fz_value *v = i < r->n_in ? r->in[i] : r->out[i - r->n_in];
-		if (v->type.rank && fz_ext_eq(v->type.dims[v->type.rank - 1], last) &&
-		    fz_dtype_size(v->type.dtype) != 2)
-			return false;
-	}
-	return true;
+	return R->L * 2 == g->c->vector_bytes &&
+	       cg_even_odd(g, R->L, &R->D->dims[R->D->rank - 1]);
 }
 
 /* The full domain index of lanes at reduced position jb (+ l, or in even
