@@ -24,7 +24,8 @@ for arg in "$@"; do
 	esac
 done
 
-say() { printf '== %s\n' "$*"; }
+t0=$(date +%s)
+say() { printf '== %s (%s s in)\n' "$*" "$(( $(date +%s) - t0 ))"; }
 
 # ---- packages ----
 # libopenblas0-pthread: the CPU target's matrix products (opened at run
