@@ -1228,24 +1228,30 @@ static fz_status run_indexing(interp *I, const fz_node *n)
 
 /* C[M,N] = A[M,K] B[K,N], all contiguous, in f64 (or wrapping int64). The
  * i-k-j order streams rows of B and C through an inner loop the compiler
- * vectorizes; blocking over k keeps a block of B's rows warm while every
- * row of A runs over it. */
-enum { MM_BLOCK = 64 };
+ * vectorizes (restrict: no aliasing to test for); blocks of MM_KB rows of
+ * B, MM_JB columns wide (256 KB), stay in L2 while every row of A runs over
+ * them. Each element's terms are added in order of k whatever the blocks,
+ * so the sums are those of the plain triple loop, bit for bit. */
+enum { MM_KB = 64, MM_JB = 512 };
 
-static void mm_f64(const double *A, const double *B, double *C, int64_t M,
-		   int64_t K, int64_t N)
+void fz_matmul_f64(const double *restrict A, const double *restrict B,
+		   double *restrict C, int64_t M, int64_t K, int64_t N)
 {
 	memset(C, 0, sizeof *C * (size_t)(M * N));
-	for (int64_t k0 = 0; k0 < K; k0 += MM_BLOCK) {
-		int64_t k1 = k0 + MM_BLOCK < K ? k0 + MM_BLOCK : K;
-		for (int64_t i = 0; i < M; i++)
-			for (int64_t k = k0; k < k1; k++) {
-				double aik = A[i * K + k];
-				const double *b = B + k * N;
-				double *c = C + i * N;
-				for (int64_t j = 0; j < N; j++)
-					c[j] += aik * b[j];
+	for (int64_t j0 = 0; j0 < N; j0 += MM_JB) {
+		int64_t nj = N - j0 < MM_JB ? N - j0 : MM_JB;
+		for (int64_t k0 = 0; k0 < K; k0 += MM_KB) {
+			int64_t k1 = k0 + MM_KB < K ? k0 + MM_KB : K;
+			for (int64_t i = 0; i < M; i++) {
+				double *restrict c = C + i * N + j0;
+				for (int64_t k = k0; k < k1; k++) {
+					double aik = A[i * K + k];
+					const double *restrict b = B + k * N + j0;
+					for (int64_t j = 0; j < nj; j++)
+						c[j] += aik * b[j];
+				}
 			}
+		}
 	}
 }
 
@@ -1318,7 +1324,7 @@ static fz_status run_matmul(interp *I, const fz_node *n)
 			bo += bi[d] * bst[d];
 		}
 		if (isfloat) {
-			mm_f64((double *)A + ao, (double *)B + bo, C, M, K, N);
+			fz_matmul_f64((double *)A + ao, (double *)B + bo, C, M, K, N);
 			for (int64_t i = 0; i < M * N; i++)
 				fz_store_f64(y->data, y->dtype, t * M * N + i, ((double *)C)[i]);
 		} else {
@@ -1376,7 +1382,7 @@ static fz_status run_linear(interp *I, const fz_node *n)
 		}
 	if (isfloat) {
 		double *c = C, *b = Bv;
-		mm_f64(X, WT, c, R, K, O);
+		fz_matmul_f64(X, WT, c, R, K, O);
 		for (int64_t i = 0; i < R * O; i++)
 			fz_store_f64(y->data, y->dtype, i, b ? c[i] + b[i % O] : c[i]);
 	} else {

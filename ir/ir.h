@@ -435,6 +435,12 @@ fz_status fz_collective_eval(fz_opcode op, fz_dtype dt, int nd,
 			     const int64_t *xshape, int dim, int world, int rank,
 			     const void *const *xs, void *y);
 
+/* C[M,N] = A[M,K] B[K,N], all contiguous, in f64, each element's terms
+ * added in order of k (ir/interp.c): the interpreter's matmul, and the
+ * emulated GPU's library call (runtime/emu.c), the same sums. */
+void fz_matmul_f64(const double *A, const double *B, double *C, int64_t M,
+		   int64_t K, int64_t N);
+
 /* The trace as text with its nodes in `order` (a topological order of all
  * t->n_nodes nodes), so a scheduled order can be written and read back. */
 fz_status fz_trace_print_ordered(const fz_trace *t, const fz_node *const *order,

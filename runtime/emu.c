@@ -335,26 +335,6 @@ static void to_f64(double *o, const void *p, fz_dtype d, int64_t off, int64_t n)
 		o[i] = fz_load_f64(p, d, off + i);
 }
 
-/* One batch: y = a b (b [K, N], or [N, K] when trans), f64 throughout,
- * i-k-j order so the inner loop runs along rows. */
-static void mm(const double *A, const double *B, double *C, int64_t M, int64_t K,
-	       int64_t N, bool trans)
-{
-	memset(C, 0, sizeof *C * (size_t)(M * N > 0 ? M * N : 1));
-	for (int64_t i = 0; i < M; i++) {
-		double *c = C + i * N;
-		for (int64_t k = 0; k < K; k++) {
-			double a = A[i * K + k];
-			if (trans)
-				for (int64_t j = 0; j < N; j++)
-					c[j] += a * B[j * K + k];
-			else
-				for (int64_t j = 0; j < N; j++)
-					c[j] += a * B[k * N + j];
-		}
-	}
-}
-
 static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char **err)
 {
 	(void)d; (void)stream;
@@ -386,7 +366,7 @@ static fz_status emu_matmul(fz_device *d, const fz_matmul *m, void *stream, char
 			for (int64_t j = 0; j < N; j++)
 				for (int64_t k = 0; k < K; k++)
 					Bt[k * N + j] = B[j * K + k];
-		mm(A, m->b_trans ? Bt : B, C, M, K, N, false);
+		fz_matmul_f64(A, m->b_trans ? Bt : B, C, M, K, N);
 		for (int64_t i = 0; i < M * N; i++) {
 			double v = C[i] + (m->bias ? fz_load_f64(m->bias, m->dtype, i % N) : 0);
 			if (fz_dtype_is_float(m->dtype))
