@@ -17,8 +17,9 @@ With --cpu-bench FILE (a cpu_bench.py result) each case also gets its
 ceiling: the fraction of that run's copy bandwidth the case would reach if
 all of that run's threads computed at the in-L2 rate, its bytes moving for
 free (ceiling_of_copy = bytes / (in-L2 time at full size / threads) / copy
-bandwidth). A ceiling below cpu_bench's goal of 0.8 is a kernel that cannot
-meet it on this machine without fewer instructions an element.
+bandwidth, the copy the case was measured against). A ceiling below
+cpu_bench's goal of 0.8 is a kernel that cannot meet it on this machine
+without fewer instructions an element.
 
     PYTHONPATH=tools/python .venv/bin/python tools/bench/in_cache.py \\
         --cases gelu_bias,swiglu --rounds 5
@@ -94,7 +95,10 @@ def main():
         with open(a.cpu_bench) as f:
             cb = json.load(f)
         cb_bytes = {r["case"]: r.get("bytes") for r in cb["results"]}
-        copy = cb["summary"]["copy_GBps"]
+        # each case's own copy, measured just before it (cpu_bench.py
+        # from 61967cb on), else the run's
+        cb_copy = {r["case"]: r.get("copy_GBps") or cb["summary"]["copy_GBps"]
+                   for r in cb["results"]}
         threads = cb.get("threads") or os.cpu_count()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +133,7 @@ def main():
             ceiling = ""
             if cb and cb_bytes.get(name):
                 t = row["in_cache_ns_per_element"] * row["memory_elements"] / threads
-                row["ceiling_of_copy"] = cb_bytes[name] / t / copy  # bytes/ns = GB/s
+                row["ceiling_of_copy"] = cb_bytes[name] / t / cb_copy[name]  # bytes/ns = GB/s
                 ceiling = "   ceiling %.2f of copy" % row["ceiling_of_copy"]
             results.append(row)
             print("%-16s memory %7.3f ns/element   in L2 %7.3f   in_cache/memory %.2f%s" %
