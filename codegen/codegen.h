@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 47 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 48 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -192,7 +192,9 @@
                               * lanes sized as the GPU's, by values of the
                               * region's highest rank only; 47: an
                               * index_add gathered by rows gives the rows
-                              * no index names a loop of their own) */
+                              * no index names a loop of their own; 48:
+                              * host sums of 16 f64 lanes over two
+                              * accumulators, not four) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

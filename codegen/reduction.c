@@ -656,10 +656,10 @@ static bool nonneg(const cg *g, const fz_value *v, int *budget)
  * mh + ml. The result; a float sum's low part in *lo.
  *
  * On the host a pass is a loop whose steps are vectors of L lanes, and
- * FZ_HOST_ACCS accumulators take turns: one accumulator makes every step
- * wait for the last one's add (3 to 4 cycles, where the core could start
- * two adds per cycle); the row's last steps, fewer than a turn, go to the
- * first. A pass over a costly value (an exp per element: softmax's sum)
+ * FZ_HOST_ACCS accumulators take turns (fewer where their lanes fill more
+ * registers: acc_turns): one accumulator makes every step wait for the
+ * last one's add (3 to 4 cycles, where the core could start two adds per
+ * cycle); the row's last steps, fewer than a turn, go to the first. A pass over a costly value (an exp per element: softmax's sum)
  * has work enough between its adds, and needs the registers: it keeps
  * one (four f64 accumulators of 8 lanes are half of AVX2's registers,
  * and the math spilled).
@@ -680,6 +680,22 @@ static bool nonneg(const cg *g, const fz_value *v, int *budget)
  * rounds to the other neighbour in one element of its 16 million (0.24
  * of the check's tolerance). */
 #define FZ_HOST_ACCS 4
+
+/* How many accumulators take turns: FZ_HOST_ACCS, or as many as fit in
+ * half of AVX2's 16 vector registers. A step's 16 lanes of an f64 sum
+ * (a bf16 row's in even and odd order) are four registers and already
+ * four chains of adds: four such accumulators took every register, and
+ * layer_norm's mean pass spilled them in every step. */
+static int acc_turns(cg *g, const rows *R, fz_opcode op, T t)
+{
+	bool wide = fast_f64(g) && !R->pairs && op == FZ_OP_SUM && t == t_f32(g);
+	T e = wide ? t_f64(g) : t;
+	bool pair = op == FZ_OP_SUM && e != t_i64(g) && !wide;
+	int bytes = R->L * (e == t_f64(g) || e == t_i64(g) ? 8 : 4) * (pair ? 2 : 1);
+	int regs = (bytes + g->c->vector_bytes - 1) / g->c->vector_bytes;
+	int n = 8 / (regs > 0 ? regs : 1);
+	return n < 1 ? 1 : n > FZ_HOST_ACCS ? FZ_HOST_ACCS : n;
+}
 
 static void scratch_put(cg *g, rows *R, V pos, const V *vals);
 static void scratch_get(cg *g, rows *R, const fz_value *v, V pos, cg_ix (*ix)[FZ_MAX_RANK]);
@@ -761,7 +777,8 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 	bool host = g->o.target == FZ_CG_HOST;
 	bool block = host && R->L > 1 && !R->S && op == FZ_OP_SUM && !mh && t == t_f32(g) &&
 		     nonneg(g, x, &nb);
-	int n = !host ? 1 : block ? FZ_HOST_ACCS : costly(g, x, &budget) ? 1 : FZ_HOST_ACCS;
+	int n = !host ? 1 : block ? FZ_HOST_ACCS : costly(g, x, &budget) ? 1 :
+		acc_turns(g, R, op, t);
 	int na = block ? 1 : n; /* accumulators */
 	for (int i = 0; i < na; i++)
 		acc_init(g, R, &A[i], op, t);
