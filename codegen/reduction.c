@@ -20,7 +20,7 @@
  *      f64 sum rounded to f32 is. On the host and the GPUs with full f64
  *      units, where f64 adds are as cheap as f32 ones, a sum of f32 (or
  *      f16, bf16) values is kept in f64 instead (see "wide sums"); on the
- *      host over four accumulators that take turns (pass()), or,
+ *      host over up to four accumulators that take turns (pass()), or,
  *      for terms never negative (an exp, a square), one accumulator that
  *      takes blocks of four steps added in f32 (the block: see
  *      pass()). var_mean is two passes (the mean, then
