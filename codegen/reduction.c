@@ -408,13 +408,22 @@ static bool fast_f64(const cg *g)
 	return g->o.sm == 70 || g->o.sm == 80 || g->o.sm == 90;
 }
 
+/* An accumulator's lanes for op over values of type t: wide (f32 summed
+ * in f64), a pair (hi, lo), and the type each part holds. */
+static T acc_layout(cg *g, const rows *R, fz_opcode op, T t, bool *wide, bool *pair)
+{
+	*wide = fast_f64(g) && !R->pairs && op == FZ_OP_SUM && t == t_f32(g);
+	if (*wide)
+		t = t_f64(g);
+	*pair = op == FZ_OP_SUM && t != t_i64(g) && !*wide;
+	return t;
+}
+
 static void acc_init(cg *g, rows *R, accum *A, fz_opcode op, T t)
 {
 	A->op = op;
 	bool host = g->o.target == FZ_CG_HOST;
-	A->wide = fast_f64(g) && !R->pairs && op == FZ_OP_SUM && t == t_f32(g);
-	A->t = t = A->wide ? t_f64(g) : t;
-	A->pair = op == FZ_OP_SUM && t != t_i64(g) && !A->wide;
+	A->t = t = acc_layout(g, R, op, t, &A->wide, &A->pair);
 	A->vt = host && R->L > 1 ? t_vec(t, (unsigned)R->L) : NULL;
 	if (A->vt) {
 		A->hi[0] = cg_entry_alloca(g, A->vt);
@@ -659,7 +668,8 @@ static bool nonneg(const cg *g, const fz_value *v, int *budget)
  * FZ_HOST_ACCS accumulators take turns (fewer where their lanes fill more
  * registers: acc_turns): one accumulator makes every step wait for the
  * last one's add (3 to 4 cycles, where the core could start two adds per
- * cycle); the row's last steps, fewer than a turn, go to the first. A pass over a costly value (an exp per element: softmax's sum)
+ * cycle); the row's last steps, fewer than a turn, go to the first. A
+ * pass over a costly value (an exp per element: softmax's sum)
  * has work enough between its adds, and needs the registers: it keeps
  * one (four f64 accumulators of 8 lanes are half of AVX2's registers,
  * and the math spilled).
@@ -688,9 +698,8 @@ static bool nonneg(const cg *g, const fz_value *v, int *budget)
  * layer_norm's mean pass spilled them in every step. */
 static int acc_turns(cg *g, const rows *R, fz_opcode op, T t)
 {
-	bool wide = fast_f64(g) && !R->pairs && op == FZ_OP_SUM && t == t_f32(g);
-	T e = wide ? t_f64(g) : t;
-	bool pair = op == FZ_OP_SUM && e != t_i64(g) && !wide;
+	bool wide, pair;
+	T e = acc_layout(g, R, op, t, &wide, &pair);
 	int bytes = R->L * (e == t_f64(g) || e == t_i64(g) ? 8 : 4) * (pair ? 2 : 1);
 	int regs = (bytes + g->c->vector_bytes - 1) / g->c->vector_bytes;
 	int n = 8 / (regs > 0 ? regs : 1);
