@@ -76,6 +76,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <llvm-c/Target.h>
+
 #include "cg.h"
 #include "llvm.h"
 #include "onehot.h"
@@ -700,7 +702,8 @@ static int acc_turns(cg *g, const rows *R, fz_opcode op, T t)
 {
 	bool wide, pair;
 	T e = acc_layout(g, R, op, t, &wide, &pair);
-	int bytes = R->L * (e == t_f64(g) || e == t_i64(g) ? 8 : 4) * (pair ? 2 : 1);
+	int bytes = R->L * (pair ? 2 : 1) *
+		    (int)LLVMABISizeOfType(LLVMGetModuleDataLayout(g->mod), e);
 	int regs = (bytes + g->c->vector_bytes - 1) / g->c->vector_bytes;
 	int n = 8 / (regs > 0 ? regs : 1);
 	return n < 1 ? 1 : n > FZ_HOST_ACCS ? FZ_HOST_ACCS : n;
