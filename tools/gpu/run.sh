@@ -401,11 +401,15 @@ bg_torch=$!
   fi
   k=() # QUICK: one test, the plumbing (ctest runs them all on emu)
   [ "$QUICK" = 1 ] && k=(-k test_llama_adamw_matches_eager)
+  # -v names each test as it starts: a crash then says which it was
   out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
-	FUSEC_TEST_DEVICE="$DEVICE" "$PYTHON" "$f" "${k[@]}" 2>&1)
+	FUSEC_TEST_DEVICE="$DEVICE" PYTHONFAULTHANDLER=1 "$PYTHON" "$f" -v "${k[@]}" 2>&1)
   rc=$?
   case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
-  record backend test_backend.py "" $st $rc "$(secs_since "$t0")" "$out" ) &
+  record backend test_backend.py "" $st $rc "$(secs_since "$t0")" "$out"
+  # its whole output into log.txt on a failure (checks.jsonl keeps 1500
+  # characters: session 18's segfault left only its traceback's end)
+  [ $st != fail ] || printf '%s\n' "$out" | sed 's/^/  backend| /' ) &
 bg_backend=$!
 
 # the pool's list: the sweep, NCCL, memcheck
