@@ -401,6 +401,7 @@ bg_torch=$!
   fi
   k=() # QUICK: one test, the plumbing (ctest runs them all on emu)
   [ "$QUICK" = 1 ] && k=(-k test_llama_adamw_matches_eager)
+  for p in ${BACKEND_K:-}; do k+=(-k "$p"); done # BACKEND_K: those tests alone
   # -v names each test as it starts: a crash then says which it was
   out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
 	FUSEC_TEST_DEVICE="$DEVICE" PYTHONFAULTHANDLER=1 "$PYTHON" "$f" -v "${k[@]}" 2>&1)
