@@ -75,7 +75,8 @@ void fz_cache_target(const fz_cg_options *o, char *buf, size_t n)
 	 * an object made where they were would fault where they are not */
 	char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
 	char *feat = LLVMGetHostCPUFeatures();
-	snprintf(buf, n, "%shost-%s-%s-%016llx", emu, triple ? triple : "?", cpu ? cpu : "?",
+	snprintf(buf, n, "%shost-%s-%s%s-%016llx", emu, triple ? triple : "?", cpu ? cpu : "?",
+		 fz_host_model() ? "+model-avx512" : "",
 		 (unsigned long long)XXH3_64bits(feat ? feat : "", feat ? strlen(feat) : 0));
 	LLVMDisposeMessage(triple);
 	LLVMDisposeMessage(cpu);

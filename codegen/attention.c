@@ -161,7 +161,7 @@ static V vexp(cg *g, V x)
 	V p = vconstn(g, n, C[7]);
 	for (int i = 6; i >= 0; i--)
 		p = vfma(g, p, r, vconstn(g, n, C[i]));
-	if (n == 16) {
+	if (n == 16 && cg_host_avx512_isa(g)) {
 		/* k in [-124, 127], p in [0.7, 1.5]: 2^k p is a normal float */
 		V keep = bitcast(g, LLVMBuildNot(g->b, low, ""), t_i16(g));
 		V args[5] = {p, k, vconstn(g, n, 0.0), keep, c_i32(g, 4)};

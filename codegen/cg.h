@@ -30,6 +30,7 @@ struct fz_compiler {
 	int vector_bytes;    /* host: widest vector register the JIT may use */
 	bool host_bf16;      /* host: AVX512-BF16's vcvtneps2bf16 (emit.c) */
 	int host_streams;    /* host: most outputs one loop may stream (emit.c) */
+	bool host_model;     /* host: AVX2 making AVX-512's choices (fz_host_model) */
 };
 fz_status cg_nvptx_init(fz_compiler *c, char **err);
 fz_status cg_host_init(fz_compiler *c, char **err);
@@ -181,6 +182,13 @@ void cg_barrier(cg *g);
 static inline bool cg_host_avx512(const cg *g)
 {
 	return g->o.target == FZ_CG_HOST && g->c && g->c->vector_bytes == 64;
+}
+/* ... and may use its instructions: not where an AVX2 host only models
+ * its choices (fz_host_model), which takes generic IR for the same
+ * results (math.c's scalef, attention.c's vexp, table.c's gathers). */
+static inline bool cg_host_avx512_isa(const cg *g)
+{
+	return cg_host_avx512(g) && !g->c->host_model;
 }
 /* GPU semantics: the NVPTX flavour and its emulation make the same
  * skeleton choices (rows per warp or block, atomics, a second entry). */

@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 48 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 49 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -194,7 +194,9 @@
                               * index_add gathered by rows gives the rows
                               * no index names a loop of their own; 48:
                               * host sums of 16 f64 lanes over two
-                              * accumulators, not four) */
+                              * accumulators, not four; 49: the AVX-512
+                              * host's vector exp scales by its own k, not
+                              * by an unset one) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 
@@ -325,6 +327,12 @@ fz_status fz_kernel_object(fz_compiler *c, fz_kernel *k, void **obj,
 fz_status fz_host_load(fz_compiler *c, const void *obj, size_t len,
                        const char *name, fz_host_fn *fn, char **err);
 void fz_kernel_free(fz_kernel *k);
+/* FUSEC_HOST_MODEL=avx512 (tests): a host with AVX2 but not AVX-512 makes
+ * the choices an AVX-512 host makes (64-byte lane groups, its exp, no even
+ * and odd lanes) in instructions it has, so that a machine without
+ * AVX-512 tests that host's code. Its objects have their own cache key
+ * (fz_cache_target). AVX512-BF16's conversion is not modeled. */
+bool fz_host_model(void);
 
 /* Grid and block for entry e at the bound sizes: a small heuristic per
  * skeleton (see reduction.c and pointwise.c). A block-per-row kernel gets

@@ -187,6 +187,10 @@ static V scale2(cg *g, V p, V k)
 static V scalef(cg *g, V p, V k)
 {
 	unsigned n = LLVMGetVectorSize(type_of(p));
+	if (g->c->host_model) { /* expf_'s two multiplications (fz_host_model) */
+		V ki = LLVMBuildFPToSI(g->b, k, t_vec(t_i32(g), n), ""), k1 = ashr(g, ki, ki32(g, ki, 1));
+		return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
+	}
 	V all = n == 16 ? c_int(t_i16(g), -1) : c_int(t_i8(g), -1);
 	V args[5] = {p, k, kc(p, 0.0), all, c_i32(g, 4)}; /* 4: the MXCSR's rounding */
 	return call_intrinsic(g, n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512" :
@@ -312,7 +316,8 @@ static V vexpf_(cg *g, V x, bool neg)
 {
 	V xc = neg ? clampf(g, x, -89.0, 104.0) : clampf(g, x, -104.0, 89.0);
 	V t, k;
-	return scalef(g, vexp_poly(g, xc, neg, &t, &k), k);
+	V p = vexp_poly(g, xc, neg, &t, &k); /* sets k: not in scalef's arguments */
+	return scalef(g, p, k);
 }
 
 /* expf_ of f32 lanes on a host without AVX-512 (AVX2: cg_math_lanes):

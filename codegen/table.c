@@ -325,7 +325,7 @@ static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 {
 	T et = half ? t_i32(g) : t_f32(g);
 	unsigned scale = half ? 2 : 4;
-	bool own = cg_host_avx512(g);
+	bool own = cg_host_avx512_isa(g);
 	const char *name = NULL;
 	if (own && n == 16)
 		name = half ? "llvm.x86.avx512.mask.gather.dpi.512" :

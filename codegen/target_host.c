@@ -85,6 +85,11 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 			  strstr(feat, "+avx512vl") && strstr(feat, "+avx512dq") ? 64 :
 			  feat && strstr(feat, "+avx2") ? 32 : 16;
 	c->host_bf16 = c->vector_bytes == 64 && feat && strstr(feat, "+avx512bf16");
+	/* the AVX-512 host's choices tested on an AVX2 one (fz_host_model) */
+	if (c->vector_bytes == 32 && fz_host_model()) {
+		c->vector_bytes = 64;
+		c->host_model = true;
+	}
 	/* streaming stores: one output a loop on AMD's Zen cores, every
 	 * output elsewhere (emit.c, "streaming stores") */
 	c->host_streams = cpu && strncmp(cpu, "znver", 5) == 0 ? 1 : INT_MAX;
@@ -99,6 +104,12 @@ fz_status cg_host_init(fz_compiler *c, char **err)
 		return FZ_ERUNTIME;
 	}
 	return FZ_OK;
+}
+
+bool fz_host_model(void)
+{
+	const char *m = getenv("FUSEC_HOST_MODEL");
+	return m && strcmp(m, "avx512") == 0;
 }
 
 void cg_host_free(fz_compiler *c)
