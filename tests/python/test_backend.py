@@ -2,7 +2,10 @@
 match eager PyTorch.
 
 FUSEC_TEST_DEVICE=emu runs the same on the GPU's kernels emulated on the
-CPU (options={"device": "emu"}); the default is the cpu target. Every test
+CPU (options={"device": "emu"}); the default is the cpu target.
+FUSEC_TEST_DEVICE=cuda puts every model and tensor on the GPU (PyTorch's
+default device), so the backend takes the cuda target and eager PyTorch
+is the CUDA one; it skips (77) where CUDA is not available. Every test
 compares with eager PyTorch on a copy of the same model: losses within
 1e-4 relative (f32), parameters after the optimizer's steps within 1e-3.
 """
@@ -24,6 +27,14 @@ DEVICE = os.environ.get("FUSEC_TEST_DEVICE", "cpu")
 CACHE = os.environ.get("FUSEC_CACHE_DIR") or tempfile.mkdtemp(
     prefix="fusec-backend-")
 OPTIONS = {"device": DEVICE, "cache_dir": CACHE}
+if DEVICE == "cuda":
+    # the tests make their tensors and models with PyTorch's defaults:
+    # on CUDA, every one (before this, "cuda" ran CPU tensors on the cpu
+    # target, and no CUDA tensor met the backend)
+    if not torch.cuda.is_available():
+        print("skipped: FUSEC_TEST_DEVICE=cuda and no CUDA device")
+        raise SystemExit(77)
+    torch.set_default_device("cuda")
 
 
 def compiled(model):

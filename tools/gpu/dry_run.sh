@@ -45,7 +45,7 @@ for f in ("log.txt", "summary.json", "checks.jsonl", "bench.jsonl"):
     assert f in files, (f, files)
 s = json.load(open(os.path.join(d, "summary.json")))
 parts = {p["part"]: p for p in s["parts"]}
-want = ("probe test_cuda torch backend check nccl attn_check memcheck graph profile "
+want = ("probe test_cuda torch backend host check nccl attn_check memcheck graph profile "
         "launch warm_start attention gpu_bench").split()
 assert sorted(parts) == sorted(want), sorted(parts)
 assert s["failures"] == 0 and s["mode"] == "emu", s
@@ -57,6 +57,8 @@ ran = [c for c in checks if c["part"] == "check" and c["status"] == "pass"]
 assert len(ran) == 6, [c["name"] for c in ran]
 assert parts["check"]["passed"] == 6 and parts["nccl"]["passed"] == 1, parts
 assert parts["attn_check"]["passed"] == 1, parts  # t17 d64 bf16
+assert parts["host"]["passed"] == 1 and parts["host"]["failed"] == 0, parts  # test_cpu
+assert isinstance(s["cpu_avx512"], bool) and s["cpu"], s
 try:
     import torch  # noqa: F401  (without it the Python parts say so)
     py = 1

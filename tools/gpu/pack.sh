@@ -6,8 +6,10 @@
 # The GPU machine has no LLVM and no compiler time to spare: what runs
 # there is built here. pack.sh configures its own build folder
 # ($PACK_BUILD, default build-gpu/) with LLVM linked statically, builds
-# the four binaries tools/gpu/run.sh needs (fusec, fusec-cache,
-# bench_cuda, test_cuda) and libfusec.so (for the Python checks), strips
+# the binaries tools/gpu/run.sh needs (fusec, fusec-cache, bench_cuda,
+# test_cuda, and test_cpu and test_codegen for its CPU, which is often an
+# AVX-512 one where CI's are not) and libfusec.so (for the Python checks),
+# strips
 # them and packs them into ONE xz archive: each carries its own copy of
 # LLVM (about 45 MB stripped), and in one xz stream with a dictionary that
 # spans a whole binary those copies compress against each other (190 MB
@@ -61,13 +63,14 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	"-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" >/dev/null
 say "building with $jobs jobs"
 cmake --build "$build" -j "$jobs" --target fusec_tool fusec_cache_tool \
-	bench_cuda test_cuda fusec
+	bench_cuda test_cuda test_cpu test_codegen fusec
 
 # ---- stage ----------------------------------------------------------------
 stage="$build/pack-stage/fusec-gpu"
 rm -rf "$build/pack-stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/deps"
-for b in tools/fusec tools/fusec-cache tools/bench/bench_cuda tests/test_cuda; do
+for b in tools/fusec tools/fusec-cache tools/bench/bench_cuda tests/test_cuda \
+	tests/test_cpu tests/test_codegen; do
 	strip --strip-unneeded -o "$stage/bin/$(basename "$b")" "$build/$b"
 done
 strip --strip-unneeded -o "$stage/lib/libfusec.so" "$build/libfusec.so"

@@ -19,7 +19,10 @@
 #      - tools/gpu/torch_cuda_check.py: fusec.Program on CUDA tensors
 #        against PyTorch CUDA (three models, fwd and bwd, f32 and bf16)
 #      - tests/python/test_backend.py with FUSEC_TEST_DEVICE=cuda (the
-#        torch.compile backend), once it exists
+#        torch.compile backend on CUDA tensors)
+#      - host: the CPU target on this machine's CPU (test_cpu,
+#        test_codegen, and test_backend.py on CPU tensors), which is often
+#        an AVX-512 one where CI's are not
 #      - a pool of $JOBS processes (xargs -P) through a list, most
 #        valuable first: `fusec run --check` of every corpus trace at
 #        B,T = 1,1 / 3,17 / 8,512 (a trace at the sizes of the symbols it
@@ -67,7 +70,7 @@
 # TRACES and EXPORTED (space-separated name filters for the corpus and the
 # exported traces), SIZES (the check sweep's B,T pairs, space-separated),
 # ATTN_LENGTHS, ATTN_DIMS, ATTN_DTYPES (attn_check's sweep), PARTS (the parts to run, space-separated, default all:
-# probe test_cuda torch backend check nccl attn_check graph memcheck graph_time
+# probe test_cuda torch backend host check nccl attn_check graph memcheck graph_time
 # profile launch warm_start attention gpu_bench; to run again only what failed, after a fix), BUDGET,
 # GPU_BENCH_FUSIONS and GPU_BENCH_SHAPES (gpu_bench.py's --fusions and
 # --shapes: a comma-separated subset, or fusions it runs only when named;
@@ -232,6 +235,7 @@ if [ -z "${BUILD:-}" ] && [ -f "$PACK" ]; then
 	root="$WORK/fusec-gpu"
 	FUSEC=$root/bin/fusec BENCH_CUDA=$root/bin/bench_cuda
 	TEST_CUDA=$root/bin/test_cuda LIBFUSEC=$root/lib/libfusec.so
+	TEST_CPU=$root/bin/test_cpu TEST_CODEGEN=$root/bin/test_codegen
 	pack_json=$(tr -d '\n' <"$root/pack.json")
 	echo "pack: $PACK unpacked in $(secs_since "$t0")s: commit" \
 		"$(grep -o '"commit": "[0-9a-f]*"' "$root/pack.json" | grep -o '[0-9a-f]\{40\}')," \
@@ -258,6 +262,7 @@ else
 	BUILD=${BUILD:-$REPO/build}
 	FUSEC=$BUILD/tools/fusec BENCH_CUDA=$BUILD/tools/bench/bench_cuda
 	TEST_CUDA=$BUILD/tests/test_cuda LIBFUSEC=$BUILD/libfusec.so
+	TEST_CPU=$BUILD/tests/test_cpu TEST_CODEGEN=$BUILD/tests/test_codegen
 	echo "build tree: $BUILD (no pack)"
 fi
 if [ ! -x "$FUSEC" ]; then
@@ -275,6 +280,11 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 [ -n "$cc" ] || cc=90
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed 's/^glibc //')
+# the CPU: the host code's choices differ with AVX-512 (part host)
+cpu=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//')
+avx512=false
+grep -qw avx512f /proc/cpuinfo 2>/dev/null && grep -qw avx512bw /proc/cpuinfo &&
+	grep -qw avx512vl /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo && avx512=true
 commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$pack_json" != null ]; then
 	need=$(printf '%s' "$pack_json" | grep -o '"glibc_needed": "[0-9.]*"' | grep -o '[0-9][0-9.]*')
@@ -285,6 +295,7 @@ if [ "$pack_json" != null ]; then
 		echo "run.sh: WARNING: the pack was built from $pc, the tree is $commit"
 fi
 echo "device: ${gpu:-none}, driver ${driver:-none}, sm_$cc, ${mem:-?}; glibc $glibc; $(nproc) cores"
+echo "cpu: ${cpu:-?}, AVX-512 (F, BW, VL, DQ): $avx512"
 # the CUDA libraries fusec opens: where the loader finds them, else in the
 # CUDA toolkit or PyTorch's nvidia wheels (then added to the loader path)
 pydirs=$("$PYTHON" -c 'import os, nvidia
@@ -317,6 +328,7 @@ summary() { # rewrite summary.json from the parts so far
 		printf '{\n  "device": %s,\n  "driver": %s,\n  "sm": "sm_%s",\n' \
 			"$(json_str "$gpu")" "$(json_str "$driver")" "$cc"
 		printf '  "glibc": "%s",\n  "cuda_libraries": {%s},\n' "$glibc" "$libs_json"
+		printf '  "cpu": %s,\n  "cpu_avx512": %s,\n' "$(json_str "$cpu")" "$avx512"
 		printf '  "mode": "%s", "quick": %s, "budget_seconds": %s,\n' "$DEVICE" "$QUICK" "$BUDGET"
 		printf '  "tree_commit": "%s",\n  "pack": %s,\n  "date": "%s",\n' "$commit" "$pack_json" "$stamp"
 		printf '  "elapsed_seconds": %s,\n  "failures": %d,\n  "parts": [\n' "$(( $(date +%s) - T0 ))" "$failures"
@@ -412,6 +424,32 @@ bg_torch=$!
   # characters: session 18's segfault left only its traceback's end)
   [ $st != fail ] || printf '%s\n' "$out" | sed 's/^/  backend| /' ) &
 bg_backend=$!
+
+# host: the CPU target on this machine's CPU, often an AVX-512 one where
+# CI's have AVX2 (CI models it: FUSEC_HOST_MODEL=avx512). Session 18's
+# backend failures here were the AVX-512 host's vector exp, not CUDA's.
+( part host || exit 0
+  tests=("$TEST_CPU" "$TEST_CODEGEN")
+  [ "$QUICK" = 1 ] && tests=("$TEST_CPU") # the plumbing (ctest runs the rest)
+  for t in "${tests[@]}"; do
+	t0=$(date +%s.%N)
+	out=$(CK_DEFAULT_TIMEOUT=120 timeout -k 5 "$(timeout_for 240 "$PHASE_END")" "$t" 2>&1)
+	rc=$?
+	case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
+	printf '%s\n' "$out" | grep -E '^[0-9]+%|:[EF]:' | head -20
+	record host "$(basename "$t")" "" $st $rc "$(secs_since "$t0")" "$out"
+  done
+  # the backend on CPU tensors (ctest's python/backend, on this CPU)
+  [ $have_torch = 1 ] && [ "$QUICK" != 1 ] || exit 0
+  t0=$(date +%s.%N)
+  out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
+	FUSEC_TEST_DEVICE=cpu PYTHONFAULTHANDLER=1 "$PYTHON" \
+	"$REPO/tests/python/test_backend.py" -v 2>&1)
+  rc=$?
+  case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
+  record host test_backend.py "cpu" $st $rc "$(secs_since "$t0")" "$out"
+  [ $st != fail ] || printf '%s\n' "$out" | sed 's/^/  host| /' ) &
+bg_host=$!
 
 # the pool's list: the sweep, NCCL, memcheck
 jobs="$WORK/jobs"
@@ -536,10 +574,11 @@ fi
 export SANITIZER
 echo "pool: $(wc -l <"$jobs") processes on $JOBS at a time until $((PHASE_END - T0))s"
 xargs -r -d '\n' -P "$JOBS" -n 1 "$self" --job <"$jobs"
-wait $bg_test $bg_torch $bg_backend
+wait $bg_test $bg_torch $bg_backend $bg_host
 part_done test_cuda
 part_done torch
 part_done backend
+part_done host "$cpu, AVX-512 $avx512"
 part_done check "$(grep -c '^check|' "$jobs") runs at $sizes"
 part_done nccl
 part_done attn_check "$(grep -c '^attn_check|' "$jobs") files: lengths $attn_lengths, dims $attn_dims, $attn_dts"

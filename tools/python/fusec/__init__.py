@@ -169,7 +169,7 @@ def _take_output(lib, ft, as_torch, device):
         if as_torch:
             torch = _torch()
             inv = {v: k for k, v in _torch_dtype_map(torch).items()}
-            out = torch.empty(shape, dtype=inv[dname])
+            out = torch.empty(shape, dtype=inv[dname], device="cpu")
             if nbytes:
                 ctypes.memmove(out.data_ptr(), ft.data, nbytes)
             return out.to(device) if device is not None else out

@@ -46,7 +46,7 @@ _h = _registrar(_HANDLERS)
 def _probe(x):
     if isinstance(x, V):
         return torch.empty(() if x.rank == 0 else (1,),
-                           dtype=_TORCH_OF[x.dtype])
+                           dtype=_TORCH_OF[x.dtype], device="meta")
     return x
 
 
@@ -62,7 +62,7 @@ def _promote(*xs):
         rt = torch.result_type(acc, p)
         zero_dim = all(not isinstance(q, torch.Tensor) or q.dim() == 0
                        for q in (acc, p))
-        acc = torch.empty(() if zero_dim else (1,), dtype=rt)
+        acc = torch.empty(() if zero_dim else (1,), dtype=rt, device="meta")
     if not isinstance(acc, torch.Tensor):
         raise _Refused("no tensor operand")
     return _DTYPES[acc.dtype]
@@ -184,7 +184,8 @@ def _inexact_in(x, dt):
         return False
     if not math.isfinite(x):
         return False
-    return float(torch.tensor(x, dtype=_TORCH_OF[dt]).item()) != float(x)
+    return float(torch.tensor(x, dtype=_TORCH_OF[dt], device="cpu").item()) != \
+        float(x)
 
 
 for _n, _op in [("add", "add"), ("sub", "sub"), ("mul", "mul"),

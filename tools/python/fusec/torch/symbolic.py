@@ -335,7 +335,7 @@ def _other_sizes(example_args, flat, tpos, tensors, sym, third=False):
         for d, nm in sym.get(j, {}).items():
             shape[d] = sizes_b[nm]
         with mode:
-            ft = torch.empty(shape, dtype=t.dtype)
+            ft = torch.empty(shape, dtype=t.dtype, device=t.device)
         if t.requires_grad:
             ft.requires_grad_(True)
         leaves[i] = ft
