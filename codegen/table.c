@@ -325,9 +325,9 @@ static void gather(cg *g, V tab, bool half, int n, const V *idx, V *r)
 {
 	T et = half ? t_i32(g) : t_f32(g);
 	unsigned scale = half ? 2 : 4;
-	bool own = cg_host_avx512_isa(g);
+	bool own = cg_host_avx512(g);
 	const char *name = NULL;
-	if (own && n == 16)
+	if (own && n == 16 && cg_host_avx512_isa(g)) /* (a model: lane by lane) */
 		name = half ? "llvm.x86.avx512.mask.gather.dpi.512" :
 			      "llvm.x86.avx512.mask.gather.dps.512";
 	else if (own && n == 8)
