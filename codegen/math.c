@@ -183,12 +183,15 @@ static V scale2(cg *g, V p, V k)
  * 2^k1 and its second by 2^k2 make, subnormal results and overflow to inf
  * included, so the two agree bit for bit
  * (tests/test_codegen.c's host_exp_matches_generic sweeps it). A NaN p
- * (from a NaN x, which clampf passes through) gives a NaN, as there. */
+ * (from a NaN x, which clampf passes through) gives a NaN, as there. An
+ * AVX2 host modeling AVX-512 (fz_host_model) makes those two
+ * multiplications instead. */
 static V scalef(cg *g, V p, V k)
 {
 	unsigned n = LLVMGetVectorSize(type_of(p));
 	if (g->c->host_model) { /* expf_'s two multiplications (fz_host_model) */
-		V ki = LLVMBuildFPToSI(g->b, k, t_vec(t_i32(g), n), ""), k1 = ashr(g, ki, ki32(g, ki, 1));
+		V ki = LLVMBuildFPToSI(g->b, k, t_vec(t_i32(g), n), "");
+		V k1 = ashr(g, ki, ki32(g, ki, 1));
 		return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
 	}
 	V all = n == 16 ? c_int(t_i16(g), -1) : c_int(t_i8(g), -1);
