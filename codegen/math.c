@@ -155,6 +155,16 @@ static V pow2(cg *g, V p, V k)
 	return bitcast(g, shl(g, e, c_i64(g, 52)), t_f64(g));
 }
 
+/* f32 p 2^k (k: i32, or f32 lanes' i32s) as (p 2^k1) 2^k2, two
+ * multiplications where scale2 adds k1 to p's exponent field: the first
+ * is as exact, the second the same rounding, and a NaN p stays NaN
+ * whatever k is, so no select for it (an instruction fewer on the GPU) */
+static V mul_pow2(cg *g, V p, V k)
+{
+	V k1 = ashr(g, k, ki32(g, k, 1));
+	return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, k, k1)));
+}
+
 /* p * 2^k for p in [0.5, 2) and k (i32) in [-250, 250] (f32) or [-2040,
  * 2040] (f64): p * 2^k1 by adding k1 to p's exponent field (a normal
  * number: exact, as the multiplication by 2^k1 it replaces; one
@@ -189,11 +199,8 @@ static V scale2(cg *g, V p, V k)
 static V scalef(cg *g, V p, V k)
 {
 	unsigned n = LLVMGetVectorSize(type_of(p));
-	if (g->c->host_model) { /* expf_'s two multiplications (fz_host_model) */
-		V ki = LLVMBuildFPToSI(g->b, k, t_vec(t_i32(g), n), "");
-		V k1 = ashr(g, ki, ki32(g, ki, 1));
-		return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
-	}
+	if (g->c->host_model) /* expf_'s two multiplications (fz_host_model) */
+		return mul_pow2(g, p, LLVMBuildFPToSI(g->b, k, t_vec(t_i32(g), n), ""));
 	V all = n == 16 ? c_int(t_i16(g), -1) : c_int(t_i8(g), -1);
 	V args[5] = {p, k, kc(p, 0.0), all, c_i32(g, 4)}; /* 4: the MXCSR's rounding */
 	return call_intrinsic(g, n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512" :
@@ -275,13 +282,9 @@ static V expf_(cg *g, V x)
 	p = d ? poly(g, r, EXP_C, 14) : poly(g, r, EXP32_C, 7);
 	if (d)
 		return sel(g, isnan_(g, x), x, scale2(g, p, ki));
-	/* f32: p 2^k as (p 2^k1) 2^k2, two multiplications where scale2
-	 * adds k1 to p's exponent field: the first is as exact, the second
-	 * the same rounding, and a NaN p (from a NaN x, which the clamp and
-	 * the fma pass through) stays NaN whatever k came of its bits, so no
-	 * select for it (an instruction fewer on the GPU) */
-	V k1 = ashr(g, ki, ki32(g, ki, 1));
-	return fmul_exact(g, fmul_exact(g, p, pow2(g, p, k1)), pow2(g, p, sub(g, ki, k1)));
+	/* f32: a NaN p comes of a NaN x, which the clamp and the fma pass
+	 * through, and stays NaN (mul_pow2) */
+	return mul_pow2(g, p, ki);
 }
 
 /* expf_'s steps in f32 lanes up to its polynomial, for the host's vector
