@@ -104,6 +104,9 @@ record() { # PART NAME BIND STATUS RC SECONDS OUTPUT: one line of checks.jsonl
 	esac
 }
 secs_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+status_of() { # a check's exit status as pass, skip (77) or fail
+	case $1 in 0) echo pass ;; 77) echo skip ;; *) echo fail ;; esac
+}
 # a timeout for a process that must end by epoch second $2: at most $1
 timeout_for() {
 	local l=$(($2 - $(date +%s)))
@@ -375,14 +378,35 @@ have_torch=0
 "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null && have_torch=1
 pyenv=(env PYTHONPATH="$REPO/tools/python" FUSEC_LIBRARY="$LIBFUSEC" PYTHONUNBUFFERED=1)
 
+check_binary() { # PART BIN: a Check test binary, its summary and failures shown
+	local t0 out rc
+	t0=$(date +%s.%N)
+	out=$(CK_DEFAULT_TIMEOUT=120 timeout -k 5 "$(timeout_for 240 "$PHASE_END")" "$2" 2>&1)
+	rc=$?
+	printf '%s\n' "$out" | grep -E '^[0-9]+%|:[EF]:' | head -40
+	record "$1" "$(basename "$2")" "" "$(status_of $rc)" $rc "$(secs_since "$t0")" "$out"
+}
+# PART BIND DEVICE [ARG...]: tests/python/test_backend.py with
+# FUSEC_TEST_DEVICE=DEVICE, verbose under faulthandler (-v names each test
+# as it starts: a crash then says which it was); on a failure its whole
+# output into log.txt, each line led by "  PART| " (checks.jsonl keeps
+# 1500 characters: session 18's segfault left only its traceback's end)
+backend_test() {
+	local part=$1 bind=$2 dev=$3 t0 out rc st
+	shift 3
+	t0=$(date +%s.%N)
+	out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
+		FUSEC_TEST_DEVICE="$dev" PYTHONFAULTHANDLER=1 "$PYTHON" \
+		"$REPO/tests/python/test_backend.py" -v "$@" 2>&1)
+	rc=$?
+	st=$(status_of $rc)
+	record "$part" test_backend.py "$bind" $st $rc "$(secs_since "$t0")" "$out"
+	[ $st != fail ] || printf '%s\n' "$out" | sed "s/^/  $part| /"
+}
+
 # test_cuda: exit 77 without a device
 ( part test_cuda || exit 0
-  t0=$(date +%s.%N)
-  out=$(CK_DEFAULT_TIMEOUT=120 timeout -k 5 "$(timeout_for 240 "$PHASE_END")" "$TEST_CUDA" 2>&1)
-  rc=$?
-  case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
-  printf '%s\n' "$out" | grep -E '^[0-9]+%|:[EF]:' | head -40
-  record test_cuda test_cuda "" $st $rc "$(secs_since "$t0")" "$out" ) &
+  check_binary test_cuda "$TEST_CUDA" ) &
 bg_test=$!
 
 # fusec.Program on CUDA tensors against PyTorch
@@ -398,31 +422,20 @@ bg_test=$!
 	"$REPO/tools/gpu/torch_cuda_check.py" --device "$DEVICE" "${q[@]}" \
 	--json "$RUN_DIR/torch_cuda.json" 2>&1)
   rc=$?
-  case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
   printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
-  record torch torch_cuda_check.py "" $st $rc "$(secs_since "$t0")" "$out" ) &
+  record torch torch_cuda_check.py "" "$(status_of $rc)" $rc "$(secs_since "$t0")" "$out" ) &
 bg_torch=$!
 
 # hook: the torch.compile backend on CUDA tensors, once it exists
 ( part backend || exit 0
-  t0=$(date +%s.%N)
-  f="$REPO/tests/python/test_backend.py"
-  if [ ! -f "$f" ] || [ $have_torch = 0 ]; then
+  if [ ! -f "$REPO/tests/python/test_backend.py" ] || [ $have_torch = 0 ]; then
 	record backend test_backend.py "" skip 0 0 "tests/python/test_backend.py or torch absent"
 	exit 0
   fi
   k=() # QUICK: one test, the plumbing (ctest runs them all on emu)
   [ "$QUICK" = 1 ] && k=(-k test_llama_adamw_matches_eager)
   for p in ${BACKEND_K:-}; do k+=(-k "$p"); done # BACKEND_K: those tests alone
-  # -v names each test as it starts: a crash then says which it was
-  out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
-	FUSEC_TEST_DEVICE="$DEVICE" PYTHONFAULTHANDLER=1 "$PYTHON" "$f" -v "${k[@]}" 2>&1)
-  rc=$?
-  case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
-  record backend test_backend.py "" $st $rc "$(secs_since "$t0")" "$out"
-  # its whole output into log.txt on a failure (checks.jsonl keeps 1500
-  # characters: session 18's segfault left only its traceback's end)
-  [ $st != fail ] || printf '%s\n' "$out" | sed 's/^/  backend| /' ) &
+  backend_test backend "" "$DEVICE" "${k[@]}" ) &
 bg_backend=$!
 
 # host: the CPU target on this machine's CPU, often an AVX-512 one where
@@ -431,24 +444,10 @@ bg_backend=$!
 ( part host || exit 0
   tests=("$TEST_CPU" "$TEST_CODEGEN")
   [ "$QUICK" = 1 ] && tests=("$TEST_CPU") # the plumbing (ctest runs the rest)
-  for t in "${tests[@]}"; do
-	t0=$(date +%s.%N)
-	out=$(CK_DEFAULT_TIMEOUT=120 timeout -k 5 "$(timeout_for 240 "$PHASE_END")" "$t" 2>&1)
-	rc=$?
-	case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
-	printf '%s\n' "$out" | grep -E '^[0-9]+%|:[EF]:' | head -20
-	record host "$(basename "$t")" "" $st $rc "$(secs_since "$t0")" "$out"
-  done
+  for t in "${tests[@]}"; do check_binary host "$t"; done
   # the backend on CPU tensors (ctest's python/backend, on this CPU)
   [ $have_torch = 1 ] && [ "$QUICK" != 1 ] || exit 0
-  t0=$(date +%s.%N)
-  out=$(timeout -k 5 "$(timeout_for 180 "$PHASE_END")" "${pyenv[@]}" \
-	FUSEC_TEST_DEVICE=cpu PYTHONFAULTHANDLER=1 "$PYTHON" \
-	"$REPO/tests/python/test_backend.py" -v 2>&1)
-  rc=$?
-  case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
-  record host test_backend.py "cpu" $st $rc "$(secs_since "$t0")" "$out"
-  [ $st != fail ] || printf '%s\n' "$out" | sed 's/^/  host| /' ) &
+  backend_test host cpu cpu ) &
 bg_host=$!
 
 # the pool's list: the sweep, NCCL, memcheck
@@ -652,14 +651,13 @@ part_done profile
 
 # launch overhead and warm start: bench_cuda (exit 77: no device)
 bench_cuda() { # PART NAME ARGS...: bench_cuda with a timeout, recorded
-	local part=$1 name=$2 t0 out rc st
+	local part=$1 name=$2 t0 out rc
 	shift 2
 	t0=$(date +%s.%N)
 	out=$(timeout -k 5 "$(timeout_for 90 "$END")" "$BENCH_CUDA" "$@" 2>&1)
 	rc=$?
-	case $rc in 0) st=pass ;; 77) st=skip ;; *) st=fail ;; esac
 	printf '%s\n' "$out" | tail -3
-	record "$part" "$name" "" $st $rc "$(secs_since "$t0")" "$out"
+	record "$part" "$name" "" "$(status_of $rc)" $rc "$(secs_since "$t0")" "$out"
 	return $rc
 }
 if part launch && bench_cuda launch "bench_cuda launch" launch --iters 10000 \
