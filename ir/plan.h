@@ -139,8 +139,9 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * passes produce. (2: dead ops in no region, attention regions, an output
  * placed only over an input it is computed from. 3: attention ops read
  * repeated kv heads unrepeated. 5: elementwise followers of an index_add
- * along dim 0 in its region.) */
-#define FZ_PLAN_VERSION 5
+ * along dim 0 in its region. 6: buffers of a page or more planned on
+ * pages, after the small ones: ir/memplan.c.) */
+#define FZ_PLAN_VERSION 6
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol

@@ -141,10 +141,13 @@ static void cpu_fresh(fz_device *d, void *p, size_t n)
 		(void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 }
 
+/* A buffer of a page or more starts on a page: the arena's large buffers
+ * are planned on pages of it (ir/memplan.c says why: 4K aliasing). */
 static fz_status cpu_alloc(fz_device *d, size_t n, void **p, char **err)
 {
-	n = (n + 255) / 256 * 256;
-	*p = aligned_alloc(256, n ? n : 256);
+	size_t align = n >= 4096 ? 4096 : 256;
+	n = (n + align - 1) / align * align;
+	*p = aligned_alloc(align, n ? n : 256);
 	if (!*p) {
 		fz_set_err(err, fz_strdup_printf("out of memory (%zu bytes)", n));
 		return FZ_ENOMEM;

@@ -261,6 +261,9 @@ static int64_t check_plan(const fz_program *p)
 				continue;
 			live += size[b];
 			ck_assert_int_le(p->offset[b] + size[b], p->arena_bytes);
+			/* a page or more starts on a page (4K aliasing) */
+			if (round256(size[b]) >= 4096)
+				ck_assert_int_eq(p->offset[b] % 4096, 0);
 			if (size[b])
 				live_at[nl++] = b;
 		}
