@@ -29,8 +29,9 @@ Llama-2-7B memory figures come from one command:
 
 The fusec binary is --fusec PATH, else $FUSEC, else the repository's
 build/tools/fusec, else `fusec` on the PATH.
-The token-id parameter `ids` holds indices into the vocabulary: feed it
-values in [0, vocab).
+The token-id parameter `data` (nanoGPT's: its input activations) holds
+indices into the vocabulary: feed it values in [0, vocab). --symbolic
+writes its batch and sequence extents as B and T.
 """
 
 import argparse
@@ -59,7 +60,8 @@ def export_one(model, kind, size, layers, batch, seq, dtype, fake, symbolic):
                                 batch=batch, seq=seq, dtype=tdt, meta=fake)
     sym = None
     if symbolic:
-        sym = {("x" if model == "nanogpt" else "ids"): {0: "B", 1: "T"}}
+        # the step's input (examples.build): token ids, or nanoGPT's x
+        sym = {"data": {0: "B", 1: "T"}}
     stats = {}
     t1 = time.time()
     text = ft.export(step, *args, fake=fake, symbolic=sym, stats=stats,
