@@ -80,6 +80,9 @@ typedef struct cg {
 	                       * n_out], where k->n_scratch; pointwise.c's "the
 	                       * scatter as a gather") */
 	bool stream;          /* host: cg_store's vector stores bypass the cache */
+	bool nan_clean;       /* host: every NaN the kernel computes has a zero
+	                       * low half, so bf16 rounding skips its NaN test
+	                       * (cg_nan_clean, emit.c) */
 	bool streamed;        /* host: one did (cg_function_end fences them) */
 	int *slot;            /* by value id: index in buf, or -1 */
 	LLVMValueRef *red;    /* by value id: a reduction's value for this row */
@@ -148,6 +151,9 @@ LLVMValueRef cg_round_half(cg *g, LLVMValueRef x, fz_dtype d);
 /* Wraps an i64 compute value to the width of integer dtype d, as a store
  * and a load would (x itself for i64 and bool). */
 LLVMValueRef cg_wrap_int(cg *g, LLVMValueRef x, fz_dtype d);
+/* Whether the host kernel of region r computes only NaNs with a zero low
+ * half (emit.c): g->nan_clean. */
+bool cg_nan_clean(const cg *g, const fz_region *r);
 /* Converts a compute value of dtype d to storage, and back. */
 LLVMValueRef cg_to_storage(cg *g, LLVMValueRef x, fz_dtype d);
 LLVMValueRef cg_from_storage(cg *g, LLVMValueRef x, fz_dtype d);

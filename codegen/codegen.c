@@ -173,6 +173,7 @@ fz_status fz_compiler_build(fz_compiler *c, const fz_trace *t, const fz_region *
 	g.t = t;
 	g.r = r;
 	g.o = c->o;
+	g.nan_clean = cg_nan_clean(&g, r);
 	g.k = k;
 	bool idx32 = c->o.idx32 && !(c->o.target == FZ_CG_EMU && c->o.emu_idx64);
 	g.ity = idx32 ? t_i32(&g) : t_i64(&g);

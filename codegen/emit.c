@@ -140,12 +140,17 @@ static V f32_to_bf16_host(cg *g, V x)
 	return sel(g, tiny, sub(g, h, c_int(t_i16(g), 0x80)), h);
 }
 
+static V round_bf16_quiet(cg *g, V x);
+
 static V f32_to_bf16(cg *g, V x)
 {
 	if (bf16_native(g))
 		return bitcast(g, fptrunc(g, x, t_bf16(g)), t_i16(g));
 	if (bf16_host_cvt(g))
 		return f32_to_bf16_host(g, x);
+	if (g->nan_clean)
+		return trunc_(g, lshr(g, bitcast(g, round_bf16_quiet(g, x), t_i32(g)),
+				      c_i32(g, 16)), t_i16(g));
 	V u = bitcast(g, x, t_i32(g));
 	V lsb = and_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 1));
 	V r = lshr(g, add(g, u, add(g, lsb, c_i32(g, 0x7fff))), c_i32(g, 16));
@@ -165,6 +170,8 @@ static V round_to(cg *g, V x, fz_dtype d)
 		/* an fpext of bfloat, which stored() takes apart again: a
 		 * rounded value stored costs no narrowing */
 		return fpext(g, bitcast(g, f32_to_bf16_host(g, x), t_bf16(g)), t_f32(g));
+	if (d == FZ_BF16 && g->nan_clean)
+		return round_bf16_quiet(g, x);
 	if (d == FZ_BF16) {
 		/* f32_to_bf16's rounding kept in f32: the low half cleared
 		 * once, not shifted out and back (and the NaN's quiet bit set
@@ -227,6 +234,35 @@ static V round_bf16_quiet(cg *g, V x)
 	V lsb = and_(g, lshr(g, u, c_i32(g, 16)), c_i32(g, 1));
 	V r = add(g, add(g, u, c_i32(g, 0x7fff)), lsb);
 	return bitcast(g, and_(g, r, c_i32(g, (int)0xffff0000u)), t_f32(g));
+}
+
+/* A host kernel whose inputs are all 16-bit floats, integers and bools
+ * (no f32 or f64 buffer: the one source of a NaN with an arbitrary
+ * payload) computes only NaNs whose low 16 bits are 0: a NaN enters as a
+ * bf16 or f16 value widened (its payload in the high bits), or is made by
+ * an operation (x86's default NaN, 0xffc00000), and arithmetic passes an
+ * operand's NaN on with its payload, quieted; the math functions' NaN
+ * paths return their operand or such a NaN; integers and comparisons
+ * make none. Every bf16 rounding in it, of any op's result and of a
+ * store, is then round_bf16_quiet's: its NaN test would pick the very
+ * bits the addition gives. That is three of seven instructions a vector
+ * for every rounding the binary ops above do not cover already: a cast
+ * of an f32 result (a normalization's output, cross entropy's gradient),
+ * a unary op's result. Attention kernels keep the test (their exp is
+ * their own). test_codegen's host_bf16_clean_nans holds every unary math
+ * op and a normalization, over every bf16 pattern, to emu's full
+ * rounding. */
+bool cg_nan_clean(const cg *g, const fz_region *r)
+{
+	if (g->o.target != FZ_CG_HOST || bf16_host_cvt(g) || !r ||
+	    r->kind == FZ_REGION_ATTENTION)
+		return false;
+	for (int k = 0; k < r->n_in; k++) {
+		fz_dtype d = r->in[k]->type.dtype;
+		if (d == FZ_F32 || d == FZ_F64)
+			return false;
+	}
+	return true;
 }
 
 /* The binary op nd's result rounds by round_bf16_quiet */

@@ -1584,6 +1584,18 @@ static int host_streams(void)
 	return n;
 }
 
+/* Whether the host converts to bf16 with vcvtneps2bf16 (emit.c) */
+static bool host_bf16_cvt(void)
+{
+	fz_cg_options o;
+	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
+	fz_compiler *c;
+	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
+	bool b = c->host_bf16;
+	fz_compiler_free(c);
+	return b;
+}
+
 static void stream_counts(const char *src, int n[3])
 {
 	n[0] = n[1] = n[2] = 0;
@@ -2465,6 +2477,89 @@ START_TEST(host_bf16_quiet_rounding)
 }
 END_TEST
 
+static fz_status count_nan_tests(const fz_region *r, int op, fz_kernel *k, void *ud,
+				  char **err)
+{
+	(void)r;
+	(void)op;
+	(void)err;
+	int *n = ud;
+	for (LLVMValueRef f = LLVMGetFirstFunction(k->mod); f; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef b = LLVMGetFirstBasicBlock(f); b; b = LLVMGetNextBasicBlock(b))
+			for (LLVMValueRef i = LLVMGetFirstInstruction(b); i; i = LLVMGetNextInstruction(i))
+				*n += LLVMGetInstructionOpcode(i) == LLVMFCmp &&
+				      LLVMGetFCmpPredicate(i) == LLVMRealUNO;
+	return FZ_OK;
+}
+
+static bool bf16_nan(uint16_t h) { return (h & 0x7fff) > 0x7f80; }
+
+/* A host kernel whose inputs are all bf16 (no f32 or f64 buffer) rounds
+ * every bf16 result without the NaN test (emit.c's cg_nan_clean): every
+ * NaN it computes has a zero low half, so the test would change nothing.
+ * Over every bf16 pattern of x, each unary math op of bf16 (some of them
+ * read from tables the kernel fills), the same ops in f32 cast back to
+ * bf16, binary ops with constants and a softmax and log_softmax along
+ * rows of 16 must give the emu target's results (the full rounding), bit
+ * for bit, NaN as NaN (a skipped test would make a NaN infinite or
+ * finite). The rounding of an f32 product must hold no NaN test with a
+ * bf16 input and one with an f32 input, or this compares the full
+ * rounding with itself. */
+START_TEST(host_bf16_clean_nans)
+{
+	static const char *src[] = {
+		"trace f(x: bf16[B, 16]) {\n  a = exp(x)\n  b = log(x)\n  c = sqrt(x)\n"
+		"  d = rsqrt(x)\n  e = tanh(x)\n  g = sigmoid(x)\n  h = erf(x)\n"
+		"  i = sin(x)\n  return a, b, c, d, e, g, h, i\n}\n",
+		"trace f(x: bf16[B, 16]) {\n  a = cos(x)\n  b = expm1(x)\n  c = log1p(x)\n"
+		"  d = exp2(x)\n  e = log2(x)\n  g = reciprocal(x)\n  h = silu(x)\n"
+		"  i = gelu(x, approximate=tanh)\n  return a, b, c, d, e, g, h, i\n}\n",
+		"trace f(x: bf16[B, 16]) {\n  xf = cast(x, dtype=f32)\n"
+		"  a = cast(exp(xf), dtype=bf16)\n  b = cast(mul(xf, 3.0), dtype=bf16)\n"
+		"  c = cast(log(xf), dtype=bf16)\n  d = pow(x, 2.5)\n  e = fmod(x, 1.5)\n"
+		"  g = maximum(x, 1.0)\n  h = div(1.0, x)\n  i = gelu(x)\n"
+		"  return a, b, c, d, e, g, h, i\n}\n",
+		"trace f(x: bf16[B, 16]) {\n  a = softmax(x, dim=1)\n  b = log_softmax(x, dim=1)\n"
+		"  c = cast(softmax(cast(x, dtype=f32), dim=1), dtype=bf16)\n"
+		"  return a, b, c\n}\n",
+	};
+	static const int outs[] = {8, 8, 8, 3};
+	const int64_t n = 4096; /* rows of 16: every bf16 pattern */
+	int64_t syms[1] = {n};
+	for (size_t t = 0; t < sizeof src / sizeof *src; t++) {
+		fz_module *m = parse(src[t]);
+		fz_trace *tr = fz_module_trace(m, 0);
+		fz_tensor in = {.dtype = FZ_BF16, .rank = 2, .shape = {n, 16}, .strides = {16, 1}};
+		in.data = malloc((size_t)n * 16 * 2);
+		uint16_t *x = in.data;
+		for (int64_t i = 0; i < n * 16; i++)
+			x[i] = (uint16_t)i;
+		fz_tensor out[2][8];
+		run_cpu_emu(tr, syms, &in, 1, out, outs[t]);
+		for (int o = 0; o < outs[t]; o++) {
+			const uint16_t *h = out[0][o].data, *e = out[1][o].data;
+			int64_t i = 0;
+			while (i < n * 16 && (h[i] == e[i] || (bf16_nan(h[i]) && bf16_nan(e[i]))))
+				i++;
+			ck_assert_msg(i == n * 16, "trace %d output %d, x 0x%04x: host 0x%04x, emu 0x%04x",
+				      (int)t, o, x[i % (n * 16)], h[i % (n * 16)], e[i % (n * 16)]);
+			free(out[0][o].data);
+			free(out[1][o].data);
+		}
+		free(in.data);
+		fz_module_free(m);
+	}
+	int clean = 0, f32 = 0;
+	host_compile("trace f(x: bf16[64]) {\n  y = cast(mul(cast(x, dtype=f32), 3.0), dtype=bf16)\n"
+		     "  return y\n}\n", NULL, count_nan_tests, &clean);
+	host_compile("trace f(x: f32[64]) {\n  y = cast(mul(x, 3.0), dtype=bf16)\n"
+		     "  return y\n}\n", NULL, count_nan_tests, &f32);
+	if (!host_bf16_cvt())
+		ck_assert_int_eq(clean, 0);
+	ck_assert_int_ge(f32, host_bf16_cvt() ? 0 : 1);
+}
+END_TEST
+
 static int tables_in(const char *src, const int64_t *syms)
 {
 	return functions_named(src, syms, "", "_tables");
@@ -2576,6 +2671,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(pw, host_exp_matches_generic);
 	tcase_add_test(pw, host_tables_match_computed);
 	tcase_add_test(pw, host_bf16_quiet_rounding);
+	tcase_add_test(pw, host_bf16_clean_nans);
 	tcase_add_test(pw, bf16_rounding_edges);
 	tcase_add_test(pw, host_rotary_rows);
 	tcase_add_test(pw, host_even_odd_lanes);
