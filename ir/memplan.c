@@ -19,8 +19,9 @@
  * here, a bf16 rms_norm 4096x4096 on one thread takes 4.7 ms at d = 0 or
  * 512 and up, 7.8 at d = 64 or 128, 11 at d = 32. With every large buffer
  * on a page boundary, d between two of them is 0; against a PyTorch
- * tensor (glibc's large blocks: a page + 64) it is -64, also harmless. So
- * the small buffers and the large ones are planned in two heaps, the small
+ * tensor (glibc's large blocks: a page + 64) it is -64, also harmless
+ * (codegen/emit.c's streaming stores meet the same check, worse). So the
+ * small buffers and the large ones are planned in two heaps, the small
  * heap first and the large one after it from the next page.
  *
  * A request takes the smallest free block of its heap that fits (best
