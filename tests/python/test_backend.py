@@ -88,11 +88,11 @@ def mlp_batch(x, y):
     return lambda m: torch.nn.functional.mse_loss(m(x), y)
 
 
-def tiny_llama():
+def tiny_llama(hidden=32, heads=4, kv_heads=2):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64,
+    cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=64,
                       attn_implementation="sdpa", use_cache=False)
     return LlamaForCausalLM(cfg)
 
@@ -124,6 +124,39 @@ class TestTrain(TestCase):
         self.assertEqual(st["fallback_parts"], 0, str(ft.explain()))
         self.assertGreaterEqual(st["programs"], 2)
         self.assertEqual(st["runs"], 6)  # one forward, one backward a step
+
+    def test_failed_parts_run_in_pytorch(self):
+        """Where fusec fails on every part (here its Program raises), the
+        tiny Llama still trains as in eager, each part running its graph
+        in PyTorch: on the CPU, SDPA's backward returns its gradients in
+        another layout than its meta function says, and a view the graph
+        made for the meta layout must still run (the fallback graph
+        reshapes)."""
+        import fusec
+
+        class Broken:
+            def __init__(self, *args, **kwargs):
+                raise RuntimeError("no fusec today")
+        torch.manual_seed(0)
+        # heads of 16, no GQA: the CPU's flash kernel of SDPA's backward
+        ref = tiny_llama(hidden=64, heads=4, kv_heads=4)
+        model = copy.deepcopy(ref)
+        ids = torch.randint(0, 96, (2, 8))
+
+        def batch(s, k):
+            return lambda m: m(input_ids=ids, labels=ids,
+                               use_cache=False).loss
+        ft.stats(reset=True)
+        want = train(ref, batch, 2)
+        real = fusec.Program
+        fusec.Program = Broken
+        try:
+            got = train(compiled(model), batch, 2)
+        finally:
+            fusec.Program = real
+        self.assert_close_losses(got, want)
+        self.assert_close_params(model, ref)
+        self.assertGreaterEqual(ft.stats()["fallback_parts"], 2)
 
     def test_unmapped_op_falls_back_and_matches(self):
         """aten.sort has no fusec mapping: it runs in PyTorch between

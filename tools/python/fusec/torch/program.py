@@ -122,6 +122,24 @@ def _hints(vals):
     return sizes
 
 
+def _views_as_reshapes(gm):
+    """Makes gm's views reshapes, so that it runs in PyTorch on the layouts
+    the kernels give, not only the ones their meta functions said when the
+    graph was traced: on the CPU, SDPA's backward (the flash kernel, heads
+    of 16 and more) returns its gradients contiguous in (B, H, T, D) where
+    its meta function says (B, T, H, D), and AOTAutograd's view of their
+    transpose then fails. The graph is functional (nothing written in
+    place), so a reshape that copies computes the same values."""
+    view = torch.ops.aten.view.default
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is view:
+            n.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 class Part(torch.nn.Module):
     """One part of claimed nodes: a fusec program, or its graph in PyTorch
     where fusec could not take it."""
@@ -179,6 +197,8 @@ class Part(torch.nn.Module):
         self.status = "PyTorch (%s)" % why
         self.symbolic = None
         self.programs = {k: None for k in self.programs}
+        if not self.given_up:
+            _views_as_reshapes(self.sub)
         self.given_up = True
 
     def write(self, sizes, lit_dtypes=None):
@@ -380,9 +400,11 @@ def compile_graph(gm, example_inputs, kind, options):
             setattr(fused, n.target, p)
             parts.append(p)
     fused.recompile()
+    fell = [c for c in claims if not c.claimed]
+    if fell:  # nodes of the graph itself run in PyTorch
+        _views_as_reshapes(fused)
     COUNTERS["graphs"] += 1
     COUNTERS["parts"] += len(parts)
-    fell = [c for c in claims if not c.claimed]
     COUNTERS["fallback_nodes"] += len(fell)
     REPORTS.append({"graph": gid, "kind": kind, "target": target,
                     "claims": claims, "parts": parts})
