@@ -52,7 +52,9 @@ static inline V c_f32(cg *g, double x) { return c_real(t_f32(g), x); }
 static inline V c_f64(cg *g, double x) { return c_real(t_f64(g), x); }
 static inline V c_undef(T t) { return LLVMGetUndef(t); }
 static inline V c_poison(T t) { return LLVMGetPoison(t); }
-static inline int is_const(V v) { return LLVMIsConstant(v); }
+/* an integer constant (not undef, not poison: LLVMConstInt*Value reads
+ * only a ConstantInt) */
+static inline int is_const(V v) { return LLVMIsAConstantInt(v) != NULL; }
 
 /* ---- integer arithmetic --------------------------------------------------- */
 
