@@ -1572,27 +1572,33 @@ static void host_compile(const char *src, const int64_t *syms, fz_kernel_fn fn, 
 	fz_module_free(m);
 }
 
-/* How many outputs a host loop may stream (codegen/emit.c: one on Zen) */
-static int host_streams(void)
+/* What the host compiler knows of this CPU: how many outputs a loop may
+ * stream (codegen/emit.c: one on Zen), whether it converts to bf16 with
+ * vcvtneps2bf16 (emit.c) */
+static void host_traits(int *streams, bool *bf16)
 {
 	fz_cg_options o;
 	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
 	fz_compiler *c;
 	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
-	int n = c->host_streams;
+	*streams = c->host_streams;
+	*bf16 = c->host_bf16;
 	fz_compiler_free(c);
+}
+
+static int host_streams(void)
+{
+	int n;
+	bool b;
+	host_traits(&n, &b);
 	return n;
 }
 
-/* Whether the host converts to bf16 with vcvtneps2bf16 (emit.c) */
 static bool host_bf16_cvt(void)
 {
-	fz_cg_options o;
-	ck_assert_int_eq(fz_cg_options_parse("host", &o, NULL), FZ_OK);
-	fz_compiler *c;
-	ck_assert_int_eq(fz_compiler_new(&o, &c, NULL), FZ_OK);
-	bool b = c->host_bf16;
-	fz_compiler_free(c);
+	int n;
+	bool b;
+	host_traits(&n, &b);
 	return b;
 }
 
