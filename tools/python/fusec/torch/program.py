@@ -126,10 +126,11 @@ def _views_as_reshapes(gm):
     """Makes gm's views reshapes, so that it runs in PyTorch on the layouts
     the kernels give, not only the ones their meta functions said when the
     graph was traced: on the CPU, SDPA's backward (the flash kernel, heads
-    of 16 and more) returns its gradients contiguous in (B, H, T, D) where
-    its meta function says (B, T, H, D), and AOTAutograd's view of their
-    transpose then fails. The graph is functional (nothing written in
-    place), so a reshape that copies computes the same values."""
+    of 16 and more) returns its gradients in another layout than its meta
+    function says, and AOTAutograd's view of their transpose to (B, T,
+    H * D) then fails ("view size is not compatible"). The graph is
+    functional (nothing written in place), so a reshape that copies
+    computes the same values."""
     view = torch.ops.aten.view.default
     changed = False
     for n in gm.graph.nodes:
