@@ -32,18 +32,16 @@ least; for the Llama block it is only indicative). An input the trace
 never reads (the embedding backward's table, which autograd asks for) is
 not counted.
 
-Copy bandwidth. The machine's copy bandwidth is measured as one more way
-of every case, in the same rounds as the others and taking its turn
-after them (a 256 MiB f32 tensor copied into another by PyTorch at the
-same thread count, bytes read and written over the median time), and
-every memory-bound case is also reported as a fraction of it
-(<way>_of_copy; the case's own copy figure is copy_GBps, the summary's
-the median of them): how close each way comes to what the memory system
-can move at all. Each case against the copy of its own rounds, because
-on a shared machine the bandwidth wanders by more than the cases differ:
-one copy at the start read 18.7 GB/s where the same machine had read
-28.9 a quarter of an hour before, and a copy measured once before each
-case (as this did until session 20) read 21 to 35 GB/s within one run.
+Copy bandwidth. Before each case, the machine's copy bandwidth is measured
+the same way (a 256 MiB f32 tensor copied into another by PyTorch at the
+same thread count, bytes read and written over the median time), and every
+memory-bound case is also reported as a fraction of it (<way>_of_copy;
+the case's own copy figure is copy_GBps, the summary's the median of
+them): how close each way comes to what the memory system can move at
+all. Each case against the copy measured just before it, because on a
+shared machine the bandwidth wanders by more than the cases differ: one
+copy at the start read 18.7 GB/s where the same machine had read 28.9 a
+quarter of an hour before.
 
     tools/bench/cpu_bench.py                   everything, 20 rounds
     tools/bench/cpu_bench.py --cases rms_norm,softmax --rounds 10
@@ -516,20 +514,6 @@ class Evictor:
         self.buf.fill_(float(self.k))
 
 
-COPY_BYTES = 256 << 20
-_copy_buffers = []
-
-
-def copy_runner():
-    """(f, args): f(*args) copies a 256 MiB f32 tensor into another (the
-    pair made once for the whole run)"""
-    if not _copy_buffers:
-        src = torch.ones(COPY_BYTES // 4)
-        _copy_buffers.extend([src, torch.empty_like(src)])
-    src, dst = _copy_buffers
-    return dst.copy_, (src,)
-
-
 def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0, evict=None):
     g = torch.Generator().manual_seed(0)
     fn, args, text = CASES[name](g)
@@ -566,13 +550,9 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0, evict=None
     for _ in range(warmup):
         for k, f in runners.items():
             f(*(fargs if k == "fusec" else args))
-    copy_f, copy_args = copy_runner()
-    for _ in range(warmup):
-        copy_f(*copy_args)
     times = {k: [] for k in runners}
     cpu = {k: [] for k in runners}
     faults = {k: [] for k in runners}
-    copies = []
     vm0 = _vmstat()
     for _ in range(rounds):
         for k, f in runners.items():
@@ -582,10 +562,7 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0, evict=None
             times[k].append(dt)
             cpu[k].append(ct)
             faults[k].append(fl)
-        # the copy's 512 MB outgrow every cache: no eviction needed
-        copies.append(_timed(copy_f, copy_args)[0])
     vm1 = _vmstat()
-    res["copy_GBps"] = 2 * COPY_BYTES / statistics.median(copies) / 1e9
     for k, ts in times.items():
         med = statistics.median(ts)
         res[k + "_us"] = med * 1e6
@@ -604,6 +581,21 @@ def bench_case(name, rounds, warmup, fusec_bin, env, ways, threads=0, evict=None
         else:
             res["run_error"] = why
     return res
+
+
+def copy_bandwidth(rounds, warmup):
+    """GB/s of PyTorch copying a 256 MiB f32 tensor into another, counting
+    the bytes read and the bytes written (the median over the rounds)."""
+    n = 256 << 20
+    src = torch.ones(n // 4)
+    dst = torch.empty_like(src)
+    for _ in range(warmup):
+        dst.copy_(src)
+    ts = []
+    for _ in range(rounds):
+        dt, _ = _timed(dst.copy_, (src,))
+        ts.append(dt)
+    return 2 * n / statistics.median(ts) / 1e9
 
 
 def geomean(xs):
@@ -646,10 +638,11 @@ def main():
     results, copies = [], []
     evict = Evictor() if a.cold else None
     for c in names:
-        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads, evict)
-        copy_gbps = r["copy_GBps"]
+        copy_gbps = copy_bandwidth(max(a.rounds, 5), a.warmup)
         copies.append(copy_gbps)
-        print("copy bandwidth in its rounds: %.1f GB/s" % copy_gbps, file=sys.stderr)
+        print("copy bandwidth: %.1f GB/s" % copy_gbps, file=sys.stderr)
+        r = bench_case(c, a.rounds, a.warmup, a.fusec, env, ways, threads, evict)
+        r["copy_GBps"] = copy_gbps
         if c in MEMORY_BOUND:
             for k in ("eager", "compile", "fusec", "run"):
                 if k + "_GBps" in r:

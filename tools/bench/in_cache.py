@@ -95,8 +95,8 @@ def main():
         with open(a.cpu_bench) as f:
             cb = json.load(f)
         cb_bytes = {r["case"]: r.get("bytes") for r in cb["results"]}
-        # each case's own copy (measured just before it from 61967cb on,
-        # in its rounds from session 20), else the run's
+        # each case's own copy, measured just before it (cpu_bench.py
+        # from 61967cb on), else the run's
         cb_copy = {r["case"]: r.get("copy_GBps") or cb["summary"]["copy_GBps"]
                    for r in cb["results"]}
         threads = cb.get("threads") or os.cpu_count()
