@@ -9,10 +9,12 @@
 # it, and cuobjdump -sass lists the machine code. cuobjdump is not in the
 # Debian CUDA packages this machine has; PyPI has it:
 #
-#     pip download --no-deps nvidia-cuda-cuobjdump -d /tmp/w &&
-#         python3 -m zipfile -e /tmp/w/nvidia_cuda_cuobjdump-*.whl /tmp/w/x
+#     pip download --no-deps nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm \
+#         -d /tmp/w && for w in /tmp/w/*.whl; do
+#         python3 -m zipfile -e $w /tmp/w/x; done
 #
-# then CUOBJDUMP=/tmp/w/x/nvidia/cu13/bin/cuobjdump (chmod +x it). The
+# then CUOBJDUMP=/tmp/w/x/nvidia/cu13/bin/cuobjdump, and that folder on
+# PATH (cuobjdump -sass runs nvdisasm; chmod +x both). The
 # counts are static: a loop body counts once, a slow path never taken
 # counts in full; read the listing (kept under $KEEP, default a temporary
 # folder) for the path that runs.
