@@ -123,7 +123,8 @@ def _hints(vals):
 
 
 def _views_as_reshapes(gm):
-    """Makes gm's views reshapes, so that it runs in PyTorch on the layouts
+    """Makes gm's views reshapes (True if there were any; the caller
+    recompiles gm), so that it runs in PyTorch on the layouts
     the kernels give, not only the ones their meta functions said when the
     graph was traced: on the CPU, SDPA's backward (the flash kernel, heads
     of 16 and more) returns its gradients in another layout than its meta
@@ -137,8 +138,7 @@ def _views_as_reshapes(gm):
         if n.op == "call_function" and n.target is view:
             n.target = torch.ops.aten.reshape.default
             changed = True
-    if changed:
-        gm.recompile()
+    return changed
 
 
 class Part(torch.nn.Module):
@@ -198,8 +198,8 @@ class Part(torch.nn.Module):
         self.status = "PyTorch (%s)" % why
         self.symbolic = None
         self.programs = {k: None for k in self.programs}
-        if not self.given_up:
-            _views_as_reshapes(self.sub)
+        if not self.given_up and _views_as_reshapes(self.sub):
+            self.sub.recompile()
         self.given_up = True
 
     def write(self, sizes, lit_dtypes=None):
@@ -400,10 +400,10 @@ def compile_graph(gm, example_inputs, kind, options):
                      options)
             setattr(fused, n.target, p)
             parts.append(p)
-    fused.recompile()
     fell = [c for c in claims if not c.claimed]
     if fell:  # nodes of the graph itself run in PyTorch
         _views_as_reshapes(fused)
+    fused.recompile()
     COUNTERS["graphs"] += 1
     COUNTERS["parts"] += len(parts)
     COUNTERS["fallback_nodes"] += len(fell)
