@@ -209,6 +209,38 @@ class TestTrain(TestCase):
         self.assertEqual([g["kind"] for g in ft.explain().graphs],
                          ["inference"])
 
+    def test_backward_inside_the_compiled_step(self):
+        """A compiled step that calls loss.backward() itself trains as
+        eager does, and Dynamo traces no frame of fusec's: the backward
+        graph is compiled and run under that call, and before the fix
+        Dynamo captured fusec's own Python as graphs (8 where aot_eager's
+        step has 1) and its first step took five times as long."""
+        from torch._dynamo.utils import counters
+        torch.manual_seed(8)
+        ref = MLP()
+        x, y = torch.randn(9, 8), torch.randn(9, 4)
+
+        def run(model, backend, options=None):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+            def step(x, y):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            torch._dynamo.reset()
+            counters.clear()
+            f = torch.compile(step, backend=backend, options=options)
+            losses = []
+            for _ in range(3):
+                losses.append(f(x, y).item())
+                opt.step()
+                opt.zero_grad()
+            return losses, counters["stats"]["unique_graphs"]
+        want, want_graphs = run(copy.deepcopy(ref), "aot_eager")
+        got, graphs = run(copy.deepcopy(ref), ft.backend, OPTIONS)
+        self.assert_close_losses(got, want)
+        self.assertEqual(graphs, want_graphs)
+
     def test_dynamic_dim_reuses_programs(self):
         """Once Dynamo marks the batch dim dynamic, other sizes run the
         same fusec programs: no new program after the first size."""

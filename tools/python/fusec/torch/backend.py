@@ -60,6 +60,7 @@ def _check_options(options):
 def backend(gm, example_inputs, options=None, **_):
     """The Dynamo backend (registered as "fusec"): gm with its forward,
     backward and inference graphs compiled by fusec through AOTAutograd."""
+    import torch
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import \
         min_cut_rematerialization_partition
@@ -68,7 +69,14 @@ def backend(gm, example_inputs, options=None, **_):
     _attention_as_math(gm, options)
 
     def compiler(kind):
-        return functools.partial(_compile, kind=kind, options=options)
+        # Dynamo must not trace fusec's own Python: a compiled step that
+        # calls loss.backward() reaches the backward compiler (AOTAutograd
+        # compiles the backward at its first call) and the programs with
+        # Dynamo's frame hook still set, and fusec's modules are not among
+        # the files it skips as it skips torch's own
+        return torch.compiler.disable(
+            functools.partial(_compile, kind=kind, options=options),
+            recursive=True)
 
     return aot_module_simplified(
         gm, example_inputs,
@@ -119,6 +127,7 @@ def _sdpa_on(want, q, *args, **kwargs):
 
 
 def _compile(gm, example_inputs, kind, options):
+    import torch
     from torch._functorch.aot_autograd import make_boxed_func
     try:
         fn = compile_graph(gm, example_inputs, kind, options)
@@ -128,7 +137,8 @@ def _compile(gm, example_inputs, kind, options):
                       "on it", kind)
         COUNTERS["fallback_graphs"] += 1
         fn = gm
-    return make_boxed_func(fn)
+    # run outside Dynamo too (see backend's compiler)
+    return make_boxed_func(torch.compiler.disable(fn, recursive=True))
 
 
 _BUILDS_AT_RESET = [0]
