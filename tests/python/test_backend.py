@@ -241,6 +241,26 @@ class TestTrain(TestCase):
         self.assert_close_losses(got, want)
         self.assertEqual(graphs, want_graphs)
 
+    def test_generate_with_kv_cache(self):
+        """Greedy generate() through a compiled forward, KV cache on,
+        gives eager's tokens; the cache's growing length is a symbol after
+        Dynamo's second shape, so ten new tokens prepare three programs
+        (prefill, the first decode step, every later one), not one each."""
+        torch.manual_seed(9)
+        model = tiny_llama().eval()
+        ids = torch.randint(2, 96, (2, 7))
+        kw = dict(max_new_tokens=10, do_sample=False, use_cache=True,
+                  pad_token_id=0, eos_token_id=None)
+        with torch.no_grad():
+            want = model.generate(ids, **kw)
+            torch._dynamo.reset()
+            ft.stats(reset=True)
+            model.forward = torch.compile(model.forward, backend=ft.backend,
+                                          options=OPTIONS)
+            got = model.generate(ids, **kw)
+        self.assertTrue(torch.equal(got, want), (got, want))
+        self.assertEqual(ft.stats()["programs"], 3, ft.stats())
+
     def test_dynamic_dim_reuses_programs(self):
         """Once Dynamo marks the batch dim dynamic, other sizes run the
         same fusec programs: no new program after the first size."""

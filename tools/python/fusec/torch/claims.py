@@ -21,7 +21,7 @@ import torch
 
 from .values import (ExportError, V, _DTYPES, _Refused, _Unmapped,
                      _concrete, _is_size, _val)
-from .writer import Draws, _Writer
+from .writer import Draws, _Writer, is_size_node
 
 _MAX_RANK = 8  # FZ_MAX_RANK
 
@@ -139,6 +139,25 @@ class _Prober(_Writer):
             self.claims.append(Claim(node.name, op_name(node),
                                      reason is None, reason))
         return None
+
+
+def sizes_for_parts(gm, claimed):
+    """Names of the size nodes (Dynamo's sym_size and arithmetic on sizes)
+    that can go into the parts beside the claimed nodes (a set of names):
+    those whose every user is claimed or is such a size node. Left out,
+    each is a PyTorch node between the tensor it reads and the claimed
+    node it feeds, and the partitioner cuts the graph there: a decoder's
+    step with a KV cache of symbolic length (sym_size of each layer's
+    concatenated cache, read by its views) became one part per layer. Its
+    value inside a part is its meta's at the part's binding of sizes."""
+    inside = set()
+    for node in reversed(gm.graph.nodes):
+        if node.name in claimed or not is_size_node(node) or \
+                not node.users:
+            continue
+        if all(u.name in claimed or u.name in inside for u in node.users):
+            inside.add(node.name)
+    return inside
 
 
 def claim(gm, device_type, sizes=None):

@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from .claims import claim
+from .claims import claim, sizes_for_parts
 from .exporter import _write
 from .symbolic import _merge_symbolic
 from .writer import Draws
@@ -382,6 +382,7 @@ def compile_graph(gm, example_inputs, kind, options):
             if n.op == "placeholder"]
     claims = claim(gm, devtype, _hints(vals))
     claimed = set(c.node for c in claims if c.claimed)
+    claimed |= sizes_for_parts(gm, claimed)
 
     class Support(OperatorSupportBase):
         def is_node_supported(self, submodules, node):

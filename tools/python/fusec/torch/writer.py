@@ -22,6 +22,20 @@ from .values import (ExportError, V, _BYTES, _CMP, _DTYPES, _FLOATS, _Refused,
                      _ident, _is_size, _numel, _source_line, _val)
 from .ops import _HANDLERS, _PRIMS
 
+# The ops of Dynamo's size arithmetic: a tensor's extent, and sums and
+# products of extents. Their values are sizes, never data (.item(), whose
+# value is a size too, is not among them).
+_SIZE_OPS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
+             operator.add, operator.sub, operator.mul, operator.floordiv,
+             operator.neg, torch.sym_max, torch.sym_min)
+
+
+def is_size_node(node):
+    """Is node one of Dynamo's size computations (an extent of a tensor,
+    or arithmetic on extents), whose value the node's own meta records?"""
+    return node.op == "call_function" and node.target in _SIZE_OPS and \
+        _is_size(_val(node))
+
 
 _CONST_LIMIT = 4096
 _CAT_MAX = 256  # operands of one op (FZ_MAX_ARGS in ir/ir.h)
@@ -399,6 +413,11 @@ class _Writer:
                     continue
                 if node.op != "call_function":
                     raise _Unmapped(node.op)
+                if is_size_node(node):
+                    # a size inside a part (claims.sizes_for_parts): its
+                    # value at this binding, as a placeholder's
+                    self.env[node] = _concrete(_val(node), self.sizes)
+                    continue
                 if any(a in self.failed for a in node.all_input_nodes):
                     self.failed.add(node)  # reported at its cause
                     continue
