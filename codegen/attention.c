@@ -508,6 +508,7 @@ typedef struct ak {
 	int rw; /* floats per vector of the rows' softmax: gemm_lanes */
 	bool mask_free; /* emitting a block where the bool mask is all true */
 	bool mask_tri;  /* ... or exactly the lower triangle (keys j <= i) */
+	bool few;       /* emitting the forward for an item of FEW rows or less */
 } ak;
 
 /* The element offset of row t of head h of batch item b of operand w
@@ -689,7 +690,8 @@ typedef enum tri {
  * them: row_loops); TRI_KLO and TRI_KHI cut each tile's k loop at its
  * rows. About 60% of the full product's fmas at BQ = BK = 64. */
 static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
-		   int64_t ldc, int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
+		   int64_t ldc, int64_t M, V mrows, int64_t N, int64_t kn, bool acc, V rs,
+		   tri t)
 {
 	int gw = gemm_lanes(g), nvm = gw == 16 ? 4 : 2;
 	int groups = t == TRI_N ? (int)(M / gw) : 1;
@@ -699,8 +701,13 @@ static void gemm_s(cg *g, V A, int64_t am, int64_t ak, V B, int64_t ldb, V C,
 		int64_t n = t == TRI_N && (c + 1) * gw < N ? (c + 1) * gw : N;
 		int64_t nmain = n / (nvm * gw) * (nvm * gw);
 		int tail = (int)((n - nmain) / gw);
+		/* only the tiles that hold one of the first mrows rows */
+		V mend = ci(g, m1);
+		if (mrows && t != TRI_N)
+			mend = umin(g, mul(g, udiv(g, add(g, mrows, ci(g, MR - 1)), ci(g, MR)),
+					   ci(g, MR)), mend);
 		cg_loop LM, LN;
-		cg_loop_begin(g, &LM, ci(g, m0), ci(g, m1), ci(g, MR));
+		cg_loop_begin(g, &LM, ci(g, m0), mend, ci(g, MR));
 		V k0 = t == TRI_KHI ? LM.iv : ci(g, 0);
 		V k1 = t == TRI_KLO ? umin(g, add(g, LM.iv, ci(g, MR)), ci(g, kn)) : ci(g, kn);
 		if (nmain > 0) {
@@ -726,9 +733,9 @@ static V iota_from(cg *g, int n, V x)
 }
 
 static void gemm(cg *g, V A, int64_t lda, V B, int64_t ldb, V C, int64_t ldc,
-		 int64_t M, int64_t N, int64_t kn, bool acc, V rs, tri t)
+		 int64_t M, V mrows, int64_t N, int64_t kn, bool acc, V rs, tri t)
 {
-	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, N, kn, acc, rs, t);
+	gemm_s(g, A, lda, 1, B, ldb, C, ldc, M, mrows, N, kn, acc, rs, t);
 }
 
 bool cg_attn_simple(const fz_attn *A)
@@ -1157,19 +1164,95 @@ static void fwd_row(ak *K, void *arg, V r, int nc, bool full)
 	store(g, alpha, at(g, F->Al, r), 4);
 }
 
+/* A forward item of FEW query rows or less: a decode step's one row, or
+ * the last rows of a length just past a block. The block products
+ * amortize copying the block's keys transposed and its values over BQ
+ * rows; one row pays it whole, and at T = 2048 a decode step took 4 to 6
+ * ms where PyTorch's SDPA takes 0.2. Here the keys and values are read
+ * where they lie: S's row r is q_r . k_j per key (four accumulators over
+ * the head dim, then their lanes summed), and O's row is Al O + sum_j
+ * p_j v_j, in the order of the block product's sum. */
+#define FEW 2
+
+static void fwd_block_few(ak *K, fblock *F)
+{
+	cg *g = K->g;
+	int64_t D = K->D, DV = K->DV;
+	const qitem *Q = F->Q;
+	V k0 = opnd_at(K, FZ_ATTN_K, Q->b, Q->hk, F->kb), kld = opnd_ld(K, FZ_ATTN_K);
+	V v0 = opnd_at(K, FZ_ATTN_V, Q->b, Q->hk, F->kb), vld = opnd_ld(K, FZ_ATTN_V);
+	cg_loop R, J;
+	cg_loop_begin(g, &R, ci(g, 0), Q->nrows, ci(g, 1));
+	{
+		V r = R.iv, qrow = mul(g, r, ci(g, D)), srow = mul(g, r, ci(g, BK));
+		cg_loop_begin(g, &J, ci(g, 0), F->nk, ci(g, 1));
+		V krow = add(g, k0, mul(g, J.iv, kld)), acc[4];
+		for (int a = 0; a < 4; a++)
+			acc[a] = vconst(g, 0.0);
+		for (int64_t e = 0; e < D; e += VW) {
+			V q = load(g, vf(g), at(g, F->Qs, add(g, qrow, ci(g, e))), 4);
+			V kv = vload(g, K->sk, K->dt, add(g, krow, ci(g, e)));
+			acc[e / VW % 4] = vfma(g, q, kv, acc[e / VW % 4]);
+		}
+		V sum = hreduce(g, fadd(g, fadd(g, acc[0], acc[1]), fadd(g, acc[2], acc[3])), false);
+		store(g, sum, at(g, F->S, add(g, srow, J.iv)), 4);
+		cg_loop_end(g, &J);
+		/* keys past the block's end: 0, as the copy's zero rows give */
+		cg_loop_begin(g, &J, F->nk, ci(g, BK), ci(g, 1));
+		store(g, c_f32(g, 0.0), at(g, F->S, add(g, srow, J.iv)), 4);
+		cg_loop_end(g, &J);
+	}
+	cg_loop_end(g, &R);
+	/* the rows' softmax, masked per lane where the block is not whole (a
+	 * causal diagonal block too: its rows see keys j <= i there) */
+	rowsel RS = {fwd_row, F, Q->nrows};
+	block_rows(K, false, block_full(K, Q->i0, Q->i1, F->kb), &RS);
+	cg_loop_begin(g, &R, ci(g, 0), Q->nrows, ci(g, 1));
+	{
+		V r = R.iv, srow = mul(g, r, ci(g, BK)), orow = mul(g, r, ci(g, DV));
+		V al = splat(g, load(g, t_f32(g), at(g, F->Al, r), 4));
+		/* eight vectors of O's row at a time: sixteen registers with AVX2 */
+		for (int64_t c0 = 0; c0 < DV; c0 += 8 * VW) {
+			int nv = (int)((DV - c0) / VW < 8 ? (DV - c0) / VW : 8);
+			V init[8], ph[8], next[8];
+			for (int u = 0; u < nv; u++)
+				init[u] = fmul(g, load(g, vf(g), at(g, F->Os, add(g, orow,
+						ci(g, c0 + u * VW))), 4), al);
+			cg_loop_begin(g, &J, ci(g, 0), F->nk, ci(g, 1));
+			loop_phis(g, &J, nv, init, ph);
+			V p = splat(g, load(g, t_f32(g), at(g, F->S, add(g, srow, J.iv)), 4));
+			V vrow = add(g, v0, mul(g, J.iv, vld));
+			for (int u = 0; u < nv; u++)
+				next[u] = vfma(g, p, vload(g, K->sv, K->dt, add(g, vrow, ci(g, c0 + u * VW))),
+					       ph[u]);
+			loop_next(g, nv, ph, next);
+			cg_loop_end(g, &J);
+			for (int u = 0; u < nv; u++)
+				store(g, ph[u], at(g, F->Os, add(g, orow, ci(g, c0 + u * VW))), 4);
+		}
+	}
+	cg_loop_end(g, &R);
+}
+
 /* The block's keys and values; S = Q Kt, the rows' softmax, O = Al O +
- * P V. */
+ * P V (an item of FEW rows: fwd_block_few). */
 static void fwd_block(ak *K, void *arg, bool diag)
 {
 	cg *g = K->g;
 	fblock *F = arg;
 	int64_t D = K->D, DV = K->DV;
+	if (K->few) {
+		fwd_block_few(K, F);
+		return;
+	}
 	load_opnd(K, FZ_ATTN_K, F->Q->b, F->Q->hk, F->kb, F->nk, BK, NULL, F->Kt);
 	load_opnd(K, FZ_ATTN_V, F->Q->b, F->Q->hk, F->kb, F->nk, BK, F->Vs, NULL);
-	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, BK, D, false, NULL, diag ? TRI_N : TRI_NONE);
+	V nq = F->Q->nrows; /* a decode step's one row: one tile, not BQ / MR */
+	gemm(g, F->Qs, D, F->Kt, BK, F->S, BK, BQ, nq, BK, D, false, NULL,
+	     diag ? TRI_N : TRI_NONE);
 	rowsel R = {fwd_row, F, F->Q->nrows};
 	block_rows(K, diag, diag ? NULL : block_full(K, F->Q->i0, F->Q->i1, F->kb), &R);
-	gemm(g, F->S, BK, F->Vs, DV, F->Os, DV, BQ, DV, BK, true, F->Al,
+	gemm(g, F->S, BK, F->Vs, DV, F->Os, DV, BQ, nq, DV, BK, true, F->Al,
 	     diag ? TRI_KLO : TRI_NONE);
 }
 
@@ -1192,11 +1275,26 @@ static void kernel_fwd(ak *K)
 	store(g, c_f32(g, 0.0), at(g, Ls, R.iv), 4);
 	store(g, c_f32(g, 0.0), at(g, Al, R.iv), 4); /* rows past nrows: O stays 0 */
 	cg_loop_end(g, &R);
-	V kb, nk;
-	key_blocks(K, &Q, &KB, &kb, &nk);
-	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk};
-	by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, fwd_block, &F);
-	cg_loop_end(g, &KB);
+	/* the key blocks' loop twice: for items of FEW rows or less, and the
+	 * rest */
+	LLVMBasicBlockRef few = block(g, "attn.few"), many = block(g, "attn.many"),
+			  rows_done = block(g, "attn.rows");
+	cond_br(g, icmp(g, LLVMIntULE, Q.nrows, ci(g, FEW)), few, many);
+	for (int f = 1; f >= 0; f--) {
+		at_end(g, f ? few : many);
+		int mark = cg_memo_mark(g), cse = g->n_cse;
+		V kb, nk;
+		K->few = f;
+		key_blocks(K, &Q, &KB, &kb, &nk);
+		fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk};
+		by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, fwd_block, &F);
+		cg_loop_end(g, &KB);
+		br(g, rows_done);
+		cg_memo_pop(g, mark);
+		g->n_cse = cse;
+	}
+	K->few = false;
+	at_end(g, rows_done);
 	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
@@ -1296,19 +1394,19 @@ static void grad_block(ak *K, void *arg, bool diag)
 		load_opnd(K, FZ_ATTN_V, G->b, G->hk, G->kb, G->nk, BK, NULL, G->Vt);
 	}
 	tri tn = diag ? TRI_N : TRI_NONE;
-	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, BK, D, false, NULL, tn);
-	gemm(g, G->dOs, DV, G->Vt, BK, G->dP, BK, BQ, BK, DV, false, NULL, tn);
+	gemm(g, G->Qs, D, G->Kt, BK, G->S, BK, BQ, NULL, BK, D, false, NULL, tn);
+	gemm(g, G->dOs, DV, G->Vt, BK, G->dP, BK, BQ, NULL, BK, DV, false, NULL, tn);
 	rowsel R = {grad_row, G, G->nrows};
 	block_rows(K, diag, diag ? NULL : block_full(K, G->i0, add(g, G->i0, G->nrows), G->kb),
 		   &R);
 	if (!G->keep_p) {
-		gemm(g, G->S, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+		gemm(g, G->S, BK, G->Ks, D, G->dQs, D, BQ, NULL, D, BK, true, NULL,
 		     diag ? TRI_KLO : TRI_NONE);
 		return;
 	}
-	gemm_s(g, G->S, 1, BK, G->dOs, DV, G->dVs, DV, BK, DV, BQ, true, NULL,
+	gemm_s(g, G->S, 1, BK, G->dOs, DV, G->dVs, DV, BK, NULL, DV, BQ, true, NULL,
 	       diag ? TRI_KHI : TRI_NONE);
-	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, D, BQ, true, NULL,
+	gemm_s(g, G->dP, 1, BK, G->Qs, D, G->dKs, D, BK, NULL, D, BQ, true, NULL,
 	       diag ? TRI_KHI : TRI_NONE);
 	if (G->sdq < 0)
 		return;
@@ -1317,7 +1415,7 @@ static void grad_block(ak *K, void *arg, bool diag)
 	 * pass adds them: the same sums, bit for bit */
 	V first = mul(g, G->rowbase, ci(g, D));
 	load_rows(K, G->sdq, first, ci(g, D), D, G->nrows, BQ, G->dQs, NULL);
-	gemm(g, G->dP, BK, G->Ks, D, G->dQs, D, BQ, D, BK, true, NULL,
+	gemm(g, G->dP, BK, G->Ks, D, G->dQs, D, BQ, NULL, D, BK, true, NULL,
 	     diag ? TRI_KLO : TRI_NONE);
 	store_rows(g, G->sdq, FZ_F32, first, D, G->nrows, G->dQs, NULL);
 }
@@ -1480,7 +1578,8 @@ void cg_attention(cg *g)
 			"in its f32 output (here %s)", fz_dtype_name(A.dtype));
 		return;
 	}
-	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false};
+	ak K = {g, &A, A.in_q, A.in_k, A.in_v, -1, -1, -1, A.dtype, A.d, A.dv, gemm_lanes(g), false, false,
+		false};
 	int n_in = g->r->n_in;
 	if (A.pass == FZ_ATTN_FWD) {
 		K.so = A.out_o >= 0 ? n_in + A.out_o : -1;

@@ -36,6 +36,11 @@ issue's goal: >= 1.0).
                                                   T 128 and 512, D 64 and 128,
                                                   f32 and bf16, 20 rounds
 
+--decode times a decode step instead: one query row per head (--tq for
+more) against a KV cache of T keys, forward only, no mask (the row sees
+every key), torch's SDPA against fusec's attention, 20 steps a round; the
+default T is 4096 and D 128 there (a 7B model's head).
+
 --mask gives the causal rule as a bool tensor [B, 1, T, T] instead: torch's
 attn_mask and fusec's mask operand (a trace input), as HF's Llama hands SDPA
 its mask under torch.compile (the kernels then read the mask block by block).
@@ -206,6 +211,45 @@ def run_case(name, B, T, D, rounds, parts=False, H=0, reps=1, mask=False):
     return r
 
 
+def run_decode(name, B, T, D, rounds, H=0, reps=20, tq=1):
+    """A decode step: tq query rows per head against T cached keys."""
+    H0, HKV, dt, tdt = CASES[name]
+    if H:
+        HKV, H = max(1, H * HKV // H0), H
+    else:
+        H = H0
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, tq, D, generator=g).to(tdt)
+    k = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    v = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    prog = fusec.Program(
+        "trace dec(q: %s[%d, %d, %d, %d], k: %s[%d, %d, %d, %d], v: %s[%d, %d, %d, %d]) {\n"
+        "  o, lse = attention(q, k, v)\n  return o\n}\n"
+        % (dt, B, H, tq, D, dt, B, HKV, T, D, dt, B, HKV, T, D), device="cpu")
+    gqa = HKV != H
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    got = prog(q, k, v)
+    err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+    tt, tf = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        t1 = time.perf_counter()
+        for _ in range(reps):
+            prog(q, k, v)
+        t2 = time.perf_counter()
+        tt.append((t1 - t0) / reps)
+        tf.append((t2 - t1) / reps)
+    r = {"case": name, "decode": True, "tq": tq, "B": B, "H": H, "HKV": HKV, "T": T,
+         "D": D, "dtype": dt, "mask": False,
+         "torch_ms": statistics.median(tt) * 1e3, "fusec_ms": statistics.median(tf) * 1e3,
+         "torch_ms_all": [x * 1e3 for x in tt], "fusec_ms_all": [x * 1e3 for x in tf],
+         "rel_err": {"o": err}}
+    r["torch_over_fusec"] = r["torch_ms"] / r["fusec_ms"]
+    return r
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="attn_bench.py", description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
@@ -223,6 +267,9 @@ def main(argv=None):
                     help="the causal rule as a bool tensor [B, 1, T, T] (HF's Llama)")
     ap.add_argument("--parts", action="store_true",
                     help="also time each pass alone (torch fwd, bwd; fusec fwd, dq, dkv)")
+    ap.add_argument("--decode", action="store_true",
+                    help="a decode step: --tq query rows against T cached keys, forward")
+    ap.add_argument("--tq", type=int, default=1, help="query rows of a decode step")
     ap.add_argument("--note", default="", help="a note kept in the JSON (the machine's load)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
@@ -231,6 +278,9 @@ def main(argv=None):
         if a.cases == ",".join(CASES):
             a.cases = "f32,bf16"
         a.rounds = max(a.rounds, 20)
+    if a.decode:
+        a.T = "4096" if a.T == "2048" else a.T
+        a.D = "128" if a.D == "64" else a.D
     if a.threads:
         torch.set_num_threads(a.threads)
         os.environ["FUSEC_THREADS"] = str(a.threads)
@@ -244,13 +294,19 @@ def main(argv=None):
             for H in ints(a.H):
                 for T in ints(a.T):
                     for D in ints(a.D):
-                        r = run_case(name, B, T, D, a.rounds, a.parts, H, a.reps,
-                                     a.mask)
+                        if a.decode:
+                            r = run_decode(name, B, T, D, a.rounds, H,
+                                           max(a.reps, 20), a.tq)
+                        else:
+                            r = run_case(name, B, T, D, a.rounds, a.parts, H, a.reps,
+                                         a.mask)
                         results.append(r)
                         e = r["rel_err"]
-                        print("%-10s %3d %3d %5d %4d %10.2f %10.2f %8.2f  %.1e %.1e %.1e %.1e" % (
+                        print("%-10s %3d %3d %5d %4d %10.3f %10.3f %8.2f  %s" % (
                             name, B, r["H"], T, D, r["torch_ms"], r["fusec_ms"],
-                            r["torch_over_fusec"], e["o"], e["dq"], e["dk"], e["dv"]),
+                            r["torch_over_fusec"],
+                            " ".join("%.1e" % e[x] for x in ("o", "dq", "dk", "dv")
+                                     if x in e)),
                             flush=True)
                         if a.parts:
                             print("  parts ms: " + "  ".join(

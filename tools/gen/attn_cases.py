@@ -20,8 +20,10 @@ Per (length, head dim, dtype), the file holds:
   - the decomposed forward eager attention writes (matmul, scale, where on
     an iota causal mask, softmax, matmul), which the partitioner makes the
     same region.
-Query and key lengths are the same (T); the padding mask hides the last
-third of the keys of every batch. Standard library only; deterministic.
+  - for T > 5, a decode step and a chunk of 5 queries against T keys
+    (GQA 4:1, a bool padding mask), forward and backward.
+Query and key lengths are the same (T) elsewhere; the padding mask hides
+the last third of the keys of every batch. Standard library only; deterministic.
 """
 import argparse
 import sys
@@ -74,6 +76,18 @@ def cases(T, D, dt, B, H):
     w("  dq = attention_dq(q, k, v, o, lse, do, m, scale=0.125)\n")
     w("  dk, dv = attention_dkv(q, k, v, o, lse, do, m, scale=0.125)\n")
     w("  return o, lse, dq, dk, dv\n}\n")
+    # a decode step and a short chunk against a KV cache of T keys: 1 and
+    # 5 query rows (fewer than a tile of the products), GQA 4:1, a bool
+    # padding mask
+    for tq in (1, 5) if T > 5 else ():
+        w("trace decode%d_%s(q: %s[%d, %d, %d, %d], k: %s[%d, %d, %d, %d], "
+          "v: %s[%d, %d, %d, %d], do: %s[%d, %d, %d, %d], pad: bool[%d, 1, 1, %d]) {\n"
+          % (tq, tag, dt, B, H, tq, D, dt, B, hk, T, D, dt, B, hk, T, D, dt, B, H, tq, D,
+             B, T))
+        w("  o, lse = attention(q, k, v, pad)\n")
+        w("  dq = attention_dq(q, k, v, o, lse, do, pad)\n")
+        w("  dk, dv = attention_dkv(q, k, v, o, lse, do, pad)\n")
+        w("  return o, lse, dq, dk, dv\n}\n")
     # the decomposed form, with an iota causal mask and a scale
     w("trace eager_%s(%s) {\n" % (tag, qkv(H, H)))
     w("  i = iota(length=%d, dtype=i64)\n" % T)
