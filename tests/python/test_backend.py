@@ -247,7 +247,9 @@ class TestTrain(TestCase):
         Dynamo's second shape, so ten new tokens prepare three programs
         (prefill, the first decode step, every later one), not one each."""
         torch.manual_seed(9)
-        model = tiny_llama().eval()
+        # head dim 16: SDPA becomes the attention primitive, whose decode
+        # steps take the kernels' one-row path
+        model = tiny_llama(hidden=64, heads=4, kv_heads=2).eval()
         ids = torch.randint(2, 96, (2, 7))
         kw = dict(max_new_tokens=10, do_sample=False, use_cache=True,
                   pad_token_id=0, eos_token_id=None)
@@ -255,11 +257,14 @@ class TestTrain(TestCase):
             want = model.generate(ids, **kw)
             torch._dynamo.reset()
             ft.stats(reset=True)
+            math_calls = len(ft.explain().attention)
             model.forward = torch.compile(model.forward, backend=ft.backend,
                                           options=OPTIONS)
             got = model.generate(ids, **kw)
         self.assertTrue(torch.equal(got, want), (got, want))
         self.assertEqual(ft.stats()["programs"], 3, ft.stats())
+        # every SDPA call the primitive, none its math
+        self.assertEqual(len(ft.explain().attention), math_calls)
 
     def test_dynamic_dim_reuses_programs(self):
         """Once Dynamo marks the batch dim dynamic, other sizes run the
