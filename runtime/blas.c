@@ -313,8 +313,20 @@ typedef struct job {
 	float *y32;                   /* f32 result before rounding, or NULL */
 	int64_t a_elems, b_elems;     /* what the widen pass converts */
 	bool plain;                   /* no BLAS, or integers: the loop */
+	bool stream_b;                /* b widened a block at a time (streamed) */
 	int blas_threads;             /* MKL's threads for each unit, or 0 */
 } job;
+
+/* A bf16 or f16 product of few rows (M <= STREAM_ROWS: a decode step's
+ * linear layers, M = 1) widens b a block of columns at a time, in the
+ * unit that uses them, into STREAM_FLOATS floats of its stack, where
+ * otherwise the whole of b is widened first: a weight read as bf16,
+ * written as f32 and read again out of memory, three times its own
+ * traffic, where the product itself is a pass over it (the lm head of a
+ * 32000-word Llama of hidden 512, one token: 7 ms of a 16 ms decode step
+ * went to it). */
+#define STREAM_ROWS 8
+#define STREAM_FLOATS 16384
 
 /* Element offsets of batch t in a and b. */
 static void batch_offsets(const fz_matmul *m, int64_t t, int64_t *ao, int64_t *bo)
@@ -337,6 +349,14 @@ static int64_t lda_of(const fz_matmul *m)
 static int64_t ldb_of(const fz_matmul *m)
 {
 	return m->ldb ? m->ldb : m->b_trans ? m->K : m->N;
+}
+
+/* The elements one matrix of an operand spans from its first: `rows`
+ * stored rows of `cols` elements, `ld` apart (a strided view's gaps
+ * included: they lie inside the buffer it views). */
+static int64_t mat_span(int64_t rows, int64_t cols, int64_t ld)
+{
+	return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
 }
 
 /* The elements an operand spans over every batch (broadcast ones once). */
@@ -391,6 +411,35 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 				fz_store_f64(m->y, d, yo + i * N + j, s);
 			}
 		}
+}
+
+/* y[r0..r1, c0..c1) = A's rows . b's columns (+ y, beta 1), b widened
+ * STREAM_FLOATS / K columns at a time (job.stream_b): linear's b [N, K]
+ * (b_trans) a block of its rows, else a block of the columns of [K, N]. */
+static void streamed(const job *J, int64_t bo, const float *A, int lda, const char *ta,
+		     float *y, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float beta)
+{
+	const fz_matmul *m = J->m;
+	float panel[STREAM_FLOATS];
+	int64_t K = m->K, N = m->N, LB = ldb_of(m);
+	int64_t w = STREAM_FLOATS / K; /* >= 1: stream_b holds K <= STREAM_FLOATS */
+	int mm = (int)(r1 - r0), kk = (int)K, ldc = (int)N;
+	float one = 1.0f;
+	for (int64_t cb = c0; cb < c1; cb += w) {
+		int64_t ce = cb + w < c1 ? cb + w : c1;
+		int nn = (int)(ce - cb), ldp;
+		if (m->b_trans) { /* rows cb..ce of [N, K], each K long */
+			for (int64_t j = cb; j < ce; j++)
+				to_f32(panel + (j - cb) * K, m->b, m->dtype, bo + j * LB, K);
+			ldp = kk;
+		} else { /* columns cb..ce of [K, N]: K rows of nn */
+			for (int64_t k = 0; k < K; k++)
+				to_f32(panel + k * nn, m->b, m->dtype, bo + k * LB + cb, nn);
+			ldp = nn;
+		}
+		J->b->sgemm(m->b_trans ? "T" : "N", ta, &nn, &mm, &kk, &one, panel, &ldp, A,
+			    &lda, &beta, y + r0 * N + cb, &ldc);
+	}
 }
 
 /* Unit u: batch u / slices, rows or columns [lo, hi) of it. */
@@ -449,6 +498,8 @@ static void unit(const job *J, int part)
 	if (kk == 0) {
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
+	} else if (J->stream_b) {
+		streamed(J, bo, A + aoff, lda, ta, y, r0, r1, c0, c1, beta);
 	} else {
 		J->b->sgemm(tb, ta, &nn, &mm, &kk, &one, B + boff, &ldb, A + aoff, &lda,
 			    &beta, y + r0 * N + c0, &ldc);
@@ -500,13 +551,6 @@ fz_status fz_cpu_matmul(fz_blas *b, fz_pool *pool, const fz_matmul *m, char **er
 	if (M <= 0 || N <= 0 || nb <= 0)
 		return FZ_OK;
 	bool plain = !b || !b->dl || !fz_dtype_is_float(m->dtype);
-	if ((m->lda || m->ldb || m->a_trans) && m->dtype != FZ_F32 && m->dtype != FZ_F64) {
-		if (err)
-			*err = fz_strdup_printf("region %d: strided operands of a %s product "
-						"(only f32 and f64 take row strides)", m->region,
-						fz_dtype_name(m->dtype));
-		return FZ_EINVAL;
-	}
 	if (!plain && (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)) {
 		if (err)
 			*err = fz_strdup_printf("region %d: a matrix product of %lld x %lld "
@@ -546,7 +590,10 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * slices, the product is cut so that the smaller operand is the one
 	 * packed again. One thread takes the product whole. */
 	int64_t want = 4 * (int64_t)T;
-	bool whole = !plain && b->mkl_threads && nb < want;
+	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
+	/* few rows: each unit widens b's columns as it goes */
+	J.stream_b = widened && M <= STREAM_ROWS && K <= STREAM_FLOATS;
+	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b;
 	if (!plain && b->mkl_threads)
 		J.blas_threads = whole ? T : 1;
 	if (nb < want && T > 1 && !whole) {
@@ -561,11 +608,16 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 		n = n < least ? least : n > per ? per : n;
 		J.slices = n < lim ? n : lim;
 	}
-	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
 	bool locked = false;
 	if (widened) {
-		J.a_elems = span(m, m->a_bstride, M * K);
-		J.b_elems = span(m, m->b_bstride, K * N);
+		/* the panels keep the operands' layouts (strides, transposes):
+		 * each element widened where it lies; b not at all when the
+		 * units stream it */
+		J.a_elems = span(m, m->a_bstride, m->a_trans ? mat_span(K, M, lda_of(m))
+							     : mat_span(M, K, lda_of(m)));
+		J.b_elems = J.stream_b ? 0 :
+			    span(m, m->b_bstride, m->b_trans ? mat_span(N, K, ldb_of(m))
+							     : mat_span(K, N, ldb_of(m)));
 		size_t need = sizeof(float) * (size_t)(J.a_elems + J.b_elems + nb * M * N);
 		pthread_mutex_lock(&b->mu);
 		locked = true;
@@ -585,7 +637,7 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 		}
 		float *s = b->scratch;
 		J.a32 = s;
-		J.b32 = s + J.a_elems;
+		J.b32 = J.stream_b ? NULL : s + J.a_elems;
 		J.y32 = s + J.a_elems + J.b_elems;
 		fz_pool_run(pool, T, widen, &J);
 	}

@@ -416,8 +416,7 @@ static void add_library(builder *B, const fz_region *reg)
 	fz_layout la, lb;
 	int64_t lda = 0, ldb = 0;
 	bool ta = false, tb = false;
-	bool strided = B->x->dev->tg->matmul_strided && n->op == FZ_OP_MATMUL &&
-		       (y->type.dtype == FZ_F32 || y->type.dtype == FZ_F64);
+	bool strided = B->x->dev->tg->matmul_strided && n->op == FZ_OP_MATMUL;
 	int ka = strided ? matrix_in_place(B, a, &la, &lda, &ta) : -1;
 	int kb = strided ? matrix_in_place(B, b, &lb, &ldb, &tb) : -1;
 	if (ka < 0) {

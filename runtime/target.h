@@ -101,8 +101,8 @@ typedef struct fz_matmul {
 	void *y;
 	/* Row strides in elements, 0 for dense (a: K, or M when a_trans;
 	 * b: N, or K when b_trans): an operand may be a strided view whose
-	 * rows (or, transposed, columns) are contiguous, f32 or f64 only,
-	 * and only on a target that sets matmul_strided. */
+	 * rows (or, transposed, columns) are contiguous, only on a target
+	 * that sets matmul_strided. */
 	int64_t lda, ldb;
 	/* scratch the library may use (NULL: none): the target's
 	 * matmul_workspace bytes of the plan's arena, shared by the plan's
