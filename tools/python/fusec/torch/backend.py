@@ -96,6 +96,18 @@ def _backend_decompositions():
     from .values import aten
     table = dict(_decompositions())
     table.update(get_decompositions([aten.native_dropout]))
+    # Never PyTorch's fused attention kernels as their math: their
+    # backwards have no decomposition and run as PyTorch's kernels, which
+    # read the forward's outputs (the log-sum-exp) in their own kernel's
+    # form, not the decomposition's. A call that reached AOTAutograd as
+    # such a kernel (SDPA inside a checkpointed region, before
+    # _attention_as_math looked into those) got gradients 30 times off.
+    for op in (aten._scaled_dot_product_flash_attention_for_cpu,
+               aten._scaled_dot_product_flash_attention,
+               aten._scaled_dot_product_efficient_attention,
+               aten._scaled_dot_product_cudnn_attention):
+        for ov in op.overloads():
+            table.pop(getattr(op, ov), None)
     return table
 
 
@@ -110,13 +122,29 @@ def _attention_as_math(gm, options=None):
     want = (options or {}).get("device", "auto")
     sdpa_fns = (torch._C._nn.scaled_dot_product_attention,
                 torch.nn.functional.scaled_dot_product_attention)
-    hit = False
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in sdpa_fns:
-            n.target = functools.partial(_sdpa_on, want)
-            hit = True
-    if hit:
-        gm.recompile()
+    # gm and the bodies of its higher-order ops (a checkpointed region's
+    # tag_activation_checkpoint: HF's gradient_checkpointing_enable())
+    target = _sdpa_target(want)
+    for mod in gm.modules():
+        if not isinstance(mod, torch.fx.GraphModule):
+            continue
+        hit = False
+        for n in mod.graph.nodes:
+            if n.op == "call_function" and n.target in sdpa_fns:
+                n.target = target
+                hit = True
+        if hit:
+            mod.recompile()
+
+
+def _sdpa_target(want):
+    """_sdpa_on for device option want, as a named function: FX writes a
+    graph's code from its call targets' names (a functools.partial has
+    none, and a body's recompile failed on it)."""
+    def sdpa(q, *args, **kwargs):
+        return _sdpa_on(want, q, *args, **kwargs)
+    sdpa.__name__ = sdpa.__qualname__ = "fusec_sdpa_" + want
+    return sdpa
 
 
 def _sdpa_on(want, q, *args, **kwargs):
