@@ -1414,6 +1414,17 @@ for _n in _UNARY:
     _PRIMS[_n] = _unary
 
 
+@_p("fma")
+def _prim_fma(w, node, args, kwargs):
+    """a b + c rounded once (torch._refs' lerp, AdamW's moments): in f64
+    for narrower floats, where a b is exact and the sum rounds once more
+    only where it lands on a tie of the result's dtype; f64 as mul, add."""
+    dt, _ = w.out_meta()
+    wide = "f64" if dt in _FLOATS else dt
+    return w.cast(w.ew("add", [w.ew("mul", list(args[:2]), wide), args[2]], wide),
+                  dt)
+
+
 @_p("where")
 def _prim_where(w, node, args, kwargs):
     return _where(w, node, args, kwargs)
