@@ -182,6 +182,11 @@ def _decompositions():
         aten.elu, aten.leaky_relu, aten.linalg_vector_norm, aten.norm,
         aten.im2col, aten.roll, aten.repeat, aten.one_hot,
         aten.index_add, aten.slice_backward, aten.select_backward,
+        # batch norm, training (with its running statistics as outputs)
+        # and inference
+        aten._native_batch_norm_legit_functional,
+        aten._native_batch_norm_legit_no_training,
+        aten._native_batch_norm_legit, aten.native_batch_norm,
     ]))
     # Kept whole: fusec maps these better than their decompositions.
     for op in (aten._softmax, aten._log_softmax,
