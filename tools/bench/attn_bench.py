@@ -155,16 +155,28 @@ def run_parts(B, H, HKV, T, D, dt, q, k, v, do, rounds, reps=1, m=None):
     return {n: statistics.median(x) * 1e3 for n, x in ts.items()}
 
 
-def run_case(name, B, T, D, rounds, parts=False, H=0, reps=1, mask=False):
+def case_heads(name, H=0):
+    """(query heads, kv heads, fusec dtype, torch dtype) of a case; at H
+    query heads when H is given, the case's ratio to kv heads kept."""
     H0, HKV, dt, tdt = CASES[name]
-    if H:  # the case's ratio of query to kv heads, at H query heads
-        HKV, H = max(1, H * HKV // H0), H
-    else:
-        H = H0
+    if H:
+        return H, max(1, H * HKV // H0), dt, tdt
+    return H0, HKV, dt, tdt
+
+
+def operands(B, H, HKV, tq, T, D, tdt):
+    """Random q [B, H, tq, D], k and v [B, HKV, T, D], and the generator
+    that drew them (seed 0)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, T, D, generator=g).to(tdt)
+    q = torch.randn(B, H, tq, D, generator=g).to(tdt)
     k = torch.randn(B, HKV, T, D, generator=g).to(tdt)
     v = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    return q, k, v, g
+
+
+def run_case(name, B, T, D, rounds, parts=False, H=0, reps=1, mask=False):
+    H, HKV, dt, tdt = case_heads(name, H)
+    q, k, v, g = operands(B, H, HKV, T, T, D, tdt)
     do = torch.randn(B, H, T, D, generator=g).to(tdt)
     m = None
     if mask:
@@ -213,15 +225,8 @@ def run_case(name, B, T, D, rounds, parts=False, H=0, reps=1, mask=False):
 
 def run_decode(name, B, T, D, rounds, H=0, reps=20, tq=1):
     """A decode step: tq query rows per head against T cached keys."""
-    H0, HKV, dt, tdt = CASES[name]
-    if H:
-        HKV, H = max(1, H * HKV // H0), H
-    else:
-        H = H0
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, tq, D, generator=g).to(tdt)
-    k = torch.randn(B, HKV, T, D, generator=g).to(tdt)
-    v = torch.randn(B, HKV, T, D, generator=g).to(tdt)
+    H, HKV, dt, tdt = case_heads(name, H)
+    q, k, v, _ = operands(B, H, HKV, tq, T, D, tdt)
     prog = fusec.Program(
         "trace dec(q: %s[%d, %d, %d, %d], k: %s[%d, %d, %d, %d], v: %s[%d, %d, %d, %d]) {\n"
         "  o, lse = attention(q, k, v)\n  return o\n}\n"
