@@ -48,6 +48,12 @@
  *   - the forward's rescaling of O by exp(m - m') happens as the P V
  *     product loads its accumulators (gemm_s's rs), not in a pass of its
  *     own;
+ *   - an item of one or two query rows (a decode step against a KV
+ *     cache) copies no block: S's rows are dot products with the keys and
+ *     O gathers the values where they lie (fwd_block_few), since the
+ *     transposed copy the products amortize over BQ rows cost a decode
+ *     step ten times PyTorch's time; the products of a part-filled item
+ *     stop at its last tile of rows (gemm_s's mrows);
  *   - exp never computes below a normal float (vexp): with the MXCSR's
  *     default an underflow is a microcode assist per instruction, and
  *     the hidden half of every diagonal block underflowed.

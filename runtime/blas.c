@@ -74,6 +74,13 @@
  * (on one thread, the product whole). Each sgemm call packs its own
  * copy of the operand it does not slice; product() says what that costs.
  *
+ * Few rows. A bf16 or f16 product of STREAM_ROWS rows or fewer (a decode
+ * step's) is a pass over its weight, and widening the whole weight to f32
+ * first tripled that pass's memory traffic: such a product widens its
+ * weight in the units that use it, a bf16 linear weight row by row in
+ * registers (dots), anything else a block of columns at a time on the
+ * unit's stack (streamed).
+ *
  * Precision. y = a · op(b) accumulates in f32 for f32, bf16 and f16 (as
  * PyTorch's CPU kernels do) and in f64 for f64. bf16 and f16 operands are
  * widened to f32 panels first (exact), the f32 result and the bias are
@@ -416,7 +423,9 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 /* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16 b stored [N, K]
  * (linear's weight, job.stream_b with b_trans): each row of b widened in
  * registers, eight lanes at a time, and multiplied into every row of A
- * (at most STREAM_ROWS) as it passes; no panel, no call per block. With
+ * (at most STREAM_ROWS) as it passes, four sums a row in turn (one sum's
+ * chain of additions held a core to 10 GB/s); no panel, no call per
+ * block. With
  * K = 11008 (a 7B model's down projection) the panels of streamed() were
  * one column wide: 15.9 ms for a token's product where PyTorch takes 4.9.
  * Built for AVX2 with FMA where the CPU has them (dots_avx2), and for the
