@@ -1262,6 +1262,20 @@ static void fwd_block(ak *K, void *arg, bool diag)
 	     diag ? TRI_KLO : TRI_NONE);
 }
 
+/* The loop over the blocks of keys a forward item's rows may see, each
+ * block by fwd_block; few: the item has FEW rows or less
+ * (fwd_block_few). arg: the item's fblock, its kb and nk set here. */
+static void fwd_keys(ak *K, void *arg, bool few)
+{
+	fblock F = *(const fblock *)arg;
+	cg_loop KB;
+	K->few = few;
+	key_blocks(K, F.Q, &KB, &F.kb, &F.nk);
+	by_kind(K, F.Q->b, F.Q->h, F.Q->i0, F.Q->nrows, F.kb, F.nk, fwd_block, &F);
+	cg_loop_end(K->g, &KB);
+	K->few = false;
+}
+
 static void kernel_fwd(ak *K)
 {
 	cg *g = K->g;
@@ -1271,7 +1285,7 @@ static void kernel_fwd(ak *K)
 	V Vs = scratch(g, BK * (int)DV), Os = scratch(g, BQ * (int)DV);
 	V S = scratch(g, BQ * BK), Ms = scratch(g, BQ), Ls = scratch(g, BQ);
 	V Al = scratch(g, BQ);
-	cg_loop W, R, KB;
+	cg_loop W, R;
 	qitem Q;
 	query_item(K, &W, &Q);
 	load_opnd(K, FZ_ATTN_Q, Q.b, Q.h, Q.i0, Q.nrows, BQ, Qs, NULL);
@@ -1283,24 +1297,8 @@ static void kernel_fwd(ak *K)
 	cg_loop_end(g, &R);
 	/* the key blocks' loop twice: for items of FEW rows or less, and the
 	 * rest */
-	LLVMBasicBlockRef few = block(g, "attn.few"), many = block(g, "attn.many"),
-			  rows_done = block(g, "attn.rows");
-	cond_br(g, icmp(g, LLVMIntULE, Q.nrows, ci(g, FEW)), few, many);
-	for (int f = 1; f >= 0; f--) {
-		at_end(g, f ? few : many);
-		int mark = cg_memo_mark(g), cse = g->n_cse;
-		V kb, nk;
-		K->few = f;
-		key_blocks(K, &Q, &KB, &kb, &nk);
-		fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, kb, nk};
-		by_kind(K, Q.b, Q.h, Q.i0, Q.nrows, kb, nk, fwd_block, &F);
-		cg_loop_end(g, &KB);
-		br(g, rows_done);
-		cg_memo_pop(g, mark);
-		g->n_cse = cse;
-	}
-	K->few = false;
-	at_end(g, rows_done);
+	fblock F = {&Q, Qs, Kt, Vs, Os, S, Ms, Ls, Al, NULL, NULL};
+	by_cond(K, icmp(g, LLVMIntULE, Q.nrows, ci(g, FEW)), fwd_keys, &F);
 	/* 1 / l (0 for a row that saw no key) and lse; then o / l */
 	cg_loop_begin(g, &R, ci(g, 0), Q.nrows, ci(g, 1));
 	{
