@@ -486,10 +486,7 @@ static void dots(const float *A, int64_t lda, int mm, const uint16_t *b, int64_t
 		 int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-	static int avx2 = -1;
-	if (avx2 < 0)
-		avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-	if (avx2) {
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		dots_avx2(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
 		return;
 	}
@@ -498,8 +495,9 @@ static void dots(const float *A, int64_t lda, int mm, const uint16_t *b, int64_t
 }
 
 /* y[r0..r1, c0..c1) = A's rows . b's columns (+ y, beta 1), b widened
- * STREAM_FLOATS / K columns at a time (job.stream_b): linear's b [N, K]
- * (b_trans) a block of its rows, else a block of the columns of [K, N]. */
+ * STREAM_FLOATS / K columns at a time (job.stream_b, where dots does not
+ * serve): linear's b [N, K] (b_trans) a block of its rows, else a block of
+ * the columns of [K, N]. */
 static void streamed(const job *J, int64_t bo, const float *A, int lda, const char *ta,
 		     float *y, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float beta)
 {
@@ -509,11 +507,6 @@ static void streamed(const job *J, int64_t bo, const float *A, int lda, const ch
 	int64_t w = STREAM_FLOATS / K; /* >= 1: stream_b holds K <= STREAM_FLOATS */
 	int mm = (int)(r1 - r0), kk = (int)K, ldc = (int)N;
 	float one = 1.0f;
-	if (m->dtype == FZ_BF16 && m->b_trans && ta[0] == 'N') {
-		dots(A, lda, mm, (const uint16_t *)m->b + bo, LB, K, y + r0 * N, N, c0, c1,
-		     beta != 0.0f);
-		return;
-	}
 	for (int64_t cb = c0; cb < c1; cb += w) {
 		int64_t ce = cb + w < c1 ? cb + w : c1;
 		int nn = (int)(ce - cb), ldp;
@@ -587,6 +580,9 @@ static void unit(const job *J, int part)
 	if (kk == 0) {
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
+	} else if (J->stream_b && m->dtype == FZ_BF16 && m->b_trans && !m->a_trans) {
+		dots(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
+		     y + r0 * N, N, c0, c1, m->bias != NULL);
 	} else if (J->stream_b) {
 		streamed(J, bo, A + aoff, lda, ta, y, r0, r1, c0, c1, beta);
 	} else {
