@@ -54,12 +54,23 @@ if [ "$test_suite" = 1 ]; then
 		python3 -m venv .venv
 	fi
 	if ! .venv/bin/python -c "import torch, transformers, scikit_build_core" 2>/dev/null; then
+		# torch with its CUDA libraries is 5.7 GB installed, and pip
+		# unpacks each wheel beside it: say so plainly rather than fail
+		# half-way with ENOSPC and a half-filled venv
+		need_kb=$((9 * 1024 * 1024))
+		free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+		if [ "$free_kb" -lt "$need_kb" ]; then
+			echo "setup.sh: torch and transformers need about 9 GB free here;" \
+				"$(pwd) has $((free_kb / 1024)) MB" >&2
+			exit 1
+		fi
 		say "installing torch and transformers into .venv (large; once)"
-		.venv/bin/python -m pip install -q --upgrade pip
+		.venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
 		# a dropped connection mid-wheel (torch's are hundreds of MB)
-		# resumes rather than failing the setup (pip >= 25.1, just installed)
-		.venv/bin/python -m pip install -q --resume-retries 20 torch transformers \
-			scikit-build-core
+		# resumes rather than failing the setup (pip >= 25.1, just
+		# installed); no cache, which would hold every wheel a second time
+		.venv/bin/python -m pip install -q --no-cache-dir --resume-retries 20 \
+			torch transformers scikit-build-core
 	fi
 	python="$(pwd)/.venv/bin/python"
 fi
