@@ -257,7 +257,10 @@ FZ_API fz_status fz_trace_interpret_world(const fz_trace *t, const int64_t *sym_
  *
  * Threads: fz_exec_new may be called from any thread (kernels are loaded
  * once per process under a lock). One fz_exec runs on one thread at a
- * time; different fz_exec objects may run concurrently. The trace must
+ * time: a run, sync or profile that enters it while another call is inside
+ * is refused (FZ_EINVAL, saying so), never let in to share its arena; a
+ * caller with several threads holds a lock around it or makes one per
+ * thread. Different fz_exec objects may run concurrently. The trace must
  * outlive the fz_exec. A freed or foreign handle is caught in debug builds
  * (FZ_EINVAL, never a read of freed memory where the allocator allows). */
 typedef struct fz_exec fz_exec;

@@ -60,6 +60,7 @@
  * the steps are synchronous, so the seconds are the step's; on a GPU they
  * are only the host's time to queue it.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,7 @@ struct fz_exec {
 	long host_syncs;      /* the device's host syncs inside runs */
 	int32_t lost_flag;    /* the flag of a plan that left the LRU unsynced */
 	bool profile;         /* FUSEC_PROFILE: time every step */
+	atomic_bool busy;     /* a thread is inside run, sync or profile (claim) */
 };
 
 static void pplan_free(fz_exec *x, pplan *pp)
@@ -761,6 +763,27 @@ static bool live(const fz_exec *x, char **err)
 	return false;
 }
 
+/* One fz_exec runs on one thread at a time (fusec.h). Two threads inside
+ * it at once would bind their pointers into the same plan and compute in
+ * the same arena, each from the other's intermediates: wrong results at
+ * best, a corrupted heap when one of them replans. So the entry points
+ * that touch the plans claim x first, and a second thread is refused with
+ * an error that says why, instead of racing (one atomic exchange a run). */
+static bool claim(fz_exec *x, const char *what, char **err)
+{
+	if (!live(x, err))
+		return false;
+	if (!atomic_exchange_explicit(&x->busy, true, memory_order_acquire))
+		return true;
+	fz_set_err(err, fz_strdup_printf("%s: this fz_exec is running already, on another "
+					 "thread or in the call this one comes from (one fz_exec "
+					 "runs on one thread at a time: hold a lock around it, "
+					 "or make one per thread)", what));
+	return false;
+}
+
+static void let_go(fz_exec *x) { atomic_store_explicit(&x->busy, false, memory_order_release); }
+
 fz_status fz_exec_new(const fz_trace *t, const char *device,
 		      const fz_exec_options *o, fz_exec **out, char **err)
 {
@@ -1121,7 +1144,7 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 {
 	if (err)
 		*err = NULL;
-	if (!live(x, err))
+	if (!claim(x, "fz_exec_run", err))
 		return FZ_EINVAL;
 	fz_status st = check_world(x, err);
 	long syncs = fz_host_sync_count();
@@ -1130,6 +1153,7 @@ fz_status fz_exec_run(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
 	x->host_syncs += fz_host_sync_count() - syncs;
 	if (st != FZ_OK && x->comm) /* the other ranks must not wait for us */
 		fz_comm_abort(x->comm, x->rank, err && *err ? *err : fz_status_name(st));
+	let_go(x);
 	return st;
 }
 
@@ -1242,12 +1266,8 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 
 static const char *const step_kinds[] = {"kernel", "matmul", "collective", "copy", "wait"};
 
-fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
+static fz_status profile(fz_exec *x, int reset, char **out)
 {
-	if (out)
-		*out = NULL;
-	if (!live(x, NULL))
-		return FZ_EINVAL;
 	fz_buf b = {0};
 	fz_buf_puts(&b, "region\tkind\truns\tseconds\tflop\twhat\n");
 	for (int p = 0; p < x->n_plans; p++) {
@@ -1309,6 +1329,17 @@ fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
 	}
 	*out = fz_buf_take(&b);
 	return *out ? FZ_OK : FZ_ENOMEM;
+}
+
+fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
+{
+	if (out)
+		*out = NULL;
+	if (!claim(x, "fz_exec_profile", NULL))
+		return FZ_EINVAL;
+	fz_status st = profile(x, reset, out);
+	let_go(x);
+	return st;
 }
 
 /* ---- graphs -------------------------------------------------------------------- */
@@ -1395,14 +1426,9 @@ static fz_status capture(fz_exec *x, pplan *pp, const int64_t *syms,
 	return st;
 }
 
-fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
-			    const fz_tensor *in, int n_in, fz_tensor *out,
-			    int n_out, void *stream, char **err)
+static fz_status run_graph(fz_exec *x, const int64_t *sym_sizes, const fz_tensor *in,
+			   int n_in, fz_tensor *out, int n_out, void *stream, char **err)
 {
-	if (err)
-		*err = NULL;
-	if (!live(x, err))
-		return FZ_EINVAL;
 	fz_device *dev = x->dev;
 	const fz_target *tg = dev->tg;
 	if (!tg->capture_begin) {
@@ -1443,12 +1469,21 @@ fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
 	return st;
 }
 
-fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
+fz_status fz_exec_run_graph(fz_exec *x, const int64_t *sym_sizes,
+			    const fz_tensor *in, int n_in, fz_tensor *out,
+			    int n_out, void *stream, char **err)
 {
 	if (err)
 		*err = NULL;
-	if (!live(x, err))
+	if (!claim(x, "fz_exec_run_graph", err))
 		return FZ_EINVAL;
+	fz_status st = run_graph(x, sym_sizes, in, n_in, out, n_out, stream, err);
+	let_go(x);
+	return st;
+}
+
+static fz_status sync_plans(fz_exec *x, void *stream, char **err)
+{
 	fz_device *dev = x->dev;
 	fz_status st = dev->tg->sync(dev, stream, err);
 	/* the flag of every binding that ran since the last sync: runs at
@@ -1471,6 +1506,17 @@ fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
 		flag = x->lost_flag;
 	x->lost_flag = 0;
 	return flag ? bad_index(x, -1, flag, err) : FZ_OK;
+}
+
+fz_status fz_exec_sync(fz_exec *x, void *stream, char **err)
+{
+	if (err)
+		*err = NULL;
+	if (!claim(x, "fz_exec_sync", err))
+		return FZ_EINVAL;
+	fz_status st = sync_plans(x, stream, err);
+	let_go(x);
+	return st;
 }
 
 /* ---- one shot -------------------------------------------------------------------- */

@@ -562,6 +562,81 @@ START_TEST(bad_calls)
 }
 END_TEST
 
+/* One fz_exec runs on one thread at a time; a call that enters it while
+ * another is inside is refused with a status and a message, never let in
+ * to share the plan's arena. Made deterministic by entering from inside
+ * the first run itself: the caller's allocator is called as that run sizes
+ * its arena, and calls run, sync and profile on the same fz_exec there. */
+struct reentry {
+	fz_exec *x;
+	fz_tensor in[2], out;
+	fz_status st[3];
+	char *err[3];
+	int calls;
+};
+
+static void *reentering_alloc(void *ctx, size_t bytes)
+{
+	struct reentry *r = ctx;
+	if (r->calls++ == 0) {
+		r->st[0] = fz_exec_run(r->x, NULL, r->in, 2, &r->out, 1, NULL, &r->err[0]);
+		r->st[1] = fz_exec_sync(r->x, NULL, &r->err[1]);
+		char *prof = NULL;
+		r->st[2] = fz_exec_profile(r->x, 0, &prof);
+		fz_free(prof);
+	}
+	return aligned_alloc(256, (bytes + 255) / 256 * 256);
+}
+
+static void plain_release(void *ctx, void *p)
+{
+	(void)ctx;
+	free(p);
+}
+
+START_TEST(a_run_inside_a_run_is_refused)
+{
+	fz_module *m = parse(axpy_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	struct reentry r = {0};
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.alloc = reentering_alloc;
+	o.release = plain_release;
+	o.alloc_ctx = &r;
+	char *err = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cpu", &o, &r.x, &err), FZ_OK);
+	float x[8], y[8], z[8] __attribute__((aligned(64)));
+	for (int i = 0; i < 8; i++)
+		x[i] = (float)i, y[i] = 1.0f;
+	r.in[0] = vec(x, 8, 1);
+	r.in[1] = vec(y, 8, 1);
+	r.out = vec(z, 8, 1);
+	ck_assert_int_eq(fz_exec_run(r.x, NULL, r.in, 2, &r.out, 1, NULL, &err), FZ_OK);
+	ck_assert_msg(r.calls >= 1, "the allocator was never called");
+	const char *names[3] = {"fz_exec_run", "fz_exec_sync", "fz_exec_profile"};
+	for (int k = 0; k < 3; k++) {
+		ck_assert_msg(r.st[k] == FZ_EINVAL, "%s inside a run: %s", names[k],
+			      fz_status_name(r.st[k]));
+		if (k < 2) /* profile has no message */
+			ck_assert_msg(r.err[k] && strstr(r.err[k], "running already") &&
+				      strstr(r.err[k], names[k]), "%s: message '%s'", names[k],
+				      r.err[k] ? r.err[k] : "(none)");
+		fz_free(r.err[k]);
+	}
+	for (int i = 0; i < 8; i++)
+		ck_assert_float_eq(z[i], 2.0f * (float)i + 1.0f);
+	/* and the fz_exec is free again once the run is over */
+	memset(z, 0, sizeof z);
+	ck_assert_int_eq(fz_exec_run(r.x, NULL, r.in, 2, &r.out, 1, NULL, &err), FZ_OK);
+	ck_assert_int_eq(fz_exec_sync(r.x, NULL, &err), FZ_OK);
+	ck_assert_float_eq(z[7], 15.0f);
+	fz_exec_free(r.x);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(index_out_of_range)
 {
 	fz_module *m = parse(
@@ -835,6 +910,7 @@ static Suite *runtime_suite(void)
 	c = tcase_create("errors");
 	tcase_add_test(c, bad_calls);
 	tcase_add_test(c, index_out_of_range);
+	tcase_add_test(c, a_run_inside_a_run_is_refused);
 	suite_add_tcase(s, c);
 	c = tcase_create("host_cache");
 	tcase_add_test(c, host_cache_reuses_a_class);

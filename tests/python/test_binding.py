@@ -160,6 +160,39 @@ class TestPrepared(unittest.TestCase):
                                    atol=1e-6)
         self.assertEqual(len(p._sigs), 2)
 
+    def test_calls_from_threads_take_turns(self):
+        # a framework serving requests calls one compiled program from
+        # several threads; the library runs one fz_exec on one thread at a
+        # time, so the calls must queue, each with its own sizes, and never
+        # compute in one another's plan (before: wrong rows in most calls,
+        # now and then a corrupted heap)
+        import threading
+        p = fusec.Program(RMS, device="cpu")
+        g = torch.Generator().manual_seed(3)
+        w = torch.randn(8, generator=g)
+        xs = [torch.randn(8000 + 2000 * k, 8, generator=g) for k in range(4)]
+        want = [rms(x, w)[0] for x in xs]
+        bad = []
+
+        def work(k):
+            for r in range(40):
+                i = (k + r) % len(xs)
+                try:
+                    y, _ = p(xs[i], w)
+                except fusec.FusecError as e:  # a thread's own, not raised
+                    bad.append((k, r, str(e)))
+                    continue
+                if not torch.allclose(y, want[i], rtol=1e-5, atol=1e-6):
+                    bad.append((k, r, "wrong values"))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(bad, [])
+        self.assertEqual(len(p._sigs), 4)
+
     def test_large_outputs_come_from_the_host_cache(self):
         # 64 KiB or more: a block of the library's cache, which comes back
         # when the tensor dies and serves the next call, already mapped

@@ -43,6 +43,7 @@ except that its storage cannot be resized (as with torch.from_numpy).
 
 import ctypes
 import operator
+import threading
 
 from . import _lib
 from ._lib import DTYPES, FusecLibraryError  # noqa: F401
@@ -293,6 +294,10 @@ class Program:
                              (", ".join(DEVICES), device))
         lib = self._lib = _lib.load()
         self._x = None
+        # one call at a time: the library runs one fz_exec on one thread
+        # at a time (and refuses a second), and a call binds its pointers
+        # into the signature's shared ctypes arrays
+        self._lock = threading.Lock()
         if isinstance(text, str):
             text = text.encode("utf-8")
         self._mod = ctypes.c_void_p()
@@ -405,8 +410,10 @@ class Program:
         if self._x is None:
             return {"runs": 0, "steps": []}
         out = ctypes.c_void_p()
-        _check(self._lib, self._lib.fz_exec_profile(
-            self._x, int(bool(reset)), ctypes.byref(out)), None, "profile")
+        with self._lock:
+            _check(self._lib, self._lib.fz_exec_profile(
+                self._x, int(bool(reset)), ctypes.byref(out)), None,
+                "profile")
         rows = _lib.take_string(self._lib, out.value).splitlines()[1:]
         steps, runs = [], 0
         for line in rows:
@@ -432,16 +439,18 @@ class Program:
     def __call__(self, *inputs, **symbols):
         """Runs the trace on inputs; symbols=sizes fixes symbolic extents
         (the rest are taken from the inputs' shapes). Returns one tensor, or
-        a tuple when the trace returns several."""
-        if self._x is not None and not symbols:
-            # the call path: known dtypes, shapes, strides and devices
-            try:
-                sig = self._sigs.get(_signature(inputs))
-            except (AttributeError, TypeError):
-                sig = None
-            if sig is not None:
-                return self._run(sig, inputs)
-        return self._call_slow(inputs, symbols)
+        a tuple when the trace returns several. Calls from several threads
+        take turns."""
+        with self._lock:
+            if self._x is not None and not symbols:
+                # the call path: known dtypes, shapes, strides and devices
+                try:
+                    sig = self._sigs.get(_signature(inputs))
+                except (AttributeError, TypeError):
+                    sig = None
+                if sig is not None:
+                    return self._run(sig, inputs)
+            return self._call_slow(inputs, symbols)
 
     def _run(self, sig, inputs):
         ins, outs, specs, sizes, n_in, n_out, torch, stream, run = sig
