@@ -60,6 +60,18 @@
  * which finish without a worker that never woke (PyTorch's own ops, on
  * the same team, took 1.4 to 24 ms there). fusec then behaves as the
  * framework it runs in does; $FUSEC_POOL=own keeps its own threads.
+ *
+ * Forks. A child has only the thread that called fork: the pool's workers
+ * stay behind in the parent, a mutex one of them held is held forever,
+ * and libgomp's team, once the parent has used it, hangs the child's next
+ * parallel region at its barrier (PyTorch's own ops too, which is why its
+ * DataLoader workers set one thread). A compiled function called in a
+ * forked worker hung there for good. So a fork is counted (pthread_atfork,
+ * in the child), a pool remembers the count it was made at, and a pool
+ * from before the fork runs its jobs on the calling thread, part after
+ * part, and says it has one thread (so the BLAS is told one too); freeing
+ * it joins no thread. (A CPU device first opened in the child, none
+ * being open at the fork, makes a pool of its own there.)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -99,7 +111,19 @@ struct fz_pool {
 	atomic_int next;         /* the next part to hand out */
 	atomic_int finished;     /* parts returned */
 	gomp_parallel_fn omp;    /* the process's OpenMP team, or NULL */
+	int forks;               /* the forks count when the pool was made */
 };
+
+static atomic_int forks; /* forks this process descends by (see "Forks") */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void count_fork(void) { atomic_fetch_add(&forks, 1); }
+static void handle_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
+
+/* a pool made in a parent of this process: its threads are not here */
+static bool orphaned(const fz_pool *p)
+{
+	return p->forks != atomic_load_explicit(&forks, memory_order_relaxed);
+}
 
 static _Thread_local fz_pool *running; /* the pool whose part this thread runs */
 
@@ -235,6 +259,8 @@ fz_status fz_pool_new(int threads, fz_pool **out, char **err)
 		return FZ_ENOMEM;
 	}
 	p->n = threads;
+	pthread_once(&fork_once, handle_forks);
+	p->forks = atomic_load(&forks);
 	pthread_mutex_init(&p->job_mu, NULL);
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->wake, NULL);
@@ -273,6 +299,11 @@ void fz_pool_free(fz_pool *p)
 {
 	if (!p)
 		return;
+	if (orphaned(p)) { /* no thread to join; the mutexes may be held */
+		free(p->th);
+		free(p);
+		return;
+	}
 	pthread_mutex_lock(&p->mu);
 	p->quit = true;
 	pthread_cond_broadcast(&p->wake);
@@ -287,7 +318,7 @@ void fz_pool_free(fz_pool *p)
 	free(p);
 }
 
-int fz_pool_threads(const fz_pool *p) { return p ? p->n : 1; }
+int fz_pool_threads(const fz_pool *p) { return p && !orphaned(p) ? p->n : 1; }
 
 const char *fz_pool_kind(const fz_pool *p)
 {
@@ -297,7 +328,7 @@ const char *fz_pool_kind(const fz_pool *p)
 int fz_pool_parts(const fz_pool *p, int64_t items, int64_t min_items)
 {
 	int most = 4 * fz_pool_threads(p);
-	if (!p || p->n <= 1 || items <= 0)
+	if (most <= 4 || items <= 0)
 		return 1;
 	int64_t n = items / (min_items > 0 ? min_items : 1);
 	return n < 1 ? 1 : n > most ? most : (int)n;
@@ -325,6 +356,8 @@ void fz_pool_run(fz_pool *p, int nparts, fz_pool_fn fn, void *arg)
 {
 	if (nparts <= 0)
 		return;
+	if (p && orphaned(p))
+		p = NULL; /* in order, here */
 	if (p && p->omp && nparts > 1 && running != p) {
 		omp_job j = {p, fn, arg, nparts, 0};
 		unsigned n = (unsigned)(nparts < p->n ? nparts : p->n);

@@ -733,6 +733,56 @@ static void *churn(void *arg)
  * each child allocates at once and exits. Without the fork handlers a
  * child forked while the other thread held the cache's lock waits for it
  * forever (93 of 200 forks did, here). */
+START_TEST(a_forked_child_runs_and_frees)
+{
+	/* the pool's workers stay in the parent: a forked child runs the
+	 * parent's program on its own thread and frees it without joining
+	 * threads it does not have (that join waited forever) */
+	fz_module *m = parse(axpy_src);
+	const fz_trace *t = fz_module_trace(m, 0);
+	fz_exec_options o;
+	fz_exec_options_init(&o);
+	o.disk_cache = 0;
+	o.threads = 2;
+	fz_exec *x = NULL;
+	char *err = NULL;
+	ck_assert_int_eq(fz_exec_new(t, "cpu", &o, &x, &err), FZ_OK);
+	enum { N = 1 << 20 };
+	float *a = aligned_alloc(64, N * 4), *z = aligned_alloc(64, N * 4);
+	for (int i = 0; i < N; i++)
+		a[i] = (float)(i % 1000);
+	fz_tensor in[2] = {vec(a, N, 1), vec(a, N, 1)}, out = vec(z, N, 1);
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		memset(z, 0, N * 4);
+		int bad = fz_exec_run(x, NULL, in, 2, &out, 1, NULL, NULL) != FZ_OK;
+		for (int i = 0; i < N && !bad; i++)
+			bad = z[i] != 3.0f * (float)(i % 1000);
+		fz_exec_free(x); /* the last fz_exec: the device and its pool go */
+		_exit(bad ? 2 : 0);
+	}
+	int status = 0, waited = 0;
+	while (waitpid(pid, &status, WNOHANG) == 0 && waited < 30000) {
+		usleep(1000);
+		waited++;
+	}
+	if (waited == 30000) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+	}
+	ck_assert_msg(waited < 30000, "the forked child hung");
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
+	ck_assert_float_eq(z[N - 1], 3.0f * (float)((N - 1) % 1000));
+	fz_exec_free(x);
+	free(a);
+	free(z);
+	fz_module_free(m);
+}
+END_TEST
+
 START_TEST(host_cache_survives_fork)
 {
 	atomic_int stop = 0;
@@ -906,6 +956,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(c, plan_lru);
 	tcase_add_test(c, outputs_that_alias);
 	tcase_add_test(c, trace_run_one_shot);
+	tcase_add_test(c, a_forked_child_runs_and_frees);
 	suite_add_tcase(s, c);
 	c = tcase_create("errors");
 	tcase_add_test(c, bad_calls);

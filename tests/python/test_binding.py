@@ -193,6 +193,47 @@ class TestPrepared(unittest.TestCase):
         self.assertEqual(bad, [])
         self.assertEqual(len(p._sigs), 4)
 
+    def test_a_forked_child_runs_the_program(self):
+        # a DataLoader worker, or a server's worker forked after the model
+        # was warmed up, calls a program of its parent's: the pool's
+        # threads (or the OpenMP team's) stayed in the parent, where the
+        # child's first launch used to wait for them forever
+        import os
+        import signal
+        import time
+        p = fusec.Program(RMS, device="cpu")
+        g = torch.Generator().manual_seed(4)
+        x, w = torch.randn(20000, 8, generator=g), torch.randn(8, generator=g)
+        torch.testing.assert_close(p(x, w)[0], rms(x, w)[0], rtol=1e-5,
+                                   atol=1e-6)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                torch.set_num_threads(1)  # as DataLoader's workers do
+                ok = all(torch.allclose(p(x[:n], w)[0], rms(x[:n], w)[0],
+                                        rtol=1e-5, atol=1e-6)
+                         for n in (20000, 7000))
+                q = fusec.Program(RMS.replace("1e-5", "1e-3"), device="cpu")
+                ok = ok and torch.allclose(q(x, w)[1], rms(x, w)[1])
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        end = time.monotonic() + 120
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.fail("the forked child hung in the program")
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        # and the parent's threads are as they were
+        torch.testing.assert_close(p(x, w)[0], rms(x, w)[0], rtol=1e-5,
+                                   atol=1e-6)
+
     def test_large_outputs_come_from_the_host_cache(self):
         # 64 KiB or more: a block of the library's cache, which comes back
         # when the tensor dies and serves the next call, already mapped
