@@ -234,6 +234,26 @@ class TestPrepared(unittest.TestCase):
         torch.testing.assert_close(p(x, w)[0], rms(x, w)[0], rtol=1e-5,
                                    atol=1e-6)
 
+    def test_copies_are_programs_of_their_own(self):
+        # copy.copy used to share the fz_exec (freed twice: a segfault when
+        # both died), deepcopy and pickle raised ctypes' errors
+        import copy
+        import gc
+        import pickle
+        p = fusec.Program(RMS, device="cpu", threads=1)
+        x, w = torch.randn(6, 8), torch.randn(8)
+        p(x, w)
+        copies = [copy.copy(p), copy.deepcopy(p),
+                  pickle.loads(pickle.dumps(p))]
+        del p
+        gc.collect()
+        for q in copies:
+            self.assertEqual(q.device, "cpu")
+            self.assertEqual(q.params, [("x", "f32", 2), ("w", "f32", 1)])
+            torch.testing.assert_close(q(x, w)[0], rms(x, w)[0], rtol=1e-5,
+                                       atol=1e-6)
+        self.assertEqual(len({q._x.value for q in copies}), 3)
+
     def test_large_outputs_come_from_the_host_cache(self):
         # 64 KiB or more: a block of the library's cache, which comes back
         # when the tensor dies and serves the next call, already mapped

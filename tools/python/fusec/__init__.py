@@ -276,6 +276,11 @@ def set_host_cache_limit(nbytes):
 
 # ---- Program ----------------------------------------------------------------
 
+def _remake(text, device, trace, filename, cache_dir, threads):
+    return Program(text, device=device, trace=trace, filename=filename,
+                   cache_dir=cache_dir, threads=threads)
+
+
 class Program:
     """A parsed and verified trace, ready to run on a device.
 
@@ -285,6 +290,10 @@ class Program:
     filename  the name diagnostics use
     cache_dir the kernel cache's folder (default: FUSEC_CACHE_DIR, ...)
     threads   cpu: threads a kernel may use (default 0: all)
+
+    Calls from several threads take turns (one run at a time). A copy
+    (copy.copy, copy.deepcopy, pickle) is a Program of its own, made again
+    from the same text and options.
     """
 
     def __init__(self, text, device="reference", trace=0,
@@ -292,6 +301,8 @@ class Program:
         if device not in DEVICES:
             raise ValueError("device must be one of %s, not %r" %
                              (", ".join(DEVICES), device))
+        # what a copy or an unpickled Program is made from again
+        self._made_with = (text, device, trace, filename, cache_dir, threads)
         lib = self._lib = _lib.load()
         self._x = None
         # one call at a time: the library runs one fz_exec on one thread
@@ -390,6 +401,13 @@ class Program:
         o.alloc = ctypes.cast(self._alloc_cb, ctypes.c_void_p)
         o.release = ctypes.cast(self._release_cb, ctypes.c_void_p)
         return o
+
+    def __reduce__(self):
+        # a copy (copy.copy, deepcopy, pickle: a compiled model's deepcopy
+        # for an EMA, a spawned worker) is a Program of its own, made again
+        # from the same text and options: it shares no fz_exec (two owners
+        # of one would free it twice) and its first call plans again
+        return (_remake, self._made_with)
 
     def __del__(self):
         x = getattr(self, "_x", None)
