@@ -47,7 +47,7 @@ typedef struct emit_ctx {
 	fz_compiler *c;
 	bool ptx, several;
 	const char *dir;
-	int written;
+	int written, emitted;
 } emit_ctx;
 
 static fz_status emit_one(const fz_region *r, int op, fz_kernel *k, void *ud,
@@ -59,6 +59,7 @@ static fz_status emit_one(const fz_region *r, int op, fz_kernel *k, void *ud,
 		       fz_kernel_llvm(k, &text, err);
 	if (st != FZ_OK)
 		return st;
+	e->emitted++;
 	char name[512], opname[32] = "";
 	if (op >= 0)
 		snprintf(opname, sizeof opname, ".op%d", op);
@@ -142,7 +143,7 @@ static int cmd_emit(int argc, char **argv)
 	fz_module *m = tool_load(file);
 	if (!m)
 		return EXIT_BAD;
-	int rc = 0;
+	int rc = 0, emitted = 0;
 	for (int i = 0; i < fz_module_count(m) && !rc; i++) {
 		const fz_trace *t = fz_module_trace(m, i);
 		int64_t syms[FZ_MAX_SYMS];
@@ -162,8 +163,9 @@ static int cmd_emit(int argc, char **argv)
 			rc = EXIT_BAD;
 			break;
 		}
-		emit_ctx e = {t, c, ptx, fz_module_count(m) > 1, dir, 0};
+		emit_ctx e = {t, c, ptx, fz_module_count(m) > 1, dir, 0, 0};
 		fz_status st = fz_compile_trace(c, t, syms, (int)region, emit_one, &e, &err);
+		emitted += e.emitted;
 		if (st != FZ_OK) {
 			fprintf(stderr, "fusec emit: trace '%s': %s\n", fz_trace_name(t),
 				err ? err : fz_status_name(st));
@@ -180,6 +182,14 @@ static int cmd_emit(int argc, char **argv)
 		if (!binds[b].used)
 			fprintf(stderr, "fusec emit: warning: --bind %s: no trace in %s has "
 				"that symbol\n", binds[b].name, file);
+	if (!rc && region >= 0 && !emitted) {
+		/* an empty listing with status 0 reads as "no code", not as a
+		 * region asked for that is not there */
+		fprintf(stderr, "fusec emit: no trace in %s has a kernel region %ld "
+			"(`fusec plan %s` numbers the regions and says which are kernels)\n",
+			file, region, file);
+		rc = EXIT_BAD;
+	}
 	fz_module_free(m);
 	return rc;
 }
