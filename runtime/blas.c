@@ -428,6 +428,15 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
  * block. With
  * K = 11008 (a 7B model's down projection) the panels of streamed() were
  * one column wide: 15.9 ms for a token's product where PyTorch takes 4.9.
+ * One row of A (a decode step's token) goes through DOTS1_BODY instead:
+ * the same four sums a row, in registers rather than in the array that
+ * STREAM_ROWS rows need (which the compiler keeps in memory, a load and
+ * a store around every fma), and, where a row of b is 8 KiB or more, two
+ * rows of b at a time, so that two streams of the weight are in flight
+ * (shorter rows follow one another in one stream anyway, and two at a
+ * time ran slower there: K 1024, 2.4 ms against 3.8); the same sums in
+ * the same order, so the same results. One thread, N 2048: K 11008 5.4
+ * -> 3.9 ms; K 512 (N 16000) 2.4-3.1 -> 1.4-1.6 ms.
  * Built for AVX2 with FMA where the CPU has them (dots_avx2), and for the
  * baseline ISA otherwise: the same source, GCC's vector extensions. */
 typedef float v8f __attribute__((vector_size(32)));
@@ -467,7 +476,79 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		}                                                                      \
 	}
 
+/* b's eight bf16 at p widened, and A's eight floats at p */
+#define WIDEN8(p)                                                                      \
+	({                                                                             \
+		v8h h_;                                                                \
+		memcpy(&h_, (p), sizeof h_);                                           \
+		v8u u_ = __builtin_convertvector(h_, v8u) << 16;                       \
+		v8f w_;                                                                \
+		memcpy(&w_, &u_, sizeof w_);                                           \
+		w_;                                                                    \
+	})
+#define LOAD8(p)                                                                       \
+	({                                                                             \
+		v8f x_;                                                                \
+		memcpy(&x_, (p), sizeof x_);                                           \
+		x_;                                                                    \
+	})
+
+/* a row's four sums (s) folded, then its tail past the last 32, as
+ * DOTS_BODY does */
+#define DOTS1_FOLD(s, bj, k, t)                                                        \
+	do {                                                                           \
+		v8f a4_ = (s[0] + s[1]) + (s[2] + s[3]);                               \
+		t = 0;                                                                 \
+		for (int l_ = 0; l_ < 8; l_++)                                         \
+			t += a4_[l_];                                                  \
+		for (int64_t kk_ = k; kk_ < K; kk_++) {                                \
+			uint32_t u_ = (uint32_t)bj[kk_] << 16;                         \
+			float w_;                                                      \
+			memcpy(&w_, &u_, 4);                                           \
+			t += A[kk_] * w_;                                              \
+		}                                                                      \
+	} while (0)
+
+#define DOTS1_PAIRS 4096 /* K from which DOTS1_BODY takes b's rows in pairs */
+
+#define DOTS1_BODY                                                                     \
+	int64_t j = c0;                                                                \
+	for (; K >= DOTS1_PAIRS && j + 2 <= c1; j += 2) {                              \
+		const uint16_t *b0 = b + j * ldb, *b1 = b0 + ldb;                      \
+		v8f s[4] = {{0}}, r[4] = {{0}};                                        \
+		int64_t k = 0;                                                         \
+		for (; k + 32 <= K; k += 32)                                           \
+			for (int q = 0; q < 4; q++) {                                  \
+				v8f x = LOAD8(A + k + 8 * q);                          \
+				s[q] += x * WIDEN8(b0 + k + 8 * q);                    \
+				r[q] += x * WIDEN8(b1 + k + 8 * q);                    \
+			}                                                              \
+		float t0, t1;                                                          \
+		DOTS1_FOLD(s, b0, k, t0);                                              \
+		DOTS1_FOLD(r, b1, k, t1);                                              \
+		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
+		y[j + 1] = (acc_y ? y[j + 1] : 0.0f) + t1;                             \
+	}                                                                              \
+	for (; j < c1; j++) {                                                          \
+		const uint16_t *b0 = b + j * ldb;                                      \
+		v8f s[4] = {{0}};                                                      \
+		int64_t k = 0;                                                         \
+		for (; k + 32 <= K; k += 32)                                           \
+			for (int q = 0; q < 4; q++)                                    \
+				s[q] += LOAD8(A + k + 8 * q) * WIDEN8(b0 + k + 8 * q); \
+		float t0;                                                              \
+		DOTS1_FOLD(s, b0, k, t0);                                              \
+		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
+	}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma"))) static void dots1_avx2(
+	const float *A, const uint16_t *b, int64_t ldb, int64_t K, float *y, int64_t c0,
+	int64_t c1, bool acc_y)
+{
+	DOTS1_BODY
+}
+
 __attribute__((target("avx2,fma"))) static void dots_avx2(
 	const float *A, int64_t lda, int mm, const uint16_t *b, int64_t ldb, int64_t K,
 	float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
@@ -482,16 +563,28 @@ static void dots_base(const float *A, int64_t lda, int mm, const uint16_t *b, in
 	DOTS_BODY
 }
 
+static void dots1_base(const float *A, const uint16_t *b, int64_t ldb, int64_t K, float *y,
+		       int64_t c0, int64_t c1, bool acc_y)
+{
+	DOTS1_BODY
+}
+
 static void dots(const float *A, int64_t lda, int mm, const uint16_t *b, int64_t ldb,
 		 int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-		dots_avx2(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
+		if (mm == 1)
+			dots1_avx2(A, b, ldb, K, y, c0, c1, acc_y);
+		else
+			dots_avx2(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
 		return;
 	}
 #endif
-	dots_base(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
+	if (mm == 1)
+		dots1_base(A, b, ldb, K, y, c0, c1, acc_y);
+	else
+		dots_base(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
 }
 
 /* y[r0..r1, c0..c1) = A's rows . b's columns (+ y, beta 1), b widened

@@ -672,6 +672,9 @@ START_TEST(matmul_strided_operands)
 		/* few rows, K 4100: bf16 and f16 widen b three columns at a
 		 * time (blas.c's stream_b) */
 		{3, 4100, 40, 4100, 4105, 3 * 4100, 40 * 4105, false},
+		/* one row (a decode step's token), an odd count of columns:
+		 * bf16 takes b's rows two at a time, then the last alone */
+		{1, 4100, 41, 4100, 4105, 4100, 41 * 4105, false},
 	};
 	fz_blas *b = NULL;
 	fz_pool *p = NULL;
