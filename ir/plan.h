@@ -140,8 +140,10 @@ int fz_pass_from_name(const char *name, fz_pass *out); /* 1 if known */
  * placed only over an input it is computed from. 3: attention ops read
  * repeated kv heads unrepeated. 5: elementwise followers of an index_add
  * along dim 0 in its region. 6: buffers of a page or more planned on
- * pages, after the small ones: ir/memplan.c.) */
-#define FZ_PLAN_VERSION 6
+ * pages, after the small ones: ir/memplan.c. 7: a horizontally merged
+ * region's inputs and outputs in the rebuilt region's order, so its
+ * in-place takeovers may differ: ir/horizontal.c.) */
+#define FZ_PLAN_VERSION 7
 
 typedef struct fz_plan_options {
 	/* Sizes per symbol index (fz_trace_symbol); NULL, or -1 for a symbol
