@@ -421,60 +421,36 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 }
 
 /* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16 b stored [N, K]
- * (linear's weight, job.stream_b with b_trans): each row of b widened in
- * registers, eight lanes at a time, and multiplied into every row of A
- * (at most STREAM_ROWS) as it passes, four sums a row in turn (one sum's
- * chain of additions held a core to 10 GB/s); no panel, no call per
- * block. With
- * K = 11008 (a 7B model's down projection) the panels of streamed() were
- * one column wide: 15.9 ms for a token's product where PyTorch takes 4.9.
- * One row of A (a decode step's token) goes through DOTS1_BODY instead:
- * the same four sums a row, in registers rather than in the array that
- * STREAM_ROWS rows need (which the compiler keeps in memory, a load and
- * a store around every fma), and, where a row of b is 8 KiB or more, two
- * rows of b at a time, so that two streams of the weight are in flight
- * (shorter rows follow one another in one stream anyway, and two at a
- * time ran slower there: K 1024, 2.4 ms against 3.8); the same sums in
- * the same order, so the same results. One thread, N 2048: K 11008 5.4
- * -> 3.9 ms; K 512 (N 16000) 2.4-3.1 -> 1.4-1.6 ms.
+ * (linear's weight, job.stream_b with b_trans, at most STREAM_ROWS rows of
+ * A): each row of b widened in registers, eight lanes at a time, and
+ * multiplied into the rows of A as it passes; no panel, no call per block.
+ * With K = 11008 (a 7B model's down projection) the panels of streamed()
+ * were one column wide: 15.9 ms for a token's product where PyTorch takes
+ * 4.9. Every sum stays in a register: an array of them indexed by a row
+ * count known only at run time is kept in memory by the compiler, a load
+ * and a store around every fma (the first form here, with STREAM_ROWS x 4
+ * sums: one thread, K = N = 4096, 7.0 ms for two rows, 9.9 for four, 16.5
+ * for eight). So:
+ *
+ *   one row (a decode step's token; DOTS1_BODY): four sums (one sum's
+ *     chain of additions held a core to 10 GB/s) and, where a row of b is
+ *     8 KiB or more, two rows of b at a time, so that two streams of the
+ *     weight are in flight (shorter rows follow one another in one stream
+ *     anyway, and two at a time ran slower there: K 1024, 2.4 ms against
+ *     3.8). One thread, N 2048: K 11008 5.4 -> 3.9 ms; K 512 (N 16000)
+ *     2.4-3.1 -> 1.4-1.6 ms.
+ *   two to eight rows (a batch of tokens, or a few at once; DOTS_BODY):
+ *     four rows at a time, two sums each, from one widening of b's lanes;
+ *     b's row is read again for rows 5 to 8, from the cache. 4.2, 5.0 and
+ *     8.6 ms for the cases above.
+ *
+ * The sums of a row run in order along k, so a row's result does not
+ * depend on the rows beside it, only on whether it is alone.
  * Built for AVX2 with FMA where the CPU has them (dots_avx2), and for the
  * baseline ISA otherwise: the same source, GCC's vector extensions. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
-
-#define DOTS_BODY                                                                      \
-	for (int64_t j = c0; j < c1; j++) {                                            \
-		const uint16_t *bj = b + j * ldb;                                      \
-		v8f acc[STREAM_ROWS][4] = {{{0}}};                                     \
-		int64_t k = 0;                                                         \
-		for (; k + 32 <= K; k += 32)                                           \
-			for (int q = 0; q < 4; q++) {                                  \
-				v8h h;                                                 \
-				memcpy(&h, bj + k + 8 * q, sizeof h);                  \
-				v8u u = __builtin_convertvector(h, v8u) << 16;         \
-				v8f w;                                                 \
-				memcpy(&w, &u, sizeof w);                              \
-				for (int i = 0; i < mm; i++) {                         \
-					v8f x;                                         \
-					memcpy(&x, A + i * lda + k + 8 * q, sizeof x); \
-					acc[i][q] += x * w;                            \
-				}                                                      \
-			}                                                              \
-		for (int i = 0; i < mm; i++) {                                         \
-			v8f a4 = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);    \
-			float t = 0;                                                   \
-			for (int l = 0; l < 8; l++)                                    \
-				t += a4[l];                                            \
-			for (int64_t kk = k; kk < K; kk++) {                           \
-				uint32_t u = (uint32_t)bj[kk] << 16;                   \
-				float w;                                               \
-				memcpy(&w, &u, 4);                                     \
-				t += A[i * lda + kk] * w;                              \
-			}                                                              \
-			y[i * ldc + j] = (acc_y ? y[i * ldc + j] : 0.0f) + t;          \
-		}                                                                      \
-	}
 
 /* b's eight bf16 at p widened, and A's eight floats at p */
 #define WIDEN8(p)                                                                      \
@@ -493,21 +469,52 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		x_;                                                                    \
 	})
 
-/* a row's four sums (s) folded, then its tail past the last 32, as
- * DOTS_BODY does */
-#define DOTS1_FOLD(s, bj, k, t)                                                        \
+/* a row's vector sum a folded to a float t, then its tail from k: b's
+ * row bj against A's row ai */
+#define DOTS_FOLD(a, bj, ai, k, t)                                                     \
 	do {                                                                           \
-		v8f a4_ = (s[0] + s[1]) + (s[2] + s[3]);                               \
+		v8f a_ = (a);                                                          \
 		t = 0;                                                                 \
 		for (int l_ = 0; l_ < 8; l_++)                                         \
-			t += a4_[l_];                                                  \
+			t += a_[l_];                                                   \
 		for (int64_t kk_ = k; kk_ < K; kk_++) {                                \
-			uint32_t u_ = (uint32_t)bj[kk_] << 16;                         \
+			uint32_t u_ = (uint32_t)(bj)[kk_] << 16;                       \
 			float w_;                                                      \
 			memcpy(&w_, &u_, 4);                                           \
-			t += A[kk_] * w_;                                              \
+			t += (ai)[kk_] * w_;                                           \
 		}                                                                      \
 	} while (0)
+
+/* row i of the four at Ai: its two sums, then its result (constant i
+ * throughout, so the sums stay registers) */
+#define DOTS_ROW(i)                                                                    \
+	if (i < n) {                                                                   \
+		s[i][0] += LOAD8(Ai + i * lda + k) * w0;                               \
+		s[i][1] += LOAD8(Ai + i * lda + k + 8) * w1;                           \
+	}
+#define DOTS_ROW_END(i)                                                                \
+	if (i < n) {                                                                   \
+		float t_;                                                              \
+		DOTS_FOLD(s[i][0] + s[i][1], bj, Ai + i * lda, k, t_);                 \
+		float *yi_ = y + (i0 + i) * ldc + j;                                   \
+		*yi_ = (acc_y ? *yi_ : 0.0f) + t_;                                     \
+	}
+
+#define DOTS_BODY                                                                      \
+	for (int64_t j = c0; j < c1; j++) {                                            \
+		const uint16_t *bj = b + j * ldb;                                      \
+		for (int i0 = 0; i0 < mm; i0 += 4) {                                   \
+			const float *Ai = A + i0 * lda;                                \
+			int n = mm - i0 < 4 ? mm - i0 : 4;                             \
+			v8f s[4][2] = {{{0}}};                                         \
+			int64_t k = 0;                                                 \
+			for (; k + 16 <= K; k += 16) {                                 \
+				v8f w0 = WIDEN8(bj + k), w1 = WIDEN8(bj + k + 8);      \
+				DOTS_ROW(0) DOTS_ROW(1) DOTS_ROW(2) DOTS_ROW(3)        \
+			}                                                              \
+			DOTS_ROW_END(0) DOTS_ROW_END(1) DOTS_ROW_END(2) DOTS_ROW_END(3) \
+		}                                                                      \
+	}
 
 #define DOTS1_PAIRS 4096 /* K from which DOTS1_BODY takes b's rows in pairs */
 
@@ -524,8 +531,8 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 				r[q] += x * WIDEN8(b1 + k + 8 * q);                    \
 			}                                                              \
 		float t0, t1;                                                          \
-		DOTS1_FOLD(s, b0, k, t0);                                              \
-		DOTS1_FOLD(r, b1, k, t1);                                              \
+		DOTS_FOLD((s[0] + s[1]) + (s[2] + s[3]), b0, A, k, t0);               \
+		DOTS_FOLD((r[0] + r[1]) + (r[2] + r[3]), b1, A, k, t1);               \
 		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
 		y[j + 1] = (acc_y ? y[j + 1] : 0.0f) + t1;                             \
 	}                                                                              \
@@ -537,7 +544,7 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 			for (int q = 0; q < 4; q++)                                    \
 				s[q] += LOAD8(A + k + 8 * q) * WIDEN8(b0 + k + 8 * q); \
 		float t0;                                                              \
-		DOTS1_FOLD(s, b0, k, t0);                                              \
+		DOTS_FOLD((s[0] + s[1]) + (s[2] + s[3]), b0, A, k, t0);               \
 		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
 	}
 
