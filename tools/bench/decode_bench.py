@@ -4,18 +4,22 @@ against eager PyTorch and Inductor, in milliseconds a token.
 
     .venv/bin/python tools/bench/decode_bench.py [--dtypes f32,bf16]
         [--hidden 512] [--layers 4] [--prompt 64] [--new 64] [--runs 3]
+        [--batch 1]
 
 A Hugging Face Llama from its config with random weights (vocabulary
 32000, head dim 64, kv heads a quarter of the heads, SwiGLU of 8/3 the
 hidden size), batch 1: model.generate() with the KV cache, greedy, --new
-tokens after a prompt of --prompt, the forward compiled
+tokens after a prompt of --prompt (--batch sequences at once, left-padded
+to --prompt from lengths spread down to half of it, with their attention
+mask: a server's batch; the figure is then ms a step of the batch), the
+forward compiled
 (`model.forward = torch.compile(model.forward, backend=...)`) or eager.
 Each backend runs in a process of its own (Dynamo's state is per
 process), --runs generations, the first with the compiles; the figure is
 the median of the others' wall time over the tokens (the prompt's
 forward included, once a generation). The first step's logits and the
 tokens are compared with the first backend's (eager's): fusec's logits
-must be within 1e-5 (f32) or 1e-2 (bf16) of the largest, relative, and
+must be within 1e-5 (f32) or 2e-2 (bf16) of the largest, relative, and
 in f32 its tokens the same (exit status 1 if not: a fast wrong answer);
 in bf16 the tokens may part, where two sums round apart and a greedy
 argmax flips (Inductor's do too).
@@ -57,11 +61,17 @@ def child(a):
     torch.manual_seed(0)
     dt = {"f32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     m = tr.LlamaForCausalLM(cfg).eval().to(dt)
-    ids = torch.randint(2, 32000, (1, a.prompt),
+    ids = torch.randint(2, 32000, (a.batch, a.prompt),
                         generator=torch.Generator().manual_seed(1))
     kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False,
               use_cache=True, pad_token_id=0, eos_token_id=None,
               output_scores=True, return_dict_in_generate=True)
+    if a.batch > 1:  # left padding: sequence b is shorter by b / batch / 2
+        mask = torch.ones(a.batch, a.prompt, dtype=torch.long)
+        for b in range(a.batch):
+            mask[b, :a.prompt * b // (2 * a.batch)] = 0
+        ids[mask == 0] = 0
+        kw["attention_mask"] = mask
     if a.backend != "eager":
         if a.backend == "fusec":
             import fusec.torch as ft
@@ -77,8 +87,8 @@ def child(a):
             secs.append(time.perf_counter() - t0)
     # the first step's scores: the prompt's last logits, before any
     # token can differ
-    print(json.dumps({"seconds": secs, "tokens": out.sequences[0].tolist(),
-                      "scores": out.scores[0][0].float().tolist()}))
+    print(json.dumps({"seconds": secs, "tokens": out.sequences.tolist(),
+                      "scores": out.scores[0].flatten().float().tolist()}))
 
 
 def main(argv=None):
@@ -91,6 +101,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="f32", help=argparse.SUPPRESS)
@@ -98,18 +109,22 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.runs < 2:
         ap.error("--runs must be 2 or more (the first compiles)")
+    if a.batch < 1:
+        ap.error("--batch must be 1 or more")
     if a.child:
         child(a)
         return 0
     rows = []
-    print("%-5s %-9s %12s %12s  %s" % ("dtype", "backend", "ms/token", "first s", "tokens"))
+    print("%-5s %-9s %12s %12s  %s" % ("dtype", "backend", "ms/token" if a.batch == 1
+                                      else "ms/step", "first s", "tokens"))
     for dt in a.dtypes.split(","):
         ref = None
         for be in a.backends.split(","):
             cmd = [sys.executable, os.path.abspath(__file__), "--child",
                    "--dtype", dt, "--backend", be, "--hidden", str(a.hidden),
                    "--layers", str(a.layers), "--prompt", str(a.prompt),
-                   "--new", str(a.new), "--runs", str(a.runs)]
+                   "--new", str(a.new), "--runs", str(a.runs),
+                   "--batch", str(a.batch)]
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = [x for x in p.stdout.splitlines() if x.startswith("{")]
             if p.returncode or not line:
@@ -149,7 +164,11 @@ def main(argv=None):
             return True
         if r["backend"] != "fusec":
             return False
-        tol = 1e-5 if r["dtype"] == "f32" else 1e-2
+        # bf16: eager's logits are themselves bf16 sums, each as far from
+        # the exact ones as fusec's (B=4, against the same weights in f32:
+        # eager 7.8e-3, fusec 7.9e-3, Inductor 6.7e-3 of the largest), so
+        # the two may differ by twice that
+        tol = 1e-5 if r["dtype"] == "f32" else 2e-2
         return r["first_logits_rel_err"] > tol or (
             r["dtype"] == "f32" and not r["tokens_match_first_backend"])
     return 1 if any(bad(r) for r in rows) else 0
