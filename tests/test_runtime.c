@@ -733,6 +733,22 @@ static void *churn(void *arg)
  * each child allocates at once and exits. Without the fork handlers a
  * child forked while the other thread held the cache's lock waits for it
  * forever (93 of 200 forks did, here). */
+/* Waits up to ms milliseconds for child pid; false (and the child killed)
+ * if it has not exited by then. */
+static bool wait_child(pid_t pid, int ms, int *status)
+{
+	int waited = 0;
+	while (waitpid(pid, status, WNOHANG) == 0 && waited < ms) {
+		usleep(1000);
+		waited++;
+	}
+	if (waited < ms)
+		return true;
+	kill(pid, SIGKILL);
+	waitpid(pid, status, 0);
+	return false;
+}
+
 START_TEST(a_forked_child_runs_and_frees)
 {
 	/* the pool's workers stay in the parent: a forked child runs the
@@ -763,16 +779,8 @@ START_TEST(a_forked_child_runs_and_frees)
 		fz_exec_free(x); /* the last fz_exec: the device and its pool go */
 		_exit(bad ? 2 : 0);
 	}
-	int status = 0, waited = 0;
-	while (waitpid(pid, &status, WNOHANG) == 0 && waited < 30000) {
-		usleep(1000);
-		waited++;
-	}
-	if (waited == 30000) {
-		kill(pid, SIGKILL);
-		waitpid(pid, &status, 0);
-	}
-	ck_assert_msg(waited < 30000, "the forked child hung");
+	int status = 0;
+	ck_assert_msg(wait_child(pid, 30000, &status), "the forked child hung");
 	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
 	ck_assert_int_eq(fz_exec_run(x, NULL, in, 2, &out, 1, NULL, &err), FZ_OK);
 	ck_assert_float_eq(z[N - 1], 3.0f * (float)((N - 1) % 1000));
@@ -798,16 +806,8 @@ START_TEST(host_cache_survives_fork)
 			fz_host_release(fz_host_alloc(64 * KIB, &d));
 			_exit(0);
 		}
-		int status = 0, waited = 0;
-		while (waitpid(pid, &status, WNOHANG) == 0 && waited < 2000) {
-			usleep(1000);
-			waited++;
-		}
-		if (waited == 2000) {
-			kill(pid, SIGKILL);
-			waitpid(pid, &status, 0);
-			hung++;
-		}
+		int status = 0;
+		hung += !wait_child(pid, 2000, &status);
 	}
 	atomic_store(&stop, 1);
 	pthread_join(th, NULL);
