@@ -1266,7 +1266,7 @@ static fz_status exec_run(fz_exec *x, const int64_t *sym_sizes,
 
 static const char *const step_kinds[] = {"kernel", "matmul", "collective", "copy", "wait"};
 
-static fz_status profile(fz_exec *x, int reset, char **out)
+static fz_status profile_text(fz_exec *x, int reset, char **out)
 {
 	fz_buf b = {0};
 	fz_buf_puts(&b, "region\tkind\truns\tseconds\tflop\twhat\n");
@@ -1337,7 +1337,7 @@ fz_status fz_exec_profile(fz_exec *x, int reset, char **out)
 		*out = NULL;
 	if (!claim(x, "fz_exec_profile", NULL))
 		return FZ_EINVAL;
-	fz_status st = profile(x, reset, out);
+	fz_status st = profile_text(x, reset, out);
 	let_go(x);
 	return st;
 }

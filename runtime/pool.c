@@ -327,8 +327,8 @@ const char *fz_pool_kind(const fz_pool *p)
 
 int fz_pool_parts(const fz_pool *p, int64_t items, int64_t min_items)
 {
-	int most = 4 * fz_pool_threads(p);
-	if (most <= 4 || items <= 0)
+	int threads = fz_pool_threads(p), most = 4 * threads;
+	if (threads <= 1 || items <= 0)
 		return 1;
 	int64_t n = items / (min_items > 0 ? min_items : 1);
 	return n < 1 ? 1 : n > most ? most : (int)n;
