@@ -31,8 +31,10 @@
  *   erf     in f64, the Taylor series (56 terms) for |x| < 3.95, which
  *           loses at most 6 of f64's 16 digits to cancellation; 1 above
  *   pow     exp2(b log2 |a|) with C's special cases (negative base with an
- *           integer exponent, b = 0, a = 1); a constant b of 0, 1, 2 or -1
- *           is 1, a, a a or 1/a, the correctly rounded result
+ *           integer exponent, b = 0, a = 1), f32 through those steps in
+ *           f64 (within an ulp; in f32 they were 28 ulp off for x^3 near
+ *           1000); a constant b of 0, 1, 2 or -1 is 1, a, a a or 1/a, the
+ *           correctly rounded result
  *   fmod    in f64: a - trunc(a/b) b, corrected by one b when the quotient
  *           rounded up; exact while the quotient is below 2^29
  *
@@ -73,8 +75,8 @@
  * polynomials (exp and expm1 to r^13, log's R to z^11, sin and cos to
  * r^19 and r^18) and f64 splits of ln2 and pi/2, so each is within a few
  * ulp of f64 on its reduced range; erf in f64 is the series below 2 and a
- * continued fraction for erfc above (erf64_). pow is exp2(b log2|a|) as in
- * f32, its error growing with |b log2|a|| (1e-13 relative at 1000).
+ * continued fraction for erfc above (erf64_). pow is exp2(b log2|a|),
+ * its error growing with |b log2|a|| (1e-13 relative at 1000).
  */
 #include <math.h>
 #include <string.h>
@@ -793,7 +795,19 @@ LLVMValueRef cg_math_pow(cg *g, V a, V b)
 		return libm2(g, "pow", a, b);
 	V one = kc(a, 1.0), zero = kc(a, 0.0);
 	V aa = un(g, "llvm.fabs", a);
-	V r = exp2f_(g, fmul(g, b, log2f_(g, aa)));
+	V r;
+	if (t == t_f64(g)) {
+		r = exp2f_(g, fmul(g, b, log2f_(g, aa)));
+	} else {
+		/* f32 through the f64 steps: log2 |a| is rounded to f32 before
+		 * b multiplies it, so exp2 gets b log2|a| wrong by up to |b
+		 * log2 a| ulps of 1 (x^3 near 1000: 28 ulp of the result, 6.7
+		 * on average; x^1.5 up to 10), where f64's log2, product and
+		 * exp2, rounded once at the end, are within an ulp */
+		T d = is_vec(a) ? LLVMVectorType(t_f64(g), LLVMGetVectorSize(t)) : t_f64(g);
+		V l = log2f_(g, fpext(g, aa, d));
+		r = fptrunc(g, exp2f_(g, fmul(g, fpext(g, b, d), l)), t);
+	}
 	V bint = fcmp(g, LLVMRealOEQ, un(g, "llvm.rint", b), b);
 	V half = fmul(g, b, kc(a, 0.5));
 	V odd = and_(g, bint, fcmp(g, LLVMRealONE, un(g, "llvm.rint", half), half));
