@@ -478,9 +478,8 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		for (int l_ = 0; l_ < 8; l_++)                                         \
 			t += a_[l_];                                                   \
 		for (int64_t kk_ = k; kk_ < K; kk_++) {                                \
-			uint32_t u_ = (uint32_t)(bj)[kk_] << 16;                       \
 			float w_;                                                      \
-			memcpy(&w_, &u_, 4);                                           \
+			bf16_to_f32(&w_, (bj) + kk_, 1);                               \
 			t += (ai)[kk_] * w_;                                           \
 		}                                                                      \
 	} while (0)
