@@ -6,9 +6,12 @@ it into .venv, editable); where none is installed, the source tree's
 tools/python. The library is the build tree's where ctest names it
 (FUSEC_LIBRARY)."""
 
+import atexit
 import importlib.metadata
 import os
+import shutil
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -27,6 +30,16 @@ def need_torch():
     except ImportError:
         print("skipped: PyTorch is not installed (pip install torch)")
         sys.exit(77)
+
+
+def scratch_dir(prefix):
+    """A new directory under the system's temporary one, removed with
+    everything in it when the test process exits (a test's cache of
+    compiled kernels and exported texts: 1 MB each, and ctest runs the
+    Python tests on every build)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def rel_err(got, want):

@@ -12,7 +12,6 @@ compares with eager PyTorch on a copy of the same model: losses within
 
 import copy
 import os
-import tempfile
 import unittest
 
 import fzcheck
@@ -24,8 +23,8 @@ import torch  # noqa: E402
 import fusec.torch as ft  # noqa: E402
 
 DEVICE = os.environ.get("FUSEC_TEST_DEVICE", "cpu")
-CACHE = os.environ.get("FUSEC_CACHE_DIR") or tempfile.mkdtemp(
-    prefix="fusec-backend-")
+CACHE = os.environ.get("FUSEC_CACHE_DIR") or fzcheck.scratch_dir(
+    "fusec-backend-")
 OPTIONS = {"device": DEVICE, "cache_dir": CACHE}
 if DEVICE == "cuda":
     # the tests make their tensors and models with PyTorch's defaults:
@@ -557,7 +556,7 @@ class TestExportCache(TestCase):
         reset: what a new process sees) reads each part's trace text from
         <cache dir>/torch-export/ instead of writing it, and trains the
         same; another batch size is another key, written anew."""
-        cache = tempfile.mkdtemp(prefix="fusec-export-")
+        cache = fzcheck.scratch_dir("fusec-export-")
         opts = dict(OPTIONS, cache_dir=cache)
         torch.manual_seed(3)
         ref = MLP()
@@ -588,7 +587,7 @@ class TestExportCache(TestCase):
         input each call (the kept file says the part is seeded): dropout
         from a warm export cache runs in fusec, no part falls back, and
         torch.manual_seed repeats the cold run's losses."""
-        cache = tempfile.mkdtemp(prefix="fusec-export-")
+        cache = fzcheck.scratch_dir("fusec-export-")
         opts = dict(OPTIONS, cache_dir=cache)
         torch.manual_seed(3)
         ref = MLP(p=0.5)

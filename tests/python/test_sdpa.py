@@ -39,7 +39,6 @@ FUSEC_TEST_VERBOSE=1 prints the errors.
 import copy
 import os
 import sys
-import tempfile
 import unittest
 
 import fzcheck
@@ -290,8 +289,8 @@ class TestBackend(unittest.TestCase):
         mask[1, :5] = 0
         ft.stats(reset=True)
         torch._dynamo.reset()
-        cache = os.environ.get("FUSEC_CACHE_DIR") or tempfile.mkdtemp(
-            prefix="fusec-sdpa-")
+        cache = os.environ.get("FUSEC_CACHE_DIR") or fzcheck.scratch_dir(
+            "fusec-sdpa-")
         cm = torch.compile(model, backend=ft.backend,
                            options={"device": dev, "cache_dir": cache})
         got = cm(input_ids=ids, attention_mask=mask, labels=ids).loss
