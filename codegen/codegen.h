@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 52 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 53 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -201,7 +201,8 @@
                               * or f64 input, cg_nan_clean; 51: host
                               * attention's forward products stop at the
                               * work item's rows, not BQ; 52: f32 pow
-                              * through f64's log2, product and exp2) */
+                              * through f64's log2, product and exp2;
+                              * 53: host var_mean in one pass) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

@@ -853,6 +853,36 @@ START_TEST(normalization_softmax_layernorm)
 }
 END_TEST
 
+/* var_mean on the host in one pass (codegen/reduction.c, "var_mean in
+ * one pass"): the sum and the sum of squares in f64, the variance as
+ * s2 - s1 mean where that cannot cancel, else the exact second pass. Bit
+ * for bit against the interpreter: rows of 1000 and symbolic ones, a
+ * constant row (variance 0 exactly: the second pass), a bf16 layer_norm,
+ * and an add + layer_norm with h an output (the keep, stored by the one
+ * pass, read back by the second where a row takes it). A row whose mean
+ * is 10^6 of its deviations (the second pass) within 2^-11. */
+START_TEST(var_mean_in_one_pass_host)
+{
+	EXACT("trace f(x: f32[B, 1000]) {\n"
+	      "  s = sum(x, dims=[1])\n  v, m = var_mean(x, dims=[1])\n"
+	      "  c = add(mul(x, 0.0), 3.3)\n  cv, cm = var_mean(c, dims=[1])\n"
+	      "  return s, v, m, cv, cm\n}\n", 5);
+	EXACT("trace f(x: f32[B, T]) {\n"
+	      "  v, m = var_mean(x, dims=[1], correction=1)\n  return v, m\n}\n", 5, 333);
+	EXACT("trace f(x: bf16[B, 256], w: bf16[256], b: bf16[256]) {\n"
+	      "  y = layer_norm(x, w, b, dims=[1], eps=1e-5)\n  return y\n}\n", 9);
+	EXACT("trace f(x: bf16[B, 4096], r: bf16[B, 4096], w: bf16[4096], b: bf16[4096]) {\n"
+	      "  h = add(x, r)\n  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n"
+	      "  return h, y\n}\n", 3);
+	EXACT("trace f(x: f32[B, 4096], r: f32[B, 4096], w: f32[4096], b: f32[4096]) {\n"
+	      "  h = add(add(x, r), 200.0)\n  y = layer_norm(h, w, b, dims=[1], eps=1e-5)\n"
+	      "  return h, y\n}\n", 3);
+	CLOSE("trace f(x: f32[B, 1000]) {\n"
+	      "  v, m = var_mean(add(x, 1000000.0), dims=[1])\n"
+	      "  return v, m\n}\n", 0x1p-11, 5);
+}
+END_TEST
+
 /* ---- indexing and errors ------------------------------------------------------ */
 
 START_TEST(indexing_take_and_index_add)
@@ -2715,6 +2745,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(rd, reduction_inner_outer);
 	tcase_add_test(rd, reduction_columns);
 	tcase_add_test(rd, normalization_softmax_layernorm);
+	tcase_add_test(rd, var_mean_in_one_pass_host);
 	tcase_add_test(rd, scan_lengths);
 	tcase_add_test(rd, select_rows);
 	tcase_add_test(rd, host_streaming_stores);
