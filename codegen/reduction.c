@@ -780,8 +780,9 @@ static void prefetch_ahead(cg *g, rows *R, cg_ix (*ix)[FZ_MAX_RANK])
 /* One pass over the row: op over x (with mh, ml: var_mean's squared
  * deviations from mh + ml) into the row's result, a pair's low part in
  * *lo; stash: an output the pass stores x in; reload: an output it reads
- * back instead of computing it. With sq (a wide sum, f32 x), the pass also
- * sums x^2 in f64 into *sq (see "var_mean in one pass, host"). */
+ * back instead of computing it. With sq (the host's looping passes, a
+ * wide sum of f32 x), the pass also sums x^2 in f64 into *sq (see
+ * "var_mean in one pass"). */
 static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo,
 	      const fz_value *stash, const fz_value *reload, V *sq)
 {
@@ -812,14 +813,11 @@ static V pass(cg *g, rows *R, fz_opcode op, const fz_value *x, V mh, V ml, V *lo
 		FZ_ASSERT(Q.wide && A[0].wide && !mh);
 	}
 	if (R->S) {
+		FZ_ASSERT(!sq); /* the row in registers: var_mean_once */
 		for (int k = 0; k < R->S; k++) {
 			cg_value(g, x, R->L, &R->ix[k * R->L], vals);
 			acc_step(g, R, &A[0], vals, R->valid[k], mh, ml);
-			if (sq)
-				acc_step(g, R, &Q, vals, R->valid[k], zero, zero);
 		}
-		if (sq)
-			*sq = acc_finish(g, R, &Q, 1, &(V){NULL});
 		return acc_finish(g, R, A, na, lo);
 	}
 	V rest = c_int(g->ity, 0);
