@@ -79,7 +79,10 @@
  * first tripled that pass's memory traffic: such a product widens its
  * weight in the units that use it, a bf16 linear weight row by row in
  * registers (dots), anything else a block of columns at a time on the
- * unit's stack (streamed).
+ * unit's stack (streamed). An f32 linear weight of so few rows goes to
+ * dots too, as it lies: the BLAS packed the whole weight for every call
+ * (MKL inside PyTorch, four rows of K 4096 by N 11008: 40-44 ms for a
+ * 180 MB weight that one pass reads in 9.6).
  *
  * Precision. y = a · op(b) accumulates in f32 for f32, bf16 and f16 (as
  * PyTorch's CPU kernels do) and in f64 for f64. bf16 and f16 operands are
@@ -321,6 +324,7 @@ typedef struct job {
 	int64_t a_elems, b_elems;     /* what the widen pass converts */
 	bool plain;                   /* no BLAS, or integers: the loop */
 	bool stream_b;                /* b widened a block at a time (streamed) */
+	bool dots;                    /* few rows by b's rows in registers (dots) */
 	int blas_threads;             /* MKL's threads for each unit, or 0 */
 } job;
 
@@ -420,10 +424,11 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 		}
 }
 
-/* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16 b stored [N, K]
- * (linear's weight, job.stream_b with b_trans, at most STREAM_ROWS rows of
- * A): each row of b widened in registers, eight lanes at a time, and
- * multiplied into the rows of A as it passes; no panel, no call per block.
+/* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16 or f32 b stored
+ * [N, K] (linear's weight, job.dots: b_trans, at most STREAM_ROWS rows of
+ * A): each row of b loaded (bf16: widened) in registers, eight lanes at a
+ * time, and multiplied into the rows of A as it passes; no panel, no call
+ * per block.
  * With K = 11008 (a 7B model's down projection) the panels of streamed()
  * were one column wide: 15.9 ms for a token's product where PyTorch takes
  * 4.9. Every sum stays in a register: an array of them indexed by a row
@@ -469,6 +474,16 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		x_;                                                                    \
 	})
 
+/* The bodies below read b through three names, defined before each
+ * family of functions is made from them (DOTS_FNS): BT, the type of b's
+ * elements; B8(p), b's eight lanes at p as floats; B1(p), one. */
+static inline float bf16_one(const uint16_t *p)
+{
+	float w;
+	bf16_to_f32(&w, p, 1);
+	return w;
+}
+
 /* a row's vector sum a folded to a float t, then its tail from k: b's
  * row bj against A's row ai */
 #define DOTS_FOLD(a, bj, ai, k, t)                                                     \
@@ -477,11 +492,8 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		t = 0;                                                                 \
 		for (int l_ = 0; l_ < 8; l_++)                                         \
 			t += a_[l_];                                                   \
-		for (int64_t kk_ = k; kk_ < K; kk_++) {                                \
-			float w_;                                                      \
-			bf16_to_f32(&w_, (bj) + kk_, 1);                               \
-			t += (ai)[kk_] * w_;                                           \
-		}                                                                      \
+		for (int64_t kk_ = k; kk_ < K; kk_++)                                  \
+			t += (ai)[kk_] * B1((bj) + kk_);                               \
 	} while (0)
 
 /* row i of the four at Ai: its two sums, then its result (constant i
@@ -501,14 +513,14 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 
 #define DOTS_BODY                                                                      \
 	for (int64_t j = c0; j < c1; j++) {                                            \
-		const uint16_t *bj = b + j * ldb;                                      \
+		const BT *bj = b + j * ldb;                                            \
 		for (int i0 = 0; i0 < mm; i0 += 4) {                                   \
 			const float *Ai = A + i0 * lda;                                \
 			int n = mm - i0 < 4 ? mm - i0 : 4;                             \
 			v8f s[4][2] = {{{0}}};                                         \
 			int64_t k = 0;                                                 \
 			for (; k + 16 <= K; k += 16) {                                 \
-				v8f w0 = WIDEN8(bj + k), w1 = WIDEN8(bj + k + 8);      \
+				v8f w0 = B8(bj + k), w1 = B8(bj + k + 8);              \
 				DOTS_ROW(0) DOTS_ROW(1) DOTS_ROW(2) DOTS_ROW(3)        \
 			}                                                              \
 			DOTS_ROW_END(0) DOTS_ROW_END(1) DOTS_ROW_END(2) DOTS_ROW_END(3) \
@@ -520,14 +532,14 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 #define DOTS1_BODY                                                                     \
 	int64_t j = c0;                                                                \
 	for (; K >= DOTS1_PAIRS && j + 2 <= c1; j += 2) {                              \
-		const uint16_t *b0 = b + j * ldb, *b1 = b0 + ldb;                      \
+		const BT *b0 = b + j * ldb, *b1 = b0 + ldb;                            \
 		v8f s[4] = {{0}}, r[4] = {{0}};                                        \
 		int64_t k = 0;                                                         \
 		for (; k + 32 <= K; k += 32)                                           \
 			for (int q = 0; q < 4; q++) {                                  \
 				v8f x = LOAD8(A + k + 8 * q);                          \
-				s[q] += x * WIDEN8(b0 + k + 8 * q);                    \
-				r[q] += x * WIDEN8(b1 + k + 8 * q);                    \
+				s[q] += x * B8(b0 + k + 8 * q);                        \
+				r[q] += x * B8(b1 + k + 8 * q);                        \
 			}                                                              \
 		float t0, t1;                                                          \
 		DOTS_FOLD((s[0] + s[1]) + (s[2] + s[3]), b0, A, k, t0);               \
@@ -536,62 +548,74 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		y[j + 1] = (acc_y ? y[j + 1] : 0.0f) + t1;                             \
 	}                                                                              \
 	for (; j < c1; j++) {                                                          \
-		const uint16_t *b0 = b + j * ldb;                                      \
+		const BT *b0 = b + j * ldb;                                            \
 		v8f s[4] = {{0}};                                                      \
 		int64_t k = 0;                                                         \
 		for (; k + 32 <= K; k += 32)                                           \
 			for (int q = 0; q < 4; q++)                                    \
-				s[q] += LOAD8(A + k + 8 * q) * WIDEN8(b0 + k + 8 * q); \
+				s[q] += LOAD8(A + k + 8 * q) * B8(b0 + k + 8 * q);     \
 		float t0;                                                              \
 		DOTS_FOLD((s[0] + s[1]) + (s[2] + s[3]), b0, A, k, t0);               \
 		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
 	}
 
+/* dots1_SFX and dots_SFX for b's BT: for AVX2 with FMA where the CPU has
+ * them, and for the baseline ISA otherwise */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma"))) static void dots1_avx2(
-	const float *A, const uint16_t *b, int64_t ldb, int64_t K, float *y, int64_t c0,
-	int64_t c1, bool acc_y)
-{
-	DOTS1_BODY
-}
-
-__attribute__((target("avx2,fma"))) static void dots_avx2(
-	const float *A, int64_t lda, int mm, const uint16_t *b, int64_t ldb, int64_t K,
-	float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
-{
-	DOTS_BODY
-}
-#endif
-
-static void dots_base(const float *A, int64_t lda, int mm, const uint16_t *b, int64_t ldb,
-		      int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
-{
-	DOTS_BODY
-}
-
-static void dots1_base(const float *A, const uint16_t *b, int64_t ldb, int64_t K, float *y,
-		       int64_t c0, int64_t c1, bool acc_y)
-{
-	DOTS1_BODY
-}
-
-static void dots(const float *A, int64_t lda, int mm, const uint16_t *b, int64_t ldb,
-		 int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)
-{
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-		if (mm == 1)
-			dots1_avx2(A, b, ldb, K, y, c0, c1, acc_y);
-		else
-			dots_avx2(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
-		return;
+#define DOTS_AVX2(sfx)                                                                 \
+	__attribute__((target("avx2,fma"))) static void dots1_avx2_##sfx(              \
+		const float *A, const BT *b, int64_t ldb, int64_t K, float *y,         \
+		int64_t c0, int64_t c1, bool acc_y)                                    \
+	{                                                                              \
+		DOTS1_BODY                                                             \
+	}                                                                              \
+	__attribute__((target("avx2,fma"))) static void dots_avx2_##sfx(               \
+		const float *A, int64_t lda, int mm, const BT *b, int64_t ldb,         \
+		int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)  \
+	{                                                                              \
+		DOTS_BODY                                                              \
 	}
+#define DOTS_CALL_AVX2(sfx)                                                            \
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {         \
+		if (mm == 1)                                                           \
+			dots1_avx2_##sfx(A, b, ldb, K, y, c0, c1, acc_y);             \
+		else                                                                   \
+			dots_avx2_##sfx(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y); \
+		return;                                                                \
+	}
+#else
+#define DOTS_AVX2(sfx)
+#define DOTS_CALL_AVX2(sfx)
 #endif
-	if (mm == 1)
-		dots1_base(A, b, ldb, K, y, c0, c1, acc_y);
-	else
-		dots_base(A, lda, mm, b, ldb, K, y, ldc, c0, c1, acc_y);
-}
+
+#define DOTS_FNS(sfx)                                                                  \
+	DOTS_AVX2(sfx)                                                                 \
+	static void dots_##sfx(const float *A, int64_t lda, int mm, const BT *b,       \
+			       int64_t ldb, int64_t K, float *y, int64_t ldc,          \
+			       int64_t c0, int64_t c1, bool acc_y)                     \
+	{                                                                              \
+		DOTS_CALL_AVX2(sfx)                                                    \
+		if (mm == 1) {                                                         \
+			DOTS1_BODY                                                     \
+		} else {                                                               \
+			DOTS_BODY                                                      \
+		}                                                                      \
+	}
+
+#define BT uint16_t
+#define B8(p) WIDEN8(p)
+#define B1(p) bf16_one(p)
+DOTS_FNS(bf16)
+#undef BT
+#undef B8
+#undef B1
+#define BT float
+#define B8(p) LOAD8(p)
+#define B1(p) (*(p))
+DOTS_FNS(f32)
+#undef BT
+#undef B8
+#undef B1
 
 /* y[r0..r1, c0..c1) = A's rows . b's columns (+ y, beta 1), b widened
  * STREAM_FLOATS / K columns at a time (job.stream_b, where dots does not
@@ -679,9 +703,12 @@ static void unit(const job *J, int part)
 	if (kk == 0) {
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
-	} else if (J->stream_b && m->dtype == FZ_BF16 && m->b_trans && !m->a_trans) {
-		dots(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
-		     y + r0 * N, N, c0, c1, m->bias != NULL);
+	} else if (J->dots && m->dtype == FZ_BF16) {
+		dots_bf16(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
+			  y + r0 * N, N, c0, c1, m->bias != NULL);
+	} else if (J->dots) {
+		dots_f32(A + aoff, lda, mm, (const float *)m->b + bo, ldb, K,
+			 y + r0 * N, N, c0, c1, m->bias != NULL);
 	} else if (J->stream_b) {
 		streamed(J, bo, A + aoff, lda, ta, y, r0, r1, c0, c1, beta);
 	} else {
@@ -775,9 +802,12 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * packed again. One thread takes the product whole. */
 	int64_t want = 4 * (int64_t)T;
 	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
-	/* few rows: each unit widens b's columns as it goes */
+	/* few rows: each unit widens b's columns as it goes, a linear
+	 * weight's rows (bf16, or f32 as it lies) in registers */
 	J.stream_b = widened && M <= STREAM_ROWS && K <= STREAM_FLOATS;
-	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b;
+	J.dots = !plain && M <= STREAM_ROWS && m->b_trans && !m->a_trans &&
+		 ((J.stream_b && m->dtype == FZ_BF16) || m->dtype == FZ_F32);
+	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b && !J.dots;
 	if (!plain && b->mkl_threads)
 		J.blas_threads = whole ? T : 1;
 	if (nb < want && T > 1 && !whole) {
