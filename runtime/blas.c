@@ -77,9 +77,10 @@
  * Few rows. A bf16 or f16 product of STREAM_ROWS rows or fewer (a decode
  * step's) is a pass over its weight, and widening the whole weight to f32
  * first tripled that pass's memory traffic: such a product widens its
- * weight in the units that use it, a bf16 linear weight row by row in
- * registers (dots), anything else a block of columns at a time on the
- * unit's stack (streamed). An f32 linear weight of so few rows goes to
+ * weight in the units that use it, a bf16 or f16 linear weight row by row
+ * in registers (dots), anything else a block of columns at a time on the
+ * unit's stack (streamed: f16 weights took that way, 100-310 ms for
+ * products that now take 2-8). An f32 linear weight of so few rows goes to
  * dots too, as it lies: the BLAS packed the whole weight for every call
  * (MKL inside PyTorch, four rows of K 4096 by N 11008: 40-44 ms for a
  * 180 MB weight that one pass reads in 9.6).
@@ -103,6 +104,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "blas.h"
 #include "numeric.h"
@@ -424,9 +429,9 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 		}
 }
 
-/* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16 or f32 b stored
- * [N, K] (linear's weight, job.dots: b_trans, at most STREAM_ROWS rows of
- * A): each row of b loaded (bf16: widened) in registers, eight lanes at a
+/* y[r0..r1, c0..c1) (+)= A's rows . b's rows for a bf16, f16 or f32 b
+ * stored [N, K] (linear's weight, job.dots: b_trans, at most STREAM_ROWS
+ * rows of A): each row of b loaded (widened) in registers, eight lanes at a
  * time, and multiplied into the rows of A as it passes; no panel, no call
  * per block.
  * With K = 11008 (a 7B model's down projection) the panels of streamed()
@@ -456,6 +461,7 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef _Float16 v8hf __attribute__((vector_size(16)));
 
 /* b's eight bf16 at p widened, and A's eight floats at p */
 #define WIDEN8(p)                                                                      \
@@ -474,6 +480,23 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 		x_;                                                                    \
 	})
 
+/* b's eight f16 at p widened: by F16C's vcvtph2ps in the AVX2 build
+ * (GCC converts a vector of _Float16 a lane at a time), else lane by lane */
+#define F16_8(p)                                                                       \
+	({                                                                             \
+		v8hf h_;                                                               \
+		memcpy(&h_, (p), sizeof h_);                                           \
+		__builtin_convertvector(h_, v8f);                                      \
+	})
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define F16_8_F16C(p)                                                                  \
+	({                                                                             \
+		__m128i h_;                                                            \
+		memcpy(&h_, (p), sizeof h_);                                           \
+		(v8f)_mm256_cvtph_ps(h_);                                              \
+	})
+#endif
+
 /* The bodies below read b through three names, defined before each
  * family of functions is made from them (DOTS_FNS): BT, the type of b's
  * elements; B8(p), b's eight lanes at p as floats; B1(p), one. */
@@ -482,6 +505,13 @@ static inline float bf16_one(const uint16_t *p)
 	float w;
 	bf16_to_f32(&w, p, 1);
 	return w;
+}
+
+static inline float f16_one(const uint16_t *p)
+{
+	_Float16 h;
+	memcpy(&h, p, sizeof h);
+	return (float)h;
 }
 
 /* a row's vector sum a folded to a float t, then its tail from k: b's
@@ -559,24 +589,26 @@ static inline float bf16_one(const uint16_t *p)
 		y[j] = (acc_y ? y[j] : 0.0f) + t0;                                     \
 	}
 
-/* dots1_SFX and dots_SFX for b's BT: for AVX2 with FMA where the CPU has
- * them, and for the baseline ISA otherwise */
+/* dots1_SFX and dots_SFX for b's BT: for AVX2 with FMA (and F16C, which
+ * every such CPU has) where the CPU has them, and for the baseline ISA
+ * otherwise */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DOTS_AVX2(sfx)                                                                 \
-	__attribute__((target("avx2,fma"))) static void dots1_avx2_##sfx(              \
+	__attribute__((target("avx2,fma,f16c"))) static void dots1_avx2_##sfx(         \
 		const float *A, const BT *b, int64_t ldb, int64_t K, float *y,         \
 		int64_t c0, int64_t c1, bool acc_y)                                    \
 	{                                                                              \
 		DOTS1_BODY                                                             \
 	}                                                                              \
-	__attribute__((target("avx2,fma"))) static void dots_avx2_##sfx(               \
+	__attribute__((target("avx2,fma,f16c"))) static void dots_avx2_##sfx(          \
 		const float *A, int64_t lda, int mm, const BT *b, int64_t ldb,         \
 		int64_t K, float *y, int64_t ldc, int64_t c0, int64_t c1, bool acc_y)  \
 	{                                                                              \
 		DOTS_BODY                                                              \
 	}
 #define DOTS_CALL_AVX2(sfx)                                                            \
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {         \
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&         \
+	    __builtin_cpu_supports("f16c")) {                                          \
 		if (mm == 1)                                                           \
 			dots1_avx2_##sfx(A, b, ldb, K, y, c0, c1, acc_y);             \
 		else                                                                   \
@@ -588,8 +620,8 @@ static inline float bf16_one(const uint16_t *p)
 #define DOTS_CALL_AVX2(sfx)
 #endif
 
-#define DOTS_FNS(sfx)                                                                  \
-	DOTS_AVX2(sfx)                                                                 \
+#define DOTS_FNS(sfx) DOTS_AVX2(sfx) DOTS_BASE(sfx)
+#define DOTS_BASE(sfx)                                                                 \
 	static void dots_##sfx(const float *A, int64_t lda, int mm, const BT *b,       \
 			       int64_t ldb, int64_t K, float *y, int64_t ldc,          \
 			       int64_t c0, int64_t c1, bool acc_y)                     \
@@ -613,6 +645,16 @@ DOTS_FNS(bf16)
 #define B8(p) LOAD8(p)
 #define B1(p) (*(p))
 DOTS_FNS(f32)
+#undef BT
+#undef B8
+#undef B1
+#define BT uint16_t
+#define B1(p) f16_one(p)
+#define B8(p) F16_8_F16C(p)
+DOTS_AVX2(f16)
+#undef B8
+#define B8(p) F16_8(p)
+DOTS_BASE(f16)
 #undef BT
 #undef B8
 #undef B1
@@ -706,6 +748,9 @@ static void unit(const job *J, int part)
 	} else if (J->dots && m->dtype == FZ_BF16) {
 		dots_bf16(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
 			  y + r0 * N, N, c0, c1, m->bias != NULL);
+	} else if (J->dots && m->dtype == FZ_F16) {
+		dots_f16(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
+			 y + r0 * N, N, c0, c1, m->bias != NULL);
 	} else if (J->dots) {
 		dots_f32(A + aoff, lda, mm, (const float *)m->b + bo, ldb, K,
 			 y + r0 * N, N, c0, c1, m->bias != NULL);
@@ -806,7 +851,7 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * weight's rows (bf16, or f32 as it lies) in registers */
 	J.stream_b = widened && M <= STREAM_ROWS && K <= STREAM_FLOATS;
 	J.dots = !plain && M <= STREAM_ROWS && m->b_trans && !m->a_trans &&
-		 ((J.stream_b && m->dtype == FZ_BF16) || m->dtype == FZ_F32);
+		 (J.stream_b || m->dtype == FZ_F32);
 	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b && !J.dots;
 	if (!plain && b->mkl_threads)
 		J.blas_threads = whole ? T : 1;
