@@ -276,6 +276,15 @@ static void bf16_to_f32(float *dst, const uint16_t *src, int64_t n)
 	}
 }
 
+/* one f16 widened, exactly (the compiler's conversion: F16C where the
+ * build has it, else libgcc's) */
+static inline float f16_one(const uint16_t *p)
+{
+	_Float16 h;
+	memcpy(&h, p, sizeof h);
+	return (float)h;
+}
+
 /* nearest even; a NaN stays a (quiet) NaN */
 static void f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
 {
@@ -296,6 +305,11 @@ static void to_f32(float *dst, const void *src, fz_dtype d, int64_t off, int64_t
 	}
 	if (d == FZ_F32) {
 		memcpy(dst, (const float *)src + off, (size_t)n * 4);
+		return;
+	}
+	if (d == FZ_F16) {
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = f16_one((const uint16_t *)src + off + i);
 		return;
 	}
 	for (int64_t i = 0; i < n; i++)
@@ -507,12 +521,6 @@ static inline float bf16_one(const uint16_t *p)
 	return w;
 }
 
-static inline float f16_one(const uint16_t *p)
-{
-	_Float16 h;
-	memcpy(&h, p, sizeof h);
-	return (float)h;
-}
 
 /* a row's vector sum a folded to a float t, then its tail from k: b's
  * row bj against A's row ai */
