@@ -85,11 +85,24 @@
  * (MKL inside PyTorch, four rows of K 4096 by N 11008: 40-44 ms for a
  * 180 MB weight that one pass reads in 9.6).
  *
+ * bf16 as it lies. Where the library multiplies bf16 itself (MKL's
+ * gemm_bf16bf16f32_, OpenBLAS's sbgemm_ where it was built with it: not
+ * Debian's) and the CPU has bf16 arithmetic (AVX-512 BF16; the CPUs with
+ * AMX have it too), a bf16 product goes to it whole, with no widening:
+ * on a Xeon with AMX, inside PyTorch, widened products ran at 0.14-0.32 of
+ * aten::mm's speed, MKL's at 0.7-1.05 (tools/bench/matmul_bench.py). On a
+ * CPU without (Zen 3, Haswell), MKL converts inside and the widening here
+ * is the known quantity, so it stays; $FUSEC_BLAS_BF16 says otherwise
+ * ("1": wherever the library has one, "0": never). MKL's f16 product
+ * (gemm_f16f16f32_) is not taken: on that Xeon it was no faster than
+ * widening by F16C.
+ *
  * Precision. y = a · op(b) accumulates in f32 for f32, bf16 and f16 (as
  * PyTorch's CPU kernels do) and in f64 for f64. bf16 and f16 operands are
- * widened to f32 panels first (exact), the f32 result and the bias are
- * rounded once to the output dtype (nearest even). The interpreter stays
- * the f64 oracle; the f32 sums stay well inside run --check's tolerances.
+ * widened to f32 panels first (exact) or multiplied as they lie into f32
+ * sums, the f32 result and the bias are rounded once to the output dtype
+ * (nearest even). The interpreter stays the f64 oracle; the f32 sums stay
+ * well inside run --check's tolerances.
  *
  * Row-major through a column-major BLAS: y[M,N] = a[M,K] · w[K,N] is, seen
  * column-major, yᵀ = wᵀ · aᵀ, so the call is gemm(N, N, n=N, m=M, k=K,
@@ -120,6 +133,12 @@ typedef void (*dgemm_fn)(const char *ta, const char *tb, const int *m, const int
 			 const int *k, const double *alpha, const double *a, const int *lda,
 			 const double *b, const int *ldb, const double *beta, double *c,
 			 const int *ldc);
+/* bf16 operands, f32 sums and result: MKL's gemm_bf16bf16f32_, OpenBLAS's
+ * sbgemm_ (the same arguments as sgemm_ but a and b) */
+typedef void (*bgemm_fn)(const char *ta, const char *tb, const int *m, const int *n,
+			 const int *k, const float *alpha, const uint16_t *a, const int *lda,
+			 const uint16_t *b, const int *ldb, const float *beta, float *c,
+			 const int *ldc);
 
 struct fz_blas {
 	void *dl;
@@ -127,6 +146,7 @@ struct fz_blas {
 	char namebuf[64];      /* "openblas (SkylakeX)" */
 	sgemm_fn sgemm;
 	dgemm_fn dgemm;
+	bgemm_fn bgemm;        /* bf16 products as they lie (bf16_gemm), or NULL */
 	pthread_mutex_t mu;    /* guards scratch: one widened product at a time */
 	bool sequential;       /* not safe to call from two threads at once */
 	int (*mkl_threads)(int); /* MKL's MKL_Set_Num_Threads_Local, or NULL */
@@ -163,6 +183,23 @@ static const char *openblas_core(void)
 	return NULL;
 }
 
+/* The library's bf16 product, where $FUSEC_BLAS_BF16 and the CPU allow
+ * it: unset, where the CPU multiplies bf16 itself (AVX-512 BF16, which
+ * every CPU with AMX's bf16 tiles also has); "1", wherever the library has
+ * one (a CPU without converts inside it); "0", never. */
+static bgemm_fn bf16_gemm(void *dl, const char *sym)
+{
+	const char *env = getenv("FUSEC_BLAS_BF16");
+	if (env && env[0])
+		return strcmp(env, "0") ? (bgemm_fn)dlsym(dl, sym) : NULL;
+#if defined(__x86_64__) && defined(__GNUC__)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512bf16"))
+		return (bgemm_fn)dlsym(dl, sym);
+#endif
+	return NULL;
+}
+
 static bool try_open(fz_blas *b, const char *file, const char *name, const char *threads)
 {
 	const char *core = openblas_core(); /* a BLAS that is not OpenBLAS ignores it */
@@ -188,9 +225,11 @@ static bool try_open(fz_blas *b, const char *file, const char *name, const char 
 	b->sequential = parallel && parallel() == 0;
 	b->dl = dl;
 	b->name = b->sequential ? "openblas (sequential build: one product at a time)" : name;
+	b->bgemm = b->sequential ? NULL : bf16_gemm(dl, "sbgemm_");
 	char *(*corename)(void) = (char *(*)(void))dlsym(dl, "openblas_get_corename");
 	if (corename && !b->sequential) {
-		snprintf(b->namebuf, sizeof b->namebuf, "openblas (%s)", corename());
+		snprintf(b->namebuf, sizeof b->namebuf, "openblas (%s%s)", corename(),
+			 b->bgemm ? "; bf16 products in bf16" : "");
 		b->name = b->namebuf;
 	}
 	b->sgemm = s;
@@ -219,8 +258,10 @@ static int find_mkl(struct dl_phdr_info *info, size_t size, void *arg)
 	b->dl = dl;
 	b->sgemm = s;
 	b->dgemm = d;
+	b->bgemm = bf16_gemm(dl, "gemm_bf16bf16f32_");
 	b->mkl_threads = threads;
-	b->name = "mkl (already in the process)";
+	b->name = b->bgemm ? "mkl (already in the process; bf16 products in bf16)" :
+			     "mkl (already in the process)";
 	return 1;
 }
 
@@ -285,6 +326,56 @@ static inline float f16_one(const uint16_t *p)
 	return (float)h;
 }
 
+/* f16 widened eight at a time by F16C's vcvtph2ps where the CPU has it
+ * (every AVX2 CPU does; GCC's conversion of _Float16 in the baseline
+ * build is a libgcc call an element: an f16 product of 64 rows by a 4096
+ * x 4096 weight spent half its time here), else one at a time */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst,
+								  const uint16_t *src,
+								  int64_t n)
+{
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m128i h;
+		memcpy(&h, src + i, sizeof h);
+		__m256 f = _mm256_cvtph_ps(h);
+		memcpy(dst + i, &f, sizeof f);
+	}
+	for (; i < n; i++)
+		dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* rounded to nearest even once (as fz_store_f64 of the exact f64 does);
+ * a NaN stays a quiet NaN */
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst,
+								  const float *src,
+								  int64_t n)
+{
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 f;
+		memcpy(&f, src + i, sizeof f);
+		__m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+		memcpy(dst + i, &h, sizeof h);
+	}
+	for (; i < n; i++)
+		dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+static void f16_to_f32(float *dst, const uint16_t *src, int64_t n)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+	if (__builtin_cpu_supports("f16c")) {
+		f16_to_f32_f16c(dst, src, n);
+		return;
+	}
+#endif
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = f16_one(src + i);
+}
+
 /* nearest even; a NaN stays a (quiet) NaN */
 static void f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
 {
@@ -308,8 +399,7 @@ static void to_f32(float *dst, const void *src, fz_dtype d, int64_t off, int64_t
 		return;
 	}
 	if (d == FZ_F16) {
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = f16_one((const uint16_t *)src + off + i);
+		f16_to_f32(dst, (const uint16_t *)src + off, n);
 		return;
 	}
 	for (int64_t i = 0; i < n; i++)
@@ -326,6 +416,12 @@ static void from_f32(void *dst, fz_dtype d, int64_t off, const float *src, int64
 		memcpy((float *)dst + off, src, (size_t)n * 4);
 		return;
 	}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+	if (d == FZ_F16 && __builtin_cpu_supports("f16c")) {
+		f32_to_f16_f16c((uint16_t *)dst + off, src, n);
+		return;
+	}
+#endif
 	for (int64_t i = 0; i < n; i++)
 		fz_store_f64(dst, d, off + i, src[i]);
 }
@@ -344,6 +440,8 @@ typedef struct job {
 	bool plain;                   /* no BLAS, or integers: the loop */
 	bool stream_b;                /* b widened a block at a time (streamed) */
 	bool dots;                    /* few rows by b's rows in registers (dots) */
+	bool native;                  /* bf16 operands as they lie (fz_blas.bgemm) */
+	bool round_after;             /* y32 rounded by the pool after (narrow) */
 	int blas_threads;             /* MKL's threads for each unit, or 0 */
 } job;
 
@@ -753,6 +851,9 @@ static void unit(const job *J, int part)
 	if (kk == 0) {
 		for (int64_t i = r0; !m->bias && i < r1; i++)
 			memset(y + i * N + c0, 0, sizeof *y * (size_t)nn);
+	} else if (J->native) {
+		J->b->bgemm(tb, ta, &nn, &mm, &kk, &one, (const uint16_t *)m->b + boff, &ldb,
+			    (const uint16_t *)m->a + aoff, &lda, &beta, y + r0 * N + c0, &ldc);
 	} else if (J->dots && m->dtype == FZ_BF16) {
 		dots_bf16(A + aoff, lda, mm, (const uint16_t *)m->b + bo, ldb, K,
 			  y + r0 * N, N, c0, c1, m->bias != NULL);
@@ -768,7 +869,7 @@ static void unit(const job *J, int part)
 		J->b->sgemm(tb, ta, &nn, &mm, &kk, &one, B + boff, &ldb, A + aoff, &lda,
 			    &beta, y + r0 * N + c0, &ldc);
 	}
-	if (J->y32)
+	if (J->y32 && !J->round_after)
 		for (int64_t i = r0; i < r1; i++)
 			from_f32(m->y, m->dtype, yo + i * N + c0, y + i * N + c0, nn);
 }
@@ -802,6 +903,19 @@ static void widen(void *arg, int part, int nparts)
 		int64_t o = s - J->a_elems;
 		to_f32((float *)J->b32 + o, m->b, m->dtype, o, e - s);
 	}
+}
+
+/* The rounding pass after a product made whole (MKL's threads): part p of
+ * n rounds its share of the f32 result into y. */
+static void narrow(void *arg, int part, int nparts)
+{
+	const job *J = arg;
+	const fz_matmul *m = J->m;
+	int64_t tot = J->nb * m->M * m->N;
+	int64_t chunk = (tot + nparts - 1) / nparts;
+	int64_t s = part * chunk, e = s + chunk < tot ? s + chunk : tot;
+	if (s < e)
+		from_f32(m->y, m->dtype, s, J->y32 + s, e - s);
 }
 
 static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t M,
@@ -855,10 +969,13 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * packed again. One thread takes the product whole. */
 	int64_t want = 4 * (int64_t)T;
 	bool widened = !plain && m->dtype != FZ_F32 && m->dtype != FZ_F64;
-	/* few rows: each unit widens b's columns as it goes, a linear
-	 * weight's rows (bf16, or f32 as it lies) in registers */
-	J.stream_b = widened && M <= STREAM_ROWS && K <= STREAM_FLOATS;
-	J.dots = !plain && M <= STREAM_ROWS && m->b_trans && !m->a_trans &&
+	/* bf16 to the library's bf16 product where it has one (only the
+	 * result, f32, is rounded after); else few rows: each unit widens b's
+	 * columns as it goes, a linear weight's rows (bf16, or f32 as it lies)
+	 * in registers */
+	J.native = widened && m->dtype == FZ_BF16 && b->bgemm;
+	J.stream_b = widened && !J.native && M <= STREAM_ROWS && K <= STREAM_FLOATS;
+	J.dots = !plain && !J.native && M <= STREAM_ROWS && m->b_trans && !m->a_trans &&
 		 (J.stream_b || m->dtype == FZ_F32);
 	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b && !J.dots;
 	if (!plain && b->mkl_threads)
@@ -880,9 +997,10 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 		/* the panels keep the operands' layouts (strides, transposes):
 		 * each element widened where it lies; b not at all when the
 		 * units stream it */
-		J.a_elems = span(m, m->a_bstride, m->a_trans ? mat_span(K, M, lda_of(m))
+		J.a_elems = J.native ? 0 :
+			    span(m, m->a_bstride, m->a_trans ? mat_span(K, M, lda_of(m))
 							     : mat_span(M, K, lda_of(m)));
-		J.b_elems = J.stream_b ? 0 :
+		J.b_elems = J.stream_b || J.native ? 0 :
 			    span(m, m->b_bstride, m->b_trans ? mat_span(N, K, ldb_of(m))
 							     : mat_span(K, N, ldb_of(m)));
 		size_t need = sizeof(float) * (size_t)(J.a_elems + J.b_elems + nb * M * N);
@@ -906,7 +1024,8 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 		J.a32 = s;
 		J.b32 = J.stream_b ? NULL : s + J.a_elems;
 		J.y32 = s + J.a_elems + J.b_elems;
-		fz_pool_run(pool, T, widen, &J);
+		if (J.a_elems + J.b_elems > 0)
+			fz_pool_run(pool, T, widen, &J);
 	}
 	int64_t units = nb * J.slices; /* slices > 1 only when nb < 4 T */
 	if (units > INT32_MAX) {
@@ -918,8 +1037,12 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 		return FZ_EUNSUPPORTED;
 	}
 	if (whole) {
+		/* the product on MKL's threads, its rounding on the pool's */
+		J.round_after = J.y32 != NULL;
 		for (int64_t t = 0; t < nb; t++)
 			run_unit(&J, (int)t, (int)nb);
+		if (J.round_after)
+			fz_pool_run(pool, T, narrow, &J);
 	} else {
 		fz_pool_run(pool, (int)units, run_unit, &J);
 	}

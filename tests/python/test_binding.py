@@ -1,5 +1,6 @@
 """fusec.Program: parse, verify, bind, run on the reference interpreter."""
 
+import sys
 import unittest
 
 import fzcheck
@@ -23,6 +24,50 @@ trace rms(x: f32[B, 8], w: f32[8]) {
 def rms(x, w):
     ms = (x * x).sum(1, keepdim=True)
     return x * torch.rsqrt(ms / 8 + 1e-5) * w, ms
+
+
+BF16_PRODUCTS = """
+import sys
+sys.path[:0] = %r
+import torch
+import fusec
+p = fusec.Program(\"\"\"trace mm(a: bf16[70, 1], b: bf16[1, 13],
+    x: bf16[129, 64], w: bf16[40, 64], bias: bf16[40],
+    c: bf16[3, 33, 20], d: bf16[20, 17], e: bf16[1, 300], f: bf16[50, 300],
+    g: bf16[9, 0], h: bf16[0, 5], q: bf16[20, 33], s: bf16[20, 7]) {
+  y1 = matmul(a, b)
+  y2 = linear(x, w, bias)
+  y3 = matmul(c, d)
+  y4 = linear(e, f)
+  y5 = matmul(g, h)
+  y6 = matmul(transpose(q, 0, 1), s)
+  return y1, y2, y3, y4, y5, y6
+}\"\"\", device="cpu")
+if not torch.backends.mkl.is_available():
+    p(*[torch.zeros(s).bfloat16() for s in ((70, 1), (1, 13), (129, 64),
+        (40, 64), (40,), (3, 33, 20), (20, 17), (1, 300), (50, 300), (9, 0),
+        (0, 5), (20, 33), (20, 7))])
+    print("no mkl")
+    sys.exit(0)
+torch.manual_seed(0)
+r = lambda *s: torch.randn(*s).bfloat16()
+a, b = r(70, 1), r(13, 1).t()              # b a transposed view
+x, w, bias = r(64, 129).t(), r(40, 64), r(40)
+c, d = r(3, 33, 40)[:, :, ::2], r(20, 17)  # c strided
+e, f = r(1, 300), r(50, 300)
+g, h = r(9, 0), r(0, 5)
+q, s = r(20, 33), r(20, 7)                 # q read transposed
+y1, y2, y3, y4, y5, y6 = p(a, b, x, w, bias, c, d, e, f, g, h, q, s)
+print(fusec.cpu_blas())
+assert torch.equal(y1, (a.double() @ b.double()).bfloat16())
+near = lambda got, want: torch.testing.assert_close(
+    got.float(), want.bfloat16().float(), rtol=2 ** -7, atol=1e-5)
+near(y2, x.float() @ w.float().t() + bias.float())
+near(y3, c.float() @ d.float())
+near(y4, e.float() @ f.float().t())
+assert torch.equal(y5, torch.zeros(9, 5).bfloat16())
+near(y6, q.float().t() @ s.float())
+""" % (list(sys.path),)
 
 
 class TestProgram(unittest.TestCase):
@@ -325,6 +370,24 @@ class TestPrepared(unittest.TestCase):
         # bf16: f32 sums of exact products, rounded once (as torch's CPU mm)
         want = (c.float() @ d.float()).bfloat16()
         torch.testing.assert_close(z, want, rtol=1e-2, atol=1e-2)
+
+    def test_bf16_products_in_bf16(self):
+        # where the process's MKL has a bf16 product (gemm_bf16bf16f32),
+        # bf16 operands go to it as they lie (by default only on a CPU
+        # with bf16 arithmetic; FUSEC_BLAS_BF16=1 takes it on any):
+        # transposed and strided operands, a broadcast batch, a bias, one row,
+        # K = 0, each against f32 sums rounded once; at K = 1 every
+        # product is exact, so the result is the reference's bit for bit
+        import os
+        import subprocess
+        import sys
+        env = dict(os.environ, FUSEC_BLAS_BF16="1")
+        r = subprocess.run([sys.executable, "-c", BF16_PRODUCTS], env=env,
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        if "no mkl" in r.stdout:
+            self.skipTest("this PyTorch has no MKL")
+        self.assertIn("bf16 products in bf16", r.stdout)
 
     def test_strided_inputs_in_place(self):
         p = fusec.Program(RMS, device="cpu")
