@@ -74,13 +74,13 @@
  * (on one thread, the product whole). Each sgemm call packs its own
  * copy of the operand it does not slice; product() says what that costs.
  *
- * Few rows. A bf16 or f16 product of STREAM_ROWS rows or fewer (a decode
- * step's) is a pass over its weight, and widening the whole weight to f32
- * first tripled that pass's memory traffic: such a product widens its
- * weight in the units that use it, a bf16 or f16 linear weight row by row
- * in registers (dots), anything else a block of columns at a time on the
- * unit's stack (streamed: f16 weights took that way, 100-310 ms for
- * products that now take 2-8). An f32 linear weight of so few rows goes to
+ * Few rows. A bf16 or f16 product of STREAM_MAX_ROWS rows or fewer (a
+ * decode step's, a short prompt's) is about a pass over its weight, and
+ * widening the whole weight to f32 first tripled that pass's memory
+ * traffic: such a product widens its weight in the units that use it, a
+ * bf16 or f16 linear weight of STREAM_ROWS rows or fewer row by row in
+ * registers (dots), anything else a block of columns at a time on the
+ * unit's stack (streamed). An f32 linear weight of so few rows goes to
  * dots too, as it lies: the BLAS packed the whole weight for every call
  * (MKL inside PyTorch, four rows of K 4096 by N 11008: 40-44 ms for a
  * 180 MB weight that one pass reads in 9.6).
@@ -445,16 +445,24 @@ typedef struct job {
 	int blas_threads;             /* MKL's threads for each unit, or 0 */
 } job;
 
-/* A bf16 or f16 product of few rows (M <= STREAM_ROWS: a decode step's
- * linear layers, M = 1) widens b a block of columns at a time, in the
- * unit that uses them, into STREAM_FLOATS floats of its stack, where
+/* A bf16 or f16 product of few rows (M <= STREAM_MAX_ROWS: a decode
+ * step's linear layers, M = 1, or a short prompt's) widens b a block of
+ * columns at a time, in the unit that uses them, into STREAM_FLOATS floats
+ * of its stack (256 KiB, inside every L2 since Haswell's), where
  * otherwise the whole of b is widened first: a weight read as bf16,
  * written as f32 and read again out of memory, three times its own
  * traffic, where the product itself is a pass over it (the lm head of a
  * 32000-word Llama of hidden 512, one token: 7 ms of a 16 ms decode step
- * went to it). */
+ * went to it). Each block is an sgemm call that packs a (M x K) again,
+ * about 1/w of the block's own work for w columns: the panel is that
+ * large so that w is 16 at K 4096 (at 16384 floats, w = 4, a product of
+ * 32 rows took 2.4x the whole widening's time). Up to 64 rows streaming
+ * wins; at 128 the whole widening does (f16, on a Xeon: M 9 to 64,
+ * torch/fusec 0.31-0.50 -> 0.59-0.92; M 128 K N 4096 30.1 -> 35.8 ms).
+ * STREAM_ROWS or fewer of a linear weight go to dots instead. */
 #define STREAM_ROWS 8
-#define STREAM_FLOATS 16384
+#define STREAM_MAX_ROWS 64
+#define STREAM_FLOATS 65536
 
 /* Element offsets of batch t in a and b. */
 static void batch_offsets(const fz_matmul *m, int64_t t, int64_t *ao, int64_t *bo)
@@ -974,7 +982,7 @@ static fz_status product(fz_blas *b, fz_pool *pool, const fz_matmul *m, int64_t 
 	 * columns as it goes, a linear weight's rows (bf16, or f32 as it lies)
 	 * in registers */
 	J.native = widened && m->dtype == FZ_BF16 && b->bgemm;
-	J.stream_b = widened && !J.native && M <= STREAM_ROWS && K <= STREAM_FLOATS;
+	J.stream_b = widened && !J.native && M <= STREAM_MAX_ROWS && K <= STREAM_FLOATS;
 	J.dots = !plain && !J.native && M <= STREAM_ROWS && m->b_trans && !m->a_trans &&
 		 (J.stream_b || m->dtype == FZ_F32);
 	bool whole = !plain && b->mkl_threads && nb < want && !J.stream_b && !J.dots;

@@ -675,7 +675,7 @@ START_TEST(matmul_strided_operands)
 		{5, 7, 4, 10, 9, 64, 48, false},
 		{5, 7, 4, 6, 9, 64, 48, true},
 		{300, 33, 20, 301, 40, 33 * 301 + 5, 20 * 40, true},
-		/* few rows, K 4100: bf16 and f16 widen b three columns at a
+		/* few rows, K 4100: bf16 and f16 widen b fifteen columns at a
 		 * time (blas.c's stream_b) */
 		{3, 4100, 40, 4100, 4105, 3 * 4100, 40 * 4105, false},
 		/* one row (a decode step's token), an odd count of columns:
