@@ -9,7 +9,8 @@ issue 21's step times).
     tools/bench/step_bench.py first [--sizes tiny,1024]
         [--backends fusec,inductor]
 
-steady: a Llama (transformers' LlamaForCausalLM, SDPA attention, f32) of
+steady: a Llama (transformers' LlamaForCausalLM, SDPA attention, f32, or
+bf16 throughout with --dtype bf16: parameters, activations, AdamW) of
 hidden 64, 256 and 1024 (intermediate 2.75x, rounded to 16; heads of 16
 at hidden 64, of 64 above), 2 and 4 layers, vocabulary --vocab (2048: the
 layers, not the LM head, should be what is measured), B=4, T=128 and 512,
@@ -91,12 +92,14 @@ def config(hidden, layers, vocab):
     return cfg
 
 
-def build(cfg, way, threads, seed=0):
+def build(cfg, way, threads, seed=0, dtype="f32"):
     import torch
     import transformers as tr
     import fusec.torch as ft
     torch.manual_seed(seed)
     model = tr.LlamaForCausalLM(cfg).train()
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
     if way == "fusec":
         opts = {"threads": threads}
         if os.environ.get("BENCH_CACHE"):
@@ -221,7 +224,7 @@ def worker_steady(a):
     ways = {}
     first = {}
     for w in a["ways"]:
-        model, run, opt = build(cfg, w, threads)
+        model, run, opt = build(cfg, w, threads, dtype=a.get("dtype", "f32"))
         t = time.perf_counter()
         for _ in range(a["warmup"]):
             step(run, opt, ids)
@@ -235,7 +238,8 @@ def worker_steady(a):
             fb, st, _ = step(ways[w][1], ways[w][2], ids, cpu)
             for k, x in enumerate((fb, st) + tuple(cpu)):
                 times[w][k].append(x)
-    row = {"hidden": a["hidden"], "layers": a["layers"], "batch": a["batch"],
+    row = {"dtype": a.get("dtype", "f32"),
+           "hidden": a["hidden"], "layers": a["layers"], "batch": a["batch"],
            "seq": a["seq"], "vocab": a["vocab"], "threads": threads,
            "params": sum(p.numel() for p in ways[order[0]][0].parameters())}
     for w in ways:
@@ -309,6 +313,7 @@ def run_steady(a, save):
                     job = {"hidden": hidden, "layers": layers, "seq": seq,
                            "batch": a.batch, "vocab": a.vocab,
                            "threads": threads, "ways": a.ways,
+                           "dtype": a.dtype,
                            "warmup": a.warmup, "iters": a.iters,
                            "profile": a.profile}
                     load = os.getloadavg()[0]
@@ -325,8 +330,8 @@ def show_steady(r):
     if "error" in r:
         print("hidden %s: %s" % (r.get("hidden"), r["error"]), flush=True)
         return
-    line = "h=%-4d L=%d T=%-3d thr=%d" % (r["hidden"], r["layers"], r["seq"],
-                                          r["threads"])
+    line = "%s h=%-4d L=%d T=%-3d thr=%d" % (r.get("dtype", "f32"), r["hidden"],
+                                             r["layers"], r["seq"], r["threads"])
     for w in WAYS:
         if w in r:
             line += "  %s %.1f ms" % (w, 1e3 * r[w]["step_s"])
@@ -393,6 +398,8 @@ def main():
     ap.add_argument("--threads", type=ints, default=[1, 0],
                     help="0: PyTorch's default count")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"),
+                    help="the model's parameters and activations")
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--ways", default="eager,fusec,inductor")
     ap.add_argument("--warmup", type=int, default=2)
