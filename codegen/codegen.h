@@ -95,7 +95,7 @@
 #define FZ_VW_MAX 16         /* lanes per thread: a 64-byte register of f32
                               * on the host (AVX-512) */
 #define FZ_VW_GPU 8          /* lanes per GPU thread: 16 bytes of bf16 */
-#define FZ_CODEGEN_VERSION 53 /* part of a kernel's cache key (3: host entry
+#define FZ_CODEGEN_VERSION 54 /* part of a kernel's cache key (3: host entry
                               * points take a part of the grid; 4: host row
                               * passes take turns over four accumulators,
                               * f32 sums in f64; 5: pow by a constant 0, 1,
@@ -202,7 +202,8 @@
                               * attention's forward products stop at the
                               * work item's rows, not BQ; 52: f32 pow
                               * through f64's log2, product and exp2;
-                              * 53: host var_mean in one pass) */
+                              * 53: host var_mean in one pass; 54: a host
+                              * loop prefetches only its own inputs) */
 #define FZ_ROW_BLOCK 256     /* threads of a block-per-row kernel (launch dims) */
 #define FZ_ROW_REGS 32       /* row elements a thread may hold in registers */
 

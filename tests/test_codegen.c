@@ -2171,8 +2171,8 @@ END_TEST
 
 /* A pointwise step of one lane group that streams (16 MiB out) prefetches
  * each input of its shape ahead too (swiglu's g and u: one each a step,
- * the broadcast bias none); a small one does not (pointwise.c, "the
- * rows' prefetch"). */
+ * the broadcast bias none), only those its own outputs read; a small one
+ * does not (pointwise.c, "the rows' prefetch"). */
 START_TEST(host_pointwise_prefetch)
 {
 #if defined(__x86_64__)
@@ -2189,6 +2189,15 @@ START_TEST(host_pointwise_prefetch)
 	host_compile(small, NULL, each_inst, &(inst_walk){rot_inst, &s});
 	ck_assert_int_eq(s.prefetches, 0);
 	EXACT(small, 0);
+	/* two independent outputs, a loop each: each loop prefetches its own
+	 * input, not the other's (four prefetches, where an AdamW step of four
+	 * tensors fetched three useless lines for each useful one) */
+	static const char apart[] =
+		"trace f(a: f32[2048, 4096], b: f32[2048, 4096]) {\n"
+		"  x = mul(a, 2.0)\n  y = mul(b, 3.0)\n  return x, y\n}\n";
+	rot_counts p = {{0}, 0, 0};
+	host_compile(apart, NULL, each_inst, &(inst_walk){rot_inst, &p});
+	ck_assert_int_eq(p.prefetches, 2);
 #endif
 }
 END_TEST
