@@ -60,8 +60,10 @@ q, s = r(20, 33), r(20, 7)                 # q read transposed
 y1, y2, y3, y4, y5, y6 = p(a, b, x, w, bias, c, d, e, f, g, h, q, s)
 print(fusec.cpu_blas())
 assert torch.equal(y1, (a.double() @ b.double()).bfloat16())
+# two bf16 ulps, and where a sum cancels to near 0, its f32 sums' order
+# (K 300 products of |x| ~ 1: ~K 2^-24 sum|x w| apart) rounded to bf16
 near = lambda got, want: torch.testing.assert_close(
-    got.float(), want.bfloat16().float(), rtol=2 ** -7, atol=1e-5)
+    got.float(), want.bfloat16().float(), rtol=2 ** -7, atol=1e-3)
 near(y2, x.float() @ w.float().t() + bias.float())
 near(y3, c.float() @ d.float())
 near(y4, e.float() @ f.float().t())
