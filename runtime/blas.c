@@ -87,12 +87,14 @@
  *
  * bf16 as it lies. Where the library multiplies bf16 itself (MKL's
  * gemm_bf16bf16f32_, OpenBLAS's sbgemm_ where it was built with it: not
- * Debian's) and the CPU has bf16 arithmetic (AVX-512 BF16; the CPUs with
- * AMX have it too), a bf16 product goes to it whole, with no widening:
+ * Debian's) and the CPU is an Intel one with bf16 arithmetic (AVX-512
+ * BF16; the CPUs with AMX have it too), a bf16 product goes to it whole,
+ * with no widening:
  * on a Xeon with AMX, inside PyTorch, widened products ran at 0.14-0.32 of
  * aten::mm's speed, MKL's at 0.7-1.05 (tools/bench/matmul_bench.py). On a
  * CPU without (Zen 3, Haswell), MKL converts inside and the widening here
- * is the known quantity, so it stays; $FUSEC_BLAS_BF16 says otherwise
+ * is the known quantity, so it stays (on AMD's Zen 4 too: MKL does not use
+ * its AVX-512 there, unmeasured); $FUSEC_BLAS_BF16 says otherwise
  * ("1": wherever the library has one, "0": never). MKL's f16 product
  * (gemm_f16f16f32_) is not taken: on that Xeon it was no faster than
  * widening by F16C.
@@ -184,9 +186,11 @@ static const char *openblas_core(void)
 }
 
 /* The library's bf16 product, where $FUSEC_BLAS_BF16 and the CPU allow
- * it: unset, where the CPU multiplies bf16 itself (AVX-512 BF16, which
- * every CPU with AMX's bf16 tiles also has); "1", wherever the library has
- * one (a CPU without converts inside it); "0", never. */
+ * it: unset, on an Intel CPU that multiplies bf16 itself (AVX-512 BF16,
+ * which every CPU with AMX's bf16 tiles also has; MKL takes its AVX2 paths
+ * on AMD's, whose AVX-512 BF16 it leaves unused, and that was not
+ * measured); "1", wherever the library has one (a CPU without converts
+ * inside it); "0", never. */
 static bgemm_fn bf16_gemm(void *dl, const char *sym)
 {
 	const char *env = getenv("FUSEC_BLAS_BF16");
@@ -194,7 +198,7 @@ static bgemm_fn bf16_gemm(void *dl, const char *sym)
 		return strcmp(env, "0") ? (bgemm_fn)dlsym(dl, sym) : NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx512bf16"))
+	if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512bf16"))
 		return (bgemm_fn)dlsym(dl, sym);
 #endif
 	return NULL;
