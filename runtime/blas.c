@@ -89,9 +89,9 @@
  * gemm_bf16bf16f32_, OpenBLAS's sbgemm_ where it was built with it: not
  * Debian's) and the CPU is an Intel one with bf16 arithmetic (AVX-512
  * BF16; the CPUs with AMX have it too), a bf16 product goes to it whole,
- * with no widening:
- * on a Xeon with AMX, inside PyTorch, widened products ran at 0.14-0.32 of
- * aten::mm's speed, MKL's at 0.7-1.05 (tools/bench/matmul_bench.py). On a
+ * with no widening: on a Xeon with AMX, inside PyTorch, widened products
+ * ran at 0.14-0.32 of aten::mm's speed, MKL's at 0.7-1.05
+ * (tools/bench/matmul_bench.py). On a
  * CPU without (Zen 3, Haswell), MKL converts inside and the widening here
  * is the known quantity, so it stays (on AMD's Zen 4 too: MKL does not use
  * its AVX-512 there, unmeasured); $FUSEC_BLAS_BF16 says otherwise
