@@ -572,7 +572,14 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
  *     weight are in flight (shorter rows follow one another in one stream
  *     anyway, and two at a time ran slower there: K 1024, 2.4 ms against
  *     3.8). One thread, N 2048: K 11008 5.4 -> 3.9 ms; K 512 (N 16000)
- *     2.4-3.1 -> 1.4-1.6 ms.
+ *     2.4-3.1 -> 1.4-1.6 ms. On an Intel core (a Xeon of AVX-512) more
+ *     streams pay more: four rows of b at a time, two sums each, read an
+ *     f32 weight at 18 GB/s a core where pairs read 13.6 (one thread, K
+ *     4096, a test outside the project), and fusec.Program's products of
+ *     one row, alternating (matmul_bench.py, two threads): f32 K 4096 N
+ *     11008 8.2-8.9 -> 6.8-7.9 ms (MKL 6.6-7.5), bf16 widened 5.3-5.8 ->
+ *     4.3-4.9. So there the rows go four at a time, then in pairs; on the
+ *     Zen 3 of the figures above pairs stay first (not measured there).
  *   two to eight rows (a batch of tokens, or a few at once; DOTS_BODY):
  *     four rows at a time, two sums each, from one widening of b's lanes;
  *     b's row is read again for rows 5 to 8, from the cache. 4.2, 5.0 and
@@ -677,8 +684,45 @@ static inline float bf16_one(const uint16_t *p)
 
 #define DOTS1_PAIRS 4096 /* K from which DOTS1_BODY takes b's rows in pairs */
 
+/* Whether DOTS1_BODY takes b's rows four at a time before pairs: on an
+ * Intel CPU (see "one row" above) */
+static bool dots1_fours(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	return __builtin_cpu_is("intel");
+#else
+	return false;
+#endif
+}
+
+#define DOTS1_FOUR(i) s##i##0 += x0 * B8(b##i + k), s##i##1 += x1 * B8(b##i + k + 8)
+#define DOTS1_FOUR_END(i)                                                              \
+	do {                                                                           \
+		float t_;                                                              \
+		DOTS_FOLD(s##i##0 + s##i##1, b##i, A, k, t_);                          \
+		y[j + i] = (acc_y ? y[j + i] : 0.0f) + t_;                             \
+	} while (0)
+
 #define DOTS1_BODY                                                                     \
 	int64_t j = c0;                                                                \
+	for (; K >= DOTS1_PAIRS && dots1_fours() && j + 4 <= c1; j += 4) {             \
+		const BT *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb,             \
+			 *b3 = b2 + ldb;                                               \
+		v8f s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0},   \
+		    s30 = {0}, s31 = {0};                                              \
+		int64_t k = 0;                                                         \
+		for (; k + 16 <= K; k += 16) {                                         \
+			v8f x0 = LOAD8(A + k), x1 = LOAD8(A + k + 8);                  \
+			DOTS1_FOUR(0);                                                 \
+			DOTS1_FOUR(1);                                                 \
+			DOTS1_FOUR(2);                                                 \
+			DOTS1_FOUR(3);                                                 \
+		}                                                                      \
+		DOTS1_FOUR_END(0);                                                     \
+		DOTS1_FOUR_END(1);                                                     \
+		DOTS1_FOUR_END(2);                                                     \
+		DOTS1_FOUR_END(3);                                                     \
+	}                                                                              \
 	for (; K >= DOTS1_PAIRS && j + 2 <= c1; j += 2) {                              \
 		const BT *b0 = b + j * ldb, *b1 = b0 + ldb;                            \
 		v8f s[4] = {{0}}, r[4] = {{0}};                                        \

@@ -681,6 +681,9 @@ START_TEST(matmul_strided_operands)
 		/* one row (a decode step's token), an odd count of columns:
 		 * bf16 takes b's rows two at a time, then the last alone */
 		{1, 4100, 41, 4100, 4105, 4100, 41 * 4105, false},
+		/* and 43: on an Intel CPU four at a time, then a pair, then
+		 * the last alone */
+		{1, 4100, 43, 4100, 4105, 4100, 43 * 4105, false},
 		/* six rows: bf16 takes them four, then two, at a time */
 		{6, 1030, 11, 1031, 1033, 6 * 1031, 11 * 1033, false},
 	};
