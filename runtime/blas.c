@@ -578,8 +578,11 @@ static void plain_block(const job *J, int64_t ao, int64_t bo, int64_t yo, int64_
  *     4096, a test outside the project), and fusec.Program's products of
  *     one row, alternating (matmul_bench.py, two threads): f32 K 4096 N
  *     11008 8.2-8.9 -> 6.8-7.9 ms (MKL 6.6-7.5), bf16 widened 5.3-5.8 ->
- *     4.3-4.9. So there the rows go four at a time, then in pairs; on the
- *     Zen 3 of the figures above pairs stay first (not measured there).
+ *     4.3-4.9; K 512 N 32000 (short rows, where Zen 3 took them one at
+ *     a time) 2.9-3.2 -> 2.2-2.9 (MKL 2.0-2.8). So there the rows go four
+ *     at a time at any K, then in pairs; on the Zen 3 of the figures
+ *     above the rows of 8 KiB or more go in pairs, shorter ones alone
+ *     (four at a time not measured there).
  *   two to eight rows (a batch of tokens, or a few at once; DOTS_BODY):
  *     four rows at a time, two sums each, from one widening of b's lanes;
  *     b's row is read again for rows 5 to 8, from the cache. 4.2, 5.0 and
@@ -705,7 +708,7 @@ static bool dots1_fours(void)
 
 #define DOTS1_BODY                                                                     \
 	int64_t j = c0;                                                                \
-	for (; K >= DOTS1_PAIRS && dots1_fours() && j + 4 <= c1; j += 4) {             \
+	for (; dots1_fours() && j + 4 <= c1; j += 4) {                                \
 		const BT *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb,             \
 			 *b3 = b2 + ldb;                                               \
 		v8f s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0},   \
