@@ -698,6 +698,8 @@ static bool dots1_fours(void)
 #endif
 }
 
+/* row i of four (b0 .. b3): its two sums over x0 and x1, A's 16 lanes at k,
+ * then its result */
 #define DOTS1_FOUR(i) s##i##0 += x0 * B8(b##i + k), s##i##1 += x1 * B8(b##i + k + 8)
 #define DOTS1_FOUR_END(i)                                                              \
 	do {                                                                           \
