@@ -709,8 +709,8 @@ static bool dots1_fours(void)
 	} while (0)
 
 #define DOTS1_BODY                                                                     \
-	int64_t j = c0;                                                                \
-	for (; dots1_fours() && j + 4 <= c1; j += 4) {                                \
+	int64_t j = c0, j4 = dots1_fours() ? c1 : c0; /* fours end by j4 */          \
+	for (; j + 4 <= j4; j += 4) {                                                  \
 		const BT *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb,             \
 			 *b3 = b2 + ldb;                                               \
 		v8f s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0},   \

@@ -382,7 +382,6 @@ class TestPrepared(unittest.TestCase):
         # product is exact, so the result is the reference's bit for bit
         import os
         import subprocess
-        import sys
         env = dict(os.environ, FUSEC_BLAS_BF16="1")
         r = subprocess.run([sys.executable, "-c", BF16_PRODUCTS], env=env,
                            capture_output=True, text=True, timeout=300)
